@@ -1,0 +1,1 @@
+"""Benchmark client, sweeps, results store, reports. Knows nothing of Textual or of nodes."""

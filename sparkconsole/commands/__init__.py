@@ -1,0 +1,1 @@
+"""Subcommands of the `sparkconsole` CLI, one module each (see cli.py)."""

@@ -1,0 +1,283 @@
+"""The cluster file (`sparkconsole.yaml`): nodes, endpoints, alert thresholds, SSH policy.
+
+Search order: `--cluster PATH`, then ./sparkconsole.yaml, then ~/.config/sparkconsole/sparkconsole.yaml.
+Every problem is a one-line `UserError` naming file, line, field and fix.
+
+    nodes:
+      - name: spark1
+        address: 192.168.100.10        # IP literal or resolvable non-mDNS name (.local refused)
+        ssh: {user: ops, port: 22, identity: ~/.ssh/id_ed25519}
+        role: head                      # head | worker
+        container: vllm_node            # the vLLM container's name on that node
+        vllm_port: 8000
+    endpoints:                          # optional; default: one vLLM endpoint per node
+      - {name: router, url: "http://192.168.100.10:4000", kind: router}
+    thresholds: {temp_margin_c: 5, headroom_floor_gib: 8, stall_seconds: 30, stall_power_w: 30}
+    ssh: {known_hosts: ~/.ssh/known_hosts, trust_on_first_use: false, connect_timeout_s: 10}
+    agent: {interval_s: 0.5}
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UserError
+from .yamlsrc import Located, load_file
+
+CONFIG_NAME = "sparkconsole.yaml"
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
+
+
+@dataclass(frozen=True)
+class SshSettings:
+    user: str | None = None          # None: ~/.ssh/config or the local user decides
+    port: int = 22
+    identity: str | None = None
+
+
+@dataclass(frozen=True)
+class NodeConfig:
+    name: str
+    address: str
+    ssh: SshSettings = field(default_factory=SshSettings)
+    role: str = "worker"             # head | worker
+    container: str = "vllm_node"
+    vllm_port: int = 8000
+    local: bool = False              # run the agent on this machine, no SSH (address must be loopback)
+    # Set programmatically only (the simulator): extra agent flags and environment for local commands.
+    agent_args: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    name: str
+    url: str
+    kind: str = "vllm"               # vllm | router
+    node: str | None = None          # the node that hosts it, if any
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    temp_margin_c: float = 5.0       # alert when within this many °C of the slowdown threshold
+    headroom_floor_gib: float = 8.0  # alert when MemAvailable drops below this
+    stall_seconds: float = 30.0      # silent stall: running requests, no new tokens for this long…
+    stall_power_w: float = 30.0      # …while GPU power sits below this
+
+
+@dataclass(frozen=True)
+class SshPolicy:
+    known_hosts: str | None = None   # None: asyncssh's default (~/.ssh/known_hosts)
+    trust_on_first_use: bool = False
+    connect_timeout_s: float = 10.0
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    nodes: tuple[NodeConfig, ...]
+    endpoints: tuple[EndpointConfig, ...]
+    thresholds: Thresholds = field(default_factory=Thresholds)
+    ssh: SshPolicy = field(default_factory=SshPolicy)
+    agent_interval_s: float = 0.5
+    source: str = "<built-in>"
+    simulated: bool = False
+
+    def node(self, name: str) -> NodeConfig:
+        for n in self.nodes:
+            if n.name == name:
+                return n
+        raise KeyError(name)
+
+    @property
+    def head(self) -> NodeConfig:
+        return next((n for n in self.nodes if n.role == "head"), self.nodes[0])
+
+
+def find_config(explicit: str | None = None) -> Path | None:
+    """The cluster file to use, or None when there is none anywhere."""
+    if explicit:
+        return Path(explicit).expanduser()
+    here = Path.cwd() / CONFIG_NAME
+    if here.is_file():
+        return here
+    xdg = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "sparkconsole" / CONFIG_NAME
+    if xdg.is_file():
+        return xdg
+    return None
+
+
+def check_address(address: Any, doc: Located | None, path: tuple) -> str:
+    """IP literal or a plain DNS name; `.local` (mDNS) is refused with the reason."""
+    def err(problem: str, fix: str) -> UserError:
+        return doc.error(path, problem, fix) if doc else UserError(problem, field=".".join(map(str, path)), fix=fix)
+    if not isinstance(address, str) or not address.strip():
+        raise err("address must be a text value", "write the node's IP address, e.g. 192.168.100.10")
+    a = address.strip()
+    try:
+        ipaddress.ip_address(a)
+        return a
+    except ValueError:
+        pass
+    if a.lower().rstrip(".").endswith(".local"):
+        raise err(f"mDNS name {a!r} refused: .local names crashed published runs at c64 and do not resolve "
+                  "inside containers", "use the node's IP address instead")
+    if not _HOST_RE.match(a):
+        raise err(f"{a!r} is neither an IP address nor a host name", "write the node's IP address")
+    return a
+
+
+def _get(doc: Located, m: dict, path: tuple, key: str, kind: type | tuple, default: Any, fix: str) -> Any:
+    if key not in m or m[key] is None:
+        return default
+    v = m[key]
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if isinstance(v, bool) and bool not in kinds:
+        raise doc.error(path + (key,), f"expected {kinds[0].__name__}, got {v!r}", fix)
+    if not isinstance(v, kinds):
+        raise doc.error(path + (key,), f"expected {kinds[0].__name__}, got {type(v).__name__} {str(v)[:40]!r}", fix)
+    return v
+
+
+def _unknown(doc: Located, m: dict, path: tuple, allowed: set[str]) -> None:
+    for k in m:
+        if k not in allowed:
+            raise doc.error(path + (k,), f"unknown key {str(k)[:40]!r}", f"remove it, or use one of: {', '.join(sorted(allowed))}")
+
+
+def _port(doc: Located, m: dict, path: tuple, key: str, default: int) -> int:
+    v = _get(doc, m, path, key, int, default, "write a port number 1-65535")
+    if not 1 <= v <= 65535:
+        raise doc.error(path + (key,), f"port {v} out of range", "write a port number 1-65535")
+    return v
+
+
+def _number(doc: Located, m: dict, path: tuple, key: str, default: float, lo: float, hi: float) -> float:
+    v = _get(doc, m, path, key, (int, float), default, f"write a number between {lo} and {hi}")
+    if not (lo <= float(v) <= hi):
+        raise doc.error(path + (key,), f"{v} out of range", f"write a number between {lo} and {hi}")
+    return float(v)
+
+
+def parse_cluster(doc: Located) -> ClusterConfig:
+    data = doc.data
+    if not isinstance(data, dict):
+        raise doc.error((), "the cluster file must be a mapping with a 'nodes' list", "start the file with 'nodes:'")
+    _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent"})
+    raw_nodes = data.get("nodes")
+    if not isinstance(raw_nodes, list) or not raw_nodes:
+        raise doc.error(("nodes",), "at least one node is required", "add a 'nodes:' list with name and address")
+    if len(raw_nodes) > 256:
+        raise doc.error(("nodes",), f"{len(raw_nodes)} nodes (limit 256)", "split the cluster file")
+    nodes: list[NodeConfig] = []
+    seen: set[str] = set()
+    for i, rn in enumerate(raw_nodes):
+        p = ("nodes", i)
+        if not isinstance(rn, dict):
+            raise doc.error(p, "each node must be a mapping", "write '- name: spark1' then 'address: 192.168.100.10'")
+        _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local"})
+        name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
+        if name is None or not _NAME_RE.match(name):
+            raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
+        if name in seen:
+            raise doc.error(p + ("name",), f"duplicate node name {name!r}", "give each node its own name")
+        seen.add(name)
+        if "address" not in rn:
+            raise doc.error(p, f"node {name!r} has no address", "add 'address: <IP>'")
+        address = check_address(rn["address"], doc, p + ("address",))
+        rs = rn.get("ssh") or {}
+        if not isinstance(rs, dict):
+            raise doc.error(p + ("ssh",), "ssh must be a mapping", "write 'ssh: {user: ops, port: 22}'")
+        _unknown(doc, rs, p + ("ssh",), {"user", "port", "identity"})
+        user = _get(doc, rs, p + ("ssh",), "user", str, None, "write the SSH user name")
+        if user is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", user):
+            raise doc.error(p + ("ssh", "user"), f"bad user name {user[:40]!r}", "write a plain Unix user name")
+        ssh = SshSettings(user=user, port=_port(doc, rs, p + ("ssh",), "port", 22),
+                          identity=_get(doc, rs, p + ("ssh",), "identity", str, None, "write the path of a private key"))
+        role = _get(doc, rn, p, "role", str, "head" if i == 0 else "worker", "write head or worker")
+        if role not in ("head", "worker"):
+            raise doc.error(p + ("role",), f"unknown role {role[:20]!r}", "write head or worker")
+        container = _get(doc, rn, p, "container", str, "vllm_node", "write the vLLM container's name")
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", container):
+            raise doc.error(p + ("container",), f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
+        local = _get(doc, rn, p, "local", bool, False, "write true or false")
+        nodes.append(NodeConfig(name=name, address=address, ssh=ssh, role=role, container=container,
+                                vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local))
+    if sum(1 for n in nodes if n.role == "head") > 1:
+        raise doc.error(("nodes",), "more than one node has role head", "mark exactly one node 'role: head'")
+
+    endpoints: list[EndpointConfig] = []
+    raw_eps = data.get("endpoints")
+    if raw_eps is None:
+        endpoints = [EndpointConfig(name=n.name, url=f"http://{_url_host(n.address)}:{n.vllm_port}", node=n.name) for n in nodes]
+    else:
+        if not isinstance(raw_eps, list):
+            raise doc.error(("endpoints",), "endpoints must be a list", "write '- {name: router, url: http://IP:4000, kind: router}'")
+        for i, re_ in enumerate(raw_eps):
+            p = ("endpoints", i)
+            if not isinstance(re_, dict):
+                raise doc.error(p, "each endpoint must be a mapping", "write '{name: NAME, url: http://IP:PORT}'")
+            _unknown(doc, re_, p, {"name", "url", "kind", "node"})
+            name = _get(doc, re_, p, "name", str, None, "name the endpoint")
+            url = _get(doc, re_, p, "url", str, None, "write http://IP:PORT")
+            if not name or not url:
+                raise doc.error(p, "an endpoint needs a name and a url", "write '{name: NAME, url: http://IP:PORT}'")
+            if not re.match(r"^https?://[^\s/]+(:\d+)?(/\S*)?$", url):
+                raise doc.error(p + ("url",), f"bad url {url[:60]!r}", "write http://IP:PORT")
+            host = re.sub(r"^https?://", "", url).split("/")[0].rsplit(":", 1)[0].strip("[]")
+            check_address(host, doc, p + ("url",))
+            kind = _get(doc, re_, p, "kind", str, "vllm", "write vllm or router")
+            if kind not in ("vllm", "router"):
+                raise doc.error(p + ("kind",), f"unknown kind {kind[:20]!r}", "write vllm or router")
+            node = _get(doc, re_, p, "node", str, None, "name one of the nodes")
+            if node is not None and node not in seen:
+                raise doc.error(p + ("node",), f"no node named {node[:40]!r}", "name one of: " + ", ".join(sorted(seen)))
+            endpoints.append(EndpointConfig(name=name, url=url.rstrip("/"), kind=kind, node=node))
+
+    rt = data.get("thresholds") or {}
+    if not isinstance(rt, dict):
+        raise doc.error(("thresholds",), "thresholds must be a mapping", "write 'thresholds: {temp_margin_c: 5}'")
+    _unknown(doc, rt, ("thresholds",), {"temp_margin_c", "headroom_floor_gib", "stall_seconds", "stall_power_w"})
+    t = ("thresholds",)
+    thresholds = Thresholds(
+        temp_margin_c=_number(doc, rt, t, "temp_margin_c", 5.0, 0, 50),
+        headroom_floor_gib=_number(doc, rt, t, "headroom_floor_gib", 8.0, 0, 4096),
+        stall_seconds=_number(doc, rt, t, "stall_seconds", 30.0, 1, 3600),
+        stall_power_w=_number(doc, rt, t, "stall_power_w", 30.0, 0, 2000),
+    )
+    rs = data.get("ssh") or {}
+    if not isinstance(rs, dict):
+        raise doc.error(("ssh",), "ssh must be a mapping", "write 'ssh: {known_hosts: ~/.ssh/known_hosts}'")
+    _unknown(doc, rs, ("ssh",), {"known_hosts", "trust_on_first_use", "connect_timeout_s"})
+    policy = SshPolicy(
+        known_hosts=_get(doc, rs, ("ssh",), "known_hosts", str, None, "write a known_hosts path"),
+        trust_on_first_use=_get(doc, rs, ("ssh",), "trust_on_first_use", bool, False, "write true or false"),
+        connect_timeout_s=_number(doc, rs, ("ssh",), "connect_timeout_s", 10.0, 0.5, 300),
+    )
+    ra = data.get("agent") or {}
+    if not isinstance(ra, dict):
+        raise doc.error(("agent",), "agent must be a mapping", "write 'agent: {interval_s: 0.5}'")
+    _unknown(doc, ra, ("agent",), {"interval_s"})
+    interval = _number(doc, ra, ("agent",), "interval_s", 0.5, 0.05, 60)
+    return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
+                         agent_interval_s=interval, source=doc.file)
+
+
+def _url_host(address: str) -> str:
+    return f"[{address}]" if ":" in address else address
+
+
+def load_cluster(path: str | Path) -> ClusterConfig:
+    return parse_cluster(load_file(path))
+
+
+def local_cluster() -> ClusterConfig:
+    """The fallback when no cluster file exists: this machine as its one node, read without SSH."""
+    import socket
+    node = NodeConfig(name=socket.gethostname()[:63] or "local", address="127.0.0.1", role="head", local=True)
+    return ClusterConfig(nodes=(node,), endpoints=(), source="<this machine>")

@@ -1,0 +1,1 @@
+"""Node telemetry: transports, the agent stream, typed samples, OOM guards, alerts. Knows nothing of Textual."""

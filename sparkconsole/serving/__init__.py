@@ -1,0 +1,1 @@
+"""Serving endpoints (vLLM, routers): health, models, Prometheus metrics. Knows nothing of Textual."""

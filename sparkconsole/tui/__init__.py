@@ -1,0 +1,1 @@
+"""The Textual console: draws what the layers below publish; owns no logic."""

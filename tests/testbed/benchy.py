@@ -1,0 +1,1 @@
+"""Test bed plugin: benchy (being built)."""
