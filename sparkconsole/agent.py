@@ -1,0 +1,583 @@
+"""The node agent: samples GPU, host memory, OOM-guard inputs and containers; prints one JSON line per tick.
+
+Runs on a node with nothing installed: the console streams this file over SSH stdin (see
+nodes/monitor.py BOOTSTRAP) and runs it with the node's own `python3`. Standard library only at import
+time; the NVML bindings (`pynvml`) are imported when asked for and the console sends them along when the
+node has none. Wire format: sparkconsole/nodes/samples.py (the field names there are the contract).
+
+Readings a source cannot give are left out, never reported as 0.
+
+    python3 agent.py [--interval 0.5] [--container-interval 5] [--count N]
+        [--gpu-source auto|nvml|nvidia-smi|none|replay:FILE|sim:FILE] [--proc-root /proc]
+        [--containers docker|none] [--watch-stdin]
+
+--watch-stdin: end when stdin reaches end-of-file (the console left); the bootstrap sets it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import os
+import select
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+AGENT_VERSION = "0.1.0"
+
+# NVML clock-event reason bits, in the order samples.REASON_BITS gives them.
+REASON_BITS = (
+    ("idle", 0x1), ("app_clocks", 0x2), ("sw_power_cap", 0x4), ("hw_slowdown", 0x8), ("sync_boost", 0x10),
+    ("sw_thermal", 0x20), ("hw_thermal", 0x40), ("hw_power_brake", 0x80), ("display_clock", 0x100),
+)
+# NVML field ids of the clock-event time counters (nanoseconds): what `nvidia-smi -q` lists as
+# "Clocks Event Reasons Counters". Ids 269-271 exist on drivers >= 535; older ones answer per field.
+REASON_COUNTER_FIELDS = (("sw_power_cap", 74), ("sync_boost", 76), ("sw_thermal", 269), ("hw_thermal", 270),
+                         ("hw_power_brake", 271))
+
+# The nvidia-smi fallback's query: one CSV row per GPU, parsed by field name (parse_smi_csv).
+SMI_FIELDS = (
+    "index", "uuid", "name", "temperature.gpu", "power.draw", "power.limit", "clocks.sm", "clocks.max.sm",
+    "utilization.gpu", "utilization.memory", "memory.total", "memory.used", "clocks_event_reasons.active",
+)
+SMI_HELLO_FIELDS = ("index", "uuid", "name", "driver_version")
+_SMI_MISSING = {"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown", "[unknown error]", "err!", "[err!]"}
+
+
+def reasons_from_mask(mask: int) -> list[str]:
+    return [name for name, bit in REASON_BITS if mask & bit]
+
+
+def _num(text: str) -> float | None:
+    t = text.strip()
+    if t.lower() in _SMI_MISSING:
+        return None
+    try:
+        return float(int(t, 16)) if t.lower().startswith("0x") else float(t)
+    except ValueError:
+        return None
+
+
+def _intish(v: float | None) -> float | int | None:
+    return int(v) if v is not None and v == int(v) else v
+
+
+def parse_smi_csv(text: str, fields: tuple[str, ...] | list[str] = SMI_FIELDS) -> list[dict]:
+    """GPU dicts in the tick schema from `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits`."""
+    gpus = []
+    for pos, row in enumerate(csv.reader(io.StringIO(text), skipinitialspace=True)):
+        if not row or len(row) != len(fields):
+            continue
+        raw = {f: v.strip() for f, v in zip(fields, row)}
+        g: dict = {"index": int(_num(raw["index"]) or 0) if "index" in raw else pos}
+        if raw.get("name") and raw["name"].lower() not in _SMI_MISSING:
+            g["name"] = raw["name"]
+        for key, field in (("temp_c", "temperature.gpu"), ("power_w", "power.draw"), ("power_limit_w", "power.limit"),
+                           ("sm_clock_mhz", "clocks.sm"), ("sm_clock_max_mhz", "clocks.max.sm"),
+                           ("util_pct", "utilization.gpu"), ("mem_util_pct", "utilization.memory")):
+            v = _num(raw.get(field, ""))
+            if v is not None:
+                g[key] = _intish(v)
+        total, used = _num(raw.get("memory.total", "")), _num(raw.get("memory.used", ""))
+        if "memory.total" in raw:
+            if total is None:
+                g["unified"] = True          # GB10: framebuffer memory "Not Supported" — unified with the host
+            else:
+                g["unified"] = False
+                g["mem_total_b"] = int(total * 1048576)   # nounits: MiB
+                if used is not None:
+                    g["mem_used_b"] = int(used * 1048576)
+        mask = _num(raw.get("clocks_event_reasons.active", ""))
+        if mask is not None:
+            g["reasons_mask"] = int(mask)
+            g["reasons"] = reasons_from_mask(int(mask))
+        gpus.append(g)
+    return gpus
+
+
+# ---------------------------------------------------------------- GPU sources
+
+class NoGpu:
+    name = "none"
+    simulated = False
+
+    def hello(self) -> dict:
+        return {"gpus": []}
+
+    def sample(self, errors: list) -> list | None:
+        return None
+
+
+class NvmlSource:
+    """NVML through pynvml: handles and static readings once, a handful of calls per tick."""
+    name = "nvml"
+    simulated = False
+
+    def __init__(self) -> None:
+        import pynvml  # noqa: PLC0415 — only nodes with NVML need it
+        self.nv = pynvml
+        pynvml.nvmlInit()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.static = [self._static(h) for h in self.handles]
+        # A call the driver answers NOT_SUPPORTED for is never asked again (GB10: memory info).
+        self.unsupported: set[tuple[int, str]] = set()
+        self.reason_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
+            pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+
+    def _try(self, fn, *args):
+        try:
+            return fn(*args)
+        except Exception:  # noqa: BLE001 — NVML raises a family of NVMLError_* per reading
+            return None
+
+    def _static(self, h) -> dict:
+        nv = self.nv
+        s: dict = {}
+        for key, kind in (("shutdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
+                          ("slowdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
+                          ("gpu_max_c", nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)):
+            v = self._try(nv.nvmlDeviceGetTemperatureThreshold, h, kind)
+            if isinstance(v, int) and v > 0:
+                s[key] = v
+        v = self._try(nv.nvmlDeviceGetMaxClockInfo, h, nv.NVML_CLOCK_SM)
+        if isinstance(v, int) and v > 0:
+            s["sm_clock_max_mhz"] = v
+        return s
+
+    def hello(self) -> dict:
+        nv = self.nv
+        gpus = []
+        for i, h in enumerate(self.handles):
+            name = self._try(nv.nvmlDeviceGetName, h)
+            uuid = self._try(nv.nvmlDeviceGetUUID, h)
+            gpus.append({"index": i, "name": _text(name), "uuid": _text(uuid)})
+        return {"gpus": gpus, "driver": _text(self._try(nv.nvmlSystemGetDriverVersion)),
+                "nvml_version": _text(self._try(nv.nvmlSystemGetNVMLVersion))}
+
+    def _read(self, i: int, what: str, fn, *args, errors: list):
+        if (i, what) in self.unsupported:
+            return None
+        try:
+            return fn(*args)
+        except self.nv.NVMLError as exc:
+            if getattr(exc, "value", None) in (self.nv.NVML_ERROR_NOT_SUPPORTED, self.nv.NVML_ERROR_FUNCTION_NOT_FOUND):
+                self.unsupported.add((i, what))
+            else:
+                errors.append(f"nvml gpu{i} {what}: {exc}")
+            return None
+
+    def sample(self, errors: list) -> list:
+        nv = self.nv
+        out = []
+        for i, h in enumerate(self.handles):
+            g: dict = {"index": i}
+            g.update(self.static[i])
+            t = self._read(i, "temp", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU, errors=errors)
+            if t is not None:
+                g["temp_c"] = t
+            mask = self._read(i, "reasons", self.reason_fn, h, errors=errors)
+            if mask is not None:
+                g["reasons_mask"] = int(mask)
+                g["reasons"] = reasons_from_mask(int(mask))
+            counters = self._read(i, "reason_counters", nv.nvmlDeviceGetFieldValues, h,
+                                  [fid for _, fid in REASON_COUNTER_FIELDS], errors=errors)
+            if counters is not None:
+                us = {}
+                for (name, _), fv in zip(REASON_COUNTER_FIELDS, counters):
+                    if fv.nvmlReturn == 0:
+                        us[name] = int(fv.value.ullVal // 1000)   # ns -> us, as nvidia-smi -q shows them
+                if us:
+                    g["reason_us"] = us
+            p = self._read(i, "power", nv.nvmlDeviceGetPowerUsage, h, errors=errors)
+            if p is not None:
+                g["power_w"] = round(p / 1000.0, 3)
+            pl = self._read(i, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h, errors=errors)
+            if pl is not None:
+                g["power_limit_w"] = round(pl / 1000.0, 3)
+            c = self._read(i, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM, errors=errors)
+            if c is not None:
+                g["sm_clock_mhz"] = c
+            u = self._read(i, "util", nv.nvmlDeviceGetUtilizationRates, h, errors=errors)
+            if u is not None:
+                g["util_pct"] = u.gpu
+                g["mem_util_pct"] = u.memory
+            m = self._read(i, "mem", nv.nvmlDeviceGetMemoryInfo, h, errors=errors)
+            if m is not None:
+                g["mem_total_b"] = int(m.total)
+                g["mem_used_b"] = int(m.used)
+            # NOT_SUPPORTED memory info = unified memory (GB10): the host's memory is the GPU's.
+            g["unified"] = (i, "mem") in self.unsupported
+            out.append(g)
+        return out
+
+
+class SmiSource:
+    """`nvidia-smi --query-gpu` per tick: the fallback where NVML bindings cannot load."""
+    name = "nvidia-smi"
+    simulated = False
+
+    def __init__(self) -> None:
+        self.exe = shutil.which("nvidia-smi")
+        if not self.exe:
+            raise RuntimeError("nvidia-smi not found")
+
+    def _query(self, fields) -> str:
+        return subprocess.run([self.exe, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
+                              capture_output=True, text=True, timeout=10, check=True).stdout
+
+    def hello(self) -> dict:
+        rows = list(csv.reader(io.StringIO(self._query(SMI_HELLO_FIELDS)), skipinitialspace=True))
+        gpus = [{"index": int(r[0]), "uuid": r[1].strip(), "name": r[2].strip()} for r in rows if len(r) == 4]
+        driver = rows[0][3].strip() if rows and len(rows[0]) == 4 else None
+        return {"gpus": gpus, "driver": driver}
+
+    def sample(self, errors: list) -> list | None:
+        try:
+            return parse_smi_csv(self._query(SMI_FIELDS))
+        except (subprocess.SubprocessError, OSError) as exc:
+            errors.append(f"nvidia-smi: {str(exc).splitlines()[0][:160]}")
+            return None
+
+
+class ReplaySource:
+    """Replays the `gpus` of recorded agent ticks (JSON lines), in order, looping: tests and demos on real data."""
+    name = "replay"
+    simulated = False
+
+    def __init__(self, path: str) -> None:
+        self.frames: list[list] = []
+        self.recorded_hello: dict = {}
+        with open(path, encoding="utf-8") as fh:
+            for line in fh:
+                try:
+                    d = json.loads(line)
+                except ValueError:
+                    continue
+                if d.get("type") == "hello":
+                    self.recorded_hello = d
+                elif d.get("type") == "tick" and isinstance(d.get("gpus"), list):
+                    self.frames.append(d["gpus"])
+        if not self.frames:
+            raise RuntimeError(f"no ticks with gpus in {path}")
+        self.pos = 0
+
+    def hello(self) -> dict:
+        h = self.recorded_hello
+        return {"gpus": h.get("gpus") or [{"index": g.get("index", 0)} for g in self.frames[0]],
+                "driver": h.get("driver"), "nvml_version": h.get("nvml_version")}
+
+    def sample(self, errors: list) -> list:
+        frame = self.frames[self.pos % len(self.frames)]
+        self.pos += 1
+        return frame
+
+
+class SimSource:
+    """A simulator-owned JSON file ({"gpus": [...], "hello": {...}}), re-read every tick (written atomically)."""
+    name = "sim"
+    simulated = True
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.last: dict = self._load() or {}
+
+    def _load(self) -> dict | None:
+        try:
+            with open(self.path, encoding="utf-8") as fh:
+                d = json.load(fh)
+            return d if isinstance(d, dict) else None
+        except (OSError, ValueError):
+            return None
+
+    def hello(self) -> dict:
+        h = {"gpus": [{"index": g.get("index", i), "name": g.get("name")} for i, g in enumerate(self.last.get("gpus") or [])]}
+        h.update(self.last.get("hello") or {})
+        return h
+
+    def sample(self, errors: list) -> list | None:
+        d = self._load()
+        if d is None:
+            errors.append(f"sim: cannot read {self.path}")
+        else:
+            self.last = d
+        gpus = self.last.get("gpus")
+        return gpus if isinstance(gpus, list) else None
+
+
+def _text(v) -> str | None:
+    if v is None:
+        return None
+    return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
+
+
+def open_gpu_source(spec: str, errors: list):
+    if spec.startswith("replay:"):
+        return ReplaySource(spec[len("replay:"):])
+    if spec.startswith("sim:"):
+        return SimSource(spec[len("sim:"):])
+    if spec == "none":
+        return NoGpu()
+    if spec in ("auto", "nvml"):
+        try:
+            return NvmlSource()
+        except Exception as exc:  # noqa: BLE001 — no library, no driver, no GPU: all mean "try the next source"
+            errors.append(f"nvml: {str(exc)[:160] or type(exc).__name__}")
+            if spec == "nvml":
+                return NoGpu()
+    if spec in ("auto", "nvidia-smi"):
+        try:
+            return SmiSource()
+        except Exception as exc:  # noqa: BLE001
+            if spec == "nvidia-smi" or shutil.which("nvidia-smi"):
+                errors.append(f"nvidia-smi: {str(exc)[:160]}")
+        return NoGpu()
+    raise SystemExit(f"agent: unknown --gpu-source {spec!r}")
+
+
+# ---------------------------------------------------------------- host readings
+
+def read_meminfo(proc_root: str) -> dict | None:
+    keys = {"MemTotal": "total_kb", "MemAvailable": "available_kb", "Cached": "cached_kb",
+            "SwapTotal": "swap_total_kb", "SwapFree": "swap_free_kb"}
+    try:
+        with open(os.path.join(proc_root, "meminfo"), encoding="ascii", errors="replace") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        k, _, rest = line.partition(":")
+        if k in keys:
+            parts = rest.split()
+            if parts and parts[0].isdigit():
+                out[keys[k]] = int(parts[0])
+    return out or None
+
+
+def read_pressure(proc_root: str) -> dict | None:
+    try:
+        with open(os.path.join(proc_root, "pressure", "memory"), encoding="ascii") as fh:
+            text = fh.read()
+    except OSError:
+        return None
+    out = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if parts and parts[0] in ("some", "full"):
+            for kv in parts[1:]:
+                k, _, v = kv.partition("=")
+                if k == "avg10":
+                    try:
+                        out[parts[0] + "_avg10"] = float(v)
+                    except ValueError:
+                        pass
+    return out or None
+
+
+def _read_int(path: str) -> int | None:
+    try:
+        with open(path, encoding="ascii") as fh:
+            return int(fh.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def read_guards(proc_root: str) -> dict:
+    g: dict = {}
+    try:
+        with open(os.path.join(proc_root, "swaps"), encoding="utf-8", errors="replace") as fh:
+            g["swaps"] = [ln.split()[0] for ln in fh.read().splitlines()[1:] if ln.split()]
+    except OSError:
+        pass
+    for key in ("overcommit_memory", "min_free_kbytes", "swappiness"):
+        v = _read_int(os.path.join(proc_root, "sys", "vm", key))
+        if v is not None:
+            g[key] = v
+    return g
+
+
+# ---------------------------------------------------------------- containers
+
+_INSPECT_FORMAT = "{{json .}}"
+
+
+def container_from_inspect(d: dict) -> dict:
+    st = d.get("State") or {}
+    hc = d.get("HostConfig") or {}
+    health = (st.get("Health") or {}).get("Status")
+    c = {"name": (d.get("Name") or "").lstrip("/") or d.get("Id", "?")[:12],
+         "image": (d.get("Config") or {}).get("Image"), "state": st.get("Status"), "health": health,
+         "started_at": st.get("StartedAt"), "restart_count": d.get("RestartCount"),
+         "memory_limit_b": hc.get("Memory"), "oom_killed": st.get("OOMKilled"), "exit_code": st.get("ExitCode")}
+    return {k: v for k, v in c.items() if v is not None}
+
+
+class ContainerPoller:
+    """Reads containers from the docker CLI in a thread, so a slow daemon never delays a tick."""
+
+    def __init__(self, interval: float) -> None:
+        self.interval = interval
+        self.exe = shutil.which("docker")
+        self.result: list | None = None
+        self.error: str | None = None
+        self.lock = threading.Lock()
+        self.wake = threading.Event()
+        if self.exe:
+            threading.Thread(target=self._loop, name="containers", daemon=True).start()
+
+    def _once(self) -> list:
+        ids = subprocess.run([self.exe, "ps", "-aq", "--no-trunc"], capture_output=True, text=True, timeout=20,
+                             check=True).stdout.split()
+        if not ids:
+            return []
+        out = subprocess.run([self.exe, "inspect", "--format", _INSPECT_FORMAT, *ids], capture_output=True,
+                             text=True, timeout=20).stdout
+        conts = []
+        for line in out.splitlines():
+            try:
+                conts.append(container_from_inspect(json.loads(line)))
+            except (ValueError, AttributeError):
+                continue   # a container removed between ps and inspect
+        return conts
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                res, err = self._once(), None
+            except subprocess.CalledProcessError as exc:
+                res, err = None, "docker: " + ((exc.stderr or "").strip().splitlines() or ["exit %d" % exc.returncode])[-1][:160]
+            except (subprocess.SubprocessError, OSError) as exc:
+                res, err = None, f"docker: {str(exc)[:160]}"
+            with self.lock:
+                self.result, self.error = res, err
+            self.wake.wait(self.interval)
+
+    def take(self) -> tuple[list | None, str | None]:
+        """The newest reading not handed out yet (None when none came since), and its error."""
+        with self.lock:
+            res, err = self.result, self.error
+            self.result, self.error = None, None
+        return res, err
+
+
+# ---------------------------------------------------------------- main loop
+
+def _boot_id(proc_root: str) -> str | None:
+    try:
+        with open(os.path.join(proc_root, "sys", "kernel", "random", "boot_id"), encoding="ascii") as fh:
+            return fh.read().strip() or None
+    except OSError:
+        return None
+
+
+def make_hello(source, proc_root: str, interval: float) -> dict:
+    u = os.uname()
+    h = {"type": "hello", "agent_version": AGENT_VERSION, "hostname": socket.gethostname() or u.nodename,
+         "kernel": u.release, "boot_id": _boot_id(proc_root), "driver": None, "nvml_version": None,
+         "gpu_source": source.name, "simulated": source.simulated, "interval_s": interval, "time": time.time(),
+         "gpus": []}
+    h.update(source.hello())
+    h["type"] = "hello"
+    return {k: v for k, v in h.items() if v is not None}
+
+
+def make_tick(seq: int, source, proc_root: str, errors: list) -> dict:
+    t: dict = {"type": "tick", "seq": seq, "time": time.time()}
+    gpus = source.sample(errors)
+    if gpus is not None:
+        t["gpus"] = gpus
+    mem = read_meminfo(proc_root)
+    if mem is not None:
+        t["mem"] = mem
+    pressure = read_pressure(proc_root)
+    if pressure is not None:
+        t["pressure"] = pressure
+    t["guards"] = read_guards(proc_root)
+    return t
+
+
+def _stdin_closed(timeout: float) -> bool:
+    """Waits up to `timeout` on stdin; True once the console has gone (end-of-file)."""
+    r, _, _ = select.select([0], [], [], max(timeout, 0))
+    if not r:
+        return False
+    try:
+        return os.read(0, 65536) == b""
+    except OSError:
+        return True
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="agent")
+    ap.add_argument("--interval", type=float, default=0.5)
+    ap.add_argument("--container-interval", type=float, default=5.0)
+    ap.add_argument("--count", type=int, default=0, help="stop after N ticks (0: run until stopped)")
+    ap.add_argument("--gpu-source", default="auto")
+    ap.add_argument("--proc-root", default="/proc")
+    ap.add_argument("--containers", choices=("docker", "none"), default="docker")
+    ap.add_argument("--watch-stdin", action="store_true")
+    args = ap.parse_args(argv)
+    interval = max(args.interval, 0.01)
+
+    pending_errors: list[str] = []   # said once, on the first tick
+    source = open_gpu_source(args.gpu_source, pending_errors)
+    poller = None
+    if args.containers == "docker":
+        poller = ContainerPoller(args.container_interval)
+        if not poller.exe:
+            pending_errors.append("docker: not found on PATH")
+            poller = None
+    out = sys.stdout
+    last_container_error = None
+    try:
+        out.write(json.dumps(make_hello(source, args.proc_root, interval), separators=(",", ":")) + "\n")
+        out.flush()
+        start = time.monotonic()
+        seq = 0
+        slot = 0
+        while True:
+            errors, pending_errors = pending_errors, []
+            tick = make_tick(seq, source, args.proc_root, errors)
+            if poller is not None:
+                conts, cerr = poller.take()
+                if conts is not None:
+                    tick["containers"] = conts
+                if cerr and cerr != last_container_error:
+                    errors.append(cerr)
+                last_container_error = cerr if (conts is not None or cerr) else last_container_error
+            if errors:
+                tick["errors"] = errors
+            out.write(json.dumps(tick, separators=(",", ":")) + "\n")
+            out.flush()
+            seq += 1
+            if args.count and seq >= args.count:
+                return 0
+            # Sleep to the next slot on a fixed grid (no drift); skip slots we were too slow for.
+            slot += 1
+            now = time.monotonic()
+            if start + slot * interval < now:
+                slot = int((now - start) / interval) + 1
+            next_at = start + slot * interval
+            wait = next_at - time.monotonic()
+            if args.watch_stdin:
+                if _stdin_closed(wait):
+                    return 0
+            elif wait > 0:
+                time.sleep(wait)
+    except (BrokenPipeError, KeyboardInterrupt):
+        # The console went away: leave quietly, and keep Python from complaining at exit.
+        try:
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        except OSError:
+            pass
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Watches every node: starts the agent over the node's transport, parses its lines into samples, keeps a
+bounded history, marks STALE (3 ticks missed) and DOWN (connection lost), and reconnects by itself with a
+capped, jittered back-off.
+
+    mon = ClusterMonitor(cluster)
+    unsubscribe = mon.subscribe(lambda node: ...)   # any node's tick or state change; runs on the event loop
+    await mon.start(); ...; await mon.stop()        # stop ends the remote agents and closes connections
+
+How the agent gets to a node (nothing is installed there): the console runs `python3 -u -c BOOTSTRAP ARGS`
+and writes to its stdin one header line "<len pynvml> <len agent>" followed by the zlib-compressed pynvml
+bindings and agent source. The bootstrap uses the node's own pynvml when it has one, else the bundled copy,
+then runs the agent with --watch-stdin. stdin then stays open: its end-of-file (console gone, channel closed)
+ends the agent within a tick, so no agent outlives its console.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import importlib.util
+import json
+import logging
+import random
+import time
+import zlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Callable
+
+from ..config import ClusterConfig, NodeConfig
+from ..errors import UserError
+from .samples import ContainerInfo, NodeInfo, NodeState, Tick
+from .transport import LineStream, Transport, TransportError, make_transport
+
+log = logging.getLogger(__name__)
+
+STALE_TICKS = 3
+BACKOFF_CAP_S = 30.0
+MAX_LINE = 1 << 20
+
+BOOTSTRAP = (
+    "import sys,types,zlib\n"
+    "r=sys.stdin.buffer\n"
+    "n=[int(x) for x in r.readline().split()]\n"
+    "p=r.read(n[0]);a=zlib.decompress(r.read(n[1]))\n"
+    "if p:\n"
+    " try:\n"
+    "  import pynvml\n"
+    " except ImportError:\n"
+    "  m=types.ModuleType('pynvml');m.__file__='pynvml.py';sys.modules['pynvml']=m\n"
+    "  exec(compile(zlib.decompress(p),'pynvml.py','exec'),m.__dict__)\n"
+    "sys.argv=['agent']+sys.argv[1:]+['--watch-stdin']\n"
+    "g={'__name__':'__main__','__file__':'agent.py'}\n"
+    "exec(compile(a,'agent.py','exec'),g)\n"
+)
+
+
+@lru_cache(maxsize=1)
+def agent_payload() -> bytes:
+    """What the bootstrap reads from stdin: header line, compressed pynvml (may be empty), compressed agent."""
+    agent_src = (Path(__file__).resolve().parent.parent / "agent.py").read_bytes()
+    nvml = b""
+    spec = importlib.util.find_spec("pynvml")
+    if spec and spec.origin and spec.origin.endswith(".py"):
+        nvml = zlib.compress(Path(spec.origin).read_bytes(), 6)
+    agent = zlib.compress(agent_src, 6)
+    return f"{len(nvml)} {len(agent)}\n".encode() + nvml + agent
+
+
+def agent_command(python: str, interval: float, extra: tuple[str, ...] = ()) -> list[str]:
+    return [python, "-u", "-c", BOOTSTRAP, "--interval", f"{interval:g}", *extra]
+
+
+class NodeMonitor:
+    """One node: its connection, its agent stream, its latest samples and state."""
+
+    def __init__(self, config: NodeConfig, transport: Transport | None, *, interval: float, history: int) -> None:
+        self.name = config.name
+        self.config = config
+        self.transport = transport
+        self.interval = interval
+        self.state = NodeState.CONNECTING
+        self.since = time.time()
+        self.info: NodeInfo | None = None
+        self.last: Tick | None = None
+        self.history: collections.deque[Tick] = collections.deque(maxlen=history)
+        self.containers: tuple[ContainerInfo, ...] = ()
+        self.last_error: str | None = None
+        self.bad_lines = 0
+        self.reboots = 0                   # new boot_id seen in a hello after the first
+        self.boot_ids: list[str] = []
+        self.connects = 0
+        self.last_rx = 0.0                 # time.monotonic() of the last tick
+        self._subs: list[Callable[["NodeMonitor"], None]] = []
+        self._task: asyncio.Task | None = None
+        self._stream: LineStream | None = None
+        self._failures = 0
+
+    # -------- publishing
+    def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
+        self._subs.append(cb)
+
+        def unsubscribe() -> None:
+            if cb in self._subs:
+                self._subs.remove(cb)
+        return unsubscribe
+
+    def _notify(self) -> None:
+        for cb in tuple(self._subs):
+            try:
+                cb(self)
+            except Exception:  # noqa: BLE001 — a broken subscriber must not stop telemetry
+                log.exception("node monitor subscriber failed")
+
+    def _set_state(self, state: NodeState, error: str | None = None) -> None:
+        if error is not None:
+            self.last_error = error
+        if state != self.state:
+            self.state = state
+            self.since = time.time()
+            self._notify()
+
+    @property
+    def tick_interval(self) -> float:
+        return (self.info.interval_s if self.info and self.info.interval_s else None) or self.interval
+
+    # -------- lines
+    def handle_line(self, line: str, received: float | None = None) -> None:
+        """Parse one agent line; anything that is not a hello or a tick is counted in bad_lines and dropped."""
+        if len(line) > MAX_LINE:
+            self.bad_lines += 1
+            return
+        try:
+            d = json.loads(line)
+        except ValueError:
+            self.bad_lines += 1
+            return
+        kind = d.get("type") if isinstance(d, dict) else None
+        if kind == "tick":
+            try:
+                tick = Tick.from_json(d, time.time() if received is None else received)
+            except (ValueError, TypeError, AttributeError):
+                self.bad_lines += 1
+                return
+            self.last = tick
+            self.history.append(tick)
+            if tick.containers is not None:
+                self.containers = tick.containers
+            self.last_rx = time.monotonic()
+            self._failures = 0
+            if self.state != NodeState.LIVE:
+                self.last_error = None
+                self.state = NodeState.LIVE
+                self.since = time.time()
+            self._notify()
+        elif kind == "hello":
+            try:
+                info = NodeInfo.from_json(d)
+            except (ValueError, TypeError, AttributeError):
+                self.bad_lines += 1
+                return
+            if info.boot_id:
+                if self.boot_ids and info.boot_id != self.boot_ids[-1]:
+                    self.reboots += 1     # same node, new boot: it rebooted while we were away
+                if not self.boot_ids or info.boot_id != self.boot_ids[-1]:
+                    self.boot_ids.append(info.boot_id)
+            self.info = info
+            self._notify()
+        else:
+            self.bad_lines += 1
+
+    def check_stale(self, now: float) -> None:
+        if self.state == NodeState.LIVE and now - self.last_rx > STALE_TICKS * self.tick_interval:
+            self._set_state(NodeState.STALE, f"no tick for {now - self.last_rx:.1f} s")
+
+    # -------- the connection loop
+    def backoff(self) -> float:
+        base = max(2 * self.interval, 1.0)
+        delay = min(base * (2 ** max(self._failures - 1, 0)), BACKOFF_CAP_S)
+        return delay * random.uniform(0.8, 1.2)
+
+    async def run(self) -> None:
+        while True:
+            try:
+                await self._session()
+                reason = "agent ended" + (f" (exit {self._stream.returncode})" if self._stream and
+                                          self._stream.returncode is not None else "")
+            except asyncio.CancelledError:
+                raise
+            except (TransportError, UserError) as exc:
+                reason = str(exc)
+            except Exception as exc:  # noqa: BLE001 — keep watching whatever went wrong
+                log.exception("node %s", self.name)
+                reason = f"{type(exc).__name__}: {exc}"
+            finally:
+                await self._teardown()
+            self._failures += 1
+            self._set_state(NodeState.DOWN, reason)
+            self._notify()
+            await asyncio.sleep(self.backoff())
+
+    async def _session(self) -> None:
+        t = self.transport
+        if t is None:
+            raise TransportError("no transport")
+        await t.connect()
+        self.connects += 1
+        stream = t.stream(agent_command(t.python, self.interval, self.config.agent_args), input=agent_payload())
+        self._stream = stream
+        seen_overlong = 0
+        async for line in stream:
+            if stream.overlong != seen_overlong:
+                self.bad_lines += stream.overlong - seen_overlong
+                seen_overlong = stream.overlong
+            self.handle_line(line)
+
+    async def _teardown(self) -> None:
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            try:
+                await asyncio.wait_for(stream.close(), 5)
+            except (asyncio.TimeoutError, TransportError, OSError):
+                pass
+        if self.transport is not None:
+            try:
+                await asyncio.wait_for(self.transport.close(), 5)
+            except (asyncio.TimeoutError, TransportError, OSError):
+                pass
+
+    def start(self) -> None:
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(self.run(), name=f"monitor:{self.name}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            try:
+                await task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001
+                pass
+
+
+class ClusterMonitor:
+    """Every node of the cluster file, watched at once; one staleness timer for all of them."""
+
+    def __init__(self, config: ClusterConfig, *, transport_factory=make_transport, history: int = 600) -> None:
+        self.config = config
+        self.nodes: dict[str, NodeMonitor] = {}
+        for n in config.nodes:
+            try:
+                t = transport_factory(n, config.ssh)
+            except (UserError, TransportError) as exc:
+                t = None
+                err = str(exc)
+            else:
+                err = None
+            nm = NodeMonitor(n, t, interval=config.agent_interval_s, history=history)
+            if err:
+                nm.state, nm.last_error = NodeState.DOWN, err
+            nm.subscribe(self._on_node)
+            self.nodes[n.name] = nm
+        self._subs: list[Callable[[NodeMonitor], None]] = []
+        self._watchdog: asyncio.Task | None = None
+
+    def subscribe(self, cb: Callable[[NodeMonitor], None]) -> Callable[[], None]:
+        self._subs.append(cb)
+
+        def unsubscribe() -> None:
+            if cb in self._subs:
+                self._subs.remove(cb)
+        return unsubscribe
+
+    def _on_node(self, node: NodeMonitor) -> None:
+        for cb in tuple(self._subs):
+            try:
+                cb(node)
+            except Exception:  # noqa: BLE001
+                log.exception("cluster monitor subscriber failed")
+
+    async def start(self) -> None:
+        for nm in self.nodes.values():
+            if nm.transport is not None:
+                nm.start()
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="monitor:stale")
+
+    async def _watch(self) -> None:
+        while True:
+            period = max(min((nm.tick_interval for nm in self.nodes.values()), default=0.5) / 4, 0.02)
+            await asyncio.sleep(period)
+            now = time.monotonic()
+            for nm in self.nodes.values():
+                nm.check_stale(now)
+
+    async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            try:
+                await self._watchdog
+            except asyncio.CancelledError:
+                pass
+            self._watchdog = None
+        await asyncio.gather(*(nm.stop() for nm in self.nodes.values()), return_exceptions=True)
+
+    async def wait_first_ticks(self, timeout: float) -> None:
+        """Until every node has ticked once or is DOWN, or `timeout` seconds pass."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(nm.last is not None or nm.state == NodeState.DOWN for nm in self.nodes.values()):
+                return
+            await asyncio.sleep(0.05)

@@ -1,0 +1,477 @@
+"""How the console reaches a node: one persistent SSH connection (asyncssh), or this machine directly.
+
+    t = make_transport(node, cluster.ssh)
+    await t.connect()                       # host-key mismatch / auth failure -> UserError (one line)
+    r = await t.run(["docker", "ps"])       # argv lists are shlex.join'ed; a str is an already-quoted snippet
+    s = t.stream(["python3", "-c", code], input=payload)   # async iterator of stdout lines
+    async for line in s: ...
+    await s.close(); await t.close()
+
+Connection loss and unreachable nodes raise TransportError (one line); the monitor turns it into DOWN.
+"""
+
+from __future__ import annotations
+
+import abc
+import asyncio
+import inspect
+import os
+import shlex
+import signal
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Awaitable, Callable
+
+import asyncssh
+
+from ..config import NodeConfig, SshPolicy
+from ..errors import UserError
+
+MAX_LINE = 1 << 20          # a longer stdout line is dropped (counted in LineStream.overlong)
+KEEPALIVE_INTERVAL_S = 5.0
+KEEPALIVE_COUNT_MAX = 3
+
+ConfirmNewHost = Callable[[str, str], "bool | Awaitable[bool]"]
+
+
+class TransportError(Exception):
+    """The node cannot be reached or the connection was lost. The message is one line."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(str(message).split()))
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    rc: int
+    stdout: str
+    stderr: str
+
+
+def to_command(argv: Sequence[str] | str) -> str:
+    """The shell text a remote shell receives: lists are quoted word by word; a str is taken as written."""
+    if isinstance(argv, str):
+        return argv
+    return shlex.join([str(a) for a in argv])
+
+
+class LineStream:
+    """Async iterator over a running command's stdout lines (text, newline stripped).
+
+    `await close()` ends the command (stdin end-of-file, then the channel/process); `returncode` once ended.
+    Lines longer than MAX_LINE are skipped and counted in `overlong`.
+    """
+
+    def __init__(self, read: Callable[[], Awaitable[bytes]], closer: Callable[[], Awaitable[None]],
+                 returncode: Callable[[], int | None], *, max_line: int = MAX_LINE) -> None:
+        self._read = read
+        self._closer = closer
+        self._returncode = returncode
+        self._buf = bytearray()
+        self._lines: list[str] = []
+        self._eof = False
+        self._skipping = False      # inside an overlong line: drop bytes until its newline
+        self._closed = False
+        self.max_line = max_line
+        self.overlong = 0
+
+    @property
+    def returncode(self) -> int | None:
+        return self._returncode()
+
+    def __aiter__(self) -> "LineStream":
+        return self
+
+    async def __anext__(self) -> str:
+        while not self._lines:
+            if self._eof:
+                if self._buf and not self._skipping:
+                    tail = bytes(self._buf)
+                    self._buf.clear()
+                    return tail.decode("utf-8", "replace")
+                raise StopAsyncIteration
+            try:
+                chunk = await self._read()
+            except (asyncssh.Error, OSError, asyncio.IncompleteReadError) as exc:
+                raise TransportError(f"stream lost: {exc}") from exc
+            if not chunk:
+                self._eof = True
+                continue
+            self._feed(chunk)
+        return self._lines.pop(0)
+
+    def _feed(self, chunk: bytes) -> None:
+        start = 0
+        while True:
+            nl = chunk.find(b"\n", start)
+            if nl < 0:
+                if not self._skipping:
+                    self._buf += chunk[start:]
+                    if len(self._buf) > self.max_line:
+                        self._buf.clear()
+                        self._skipping = True
+                        self.overlong += 1
+                return
+            if self._skipping:
+                self._skipping = False
+            else:
+                self._buf += chunk[start:nl]
+                if len(self._buf) > self.max_line:
+                    self.overlong += 1
+                else:
+                    self._lines.append(self._buf.decode("utf-8", "replace"))
+                self._buf = bytearray()
+            start = nl + 1
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._closer()
+
+
+class Transport(abc.ABC):
+    node: NodeConfig
+    python: str = "python3"     # the interpreter that runs the agent on the node
+
+    @property
+    @abc.abstractmethod
+    def connected(self) -> bool: ...
+
+    @abc.abstractmethod
+    async def connect(self) -> None: ...
+
+    @abc.abstractmethod
+    async def run(self, argv: Sequence[str] | str, *, input: bytes | None = None,
+                  timeout: float | None = 30) -> CommandResult: ...
+
+    @abc.abstractmethod
+    def stream(self, argv: Sequence[str] | str, *, input: bytes | None = None) -> LineStream: ...
+
+    @abc.abstractmethod
+    async def close(self) -> None: ...
+
+    def describe(self) -> str:
+        return self.node.name
+
+
+# ---------------------------------------------------------------- local
+
+class LocalTransport(Transport):
+    """Runs commands on this machine (asyncio subprocesses), with node.env added to the environment."""
+
+    python = sys.executable or "python3"
+
+    def __init__(self, node: NodeConfig) -> None:
+        self.node = node
+        self._open = False
+        self._env = {**os.environ, **dict(node.env)}
+
+    @property
+    def connected(self) -> bool:
+        return self._open
+
+    async def connect(self) -> None:
+        self._open = True
+
+    async def _spawn(self, argv: Sequence[str] | str, stdin) -> asyncio.subprocess.Process:
+        kw = dict(stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env,
+                  start_new_session=True)   # own process group: close() can end the command and its children
+        try:
+            if isinstance(argv, str):
+                return await asyncio.create_subprocess_exec("/bin/sh", "-c", argv, **kw)
+            return await asyncio.create_subprocess_exec(*[str(a) for a in argv], **kw)
+        except OSError as exc:
+            raise TransportError(f"{self.node.name}: cannot run {to_command(argv)[:80]}: {exc.strerror or exc}") from exc
+
+    async def run(self, argv: Sequence[str] | str, *, input: bytes | None = None,
+                  timeout: float | None = 30) -> CommandResult:
+        if not self._open:
+            await self.connect()
+        proc = await self._spawn(argv, asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL)
+        try:
+            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+        except asyncio.TimeoutError:
+            _killpg(proc)
+            await proc.wait()
+            raise TransportError(f"{self.node.name}: {to_command(argv)[:80]} timed out after {timeout:g} s") from None
+        except asyncio.CancelledError:
+            _killpg(proc)
+            raise
+        return CommandResult(proc.returncode if proc.returncode is not None else -1,
+                             out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
+
+    def stream(self, argv: Sequence[str] | str, *, input: bytes | None = None) -> LineStream:
+        state: dict = {}
+
+        async def start() -> asyncio.subprocess.Process:
+            if "proc" not in state:
+                state["proc"] = asyncio.ensure_future(self._spawn(argv, asyncio.subprocess.PIPE))
+            proc = await state["proc"]
+            if input is not None and not state.get("fed"):
+                state["fed"] = True
+                proc.stdin.write(input)
+                await proc.stdin.drain()
+            if "drain_err" not in state:   # stderr must not fill its pipe and block the command
+                state["drain_err"] = asyncio.ensure_future(_drain(proc.stderr))
+            return proc
+
+        async def read() -> bytes:
+            proc = await start()
+            return await proc.stdout.read(65536)
+
+        async def closer() -> None:
+            if "proc" not in state:
+                return
+            proc = await state["proc"]
+            if proc.stdin and not proc.stdin.is_closing():
+                proc.stdin.close()          # the agent ends on stdin end-of-file
+            try:
+                await asyncio.wait_for(proc.wait(), 2.0)
+            except asyncio.TimeoutError:
+                _killpg(proc, signal.SIGTERM)
+                try:
+                    await asyncio.wait_for(proc.wait(), 2.0)
+                except asyncio.TimeoutError:
+                    _killpg(proc)
+                    await proc.wait()
+            if "drain_err" in state:
+                state["drain_err"].cancel()
+
+        def returncode() -> int | None:
+            f = state.get("proc")
+            return f.result().returncode if f is not None and f.done() and not f.exception() else None
+
+        return LineStream(read, closer, returncode)
+
+    async def close(self) -> None:
+        self._open = False
+
+    def describe(self) -> str:
+        return f"{self.node.name} (this machine)"
+
+
+async def _drain(reader) -> None:
+    try:
+        while await reader.read(65536):
+            pass
+    except Exception:  # noqa: BLE001 — best effort: the pipe just has to stay empty
+        pass
+
+
+def _killpg(proc, sig: int = signal.SIGKILL) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+# ---------------------------------------------------------------- SSH
+
+class _KeyRecorder(asyncssh.SSHClient):
+    """Remembers the host key the server offered when known_hosts did not vouch for it."""
+
+    def __init__(self) -> None:
+        self.offered: asyncssh.SSHKey | None = None
+
+    def validate_host_public_key(self, host, addr, port, key) -> bool:
+        self.offered = key
+        return False
+
+
+class SshTransport(Transport):
+    """One persistent asyncssh connection with keepalives; known_hosts verified by default."""
+
+    def __init__(self, node: NodeConfig, policy: SshPolicy, *, confirm_new_host: ConfirmNewHost | None = None,
+                 keepalive_interval: float = KEEPALIVE_INTERVAL_S, keepalive_count_max: int = KEEPALIVE_COUNT_MAX) -> None:
+        self.node = node
+        self.policy = policy
+        self.confirm_new_host = confirm_new_host
+        self.keepalive_interval = keepalive_interval
+        self.keepalive_count_max = keepalive_count_max
+        self._conn: asyncssh.SSHClientConnection | None = None
+        self._lock = asyncio.Lock()
+
+    @property
+    def where(self) -> str:
+        return f"{self.node.address}:{self.node.ssh.port}"
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return Path(self.policy.known_hosts or "~/.ssh/known_hosts").expanduser()
+
+    @property
+    def connected(self) -> bool:
+        c = self._conn
+        return c is not None and not c.is_closed()
+
+    def describe(self) -> str:
+        return f"{self.node.name} ({self.where})"
+
+    def _known_hosts(self) -> asyncssh.SSHKnownHosts:
+        p = self.known_hosts_path
+        try:
+            return asyncssh.read_known_hosts(str(p)) if p.is_file() else asyncssh.import_known_hosts("")
+        except (OSError, ValueError, asyncssh.KeyImportError) as exc:
+            raise UserError(f"cannot read known_hosts: {exc}", file=str(p),
+                            fix="repair or remove the bad line in that file") from exc
+
+    async def connect(self) -> None:
+        async with self._lock:
+            if self.connected:
+                return
+            self._conn = await self._open(allow_tofu=True)
+
+    async def _open(self, *, allow_tofu: bool) -> asyncssh.SSHClientConnection:
+        node = self.node
+        known = self._known_hosts()
+        recorder = _KeyRecorder()
+        opts: dict = dict(port=node.ssh.port, known_hosts=known, keepalive_interval=self.keepalive_interval,
+                          keepalive_count_max=self.keepalive_count_max, connect_timeout=self.policy.connect_timeout_s,
+                          client_factory=lambda: recorder)
+        if node.ssh.user:
+            opts["username"] = node.ssh.user
+        if node.ssh.identity:
+            opts["client_keys"] = [str(Path(node.ssh.identity).expanduser())]
+        try:
+            return await asyncssh.connect(node.address, **opts)
+        except asyncssh.HostKeyNotVerifiable as exc:
+            key = recorder.offered
+            fp = key.get_fingerprint("sha256") if key is not None else "unknown fingerprint"
+            trusted = known.match(node.address, node.address, node.ssh.port)[0] if key is not None else []
+            if trusted:
+                raise UserError(f"host key mismatch for {self.where}: the server offered {fp}, which differs from "
+                                f"the key in known_hosts — possible man-in-the-middle; connection refused",
+                                file=str(self.known_hosts_path), field=f"nodes.{node.name}",
+                                fix=f"if the node was reinstalled, remove the old key: "
+                                    f"ssh-keygen -R {shlex.quote(self._host_pattern())} -f {shlex.quote(str(self.known_hosts_path))}") from None
+            if key is not None and allow_tofu and self.policy.trust_on_first_use and self.confirm_new_host:
+                ok = self.confirm_new_host(self.where, fp)
+                if inspect.isawaitable(ok):
+                    ok = await ok
+                if ok is True:
+                    self._remember(key)
+                    return await self._open(allow_tofu=False)
+            raise UserError(f"unknown host key for {self.where} ({fp}); connection refused", field=f"nodes.{node.name}",
+                            fix=f"check the fingerprint on the node, then add it: ssh-keyscan -p {node.ssh.port} "
+                                f"{shlex.quote(node.address)} >> {shlex.quote(str(self.known_hosts_path))} "
+                                "(or set ssh.trust_on_first_use: true)") from None
+        except asyncssh.PermissionDenied as exc:
+            raise UserError(f"SSH login to {self.where} refused: {exc.reason}", field=f"nodes.{node.name}.ssh",
+                            fix="check ssh.user and ssh.identity, and that the key is in the node's authorized_keys") from None
+        except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+            raise TransportError(f"{node.name} ({self.where}) unreachable: {_reason(exc)}") from None
+
+    def _host_pattern(self) -> str:
+        a = self.node.address
+        return a if self.node.ssh.port == 22 else f"[{a}]:{self.node.ssh.port}"
+
+    def _remember(self, key: asyncssh.SSHKey) -> None:
+        p = self.known_hosts_path
+        p.parent.mkdir(parents=True, exist_ok=True)
+        line = f"{self._host_pattern()} {key.export_public_key('openssh').decode().strip()}\n"
+        with open(p, "a", encoding="utf-8") as fh:
+            fh.write(line)
+
+    async def _ensure(self) -> asyncssh.SSHClientConnection:
+        if not self.connected:
+            await self.connect()
+        assert self._conn is not None
+        return self._conn
+
+    async def run(self, argv: Sequence[str] | str, *, input: bytes | None = None,
+                  timeout: float | None = 30) -> CommandResult:
+        conn = await self._ensure()
+        cmd = to_command(argv)
+        try:
+            r = await conn.run(cmd, input=input, encoding=None, timeout=timeout, check=False)
+        except asyncssh.TimeoutError:
+            raise TransportError(f"{self.node.name}: {cmd[:80]} timed out after {timeout:g} s") from None
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"{self.node.name} ({self.where}) connection lost: {_reason(exc)}") from None
+        rc = r.exit_status if r.exit_status is not None else (255 if r.exit_signal else -1)
+        return CommandResult(rc, _dec(r.stdout), _dec(r.stderr))
+
+    def stream(self, argv: Sequence[str] | str, *, input: bytes | None = None) -> LineStream:
+        cmd = to_command(argv)
+        state: dict = {}
+
+        async def start() -> asyncssh.SSHClientProcess:
+            if "proc" not in state:
+                state["proc"] = asyncio.ensure_future(self._start_process(cmd, input))
+            return await state["proc"]
+
+        async def read() -> bytes:
+            proc = await start()
+            return await proc.stdout.read(65536)
+
+        async def closer() -> None:
+            f = state.get("proc")
+            if f is None:
+                return
+            try:
+                proc = await f
+            except (TransportError, UserError):
+                return
+            try:
+                proc.stdin.write_eof()      # the agent ends on stdin end-of-file…
+            except (OSError, asyncssh.Error, BrokenPipeError):
+                pass
+            try:
+                await asyncio.wait_for(proc.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, OSError, asyncssh.Error):
+                pass
+            proc.close()                    # …and anything else when the channel closes
+            try:
+                await asyncio.wait_for(proc.wait_closed(), 2.0)
+            except (asyncio.TimeoutError, OSError, asyncssh.Error):
+                pass
+
+        def returncode() -> int | None:
+            f = state.get("proc")
+            if f is None or not f.done() or f.exception():
+                return None
+            return f.result().exit_status
+
+        return LineStream(read, closer, returncode)
+
+    async def _start_process(self, cmd: str, input: bytes | None) -> asyncssh.SSHClientProcess:
+        conn = await self._ensure()
+        try:
+            proc = await conn.create_process(cmd, encoding=None, stderr=asyncssh.DEVNULL)
+            if input is not None:
+                proc.stdin.write(input)
+                await proc.stdin.drain()
+            return proc
+        except (OSError, asyncssh.Error) as exc:
+            raise TransportError(f"{self.node.name} ({self.where}) connection lost: {_reason(exc)}") from None
+
+    async def close(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            conn.close()
+            try:
+                await asyncio.wait_for(conn.wait_closed(), 3.0)
+            except (asyncio.TimeoutError, OSError, asyncssh.Error):
+                pass
+
+
+def _dec(b) -> str:
+    if b is None:
+        return ""
+    return b.decode("utf-8", "replace") if isinstance(b, (bytes, bytearray)) else str(b)
+
+
+def _reason(exc: BaseException) -> str:
+    if isinstance(exc, asyncio.TimeoutError):
+        return "connect timed out"
+    text = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
+    return " ".join(str(text).split())[:200]
+
+
+def make_transport(node: NodeConfig, policy: SshPolicy, *, confirm_new_host: ConfirmNewHost | None = None) -> Transport:
+    if node.local:
+        return LocalTransport(node)
+    return SshTransport(node, policy, confirm_new_host=confirm_new_host)
