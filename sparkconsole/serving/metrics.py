@@ -1,0 +1,413 @@
+"""vLLM and router /metrics: Prometheus text → engine figures, rates and latency percentiles.
+
+Parsing is prometheus_client's own text parser. Everything after it is keyed by sample names, so a metric
+that is missing, renamed or of an unexpected type gives None, never an exception. Values are summed over
+label sets (several models, several engines behind one endpoint); percentiles come from merged histogram
+buckets with the same in-bucket linear interpolation as Prometheus' histogram_quantile, both over the whole
+life of the server and over the window between two scrapes (bucket deltas, counter resets handled).
+"""
+
+from __future__ import annotations
+
+import math
+import time as _time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+Labels = tuple[tuple[str, str], ...]          # sorted (name, value) pairs
+Series = Mapping[Labels, float]
+
+# Current (V1) names first, then the older ones they replaced.
+RUNNING = ("vllm:num_requests_running",)
+WAITING = ("vllm:num_requests_waiting",)
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+PREFIX_COUNTERS = (  # (queries, hits) pairs of one generation, never mixed
+    (("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"),
+     ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")),
+    (("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries"),
+     ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits")),
+)
+PREFIX_HIT_RATE_GAUGE = ("vllm:gpu_prefix_cache_hit_rate",)
+PROMPT_TOKENS = ("vllm:prompt_tokens_total", "vllm:prompt_tokens")
+GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens")
+TTFT = ("vllm:time_to_first_token_seconds",)
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+
+# Routers. vllm-router (Rust, metrics on its own port, 29000 by default) and the LiteLLM proxy.
+ROUTER_REQUESTS = ("vllm_router_requests_total", "litellm_proxy_total_requests_metric_total",
+                   "litellm_requests_metric_total")
+ROUTER_ERRORS = ("vllm_router_request_errors_total", "litellm_proxy_failed_requests_metric_total")
+ROUTER_LATENCY = ("vllm_router_request_duration_seconds", "litellm_request_total_latency_metric")
+ROUTER_TTFT = ("litellm_llm_api_time_to_first_token_metric",)
+ROUTER_WORKER_HEALTH = "vllm_router_worker_health"          # 1 healthy, 0 not; label worker
+ROUTER_WORKER_LOAD = ("vllm_router_running_requests", "vllm_router_worker_load")  # label worker
+LITELLM_DEPLOYMENT_STATE = "litellm_deployment_state"      # 0 healthy, 1 partial outage, 2 outage
+LITELLM_IN_FLIGHT = "litellm_deployment_in_progress_requests"
+
+INF = float("inf")
+
+
+# --- parsing -----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scrape:
+    """One /metrics body: sample name → {labels: value}, and when it was read (console clock, seconds)."""
+    time: float
+    series: Mapping[str, Series]
+    bad_lines: int = 0
+
+    def values(self, name: str) -> Series:
+        return self.series.get(name, {})
+
+    def first(self, *names: str) -> str | None:
+        """The first of `names` this scrape has (current name before older ones)."""
+        return next((n for n in names if self.series.get(n)), None)
+
+    def total(self, *names: str) -> float | None:
+        """Sum over label sets of the first name present; None when none is."""
+        n = self.first(*names)
+        if n is None:
+            return None
+        vals = [v for v in self.series[n].values() if not math.isnan(v)]
+        return math.fsum(vals) if vals else None
+
+    def mean(self, *names: str) -> float | None:
+        n = self.first(*names)
+        if n is None:
+            return None
+        vals = [v for v in self.series[n].values() if not math.isnan(v)]
+        return math.fsum(vals) / len(vals) if vals else None
+
+    def label_values(self, label: str, *names: str) -> tuple[str, ...]:
+        out: dict[str, None] = {}
+        for n in names:
+            for labels in self.series.get(n, {}):
+                for k, v in labels:
+                    if k == label:
+                        out[v] = None
+        return tuple(out)
+
+    def histogram(self, *bases: str) -> "Histogram | None":
+        """The first histogram of `bases` present, summed over label sets."""
+        base = self.first(*(b + "_bucket" for b in bases))
+        if base is None:
+            return None
+        base = base[: -len("_bucket")]
+        return Histogram.merge(_histogram_groups(self, base).values(), self.total(base + "_sum"), self.total(base + "_count"))
+
+
+def _labels(d: Mapping[str, str]) -> Labels:
+    return tuple(sorted(d.items()))
+
+
+def parse(text: str | bytes, *, time: float | None = None) -> Scrape:
+    """Prometheus text → Scrape. Never raises: lines the parser refuses are counted in bad_lines."""
+    if isinstance(text, bytes):
+        text = text.decode("utf-8", errors="replace")
+    when = _time.time() if time is None else time
+    series: dict[str, dict[Labels, float]] = {}
+
+    def add(families) -> None:
+        for fam in families:
+            for s in fam.samples:
+                series.setdefault(s.name, {})[_labels(s.labels)] = float(s.value)
+
+    try:
+        add(text_string_to_metric_families(text))
+        return Scrape(when, series, 0)
+    except Exception:
+        pass
+    # Some line broke the parser (it stops at the first): parse line by line and keep what parses.
+    series.clear()
+    bad = 0
+    for line in text.splitlines():
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        try:
+            add(text_string_to_metric_families(s + "\n"))
+        except Exception:
+            bad += 1
+    return Scrape(when, series, bad)
+
+
+# --- histograms --------------------------------------------------------------------------------------------
+def _le(labels: Labels) -> tuple[Labels, float] | None:
+    rest, le = [], None
+    for k, v in labels:
+        if k == "le":
+            try:
+                le = float(v)   # "+Inf" parses as inf
+            except ValueError:
+                return None
+        else:
+            rest.append((k, v))
+    return (tuple(rest), le) if le is not None and not math.isnan(le) else None
+
+
+def _histogram_groups(s: Scrape, base: str) -> dict[Labels, dict[float, float]]:
+    """{series labels without le: {upper bound: cumulative count}}"""
+    groups: dict[Labels, dict[float, float]] = {}
+    for labels, v in s.values(base + "_bucket").items():
+        key = _le(labels)
+        if key is None or math.isnan(v):
+            continue
+        groups.setdefault(key[0], {})[key[1]] = v
+    return groups
+
+
+@dataclass(frozen=True)
+class Histogram:
+    bounds: tuple[float, ...]     # bucket upper bounds, ascending (the last is +Inf in a whole histogram)
+    counts: tuple[float, ...]     # cumulative counts per bound
+    sum: float | None = None
+    count: float | None = None
+
+    @classmethod
+    def merge(cls, groups: Iterable[Mapping[float, float]], total_sum: float | None = None,
+              total_count: float | None = None) -> "Histogram | None":
+        summed: dict[float, float] = {}
+        for g in groups:
+            for le, c in g.items():
+                summed[le] = summed.get(le, 0.0) + c
+        if not summed:
+            return None
+        bounds = tuple(sorted(summed))
+        return cls(bounds, tuple(summed[b] for b in bounds), total_sum, total_count)
+
+    @property
+    def observations(self) -> float:
+        if self.bounds and self.bounds[-1] == INF:
+            return self.counts[-1]
+        return self.count or 0.0
+
+    def quantile(self, q: float) -> float | None:
+        return histogram_quantile(q, self.bounds, self.counts)
+
+    @property
+    def mean(self) -> float | None:
+        if self.sum is None or not self.count:
+            return None
+        return self.sum / self.count
+
+
+def histogram_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) -> float | None:
+    """Prometheus' histogram_quantile on one merged histogram; None where Prometheus gives NaN."""
+    if math.isnan(q):
+        return None
+    if q < 0:
+        return -INF
+    if q > 1:
+        return INF
+    if len(bounds) < 2 or len(bounds) != len(counts) or bounds[-1] != INF:
+        return None
+    # Cumulative counts must not fall (float noise, scrape skew between series): carry the max forward.
+    mono: list[float] = []
+    top = 0.0
+    for c in counts:
+        top = max(top, c)
+        mono.append(top)
+    observations = mono[-1]
+    if observations <= 0:
+        return None
+    rank = q * observations
+    b = next((i for i in range(len(mono) - 1) if mono[i] >= rank), len(mono) - 1)
+    if b == len(mono) - 1:
+        return bounds[-2]
+    if b == 0 and bounds[0] <= 0:
+        return bounds[0]
+    start, end, count = 0.0, bounds[b], mono[b]
+    if b > 0:
+        start = bounds[b - 1]
+        count -= mono[b - 1]
+        rank -= mono[b - 1]
+    if count <= 0:
+        return end
+    return start + (end - start) * (rank / count)
+
+
+# --- windows between two scrapes ---------------------------------------------------------------------------
+def _increase(prev: Series, cur: Series) -> float:
+    """Counter increase summed over label sets; a series that went down restarted from zero."""
+    total = 0.0
+    for labels, v in cur.items():
+        if math.isnan(v):
+            continue
+        before = prev.get(labels)
+        if before is None or math.isnan(before):
+            total += v            # new series since the last scrape: counted from zero
+        elif v >= before:
+            total += v - before
+        else:
+            total += v            # reset (server restarted)
+    return total
+
+
+def counter_increase(prev: Scrape, cur: Scrape, *names: str) -> float | None:
+    n = cur.first(*names)
+    if n is None or prev.first(n) is None:
+        return None
+    return _increase(prev.values(n), cur.values(n))
+
+
+def counter_rate(prev: Scrape, cur: Scrape, *names: str) -> float | None:
+    dt = cur.time - prev.time
+    inc = counter_increase(prev, cur, *names)
+    if inc is None or dt <= 0:
+        return None
+    return inc / dt
+
+
+def histogram_window(prev: Scrape, cur: Scrape, *bases: str) -> Histogram | None:
+    """Observations made between two scrapes: bucket deltas per series, merged; a reset series counts whole."""
+    name = cur.first(*(b + "_bucket" for b in bases))
+    if name is None:
+        return None
+    base = name[: -len("_bucket")]
+    if prev.first(name) is None:
+        return None
+    before = _histogram_groups(prev, base)
+    deltas: list[dict[float, float]] = []
+    for key, buckets in _histogram_groups(cur, base).items():
+        old = before.get(key, {})
+        reset = any(c < old.get(le, 0.0) for le, c in buckets.items())
+        deltas.append(dict(buckets) if reset else {le: c - old.get(le, 0.0) for le, c in buckets.items()})
+    inc_sum = counter_increase(prev, cur, base + "_sum")
+    inc_count = counter_increase(prev, cur, base + "_count")
+    return Histogram.merge(deltas, inc_sum, inc_count)
+
+
+# --- what the console shows --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class EngineMetrics:
+    """One scrape of a vLLM server, lifetime figures. None: the server does not publish it."""
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None               # 0..1, mean over engines
+    prefix_hit_rate: float | None        # 0..1 since start
+    prompt_tokens: float | None          # counters since start
+    generation_tokens: float | None
+    ttft: Histogram | None
+    itl: Histogram | None
+    models: tuple[str, ...] = ()         # model_name labels seen
+
+    def pct(self, which: str, q: float) -> float | None:
+        h = getattr(self, which)
+        return h.quantile(q) if h is not None else None
+
+
+@dataclass(frozen=True)
+class EngineWindow:
+    """What happened between two scrapes."""
+    seconds: float
+    prompt_tps: float | None
+    gen_tps: float | None
+    generation_tokens: float | None      # tokens generated in the window (stall detection)
+    prefix_hit_rate: float | None
+    ttft: Histogram | None
+    itl: Histogram | None
+
+    def pct(self, which: str, q: float) -> float | None:
+        h = getattr(self, which)
+        return h.quantile(q) if h is not None else None
+
+
+def _prefix_pair(s: Scrape) -> tuple[str, str] | None:
+    for queries, hits in PREFIX_COUNTERS:
+        q, h = s.first(*queries), s.first(*hits)
+        if q and h:
+            return q, h
+    return None
+
+
+def engine_metrics(s: Scrape) -> EngineMetrics:
+    rate = None
+    pair = _prefix_pair(s)
+    if pair:
+        q, h = s.total(pair[0]), s.total(pair[1])
+        rate = (h / q) if q and h is not None else None
+    if rate is None:
+        rate = s.mean(*PREFIX_HIT_RATE_GAUGE)
+    return EngineMetrics(
+        running=s.total(*RUNNING), waiting=s.total(*WAITING), kv_usage=_unit(s.mean(*KV_USAGE)),
+        prefix_hit_rate=_unit(rate), prompt_tokens=s.total(*PROMPT_TOKENS),
+        generation_tokens=s.total(*GENERATION_TOKENS), ttft=s.histogram(*TTFT), itl=s.histogram(*ITL),
+        models=s.label_values("model_name", *RUNNING, *GENERATION_TOKENS),
+    )
+
+
+def engine_window(prev: Scrape, cur: Scrape) -> EngineWindow:
+    rate = None
+    pair = _prefix_pair(cur)
+    if pair:
+        dq = counter_increase(prev, cur, pair[0])
+        dh = counter_increase(prev, cur, pair[1])
+        rate = (dh / dq) if dq and dh is not None else None
+    return EngineWindow(
+        seconds=cur.time - prev.time,
+        prompt_tps=counter_rate(prev, cur, *PROMPT_TOKENS),
+        gen_tps=counter_rate(prev, cur, *GENERATION_TOKENS),
+        generation_tokens=counter_increase(prev, cur, *GENERATION_TOKENS),
+        prefix_hit_rate=_unit(rate),
+        ttft=histogram_window(prev, cur, *TTFT),
+        itl=histogram_window(prev, cur, *ITL),
+    )
+
+
+def _unit(v: float | None) -> float | None:
+    if v is None or math.isnan(v):
+        return None
+    return min(max(v, 0.0), 1.0)
+
+
+@dataclass(frozen=True)
+class RouterMetrics:
+    requests: float | None               # counters since start
+    errors: float | None
+    backends_up: int | None
+    backends_total: int | None
+    backend_load: tuple[tuple[str, float], ...]   # (backend, in-flight requests)
+    latency: Histogram | None
+    ttft: Histogram | None
+
+
+def router_metrics(s: Scrape) -> RouterMetrics | None:
+    """What a router publishes, or None when the scrape has no router metric at all."""
+    up = total = None
+    health = s.values(ROUTER_WORKER_HEALTH)
+    if health:
+        total, up = len(health), sum(1 for v in health.values() if v >= 1)
+    else:
+        states = s.values(LITELLM_DEPLOYMENT_STATE)
+        if states:
+            total, up = len(states), sum(1 for v in states.values() if v == 0)
+    load: dict[str, float] = {}
+    name = s.first(*ROUTER_WORKER_LOAD, LITELLM_IN_FLIGHT)
+    if name:
+        for labels, v in s.values(name).items():
+            d = dict(labels)
+            who = d.get("worker") or d.get("api_base") or d.get("litellm_model_name") or "?"
+            load[who] = load.get(who, 0.0) + v
+    r = RouterMetrics(requests=s.total(*ROUTER_REQUESTS), errors=s.total(*ROUTER_ERRORS), backends_up=up,
+                      backends_total=total, backend_load=tuple(sorted(load.items())),
+                      latency=s.histogram(*ROUTER_LATENCY), ttft=s.histogram(*ROUTER_TTFT))
+    if r.requests is None and r.errors is None and total is None and not load and r.latency is None and r.ttft is None:
+        return None
+    return r
+
+
+@dataclass(frozen=True)
+class RouterWindow:
+    seconds: float
+    requests_per_s: float | None
+    errors_per_s: float | None
+    latency: Histogram | None
+    ttft: Histogram | None
+
+
+def router_window(prev: Scrape, cur: Scrape) -> RouterWindow:
+    return RouterWindow(seconds=cur.time - prev.time, requests_per_s=counter_rate(prev, cur, *ROUTER_REQUESTS),
+                        errors_per_s=counter_rate(prev, cur, *ROUTER_ERRORS),
+                        latency=histogram_window(prev, cur, *ROUTER_LATENCY),
+                        ttft=histogram_window(prev, cur, *ROUTER_TTFT))
