@@ -1,0 +1,527 @@
+"""Recipe × topology × nodes → the exact commands each node runs, in order, shown before anything runs.
+
+Plans hold argv lists (rendered with shlex.join, so every value reaching a remote shell is quoted). Secrets
+are passed by reference: `-e HF_TOKEN` reads the value from the docker client's environment on the node, or
+`HF_TOKEN="$(cat -- FILE)"` reads it from a file on the node; a plan never holds a secret's value.
+
+Topologies:
+- solo:        one vLLM container on one node (`--node`, default the head).
+- cluster-tp2: one vLLM instance across N nodes (default 2). Backend mp (default): vLLM's own multi-node
+               launch, `--nnodes N --node-rank R --master-addr HEAD --master-port P`, `--headless` on workers,
+               as spark-vllm-docker's launch-cluster.sh does; backend ray: `ray start` on each node, then
+               `vllm serve … --distributed-executor-backend ray` on the head.
+- 2x-solo:     one server per node plus a router on the head: vllm-router (default), or a LiteLLM proxy with
+               simple-shuffle / least-busy to reproduce the published study.
+- disagg:      prefill on the first node, decode on the second, NixlConnector KV transfer, and
+               `vllm-router --vllm-pd-disaggregation` in front.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Sequence
+
+from ..config import ClusterConfig, NodeConfig
+from ..errors import UserError
+from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, RouterImpl, SecretRef, fill
+
+SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
+# Added first-token latency measured on this project's test bed (docs/testbed notes): shown in the plan.
+ROUTER_OVERHEAD_NOTE = {
+    "vllm-router": "vllm-router added about 0.5 ms to first token on the test bed",
+    "litellm": "LiteLLM proxy added about 12 ms to first token on the test bed (single event loop, ~1,500 chunks/s)",
+}
+# Plan options taken out of overrides; every other override key is a placeholder value.
+OPTION_KEYS = {"nodes", "extra_args", "backend", "router", "drop_caches", "eth_if", "ib_if", "master_port",
+               "router_dir"}
+
+
+@dataclass(frozen=True)
+class Step:
+    node: str
+    what: str                                   # what it is, in words
+    argv: tuple[str, ...]
+    change: bool = True                         # changes the node: confirmed and written to the audit log
+    input: bytes | None = None                  # stdin (a config file's text)
+    secrets: tuple[SecretRef, ...] = ()         # read on the node at run time, by reference
+    tolerate: tuple[str, ...] = ()              # stderr text that still counts as success
+    service: str | None = None                  # the service this step starts
+
+    def shell(self) -> str:
+        """The command line as the node's shell gets it: argv quoted, file secrets read there."""
+        prefix = []
+        for s in self.secrets:
+            if s.source.startswith("file:"):
+                path = s.source[5:]
+                quoted = '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+                prefix.append(f'{s.name}="$(cat -- {quoted})"')
+        return " ".join([*prefix, shlex.join(self.argv)])
+
+
+@dataclass(frozen=True)
+class Service:
+    """Something a plan starts and the runner follows: a vLLM server, a headless worker, or a router."""
+    key: str                                    # unique in the plan, e.g. "spark1/server"
+    node: str
+    container: str
+    role: str                                   # server | worker | router | prefill | decode
+    url: str | None                             # base URL answering health and /v1/models; None: headless
+    model: str | None = None                    # served model name expected in /v1/models
+    health_path: str = "/health"
+    models_path: str | None = "/v1/models"
+
+    @property
+    def logs_argv(self) -> tuple[str, ...]:
+        return ("docker", "logs", "-f", "--tail", "200", self.container)
+
+    @property
+    def state_argv(self) -> tuple[str, ...]:
+        return ("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+                self.container)
+
+    def stop_steps(self) -> tuple[Step, ...]:
+        return (Step(self.node, f"stop {self.role} container {self.container}",
+                     ("docker", "stop", "-t", "30", self.container), tolerate=("No such container",)),
+                Step(self.node, f"remove container {self.container}", ("docker", "rm", self.container),
+                     tolerate=("No such container", "is already in progress")))
+
+    def restart_step(self) -> Step:
+        return Step(self.node, f"restart {self.role} container {self.container}",
+                    ("docker", "restart", "-t", "30", self.container))
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: str                                 # recipe key
+    recipe_name: str
+    topology: str
+    nodes: tuple[str, ...]
+    steps: tuple[Step, ...]
+    services: tuple[Service, ...]
+    endpoint: str | None                        # the URL clients use
+    router: str | None = None                   # vllm-router | simple-shuffle | least-busy
+    backend: str | None = None                  # mp | ray (cluster)
+    image: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    server_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # service key → vLLM argv
+    notes: tuple[str, ...] = ()
+
+    def for_node(self, node: str) -> list[Step]:
+        return [s for s in self.steps if s.node == node]
+
+    def service(self, key: str) -> Service:
+        return next(s for s in self.services if s.key == key)
+
+    @property
+    def restartable_in_place(self) -> bool:
+        # A tensor-parallel group must come up together; single-node servers can restart one by one.
+        return self.topology != "cluster-tp2"
+
+    def render(self, addresses: Mapping[str, str] | None = None) -> str:
+        from .. import secrets as _secrets
+        lines = [f"Plan: {self.recipe} ({self.recipe_name}) × {self.topology} on {', '.join(self.nodes)}"]
+        if self.endpoint:
+            lines.append(f"Endpoint: {self.endpoint}")
+        order = {id(s): i + 1 for i, s in enumerate(self.steps)}   # numbers give the execution order
+        for node in self.nodes:
+            steps = self.for_node(node)
+            if not steps:
+                continue
+            addr = f" {addresses[node]}" if addresses and node in addresses else ""
+            lines.append(f"[{node}{addr}]")
+            for s in steps:
+                lines.append(f"  {order[id(s)]}. {s.what}")
+                lines.append(f"     $ {_secrets.redact(s.shell())}")
+                if s.input is not None:
+                    lines.append("     (stdin: " + _secrets.redact(s.input.decode("utf-8", "replace")).strip()
+                                 .replace("\n", "\n             ") + ")")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+
+# --- building ----------------------------------------------------------------------------------------------
+
+def _url_host(address: str) -> str:
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"[{address}]"
+    except ValueError:
+        pass
+    return address
+
+
+def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | None) -> list[NodeConfig]:
+    """The nodes a topology uses: the named ones, else the head first and then the others in file order."""
+    need = {"solo": 1, "cluster-tp2": 2, "2x-solo": 2, "disagg": 2}[topology]
+    if wanted:
+        out = []
+        for name in wanted:
+            try:
+                out.append(cluster.node(name))
+            except KeyError:
+                raise UserError(f"no node named {name[:40]!r} in the cluster file", file=cluster.source,
+                                field="nodes", fix="name one of: " + ", ".join(n.name for n in cluster.nodes)) from None
+        if len(set(n.name for n in out)) != len(out):
+            raise UserError("a node is named twice", field="--node", fix="name each node once")
+        if topology == "solo" and len(out) != 1:
+            raise UserError(f"solo runs on one node, {len(out)} named", field="--node", fix="name one node")
+        if topology in ("2x-solo", "disagg") and len(out) != 2:
+            raise UserError(f"{topology} runs on two nodes, {len(out)} named", field="--node", fix="name two nodes")
+        if topology == "cluster-tp2" and len(out) < 2:
+            raise UserError("cluster-tp2 needs at least two nodes", field="--node", fix="name two nodes")
+        return out
+    ordered = [cluster.head, *[n for n in cluster.nodes if n.name != cluster.head.name]]
+    if len(ordered) < need:
+        raise UserError(f"{topology} needs {need} nodes, the cluster file has {len(ordered)}", file=cluster.source,
+                        field="nodes", fix="add a node to the cluster file, or use --topology solo")
+    return ordered[:need]
+
+
+def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = ()) -> tuple[list[str], bool]:
+    """The recipe's command as argv: placeholders filled, line continuations joined, Ray's executor flag
+    dropped (the topology adds what it needs). Returns (argv, shell) — shell when the command uses shell
+    operators and must run under `bash -c`."""
+    text = recipe.render_command(params)
+    text = re.sub(r"\\[ \t]*\r?\n", " ", text).strip()
+    try:
+        argv = shlex.split(text)
+    except ValueError as exc:
+        raise UserError(f"the command cannot be split into arguments ({exc})", file=recipe.source,
+                        line=recipe.command_line, field="command", fix="balance the quotes in the command") from None
+    if not argv:
+        raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
+                        fix="write the vllm serve command")
+    if any(a in SHELL_OPERATORS for a in argv):
+        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a == "--distributed-executor-backend":
+            skip = True
+            continue
+        if a.startswith("--distributed-executor-backend="):
+            continue
+        out.append(a)
+    return [*out, *extra_args], False
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The last value of a flag written `--flag V` or `--flag=V` (vLLM: last one wins)."""
+    found = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif a.startswith(n + "="):
+                found = a[len(n) + 1:]
+    return found
+
+
+def has_flag(argv: Sequence[str], *names: str) -> bool:
+    return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
+
+
+def served_model(recipe: Recipe, argv: Sequence[str]) -> str | None:
+    name = flag_value(argv, "--served-model-name")
+    if name:
+        return name
+    for i, a in enumerate(argv[:-1]):
+        if a == "serve" and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return flag_value(argv, "--model") or recipe.model
+
+
+def _iface(value: Any, node: str) -> str | None:
+    if isinstance(value, Mapping):
+        return value.get(node)
+    return value
+
+
+def _docker_run(recipe: Recipe, topology: str, role: str, name: str, env: Sequence[tuple[str, str]],
+                params: Mapping[str, Any], image: str, secrets: Sequence[SecretRef]) -> list[str]:
+    cs = recipe.container_settings
+    argv = ["docker", "run", "-d", "--name", name,
+            "--label", f"sparkconsole.recipe={recipe.key}", "--label", f"sparkconsole.topology={topology}",
+            "--label", f"sparkconsole.role={role}", "--network", "host"]
+    if cs.gpus:
+        argv += ["--gpus", cs.gpus]
+    if cs.ipc_host:
+        argv.append("--ipc=host")
+    elif cs.shm_size:
+        argv += ["--shm-size", cs.shm_size]
+    if cs.init:
+        argv.append("--init")
+    if cs.memory:
+        # memory-swap equal to memory: no swap inside the container either (seed 004: swap on UMA spirals)
+        argv += ["--memory", cs.memory, "--memory-swap", cs.memory]
+    for v in cs.volumes:
+        argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.container.volumes")]
+    for t in cs.tmpfs:
+        argv += ["--tmpfs", t]
+    for k, v in env:
+        argv += ["-e", f"{k}={v}"]
+    for s in secrets:
+        argv += ["-e", s.name]
+    argv += ["--entrypoint=", image]
+    return argv
+
+
+def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: Mapping[str, Any] | None = None) -> Plan:
+    """Every command for every node, in order (head first). Raises UserError for what cannot be planned."""
+    overrides = dict(overrides or {})
+    if topology not in TOPOLOGIES:
+        raise UserError(f"unknown topology {topology[:30]!r}", field="--topology", fix=f"use one of: {', '.join(TOPOLOGIES)}")
+    if recipe.cluster_only and topology in ("solo", "2x-solo", "disagg"):
+        raise UserError(f"recipe {recipe.key!r} requires cluster mode (the model is too large for one node)",
+                        file=recipe.source, field="cluster_only", fix="use --topology cluster-tp2")
+    if recipe.solo_only and topology == "cluster-tp2":
+        raise UserError(f"recipe {recipe.key!r} is solo only", file=recipe.source, field="solo_only",
+                        fix="use --topology solo or 2x-solo")
+    if topology not in recipe.topologies:
+        raise UserError(f"recipe {recipe.key!r} does not support topology {topology}", file=recipe.source,
+                        field="sparkconsole.topologies",
+                        fix=f"use one of: {', '.join(recipe.topologies)}, or add {topology} to sparkconsole.topologies")
+    options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
+    nodes = select_nodes(topology, cluster, options.get("nodes"))
+    extra_args = tuple(options.get("extra_args") or ())
+    backend = options.get("backend") or recipe.cluster.backend
+    if backend not in ("mp", "ray"):
+        raise UserError(f"unknown backend {str(backend)[:20]!r}", field="--backend", fix="use mp or ray")
+    router_choice = options.get("router") or recipe.router.default
+    if router_choice not in ROUTER_CHOICES:
+        raise UserError(f"unknown router {str(router_choice)[:30]!r}", field="--router", fix=f"use one of: {', '.join(ROUTER_CHOICES)}")
+    master_port = int(options.get("master_port") or recipe.cluster.master_port)
+    image = recipe.container
+
+    # Single-node servers run with TP=1 unless asked otherwise, as run-recipe.sh --solo does; a cluster spans its nodes.
+    forced: dict[str, Any] = {"tensor_parallel": len(nodes) if topology == "cluster-tp2" else 1}
+    params = {**recipe.defaults, **forced, **recipe.topology_defaults.get(topology, {})}
+    params.update({k: v for k, v in overrides.items() if v is not None})
+    params.setdefault("host", "0.0.0.0")
+
+    steps: list[Step] = []
+    services: list[Service] = []
+    server_args: dict[str, tuple[str, ...]] = {}
+    notes: list[str] = []
+    secrets = recipe.secrets
+    base_name = recipe.container_settings.name
+
+    def cname(node: NodeConfig) -> str:
+        return base_name or node.container
+
+    def node_port(node: NodeConfig, explicit: int | None = None) -> int:
+        if explicit is not None:
+            return explicit
+        return int(overrides["port"]) if overrides.get("port") is not None else node.vllm_port
+
+    def server_params(node: NodeConfig, port: int) -> dict[str, Any]:
+        # node_address: a recipe can bind to the node's own address ({node_address}) instead of 0.0.0.0
+        return {"node_address": node.address, **params, "port": port}
+
+    def pre_steps(node: NodeConfig, name: str) -> None:
+        if options.get("drop_caches"):
+            steps.append(Step(node.name, "drop the page cache before the model load (seed 004)",
+                              ("sh", "-c", 'sync; if [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; '
+                                           'else sudo -n sh -c "echo 3 > /proc/sys/vm/drop_caches"; fi')))
+        # `docker rm` refuses a running container: a launch never replaces a server someone else left running.
+        steps.append(Step(node.name, f"remove a stopped leftover container {name} (refused if it is running)",
+                          ("docker", "rm", name), tolerate=("No such container",)))
+
+    def start_server(node: NodeConfig, role: str, env: list[tuple[str, str]], port: int,
+                     argv_extra: Sequence[str] = (), url: bool = True) -> Service:
+        name = cname(node)
+        p = server_params(node, port)
+        argv, _shell = command_argv(recipe, p, extra_args)
+        if _shell:
+            argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
+        else:
+            argv = [*argv, *argv_extra]
+        full_env = [*recipe.env.items(), *env]
+        pre_steps(node, name)
+        svc = Service(key=f"{node.name}/{role}", node=node.name, container=name, role=role,
+                      url=f"http://{_url_host(node.address)}:{port}" if url else None,
+                      model=served_model(recipe, argv))
+        steps.append(Step(node.name, f"start vLLM {role} ({image})",
+                          tuple(_docker_run(recipe, topology, role, name, full_env, p, image, secrets) + argv),
+                          secrets=secrets, service=svc.key))
+        services.append(svc)
+        server_args[svc.key] = tuple(argv)
+        return svc
+
+    endpoint: str | None = None
+    router_used: str | None = None
+    if topology == "solo":
+        node = nodes[0]
+        svc = start_server(node, "server", [], node_port(node))
+        endpoint = svc.url
+    elif topology == "2x-solo":
+        servers = [start_server(n, "server", [], node_port(n)) for n in nodes]
+        router_used = router_choice
+        endpoint = _add_router(recipe, topology, router_choice, nodes[0], servers, steps, services, notes, params,
+                               options.get("router_dir") or "/tmp/sparkconsole")
+    elif topology == "disagg":
+        prefill, decode = nodes
+        kv = '{"kv_connector":"%s","kv_role":"kv_both"}' % recipe.disagg.connector
+        servers = []
+        for node, role, port in ((prefill, "prefill", recipe.disagg.prefill_port),
+                                 (decode, "decode", recipe.disagg.decode_port)):
+            env = [("VLLM_NIXL_SIDE_CHANNEL_HOST", node.address),
+                   ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(recipe.disagg.side_channel_port))]
+            eth = _iface(options.get("eth_if") or recipe.cluster.eth_if, node.name)
+            if eth:
+                env.append(("UCX_NET_DEVICES", eth))
+            probe, _ = command_argv(recipe, server_params(node, node_port(node, port)), extra_args)
+            extra = [] if has_flag(probe, "--kv-transfer-config") else ["--kv-transfer-config", kv]
+            servers.append(start_server(node, role, env, node_port(node, port), extra))
+        router_used = "vllm-router"
+        endpoint = _add_router(recipe, topology, "vllm-router", prefill, servers, steps, services, notes, params,
+                               options.get("router_dir") or "/tmp/sparkconsole", disagg=True)
+    else:  # cluster-tp2
+        head = nodes[0]
+        port = node_port(head)
+        tp, pp = int(params.get("tensor_parallel", 1)), int(params.get("pipeline_parallel", 1) or 1)
+        if tp * pp != len(nodes):
+            notes.append(f"tensor_parallel {tp} × pipeline_parallel {pp} ≠ {len(nodes)} nodes of one GPU each")
+        ifaces = {}
+        for n in nodes:
+            eth = _iface(options.get("eth_if") or recipe.cluster.eth_if, n.name)
+            if not eth:
+                raise UserError("a cluster launch needs the network interface that links the nodes", file=recipe.source,
+                                field="sparkconsole.cluster.eth_if",
+                                fix="set sparkconsole.cluster.eth_if in the recipe (e.g. enp1s0f0np0) or pass --eth-if")
+            ifaces[n.name] = (eth, _iface(options.get("ib_if") or recipe.cluster.ib_if, n.name))
+
+        def node_env(n: NodeConfig) -> list[tuple[str, str]]:
+            eth, ib = ifaces[n.name]
+            # As spark-vllm-docker's launch-cluster.sh sets them: pin every library to the node-to-node link.
+            env = [("VLLM_HOST_IP", n.address), ("NCCL_SOCKET_IFNAME", eth), ("GLOO_SOCKET_IFNAME", eth),
+                   ("TP_SOCKET_IFNAME", eth), ("UCX_NET_DEVICES", eth), ("OMPI_MCA_btl_tcp_if_include", eth),
+                   ("NCCL_IGNORE_CPU_AFFINITY", "1")]
+            if ib:
+                env += [("NCCL_IB_HCA", ib), ("NCCL_IB_DISABLE", "0")]
+            if backend == "ray":
+                env += [("RAY_NODE_IP_ADDRESS", n.address), ("RAY_OVERRIDE_NODE_IP_ADDRESS", n.address),
+                        ("RAY_memory_monitor_refresh_ms", "0")]
+            return env
+
+        if backend == "mp":
+            for rank, n in enumerate(nodes):
+                mn = ["--nnodes", str(len(nodes)), "--node-rank", str(rank), "--master-addr", head.address,
+                      "--master-port", str(master_port)]
+                if rank > 0:
+                    mn.append("--headless")
+                svc = start_server(n, "server" if rank == 0 else "worker", node_env(n), port, mn, url=rank == 0)
+                if rank == 0:
+                    endpoint = svc.url
+        else:
+            for rank, n in enumerate(nodes):
+                name = cname(n)
+                pre_steps(n, name)
+                ray = (["ray", "start", "--block", "--head", "--port", str(master_port)] if rank == 0 else
+                       ["ray", "start", "--block", "--address", f"{_url_host(head.address)}:{master_port}"])
+                ray += ["--node-ip-address", n.address, "--disable-usage-stats"]
+                key = f"{n.name}/{'ray-head' if rank == 0 else 'worker'}"
+                steps.append(Step(n.name, f"start the container with a Ray {'head' if rank == 0 else 'worker'}",
+                                  tuple(_docker_run(recipe, topology, "server" if rank == 0 else "worker", name,
+                                                    [*recipe.env.items(), *node_env(n)], server_params(n, port),
+                                                    image, secrets) + ray),
+                                  secrets=secrets, service=key))
+                services.append(Service(key=key, node=n.name, container=name,
+                                        role="server" if rank == 0 else "worker", url=None))
+            argv, shell = command_argv(recipe, server_params(head, port), extra_args)
+            text = argv[2] if shell else shlex.join(argv)
+            text += " --distributed-executor-backend ray"
+            name = cname(head)
+            svc = Service(key=f"{head.name}/server", node=head.name, container=name, role="server",
+                          url=f"http://{_url_host(head.address)}:{port}", model=served_model(recipe, argv))
+            # Output goes to the container's own stdout so `docker logs` follows the server.
+            steps.append(Step(head.name, "start vLLM on the Ray cluster (executor ray)",
+                              ("docker", "exec", "-d", name, "bash", "-c", f"exec {text} >> /proc/1/fd/1 2>&1"),
+                              service=svc.key))
+            services.append(svc)
+            server_args[svc.key] = (*argv, "--distributed-executor-backend", "ray")
+            endpoint = svc.url
+
+    return Plan(recipe=recipe.key, recipe_name=recipe.name, topology=topology, nodes=tuple(n.name for n in nodes),
+                steps=tuple(steps), services=tuple(services), endpoint=endpoint, router=router_used,
+                backend=backend if topology == "cluster-tp2" else None, image=image, params=params,
+                server_args=server_args, notes=tuple(notes))
+
+
+def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, servers: list[Service],
+                steps: list[Step], services: list[Service], notes: list[str], params: Mapping[str, Any],
+                router_dir: str, disagg: bool = False) -> str:
+    port = recipe.router.port
+    name = f"{head.container if not recipe.container_settings.name else recipe.container_settings.name}_router"
+    url = f"http://{_url_host(head.address)}:{port}"
+    model = servers[0].model
+    impl: RouterImpl
+    steps.append(Step(head.name, f"remove a stopped leftover router container {name} (refused if it is running)",
+                      ("docker", "rm", name), tolerate=("No such container",)))
+    if choice == "vllm-router":
+        impl = recipe.router.vllm_router
+        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
+                "--host", "0.0.0.0", "--port", str(port)]
+        if disagg:
+            prefill, decode = servers
+            args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]
+        else:
+            args += ["--worker-urls", *[str(s.url) for s in servers], "--policy", impl.policy or "round_robin"]
+        health = "/health"
+        env: list[tuple[str, str]] = []
+        mounts: list[str] = []
+        secrets: tuple[SecretRef, ...] = ()
+        notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
+    else:
+        impl = recipe.router.litellm
+        cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
+        cfg = litellm_config(model or "model", servers, choice)
+        steps.append(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
+                          ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", cfg_path),
+                          input=cfg.encode()))
+        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.litellm.command") for c in impl.command],
+                "--config", "/etc/litellm/config.yaml", "--host", "0.0.0.0", "--port", str(port)]
+        health = "/health/liveliness"
+        # Offline start (no price-map download); the master key comes from the node, by reference.
+        env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")]
+        mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
+        secrets = (SecretRef("LITELLM_MASTER_KEY"),)
+        notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
+    argv = ["docker", "run", "-d", "--name", name, "--label", f"sparkconsole.recipe={recipe.key}",
+            "--label", f"sparkconsole.topology={topology}", "--label", "sparkconsole.role=router",
+            "--network", "host", "--init"]
+    for v in [*mounts, *impl.volumes]:
+        argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
+    for k, v in env:
+        argv += ["-e", f"{k}={v}"]
+    for s in secrets:
+        argv += ["-e", s.name]
+    if not impl.image:
+        raise UserError(f"no image for the {choice} router", file=recipe.source, field="sparkconsole.router",
+                        fix="set the router's image in the recipe's sparkconsole.router section")
+    argv += ["--entrypoint=", impl.image, *args]
+    key = f"{head.name}/router"
+    steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
+    services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
+                            health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
+    return url
+
+
+def litellm_config(model: str, servers: Sequence[Service], strategy: str) -> str:
+    """LiteLLM proxy config: one deployment per backend under one model name, the routing strategy chosen."""
+    import yaml
+    doc = {
+        "model_list": [{"model_name": model,
+                        "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": f"{s.url}/v1"}}
+                       for s in servers],
+        "router_settings": {"routing_strategy": strategy},
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+    }
+    return yaml.safe_dump(doc, sort_keys=False)
