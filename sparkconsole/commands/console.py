@@ -1,0 +1,54 @@
+"""`sparkconsole` / `sparkconsole console`: the cluster file (or this machine as one node) → ClusterMonitor →
+the Textual console. `--replay FILE` plays a recorded agent session on every node instead of connecting
+(screenshots, demos of a recorded incident, the console benchmark)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..config import find_config, load_cluster, local_cluster
+from ..errors import UserError
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("console", help="open the console on the cluster (the default command)",
+                              description=__doc__)
+    p.add_argument("--replay", metavar="FILE", help="play this recorded agent session (JSON lines) on every node "
+                   "instead of connecting to them")
+    p.add_argument("--replay-interval", metavar="S", type=float, default=None,
+                   help="seconds between replayed ticks (default: the recording's interval)")
+    p.set_defaults(func=run)
+
+
+def build_app(args: argparse.Namespace):
+    from ..nodes.monitor import ClusterMonitor
+    from ..tui.app import SparkConsoleApp
+
+    path = find_config(getattr(args, "cluster", None))
+    if path is not None and not path.is_file():
+        raise UserError("cluster file not found", file=str(path), fix="check the path given to --cluster")
+    cluster = load_cluster(path) if path is not None else local_cluster()
+    replay = getattr(args, "replay", None)
+    if replay:
+        from ..tui.replay import read_recording, replay_factory, split_recording
+        rp = Path(replay).expanduser()
+        if not rp.is_file():
+            raise UserError("recording not found", file=str(rp), field="--replay", fix="give a JSON-lines agent recording")
+        lines = read_recording(rp)
+        if not split_recording(lines)[1]:
+            raise UserError("no tick lines in the recording", file=str(rp), field="--replay",
+                            fix="record one with the agent: python3 sparkconsole/agent.py --count 100 > FILE")
+        interval = getattr(args, "replay_interval", None)
+        if interval is not None and not 0.01 <= interval <= 60:
+            raise UserError(f"{interval} out of range", field="--replay-interval", fix="give 0.01 to 60 seconds")
+        monitor = ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
+    else:
+        monitor = ClusterMonitor(cluster)
+    return SparkConsoleApp(cluster, monitor=monitor)
+
+
+def run(args: argparse.Namespace) -> int:
+    app = build_app(args)
+    app.run()
+    return int(app.return_code or 0)

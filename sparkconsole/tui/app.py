@@ -1,0 +1,298 @@
+"""The console app: wires the monitors the layers below publish to the screens, and the keys to their actions.
+
+The app starts the ClusterMonitor it is given (or builds one from the cluster) and the serving monitor for the
+cluster's endpoints, and stops both when it quits: remote agents end and connections close. Node updates only
+mark a panel dirty; a timer redraws dirty panels a few times a second, so a burst of ticks costs one frame.
+"""
+
+from __future__ import annotations
+
+import shlex
+import time
+from collections.abc import Callable
+
+from textual.app import App
+from textual.binding import Binding
+
+from .. import audit
+from ..config import ClusterConfig
+from .palette import ConsoleCommands
+from .screens.bench import BenchScreen
+from .screens.confirm import ConfirmScreen
+from .screens.dashboard import DashboardScreen
+from .screens.help import HelpScreen
+from .screens.logs import LogsScreen
+from .screens.recipes import RecipesScreen
+
+REDRAW_HZ = 4.0
+AGE_REFRESH_S = 1.0     # panels show "tick Ns ago" and STALE even when no tick arrives
+
+
+def _evaluate_guards():
+    try:
+        from ..nodes.guard import evaluate_guards
+    except ImportError:     # the guard rules land separately; until then the checklist stays empty
+        return None
+    return evaluate_guards
+
+
+class SparkConsoleApp(App):
+    CSS_PATH = "app.tcss"
+    TITLE = "sparkconsole"
+    COMMANDS = App.COMMANDS | {ConsoleCommands}
+    BINDINGS = [
+        Binding("1", "show('dashboard')", "Dashboard"),
+        Binding("2", "show('recipes')", "Recipes"),
+        Binding("3", "show('bench')", "Bench"),
+        Binding("4", "show('logs')", "Logs"),
+        Binding("question_mark", "help", "Help"),
+        Binding("colon", "command_palette", "Commands", show=False),
+        Binding("q", "quit", "Quit"),
+    ]
+
+    def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
+                 serving=None, alerts=None) -> None:
+        super().__init__()
+        self.cluster = cluster
+        self.monitor = monitor
+        self.serving = serving
+        self.alerts = alerts
+        self.simulated = simulated or cluster.simulated
+        self.sim = sim
+        self.sub_title = ("SIMULATED · " if self.simulated else "") + cluster.source
+        self.dashboard = DashboardScreen()
+        self.recipes_screen = RecipesScreen()
+        self.bench_screen = BenchScreen()
+        self.logs_screen = LogsScreen()
+        for mode, screen in (("dashboard", self.dashboard), ("recipes", self.recipes_screen),
+                             ("bench", self.bench_screen), ("logs", self.logs_screen)):
+            self.add_mode(mode, lambda screen=screen: screen)   # one instance per mode: the app feeds it
+        self._dirty: set[str] = set()
+        self._dirty_eps: set[str] = set()
+        self._unsubscribe: list[Callable[[], None]] = []
+        self._alert_state: dict[str, tuple[bool, str]] = {}
+        self._last_age_refresh = 0.0
+        self._stopped = False
+        self.first_frame_at: float | None = None
+
+    # --- lifecycle -------------------------------------------------------------------------------------------
+    async def on_mount(self) -> None:
+        if self.monitor is None:
+            from ..nodes.monitor import ClusterMonitor
+            self.monitor = ClusterMonitor(self.cluster)
+        if self.serving is None and self.cluster.endpoints:
+            from ..serving.endpoint import ServingMonitor
+            self.serving = ServingMonitor(self.cluster)
+        if self.alerts is None:
+            try:
+                from ..alerts import AlertEngine
+            except ImportError:
+                AlertEngine = None
+            if AlertEngine is not None:
+                self.alerts = AlertEngine(self.cluster.thresholds)
+        self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
+        if self.serving is not None:
+            self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
+        await self.switch_mode("dashboard")
+        self.set_interval(1 / REDRAW_HZ, self._redraw)
+        self.call_after_refresh(self._first_frame)
+        # Connecting can take seconds per node: never before the first frame.
+        self.run_worker(self._start_monitors(), name="start-monitors", exit_on_error=False)
+
+    def _first_frame(self) -> None:
+        self.first_frame_at = time.perf_counter()
+
+    async def _start_monitors(self) -> None:
+        try:
+            await self.monitor.start()
+            if self.serving is not None:
+                await self.serving.start()
+        except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
+            self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
+            self.dashboard.events.note(f"monitor: {exc}", "red")
+
+    async def stop_monitors(self) -> None:
+        if self._stopped:
+            return
+        self._stopped = True
+        for unsub in self._unsubscribe:
+            unsub()
+        self._unsubscribe.clear()
+        if self.serving is not None:
+            await self.serving.stop()
+        if self.monitor is not None:
+            await self.monitor.stop()
+
+    async def action_quit(self) -> None:
+        await self.stop_monitors()
+        self.exit()
+
+    async def on_unmount(self) -> None:
+        await self.stop_monitors()
+
+    # --- data in ---------------------------------------------------------------------------------------------
+    def _node_changed(self, nm) -> None:
+        self._dirty.add(nm.name)
+
+    def _endpoint_changed(self, em) -> None:
+        snap = getattr(em, "latest", em)
+        if snap is not None:
+            self._dirty_eps.add(snap.name)
+
+    def node_monitor(self, name: str):
+        return self.monitor.nodes.get(name) if self.monitor is not None else None
+
+    def guards_for(self, nm) -> list:
+        last = nm.last
+        if last is None or _evaluate_guards() is None:
+            return []
+        return _evaluate_guards()(last.guards, last.mem, nm.containers, nm.config.container)
+
+    def node_facts(self) -> dict:
+        """What preflight needs to know of each node: its monitor (info, last tick, containers)."""
+        return dict(self.monitor.nodes) if self.monitor is not None else {}
+
+    def thermal_note(self):
+        """For bench sweeps: the hottest GPU and the throttle reasons active across nodes right now."""
+        temps, reasons = [], set()
+        for nm in (self.monitor.nodes.values() if self.monitor else ()):
+            for g in (nm.last.gpus if nm.last else ()):
+                if g.temp_c is not None:
+                    temps.append(g.temp_c)
+                reasons.update(g.throttling)
+        try:
+            from ..bench.sweep import ThermalNote
+        except ImportError:
+            return None
+        return ThermalNote(max_temp_c=max(temps) if temps else None, throttle_reasons=tuple(sorted(reasons)))
+
+    def _redraw(self) -> None:
+        now = time.time()
+        if now - self._last_age_refresh >= AGE_REFRESH_S:
+            self._last_age_refresh = now
+            self._dirty.update(self.dashboard.panels)
+        dirty, self._dirty = self._dirty, set()
+        for name in dirty:
+            nm = self.node_monitor(name)
+            panel = self.dashboard.panels.get(name)
+            if nm is None or panel is None:
+                continue
+            guards = self.guards_for(nm)
+            panel.show(nm, guards, now, self.cluster.thresholds)
+            if self.alerts is not None:
+                self._take_alerts(self.alerts.observe_node(nm, guards))
+        eps, self._dirty_eps = self._dirty_eps, set()
+        for name in eps:
+            em = self.serving.endpoints.get(name) if self.serving else None
+            snap = em.latest if em else None
+            panel = self.dashboard.endpoint_panels.get(name)
+            if snap is None or panel is None:
+                continue
+            panel.show(snap, now)
+            if self.alerts is not None:
+                self._take_alerts(self.alerts.observe_endpoint(snap, self._endpoint_power(name)))
+
+    def _endpoint_power(self, name: str) -> float | None:
+        ep = next((e for e in self.cluster.endpoints if e.name == name), None)
+        nm = self.node_monitor(ep.node) if ep and ep.node else None
+        if nm is None or nm.last is None or not nm.last.gpus:
+            return None
+        return nm.last.gpus[0].power_w
+
+    def _take_alerts(self, alerts) -> None:
+        for a in alerts or ():
+            state = (a.active, a.message)
+            if self._alert_state.get(a.key) == state:
+                continue
+            was_active = self._alert_state.get(a.key, (False, ""))[0]
+            self._alert_state[a.key] = state
+            if not a.active and not was_active:
+                continue
+            self.dashboard.events.add(a)
+            if a.active and not was_active:
+                sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
+                self.notify(a.message, title=a.source, severity=sev, timeout=8 if a.severity == "bad" else 5)
+                if a.severity == "bad":
+                    self.bell()
+
+    # --- actions ---------------------------------------------------------------------------------------------
+    async def action_show(self, mode: str) -> None:
+        if self.current_mode != mode:
+            await self.switch_mode(mode)
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def open_logs(self, node_name: str) -> None:
+        self.logs_screen.follow(node_name)
+        self.run_worker(self.action_show("logs"))
+
+    def confirm_container(self, node_name: str, action: str) -> None:
+        node = self.cluster.node(node_name)
+        argv = ["docker", action, node.container]
+        self.confirm(f"{action.capitalize()} the vLLM container on {node_name}?", shlex.join(argv),
+                     lambda: self.run_on_node(node_name, f"container-{action}", argv),
+                     "Requests in flight on this node will fail." if action in ("stop", "restart") else "")
+
+    def confirm_guard_fix(self, node_name: str, result) -> None:
+        if not result.fix:
+            self.notify(f"{result.title}: {result.reason} (no command fixes this from here)", title=node_name)
+            return
+        self.confirm(f"Fix '{result.title}' on {node_name}?", result.fix,
+                     lambda: self.run_on_node(node_name, f"guard-fix:{result.key}", result.fix), result.reason)
+
+    def confirm(self, title: str, command: str, then: Callable[[], object], detail: str = "") -> None:
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(then(), exit_on_error=False)
+            else:
+                self.notify("cancelled: nothing was run", timeout=3)
+        self.push_screen(ConfirmScreen(title, command, detail), answered)
+
+    async def run_on_node(self, node_name: str, action: str, command) -> None:
+        """Run one confirmed command on a node through its transport; audit-logged before it is sent."""
+        nm = self.node_monitor(node_name)
+        transport = getattr(nm, "transport", None)
+        text = command if isinstance(command, str) else shlex.join(command)
+        if transport is None:
+            self.notify(f"{node_name} is not connected: nothing was run", severity="error")
+            return
+        audit.record(action, node_name, text)
+        self.dashboard.events.note(f"{node_name}: $ {text}", "cyan")
+        try:
+            result = await transport.run(command, timeout=120)
+        except Exception as exc:
+            self.notify(f"{node_name}: {' '.join(str(exc).split())[:200]}", severity="error")
+            self.dashboard.events.note(f"{node_name}: failed: {exc}", "red")
+            return
+        out = " ".join((result.stderr or result.stdout).split())[:200]
+        if result.rc == 0:
+            self.notify(f"{node_name}: {action} done", title="ok")
+            self.dashboard.events.note(f"{node_name}: {action} done", "green")
+        else:
+            self.notify(f"{node_name}: {action} failed (rc {result.rc}) {out}", severity="error", timeout=15)
+            self.dashboard.events.note(f"{node_name}: {action} rc {result.rc}: {out}", "red")
+
+    # --- the command palette's list --------------------------------------------------------------------------
+    def palette_commands(self) -> list[tuple[str, Callable[[], object], str]]:
+        cmds: list[tuple[str, Callable[[], object], str]] = [
+            ("Show dashboard", lambda: self.action_show("dashboard"), "1"),
+            ("Show recipes", lambda: self.action_show("recipes"), "2"),
+            ("Show bench", lambda: self.action_show("bench"), "3"),
+            ("Show logs", lambda: self.action_show("logs"), "4"),
+            ("Help: keys", self.action_help, "?"),
+            ("Quit", self.action_quit, "q: agents end, connections close"),
+            ("Bench: start sweep", self.bench_screen.action_start, "b on the bench screen"),
+            ("Bench: stop sweep", self.bench_screen.action_stop, "x on the bench screen"),
+            ("Recipe: restart running", self.recipes_screen.action_restart, "asks first"),
+            ("Recipe: stop running", self.recipes_screen.action_stop, "asks first"),
+        ]
+        for node in self.cluster.nodes:
+            n = node.name
+            cmds += [(f"Logs: {n}", lambda n=n: self.open_logs(n), f"docker logs -f {node.container}"),
+                     (f"Restart vLLM on {n}", lambda n=n: self.confirm_container(n, "restart"), "asks first"),
+                     (f"Stop vLLM on {n}", lambda n=n: self.confirm_container(n, "stop"), "asks first")]
+        for label, recipe in self.recipes_screen.recipe_choices():
+            cmds.append((f"Recipe: {label}", lambda r=recipe: self.recipes_screen.choose(r), "show its plan; enter launches"))
+        return cmds

@@ -1,0 +1,57 @@
+"""Small text formatters shared by the widgets: absent readings print as an em dash, never as zero."""
+
+from __future__ import annotations
+
+import datetime as _dt
+
+DASH = "—"
+
+
+def num(v: float | None, unit: str = "", digits: int = 0) -> str:
+    if v is None:
+        return DASH
+    return f"{v:.{digits}f}{unit}"
+
+
+def pct(frac: float | None, digits: int = 0) -> str:
+    return DASH if frac is None else f"{frac * 100:.{digits}f}%"
+
+
+def gib(b: float | None) -> str:
+    return DASH if b is None else f"{b / 2**30:.1f} GiB"
+
+
+def ms(seconds: float | None) -> str:
+    if seconds is None:
+        return DASH
+    return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def duration(seconds: float | None) -> str:
+    """2s, 3m05s, 4h12m, 2d03h."""
+    if seconds is None or seconds < 0:
+        return DASH
+    s = int(seconds)
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    if s < 86400:
+        return f"{s // 3600}h{s % 3600 // 60:02d}m"
+    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
+
+
+def since_iso(stamp: str | None, now: float) -> float | None:
+    """Seconds since a Docker timestamp (RFC 3339 with nanoseconds), or None when unreadable."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    s = stamp.rstrip("Z")
+    if "." in s:
+        head, frac = s.split(".", 1)
+        digits = "".join(ch for ch in frac if ch.isdigit())[:6]
+        s = f"{head}.{digits}" if digits else head
+    try:
+        t = _dt.datetime.fromisoformat(s).replace(tzinfo=_dt.timezone.utc)
+    except ValueError:
+        return None
+    return now - t.timestamp()

@@ -1,0 +1,1 @@
+"""Console screens: dashboard, recipes, bench, logs, plus the help and confirmation modals."""

@@ -1,0 +1,88 @@
+"""Screen 1: one panel per node (two side by side, more scroll), a serving panel per endpoint, the event log."""
+
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Grid, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input
+
+from ..widgets.alert_log import AlertLog
+from ..widgets.endpoint_panel import EndpointPanel
+from ..widgets.guard_list import GuardList
+from ..widgets.node_panel import NodePanel
+from ..widgets.sim_badge import SimBadge
+
+
+class DashboardScreen(Screen):
+    BINDINGS = [Binding("slash", "filter", "Filter nodes"), Binding("escape", "clear_filter", "Clear filter", show=False)]
+
+    def __init__(self) -> None:
+        super().__init__(id="dashboard")
+        self.panels: dict[str, NodePanel] = {}
+        self.endpoint_panels: dict[str, EndpointPanel] = {}
+
+    def compose(self) -> ComposeResult:
+        app = self.app
+        yield Header()
+        if app.simulated:
+            yield SimBadge()
+        yield Input(placeholder="filter nodes by name (escape clears)", id="node-filter", classes="-hidden")
+        with VerticalScroll(id="nodes"):
+            with Grid(id="node-grid"):
+                for node in app.cluster.nodes:
+                    panel = NodePanel(node.name, node.container, id=f"node-{_safe(node.name)}", classes="node")
+                    self.panels[node.name] = panel
+                    yield panel
+        if app.cluster.endpoints:
+            with VerticalScroll(id="serving"):
+                for ep in app.cluster.endpoints:
+                    p = EndpointPanel(ep.name, ep.url, ep.kind, id=f"ep-{_safe(ep.name)}", classes="endpoint")
+                    self.endpoint_panels[ep.name] = p
+                    yield p
+        yield AlertLog(id="events")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.query_one("#nodes").border_title = f"Nodes · {self.app.cluster.source}"
+        if self.panels:
+            next(iter(self.panels.values())).focus()
+
+    def action_filter(self) -> None:
+        box = self.query_one("#node-filter", Input)
+        box.remove_class("-hidden")
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#node-filter", Input)
+        box.value = ""
+        box.add_class("-hidden")
+        if self.panels:
+            next(iter(p for p in self.panels.values() if p.display)).focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        if event.input.id != "node-filter":
+            return
+        needle = event.value.strip().lower()
+        for name, panel in self.panels.items():
+            panel.display = not needle or needle in name.lower()
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        if event.input.id == "node-filter":
+            shown = [p for p in self.panels.values() if p.display]
+            if shown:
+                shown[0].focus()
+
+    def on_guard_list_fix_requested(self, event: GuardList.FixRequested) -> None:
+        panel = next((p for p in event.guard_list.ancestors if isinstance(p, NodePanel)), None)
+        if panel is not None:
+            self.app.confirm_guard_fix(panel.node_name, event.result)
+
+    @property
+    def events(self) -> AlertLog:
+        return self.query_one(AlertLog)
+
+
+def _safe(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in name)

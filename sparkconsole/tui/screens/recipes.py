@@ -1,0 +1,345 @@
+"""Screen 2: bundled and user recipes with their preflight verdict; a recipe × topology shows its plan node by
+node; Enter launches it (after a confirmation) with a progress line per node; r / s restart / stop it."""
+
+from __future__ import annotations
+
+import time
+
+from rich.text import Text
+from textual import work
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical, VerticalScroll
+from textual.screen import Screen
+from textual.widgets import Footer, Header, Input, OptionList, Static
+from textual.widgets.option_list import Option
+
+from ...errors import UserError
+from ..widgets.sim_badge import SimBadge
+
+_VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+def finding_level(f) -> str:
+    level = str(getattr(f, "severity", None) or getattr(f, "level", None) or "warn").lower()
+    return {"error": "bad", "fail": "bad", "refuse": "bad", "warning": "warn", "info": "ok"}.get(level, level)
+
+
+def verdict(findings) -> str:
+    levels = {finding_level(f) for f in findings}
+    return "bad" if "bad" in levels else ("warn" if "warn" in levels else "ok")
+
+
+class RecipesScreen(Screen):
+    BINDINGS = [
+        Binding("enter", "launch", "Launch", priority=False),
+        Binding("t", "next_topology", "Topology"),
+        Binding("r", "restart", "Restart running"),
+        Binding("s", "stop", "Stop running"),
+        Binding("slash", "filter", "Filter"),
+        Binding("escape", "clear_filter", "Clear filter", show=False),
+    ]
+
+    def __init__(self) -> None:
+        super().__init__(id="recipes")
+        self.entries: list[tuple[str, object, str | None]] = []   # (key, Recipe | None, load error)
+        self.findings: dict[tuple[str, str], list] = {}
+        self.selected: str | None = None
+        self.topology: str | None = None
+        self.plan = None
+        self.running_plan = None
+        self.runner = None
+        self.progress: dict[str, str] = {}
+        self._loaded = False
+
+    # --- data -------------------------------------------------------------------------------------------------
+    def load(self) -> None:
+        """Recipes from the launch layer: bundled and user files (a broken file is listed with its error)."""
+        if self._loaded:
+            return
+        self._loaded = True
+        try:
+            from ...launch import recipe as recipe_mod
+        except ImportError as exc:
+            self.entries = [("(launch layer missing)", None, _one_line(exc))]
+            return
+        try:
+            paths = recipe_mod.recipe_paths()
+        except UserError as exc:
+            self.entries = [("(recipes)", None, _one_line(exc))]
+            return
+        for key, path in sorted(paths.items()):
+            try:
+                self.entries.append((key, recipe_mod.load_recipe(path), None))
+            except UserError as exc:
+                self.entries.append((key, None, _one_line(exc)))
+
+    def recipe_choices(self) -> list[tuple[str, object]]:
+        self.load()
+        return [(key, r) for key, r, _ in self.entries if r is not None]
+
+    def topologies(self, recipe) -> tuple[str, ...]:
+        if recipe is None:
+            return ()
+        if recipe.topologies:
+            return tuple(recipe.topologies)
+        from ...launch.recipe import TOPOLOGIES
+        return TOPOLOGIES
+
+    def preflight(self, recipe, topology: str) -> list:
+        key = (recipe.key, topology)
+        if key not in self.findings:
+            try:
+                from ...launch import lint
+                app = self.app
+                self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts()))
+            except UserError as exc:
+                self.findings[key] = [_Finding("bad", _one_line(exc))]
+            except ImportError:
+                self.findings[key] = []
+        return self.findings[key]
+
+    # --- view -------------------------------------------------------------------------------------------------
+    def compose(self) -> ComposeResult:
+        yield Header()
+        if self.app.simulated:
+            yield SimBadge()
+        yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter", classes="-hidden")
+        with Horizontal():
+            yield OptionList(id="recipe-list")
+            with Vertical(id="recipe-detail"):
+                yield Static("", id="recipe-head")
+                with VerticalScroll(id="plan-scroll"):
+                    yield Static("", id="plan")
+                yield Static("", id="launch-progress")
+        yield Footer()
+
+    def on_mount(self) -> None:
+        self.load()
+        self.query_one("#recipe-list").border_title = "Recipes"
+        self.query_one("#plan-scroll").border_title = "Plan"
+        self._fill_list("")
+        if self.selected is None and self.recipe_choices():
+            self.selected = self.recipe_choices()[0][0]
+        self._show()
+        self.query_one("#recipe-list").focus()
+
+    def _fill_list(self, needle: str) -> None:
+        opts = []
+        for key, r, err in self.entries:
+            if needle and needle not in key.lower() and (r is None or needle not in r.name.lower()):
+                continue
+            line = Text(no_wrap=True, overflow="ellipsis")
+            if r is None:
+                line.append("✗ ", style="red")
+                line.append(key, style="bold")
+                line.append(f"  {err}", style="red")
+            else:
+                topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
+                mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
+                line.append(f"{mark} ", style=colour)
+                line.append(key, style="bold")
+                line.append(f"  {r.name}", style="dim")
+            opts.append(Option(line, id=key))
+        ol = self.query_one("#recipe-list", OptionList)
+        ol.set_options(opts)
+        if self.selected:
+            try:
+                ol.highlighted = ol.get_option_index(self.selected)
+            except Exception:
+                pass
+
+    def _recipe(self, key: str | None):
+        return next((r for k, r, _ in self.entries if k == key and r is not None), None)
+
+    def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option.id != self.selected:
+            self.selected = event.option.id
+            self.topology = None
+            self._show()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        self.action_launch()
+
+    def choose(self, recipe) -> None:
+        """From the command palette: show this recipe's plan on the recipes screen."""
+        self.selected, self.topology = recipe.key, None
+        self.app.run_worker(self.app.action_show("recipes"))
+        if self.is_mounted:
+            self._fill_list("")
+            self._show()
+
+    def _show(self) -> None:
+        if not self.is_mounted:
+            return
+        head = self.query_one("#recipe-head", Static)
+        plan_view = self.query_one("#plan", Static)
+        r = self._recipe(self.selected)
+        if r is None:
+            err = next((e for k, _, e in self.entries if k == self.selected), None)
+            head.update(Text(err or "no recipe chosen", style="red" if err else "dim"))
+            plan_view.update("")
+            self.plan = None
+            return
+        topos = self.topologies(r)
+        if self.topology not in topos:
+            self.topology = topos[0]
+        t = Text()
+        t.append(r.name, style="bold")
+        t.append(f"  [{r.key}]  {r.model or ''}\n", style="dim")
+        if r.description:
+            t.append(r.description.strip().splitlines()[0] + "\n")
+        t.append("topology: ")
+        for name in topos:
+            t.append(f" {name} ", style="reverse bold" if name == self.topology else "dim")
+        t.append("   (t: next)\n", style="dim")
+        findings = self.preflight(r, self.topology)
+        for f in findings:
+            mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
+            t.append(f"{mark} ", style=colour)
+            t.append(" ".join(str(getattr(f, "message", f)).split())[:200] + "\n")
+        if not findings:
+            t.append("✓ preflight: nothing to report\n", style="green")
+        head.update(t)
+        plan_view.update(self._plan_text(r))
+
+    def _plan_text(self, recipe) -> Text:
+        text = Text()
+        try:
+            from ...launch.plan import make_plan
+            self.plan = make_plan(recipe, self.topology, self.app.cluster, {})
+        except UserError as exc:
+            self.plan = None
+            text.append(_one_line(exc), style="red")
+            return text
+        except ImportError as exc:
+            self.plan = None
+            text.append(f"planning is not available: {exc}", style="dim")
+            return text
+        for node, steps in plan_steps(self.plan):
+            text.append(f"{node}\n", style="bold cyan")
+            for i, step in enumerate(steps, 1):
+                what = getattr(step, "what", None) or getattr(step, "title", None) or getattr(step, "description", "")
+                argv = getattr(step, "argv", None) or getattr(step, "command", "")
+                cmd = argv if isinstance(argv, str) else " ".join(map(str, argv))
+                text.append(f" {i:>2}. {what}\n", style="")
+                text.append(f"     $ {cmd}\n", style="dim")
+        return text
+
+    # --- actions ----------------------------------------------------------------------------------------------
+    def action_next_topology(self) -> None:
+        topos = self.topologies(self._recipe(self.selected))
+        if topos:
+            i = topos.index(self.topology) + 1 if self.topology in topos else 0
+            self.topology = topos[i % len(topos)]
+            self._show()
+
+    def action_launch(self) -> None:
+        r = self._recipe(self.selected)
+        if r is None or self.plan is None:
+            self.notify("choose a recipe with a plan first", severity="warning")
+            return
+        if verdict(self.preflight(r, self.topology)) == "bad":
+            self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
+            return
+        plan = self.plan
+        nodes = ", ".join(n for n, _ in plan_steps(plan))
+        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", f"sparkconsole recipe run {r.key} --topology {self.topology}",
+                         lambda: self._launch(r, plan), "Each node's steps run in order; progress shows below the plan.")
+
+    def _runner(self):
+        from ...launch.runner import Runner
+        app = self.app
+        transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
+        return Runner(app.cluster, transports)
+
+    def _on_progress(self, *args) -> None:
+        # The runner reports (node, message) or one event object; one line per node, the latest wins.
+        if len(args) >= 2:
+            node, msg = str(args[0]), " ".join(str(a) for a in args[1:])
+        else:
+            ev = args[0]
+            node = str(getattr(ev, "node", "") or "cluster")
+            msg = str(getattr(ev, "message", None) or getattr(ev, "what", None) or ev)
+        self.progress[node] = " ".join(msg.split())[:160]
+        self._draw_progress()
+
+    def _draw_progress(self) -> None:
+        t = Text()
+        for node, msg in self.progress.items():
+            t.append(f"{node:>12} ", style="bold")
+            t.append(msg + "\n", style="red" if "fail" in msg.lower() or "error" in msg.lower() else "")
+        self.query_one("#launch-progress", Static).update(t)
+
+    async def _launch(self, recipe, plan) -> None:
+        from ... import audit
+        self.progress = {n: "queued" for n, _ in plan_steps(plan)}
+        self._draw_progress()
+        for n, steps in plan_steps(plan):
+            audit.record(f"recipe-launch:{recipe.key}", n, f"{len(steps)} steps, topology {self.topology}")
+        try:
+            self.runner = self._runner()
+            await self.runner.launch(plan, self._on_progress)
+            self.running_plan = plan
+            self.app.notify(f"{recipe.key} launched", title="recipes")
+        except Exception as exc:
+            self.progress["launch"] = f"failed: {_one_line(exc)}"
+            self._draw_progress()
+            self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+
+    def _confirm_running(self, verb: str) -> None:
+        if self.running_plan is None or self.runner is None:
+            self.notify("no recipe was launched from this console", severity="warning")
+            return
+        plan = self.running_plan
+
+        async def go() -> None:
+            try:
+                await getattr(self.runner, verb)(plan)
+                self.app.notify(f"{verb} done", title="recipes")
+            except Exception as exc:
+                self.app.notify(_one_line(exc)[:300], title=f"{verb} failed", severity="error", timeout=20)
+        self.app.confirm(f"{verb.capitalize()} the running recipe on every node?", f"runner.{verb}(plan)", go)
+
+    def action_restart(self) -> None:
+        self._confirm_running("restart")
+
+    def action_stop(self) -> None:
+        self._confirm_running("stop")
+
+    def action_filter(self) -> None:
+        box = self.query_one("#recipe-filter", Input)
+        box.remove_class("-hidden")
+        box.focus()
+
+    def action_clear_filter(self) -> None:
+        box = self.query_one("#recipe-filter", Input)
+        box.value = ""
+        box.add_class("-hidden")
+        self.query_one("#recipe-list").focus()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self._fill_list(event.value.strip().lower())
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        self.query_one("#recipe-list").focus()
+
+
+class _Finding:
+    def __init__(self, severity: str, message: str) -> None:
+        self.severity, self.message = severity, message
+
+
+def plan_steps(plan) -> list[tuple[str, list]]:
+    """(node, ordered steps) pairs, whatever container the plan keeps them in."""
+    for attr in ("steps", "nodes", "per_node"):
+        v = getattr(plan, attr, None)
+        if isinstance(v, dict):
+            return [(str(k), list(s)) for k, s in v.items()]
+        if isinstance(v, (list, tuple)) and v and hasattr(v[0], "steps"):
+            return [(str(getattr(n, "node", getattr(n, "name", "?"))), list(n.steps)) for n in v]
+    return []

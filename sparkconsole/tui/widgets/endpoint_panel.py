@@ -1,0 +1,53 @@
+"""One serving endpoint (vLLM or router): health, model, version, queue, KV cache, prefix hits, throughput,
+TTFT and ITL percentiles, as published by serving.EndpointSnapshot."""
+
+from __future__ import annotations
+
+import time
+
+from rich.table import Table
+from rich.text import Text
+from textual.widgets import Static
+
+from ..fmt import DASH, duration, ms, num, pct
+
+
+class EndpointPanel(Static):
+    DEFAULT_CSS = "EndpointPanel { height: auto; }"
+
+    def __init__(self, name: str, url: str, kind: str, **kwargs) -> None:
+        super().__init__(Text(f"{url}: waiting for the first poll…", style="dim"), **kwargs)
+        self.endpoint_name = name
+        self.border_title = f"{name} · {kind}"
+        self._snap = None
+
+    def show(self, snap, now: float | None = None) -> None:
+        if snap is self._snap:
+            return
+        self._snap = snap
+        now = time.time() if now is None else now
+        sub = Text()
+        if snap.healthy is True:
+            sub.append("healthy", style="green")
+        elif snap.healthy is False:
+            sub.append("UNHEALTHY", style="bold red")
+        else:
+            sub.append("unreachable" if snap.error else "unknown", style="bold red" if snap.error else "yellow")
+        sub.append(f" · {duration(now - snap.time)} ago", style="dim")
+        self.border_subtitle = sub
+        self.set_class(snap.healthy is not True, "-unhealthy")
+        grid = Table.grid(padding=(0, 2), expand=True)
+        for _ in range(4):
+            grid.add_column(no_wrap=True, overflow="ellipsis")
+        model = Text(snap.model or DASH, style="bold")
+        if snap.version:
+            model.append(f"  vLLM {snap.version}" if snap.kind == "vllm" else f"  {snap.version}", style="dim")
+        grid.add_row(model, Text(f"run {num(snap.running)}  wait {num(snap.waiting)}",
+                                 style="yellow" if (snap.waiting or 0) > 0 else ""),
+                     Text(f"KV {pct(snap.kv_usage)}", style="red" if (snap.kv_usage or 0) > 0.9 else ""),
+                     Text(f"prefix hit {pct(snap.prefix_hit_rate)}"))
+        grid.add_row(Text(f"prompt {num(snap.prompt_tps, ' t/s')}  gen {num(snap.gen_tps, ' t/s')}"),
+                     Text(f"TTFT p50 {ms(snap.ttft_p50_s)} p95 {ms(snap.ttft_p95_s)}"),
+                     Text(f"ITL p50 {ms(snap.itl_p50_s)} p95 {ms(snap.itl_p95_s)}"),
+                     Text(snap.error[:60], style="red") if snap.error else Text(""))
+        self.update(grid)

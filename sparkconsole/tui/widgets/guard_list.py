@@ -1,0 +1,51 @@
+"""The OOM-guard checklist of one node: ✓ / ✗ with the one-line reason; Enter on a row asks to run its fix."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.message import Message
+from textual.widgets import OptionList
+from textual.widgets.option_list import Option
+
+_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "unknown": ("?", "grey50")}
+
+
+class GuardList(OptionList):
+    DEFAULT_CSS = "GuardList { height: auto; max-height: 6; border: none; padding: 0; background: transparent; }"
+
+    class FixRequested(Message):
+        def __init__(self, guard_list: "GuardList", result) -> None:
+            super().__init__()
+            self.guard_list = guard_list
+            self.result = result
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self.results: tuple = ()
+
+    def set_results(self, results: Sequence, stale: bool = False) -> None:
+        key = (tuple(results), stale)
+        if key == (self.results, getattr(self, "_stale", None)):
+            return
+        keep = self.highlighted
+        self.results, self._stale = key
+        options = []
+        for r in self.results:
+            mark, colour = _MARK.get(r.status, ("?", "grey50"))
+            line = Text(no_wrap=True, overflow="ellipsis")
+            line.append(f"{mark} ", style="grey50" if stale else colour)
+            line.append(f"{r.title}: ", style="grey50" if stale else "bold")
+            line.append(r.reason, style="grey50" if stale else "")
+            if r.fix:
+                line.append("  ⏎ fix", style="dim")
+            options.append(Option(line, id=r.key))
+        self.set_options(options)
+        if keep is not None and keep < len(options):
+            self.highlighted = keep
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        if 0 <= event.option_index < len(self.results):
+            self.post_message(self.FixRequested(self, self.results[event.option_index]))

@@ -1,0 +1,189 @@
+"""One node: temperature and its history against the slowdown line, throttle reasons with how long each has been
+active, power / SM clock / utilization, unified-memory headroom, the OOM-guard checklist and the vLLM container row.
+A STALE or DOWN node says so and keeps its last values, greyed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.widgets import Static
+
+from ...config import Thresholds
+from ...nodes.samples import REASON_SEVERITY, REASON_WORDS, NodeState, Tick
+from ..fmt import DASH, duration, gib, num, since_iso
+from .guard_list import GuardList
+from .memory_bar import MemoryBar
+from .temp_graph import TempGraph
+
+_SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "cyan"}
+_STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
+
+
+def reason_durations(history: Sequence[Tick], last: Tick) -> dict[str, float]:
+    """For each clock-event reason active on GPU 0 now: seconds it has been active without a break."""
+    if not last.gpus:
+        return {}
+    active = {r: last.time for r in last.gpus[0].reasons}
+    pending = set(active)
+    for tick in reversed(history):
+        if not pending:
+            break
+        now = set(tick.gpus[0].reasons) if tick.gpus else set()
+        for r in list(pending):
+            if r in now:
+                active[r] = tick.time
+            else:
+                pending.discard(r)
+    return {r: last.time - t for r, t in active.items()}
+
+
+class NodePanel(Vertical, can_focus=True):
+    BINDINGS = [
+        Binding("l", "logs", "Logs"),
+        Binding("r", "restart", "Restart vLLM"),
+        Binding("s", "stop", "Stop vLLM"),
+    ]
+
+    def __init__(self, node_name: str, container_name: str, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.node_name = node_name
+        self.container_name = container_name
+        self.border_title = node_name
+        self.state: str = "CONNECTING"
+
+    def compose(self) -> ComposeResult:
+        yield Static(Text("waiting for the agent…", style="dim"), classes="temp-line")
+        yield TempGraph()
+        yield Static("", classes="reasons")
+        yield Static("", classes="power")
+        yield MemoryBar()
+        yield GuardList()
+        yield Static("", classes="container")
+
+    def show(self, nm, guards: Sequence, now: float | None = None, thresholds: Thresholds | None = None) -> None:
+        """Draw a NodeMonitor's latest state (nothing here blocks; cheap enough for 32 nodes at a few Hz)."""
+        now = time.time() if now is None else now
+        thresholds = thresholds or Thresholds()
+        state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
+        self.state = state
+        stale = state in ("STALE", "DOWN")
+        self.set_class(stale, "-stale")
+        self.set_class(state == "DOWN", "-down")
+        last: Tick | None = nm.last
+        info = nm.info
+        sub = Text()
+        sub.append(state, style=_STATE_STYLE.get(state, ""))
+        if state != "LIVE":
+            sub.append(f" {duration(now - nm.since)}")
+            if nm.last_error and state == "DOWN":
+                sub.append(f" · {nm.last_error[:60]}", style="red")
+        if last is not None:
+            sub.append(f" · tick {duration(now - last.received)} ago", style="dim")
+        self.border_subtitle = sub
+        gname = info.gpu_names[0] if info and info.gpu_names else None
+        title = Text(self.node_name, style="bold")
+        if gname:
+            title.append(f" · {gname}", style="dim")
+        if info and info.simulated:
+            title.append(" · sim", style="magenta")
+        self.border_title = title
+
+        grey = "grey50" if stale else None
+        gpu = last.gpus[0] if last and last.gpus else None
+        temp_line = Text(no_wrap=True, overflow="ellipsis")
+        if gpu is None:
+            temp_line.append("GPU " + (DASH if last else "waiting for the agent…"), style="dim")
+        else:
+            margin = gpu.slowdown_margin_c
+            t_style = grey or ("bold red" if margin is not None and margin <= thresholds.temp_margin_c else "bold")
+            temp_line.append("GPU ", style="bold")
+            temp_line.append(num(gpu.temp_c, "°C"), style=t_style)
+            temp_line.append(f"  slowdown {num(gpu.slowdown_c, '°C')}", style=grey or "")
+            if margin is not None:
+                temp_line.append(f" ({margin:.0f}° margin)", style=grey or "dim")
+            if gpu.shutdown_c is not None:
+                temp_line.append(f"  shutdown {num(gpu.shutdown_c, '°C')}", style=grey or "dim")
+            if last and len(last.gpus) > 1:
+                temp_line.append(f"  GPU 0 of {len(last.gpus)}", style="dim")
+        self.query_one(".temp-line", Static).update(temp_line)
+
+        graph = self.query_one(TempGraph)
+        temps: list[float] = []
+        if nm.history:
+            want = graph.wanted
+            hist = list(nm.history)[-want:]
+            temps = [t.gpus[0].temp_c for t in hist if t.gpus and t.gpus[0].temp_c is not None]
+        graph.set_data(temps, gpu.slowdown_c if gpu else None, stale)
+
+        reasons = Text(no_wrap=True, overflow="ellipsis")
+        reasons.append("Clocks ", style="bold")
+        if gpu is None or gpu.reasons_mask is None and not gpu.reasons:
+            reasons.append(DASH, style="dim")
+        elif not gpu.reasons:
+            reasons.append("no clock-event reason active", style=grey or "green")
+        else:
+            spans = reason_durations(nm.history, last)
+            for i, r in enumerate(sorted(gpu.reasons, key=lambda r: ("bad", "warn", "info", "dim").index(
+                    REASON_SEVERITY.get(r, "info")))):
+                if i:
+                    reasons.append(" · ", style="dim")
+                reasons.append(REASON_WORDS.get(r, r), style=grey or _SEVERITY_STYLE.get(REASON_SEVERITY.get(r, ""), ""))
+                reasons.append(f" {duration(spans.get(r))}", style="dim")
+        self.query_one(".reasons", Static).update(reasons)
+
+        power = Text(no_wrap=True, overflow="ellipsis")
+        if gpu is not None:
+            power.append("Power ", style="bold")
+            power.append(num(gpu.power_w, " W"), style=grey or "")
+            if gpu.power_limit_w is not None:
+                power.append(f" / {gpu.power_limit_w:.0f} W", style="dim")
+            power.append("  SM ", style="bold")
+            power.append(num(gpu.sm_clock_mhz, " MHz"), style=grey or "")
+            if gpu.sm_clock_max_mhz is not None:
+                power.append(f" / {gpu.sm_clock_max_mhz:.0f}", style="dim")
+            power.append("  Util ", style="bold")
+            power.append(num(gpu.util_pct, "%"), style=grey or "")
+        self.query_one(".power", Static).update(power)
+
+        bar = self.query_one(MemoryBar)
+        bar.floor_gib = thresholds.headroom_floor_gib
+        bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
+        self.query_one(GuardList).set_results(guards, stale)
+        self.query_one(".container", Static).update(self._container_line(nm.containers, now, grey))
+
+    def _container_line(self, containers, now: float, grey: str | None) -> Text:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("vLLM ", style="bold")
+        c = next((c for c in containers if c.name == self.container_name), None)
+        if c is None:
+            line.append(f"{self.container_name}: not reported", style="dim")
+            return line
+        state_style = grey or ("green" if c.state == "running" else "red")
+        line.append(f"{c.name} ", style=grey or "")
+        line.append(c.state or DASH, style=state_style)
+        if c.health:
+            line.append(f" {c.health}", style=grey or {"healthy": "green", "unhealthy": "red"}.get(c.health, "yellow"))
+        if c.state == "running":
+            line.append(f"  up {duration(since_iso(c.started_at, now))}", style=grey or "")
+        line.append(f"  restarts {num(c.restart_count)}", style=grey or ("yellow" if c.restart_count else ""))
+        line.append(f"  cap {gib(c.memory_limit_b) if c.memory_limit_b else 'none'}",
+                    style=grey or ("" if c.memory_limit_b else "yellow"))
+        if c.oom_killed:
+            line.append("  OOMKilled", style="bold red")
+        elif c.state == "exited":
+            line.append(f"  exit {num(c.exit_code)}", style=grey or "red")
+        return line
+
+    def action_logs(self) -> None:
+        self.app.open_logs(self.node_name)
+
+    def action_restart(self) -> None:
+        self.app.confirm_container(self.node_name, "restart")
+
+    def action_stop(self) -> None:
+        self.app.confirm_container(self.node_name, "stop")

@@ -1,0 +1,85 @@
+"""GPU temperature history as bars, with the slowdown threshold drawn as a red line across the graph."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rich.text import Text
+from textual.widget import Widget
+
+_BLOCKS = " ▁▂▃▄▅▆▇█"
+
+
+def thin(values: Sequence[float], columns: int) -> list[tuple[float, float]]:
+    """(min, max) per column over the last `columns` buckets, so a one-tick spike still shows."""
+    if columns <= 0 or not values:
+        return []
+    n = len(values)
+    if n <= columns:
+        return [(v, v) for v in values]
+    out = []
+    for c in range(columns):
+        a, b = c * n // columns, max((c + 1) * n // columns, c * n // columns + 1)
+        chunk = values[a:b]
+        out.append((min(chunk), max(chunk)))
+    return out
+
+
+class TempGraph(Widget):
+    """Call `set_data(temps, slowdown_c)`; draws only when the data changed."""
+
+    DEFAULT_CSS = "TempGraph { height: 4; }"
+
+    def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
+        super().__init__(id=id, classes=classes)
+        self._temps: tuple[float, ...] = ()
+        self._slowdown: float | None = None
+        self.stale = False
+
+    def set_data(self, temps: Sequence[float], slowdown_c: float | None, stale: bool = False) -> None:
+        temps = tuple(temps)
+        if temps == self._temps and slowdown_c == self._slowdown and stale == self.stale:
+            return
+        self._temps, self._slowdown, self.stale = temps, slowdown_c, stale
+        self.refresh()
+
+    @property
+    def wanted(self) -> int:
+        """How many samples are worth handing over: about 2x the width (the rest would be thinned away)."""
+        return max(2 * self.size.width, 16)
+
+    def render(self) -> Text:
+        w, h = max(self.size.width - 6, 1), max(self.size.height, 1)
+        cols = thin(self._temps[-2 * w:], w)
+        text = Text(no_wrap=True, overflow="crop")
+        if not cols:
+            text.append("no temperature readings yet", style="dim")
+            return text
+        top_v = max(hi for _, hi in cols)
+        thr = self._slowdown
+        hi_v = max(top_v, thr + 2 if thr is not None else top_v) + 1
+        lo_v = min(min(lo for lo, _ in cols), (thr - 40) if thr is not None else top_v - 20)
+        lo_v = float(int(lo_v // 10 * 10))
+        span = max(hi_v - lo_v, 1.0)
+        levels = [max(0.0, (hi - lo_v) / span * h * 8) for _, hi in cols]
+        thr_row = None if thr is None else min(h - 1, int((thr - lo_v) / span * h))
+        bar_style = "grey50" if self.stale else "cyan"
+        for row in range(h - 1, -1, -1):
+            label = f"{hi_v:>4.0f}° " if row == h - 1 else (f"{lo_v:>4.0f}° " if row == 0 else
+                                                               (f"{thr:>4.0f}° " if row == thr_row else "      "))
+            text.append(label, style="red" if row == thr_row and 0 < row < h - 1 else "dim")
+            for lvl in levels:
+                cell = lvl - row * 8
+                if cell >= 8:
+                    ch = "█"
+                elif cell > 0:
+                    ch = _BLOCKS[int(cell)] if int(cell) > 0 else "▁"
+                else:
+                    ch = " "
+                if row == thr_row and ch == " ":
+                    text.append("╌", style="red")
+                else:
+                    text.append(ch, style=("bold red" if row >= (thr_row or h) and ch != " " else bar_style))
+            if row:
+                text.append("\n")
+        return text
