@@ -1,0 +1,351 @@
+"""Serving endpoints (vLLM servers and routers): poll /health, /v1/models, /version, /metrics; publish snapshots.
+
+One EndpointMonitor per endpoint, one asyncio task each. A poll that fails makes a snapshot with
+healthy=False and the error in one line, then waits min(max(2×interval, 5), 30) s before the next try (as
+Dolphie does), so a dead server is not hammered. Token rates come from counter deltas over the last few
+seconds; TTFT/ITL percentiles from histogram bucket deltas over a trailing window (`latency_window_s`), so
+they describe recent requests, not the server's whole life.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import httpx
+
+from ..config import ClusterConfig, EndpointConfig
+from . import metrics as m
+from .http import FetchError, Reply, fetch, make_client
+
+log = logging.getLogger(__name__)
+
+# /v1/models and /version change only on a relaunch: re-read them this often (and after every recovery).
+INFO_REFRESH_S = 30.0
+
+
+@dataclass(frozen=True)
+class EndpointSnapshot:
+    name: str
+    url: str
+    kind: str                              # vllm | router
+    time: float                            # time.time() when the poll finished
+    healthy: bool | None                   # None: not polled yet
+    model: str | None
+    version: str | None
+    running: float | None
+    waiting: float | None
+    kv_usage: float | None                 # 0..1
+    prefix_hit_rate: float | None          # 0..1, recent window (lifetime when the window saw no queries)
+    prompt_tps: float | None
+    gen_tps: float | None
+    ttft_p50_s: float | None               # recent window; None when no request finished its first token in it
+    ttft_p95_s: float | None
+    itl_p50_s: float | None
+    itl_p95_s: float | None
+    error: str | None                      # why it is unhealthy, one line
+    # Additions beyond the contract (all optional):
+    max_model_len: int | None = None
+    models: tuple[str, ...] = ()
+    generation_tokens: float | None = None  # lifetime counter: the alert engine's stall detector follows it
+    health_latency_s: float | None = None
+    warning: str | None = None             # healthy, but part of the data is missing (e.g. /metrics 401)
+    failures: int = 0                      # consecutive failed polls
+    requests_per_s: float | None = None    # routers
+    errors_per_s: float | None = None
+    backends_up: int | None = None
+    backends_total: int | None = None
+    backend_load: tuple[tuple[str, float], ...] = ()
+    latency_p50_s: float | None = None     # routers: request duration
+    latency_p95_s: float | None = None
+
+    @property
+    def state(self) -> str:
+        """UP | DOWN | UNKNOWN — for a status column."""
+        return "UNKNOWN" if self.healthy is None else ("UP" if self.healthy else "DOWN")
+
+
+def backoff_s(interval: float) -> float:
+    return min(max(2 * interval, 5.0), 30.0)
+
+
+def _empty(ep: EndpointConfig, *, healthy: bool | None, error: str | None, t: float) -> EndpointSnapshot:
+    return EndpointSnapshot(name=ep.name, url=ep.url, kind=ep.kind, time=t, healthy=healthy, model=None, version=None,
+                            running=None, waiting=None, kv_usage=None, prefix_hit_rate=None, prompt_tps=None,
+                            gen_tps=None, ttft_p50_s=None, ttft_p95_s=None, itl_p50_s=None, itl_p95_s=None, error=error)
+
+
+def _q(h: m.Histogram | None, q: float) -> float | None:
+    return h.quantile(q) if h is not None and h.observations > 0 else None
+
+
+class EndpointMonitor:
+    """Polls one endpoint. `latest` and `history` hold snapshots; subscribers get this monitor after each poll."""
+
+    def __init__(self, ep: EndpointConfig, interval: float = 1.0, *, client: httpx.AsyncClient | None = None,
+                 history: int = 600, timeout: float | None = None, metrics_url: str | None = None,
+                 rate_window_s: float = 5.0, latency_window_s: float = 30.0) -> None:
+        self.config = ep
+        self.name = ep.name
+        self.interval = max(0.05, float(interval))
+        self.timeout = timeout if timeout is not None else min(5.0, max(1.0, 2 * self.interval))
+        self.metrics_url = metrics_url or f"{ep.url}/metrics"
+        self.rate_window_s = rate_window_s
+        self.latency_window_s = max(latency_window_s, rate_window_s)
+        self.latest: EndpointSnapshot | None = None
+        self.history: deque[EndpointSnapshot] = deque(maxlen=history)
+        self._client = client
+        self._own_client = client is None
+        self._task: asyncio.Task | None = None
+        self._subs: list[Callable[[EndpointMonitor], None]] = []
+        self._scrapes: deque[m.Scrape] = deque()      # recent successful scrapes (monotonic time)
+        self._info: tuple[str | None, tuple[str, ...], int | None, str | None] = (None, (), None, None)
+        self._info_at = -INFO_REFRESH_S
+        self._health_path: str | None = None
+        self._failures = 0
+
+    # --- publishing ---------------------------------------------------------------------------------------
+    def subscribe(self, cb: Callable[["EndpointMonitor"], None]) -> Callable[[], None]:
+        self._subs.append(cb)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subs.remove(cb)
+        return unsubscribe
+
+    def _publish(self, snap: EndpointSnapshot) -> None:
+        self.latest = snap
+        self.history.append(snap)
+        for cb in list(self._subs):
+            try:
+                cb(self)
+            except Exception:  # one bad subscriber must not stop the polling
+                log.exception("endpoint subscriber failed")
+
+    # --- lifecycle ----------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._task is not None and not self._task.done():
+            return
+        if self._client is None:
+            self._client = make_client(self.timeout)
+            self._own_client = True
+        self._task = asyncio.create_task(self._run(), name=f"endpoint:{self.name}")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self._own_client and self._client is not None:
+            await self._client.aclose()
+            self._client = None
+
+    async def _run(self) -> None:
+        while True:
+            started = time.monotonic()
+            snap = await self.poll()
+            wait = backoff_s(self.interval) if not snap.healthy else self.interval
+            await asyncio.sleep(max(0.0, wait - (time.monotonic() - started)))
+
+    # --- one poll -----------------------------------------------------------------------------------------
+    async def poll(self) -> EndpointSnapshot:
+        """Poll once, publish and return the snapshot (also usable without start(), e.g. `status`)."""
+        if self._client is None:
+            self._client = make_client(self.timeout)
+            self._own_client = True
+        try:
+            snap = await self._poll(self._client)
+        except Exception as exc:  # never let a surprise kill the poller; show it instead
+            log.exception("endpoint poll failed")
+            snap = _empty(self.config, healthy=False, error=f"internal error: {type(exc).__name__}: {exc}"[:200],
+                          t=time.time())
+        self._failures = 0 if snap.healthy else self._failures + 1
+        snap = replace(snap, failures=self._failures)
+        self._publish(snap)
+        return snap
+
+    async def _health(self, client: httpx.AsyncClient) -> tuple[bool, str | None, float | None]:
+        base = self.config.url
+        # LiteLLM's /health needs the master key and sends a real completion to every backend; its
+        # liveliness probe does not. vllm-router and vLLM answer /health.
+        paths = [self._health_path] if self._health_path else (
+            ["/health/liveliness", "/health"] if self.config.kind == "router" else ["/health"])
+        reply: Reply | None = None
+        for path in paths:
+            reply = await fetch(client, base + path, limit=65536, timeout=self.timeout)
+            if reply.status != 404:
+                self._health_path = path
+                break
+        assert reply is not None
+        if reply.ok:
+            return True, None, reply.seconds
+        body = " ".join(reply.text.split())[:120]
+        return False, f"HTTP {reply.status} from {self._health_path or paths[-1]}" + (f": {body}" if body else ""), reply.seconds
+
+    async def _refresh_info(self, client: httpx.AsyncClient) -> str | None:
+        """Served model(s), max_model_len, server version; returns a warning or None."""
+        models_r, version_r = await asyncio.gather(
+            fetch(client, self.config.url + "/v1/models", limit=1 << 20, timeout=self.timeout),
+            fetch(client, self.config.url + "/version", limit=65536, timeout=self.timeout),
+            return_exceptions=True)
+        model, models, max_len, version, warn = None, (), None, None, None
+        if isinstance(models_r, Reply) and models_r.ok:
+            data = models_r.json()
+            items = data.get("data") if isinstance(data, dict) else None
+            if isinstance(items, list):
+                ids = [i["id"] for i in items if isinstance(i, dict) and isinstance(i.get("id"), str)]
+                models = tuple(ids)
+                model = ids[0] if ids else None
+                first = next((i for i in items if isinstance(i, dict)), {})
+                ml = first.get("max_model_len")
+                max_len = ml if isinstance(ml, int) and not isinstance(ml, bool) else None
+        elif isinstance(models_r, Reply):
+            warn = f"/v1/models: HTTP {models_r.status}" + (" (needs an API key)" if models_r.status in (401, 403) else "")
+        else:
+            warn = f"/v1/models: {models_r}"
+        if isinstance(version_r, Reply) and version_r.ok:
+            d = version_r.json()
+            v = d.get("version") if isinstance(d, dict) else None
+            version = v if isinstance(v, str) else None
+        self._info = (model, models, max_len, version)
+        self._info_at = time.monotonic()
+        return warn
+
+    def _window_base(self, span: float, now: float) -> m.Scrape | None:
+        """The newest kept scrape at least `span` seconds older than now (else the oldest one)."""
+        older = [s for s in self._scrapes if s.time < now]
+        if not older:
+            return None
+        for s in reversed(older):
+            if now - s.time >= span:
+                return s
+        return older[0]
+
+    async def _poll(self, client: httpx.AsyncClient) -> EndpointSnapshot:
+        ep = self.config
+        try:
+            healthy, error, latency = await self._health(client)
+        except FetchError as exc:
+            self._info_at = -INFO_REFRESH_S      # re-read models/version once it is back
+            return _empty(ep, healthy=False, error=str(exc), t=time.time())
+
+        warning = None
+        need_info = time.monotonic() - self._info_at >= INFO_REFRESH_S or (healthy and self._failures)
+        info_task = asyncio.ensure_future(self._refresh_info(client)) if need_info else None
+        scrape, metrics_warn = None, None
+        try:
+            reply = await fetch(client, self.metrics_url, timeout=self.timeout)
+            if reply.ok:
+                scrape = m.parse(reply.text, time=time.monotonic())
+                if scrape.bad_lines:
+                    metrics_warn = f"/metrics: {scrape.bad_lines} unreadable line(s) skipped"
+            else:
+                metrics_warn = f"/metrics: HTTP {reply.status}"
+        except FetchError as exc:
+            metrics_warn = f"/metrics: {exc}"
+        if info_task is not None:
+            warning = await info_task
+        warning = "; ".join(w for w in (warning, metrics_warn) if w) or None
+        model, models, max_len, version = self._info
+
+        snap = _empty(ep, healthy=healthy, error=error, t=time.time())
+        snap = replace(snap, model=model, models=models, max_model_len=max_len, version=version,
+                       health_latency_s=latency, warning=warning)
+        if scrape is None:
+            return snap
+
+        em = m.engine_metrics(scrape)
+        rate_base = self._window_base(self.rate_window_s, scrape.time)
+        lat_base = self._window_base(self.latency_window_s, scrape.time)
+        self._scrapes.append(scrape)
+        while self._scrapes and scrape.time - self._scrapes[0].time > self.latency_window_s + 2 * backoff_s(self.interval):
+            self._scrapes.popleft()
+
+        prompt_tps = gen_tps = None
+        hit_rate = em.prefix_hit_rate
+        ttft = itl = None
+        if rate_base is not None:
+            rw = m.engine_window(rate_base, scrape)
+            prompt_tps, gen_tps = rw.prompt_tps, rw.gen_tps
+        if lat_base is not None:
+            lw = m.engine_window(lat_base, scrape)
+            ttft, itl = lw.ttft, lw.itl
+            if lw.prefix_hit_rate is not None:
+                hit_rate = lw.prefix_hit_rate
+        snap = replace(snap, model=model or (em.models[0] if em.models else None), running=em.running,
+                       waiting=em.waiting, kv_usage=em.kv_usage, prefix_hit_rate=hit_rate, prompt_tps=prompt_tps,
+                       gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
+                       itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens)
+
+        rm = m.router_metrics(scrape)
+        if rm is not None:
+            lat = None
+            rps = eps = None
+            if rate_base is not None:
+                rwin = m.router_window(rate_base, scrape)
+                rps, eps = rwin.requests_per_s, rwin.errors_per_s
+            if lat_base is not None:
+                lat = m.router_window(lat_base, scrape).latency
+            snap = replace(snap, requests_per_s=rps, errors_per_s=eps, backends_up=rm.backends_up,
+                           backends_total=rm.backends_total, backend_load=rm.backend_load,
+                           latency_p50_s=_q(lat, 0.5), latency_p95_s=_q(lat, 0.95))
+            if snap.ttft_p50_s is None and lat_base is not None:
+                rt = m.router_window(lat_base, scrape).ttft
+                snap = replace(snap, ttft_p50_s=_q(rt, 0.5), ttft_p95_s=_q(rt, 0.95))
+        return snap
+
+
+class ServingMonitor:
+    """Every endpoint of the cluster file, polled concurrently over one shared HTTP client."""
+
+    def __init__(self, config: ClusterConfig, interval: float = 1.0, *, history: int = 600,
+                 metrics_urls: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.interval = interval
+        timeout = min(5.0, max(1.0, 2 * interval))
+        self._client = make_client(timeout)
+        self.endpoints: dict[str, EndpointMonitor] = {
+            ep.name: EndpointMonitor(ep, interval, client=self._client, history=history, timeout=timeout,
+                                     metrics_url=(metrics_urls or {}).get(ep.name))
+            for ep in config.endpoints}
+        self._subs: list[Callable[[EndpointMonitor], None]] = []
+        for mon in self.endpoints.values():
+            mon.subscribe(self._fan_out)
+
+    def _fan_out(self, mon: EndpointMonitor) -> None:
+        for cb in list(self._subs):
+            try:
+                cb(mon)
+            except Exception:
+                log.exception("serving subscriber failed")
+
+    def subscribe(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
+        """cb(endpoint_monitor) after any endpoint's poll; returns unsubscribe."""
+        self._subs.append(cb)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subs.remove(cb)
+        return unsubscribe
+
+    def snapshots(self) -> dict[str, EndpointSnapshot | None]:
+        return {name: mon.latest for name, mon in self.endpoints.items()}
+
+    async def poll(self) -> dict[str, EndpointSnapshot]:
+        """Poll every endpoint once, concurrently (headless `status`)."""
+        snaps = await asyncio.gather(*(mon.poll() for mon in self.endpoints.values()))
+        return dict(zip(self.endpoints, snaps))
+
+    async def start(self) -> None:
+        for mon in self.endpoints.values():
+            await mon.start()
+
+    async def stop(self) -> None:
+        await asyncio.gather(*(mon.stop() for mon in self.endpoints.values()))
+        await self._client.aclose()
