@@ -19,6 +19,7 @@ import os
 import shlex
 import signal
 import sys
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -385,10 +386,21 @@ class SshTransport(Transport):
                   timeout: float | None = 30) -> CommandResult:
         conn = await self._ensure()
         cmd = to_command(argv)
+        tag = uuid.uuid4().hex[:16]
         try:
-            r = await conn.run(cmd, input=input, encoding=None, timeout=timeout, check=False)
-        except asyncssh.TimeoutError:
-            raise TransportError(f"{self.node.name}: {cmd[:80]} timed out after {timeout:g} s") from None
+            proc = await conn.create_process(tagged(cmd, tag), encoding=None)
+            if input is not None:
+                proc.stdin.write(input)
+            proc.stdin.write_eof()
+            try:
+                r = await asyncio.wait_for(proc.wait(check=False), timeout)
+            except asyncio.TimeoutError:
+                # Closing the channel alone leaves a command that neither reads nor writes running on the node.
+                await _end_remote(conn, proc, tag)
+                raise TransportError(f"{self.node.name}: {cmd[:80]} timed out after {timeout:g} s") from None
+            except asyncio.CancelledError:
+                await _end_remote(conn, proc, tag)
+                raise
         except (OSError, asyncssh.Error) as exc:
             raise TransportError(f"{self.node.name} ({self.where}) connection lost: {_reason(exc)}") from None
         rc = r.exit_status if r.exit_status is not None else (255 if r.exit_signal else -1)
@@ -396,11 +408,12 @@ class SshTransport(Transport):
 
     def stream(self, argv: Sequence[str] | str, *, input: bytes | None = None) -> LineStream:
         cmd = to_command(argv)
+        tag = uuid.uuid4().hex[:16]
         state: dict = {}
 
         async def start() -> asyncssh.SSHClientProcess:
             if "proc" not in state:
-                state["proc"] = asyncio.ensure_future(self._start_process(cmd, input))
+                state["proc"] = asyncio.ensure_future(self._start_process(tagged(cmd, tag), input))
             return await state["proc"]
 
         async def read() -> bytes:
@@ -422,12 +435,8 @@ class SshTransport(Transport):
             try:
                 await asyncio.wait_for(proc.wait_closed(), 2.0)
             except (asyncio.TimeoutError, OSError, asyncssh.Error):
-                pass
-            proc.close()                    # …and anything else when the channel closes
-            try:
-                await asyncio.wait_for(proc.wait_closed(), 2.0)
-            except (asyncio.TimeoutError, OSError, asyncssh.Error):
-                pass
+                if self._conn is not None:   # …anything else gets TERM, then KILL
+                    await _end_remote(self._conn, proc, tag)
 
         def returncode() -> int | None:
             f = state.get("proc")
@@ -456,6 +465,39 @@ class SshTransport(Transport):
                 await asyncio.wait_for(conn.wait_closed(), 3.0)
             except (asyncio.TimeoutError, OSError, asyncssh.Error):
                 pass
+
+
+TAG_VAR = "SPARKCONSOLE_RUN"
+
+
+def tagged(cmd: str, tag: str) -> str:
+    """The command under `sh -c`, with a marker in its environment that its whole process tree inherits."""
+    return shlex.join(["env", f"{TAG_VAR}={tag}", "sh", "-c", cmd])
+
+
+def kill_tagged_snippet(tag: str, sig: str) -> str:
+    # Closing a channel does not end a command that neither reads nor writes, and sshd refuses "signal"
+    # requests for root logins: find the command's processes by their marker instead (Linux /proc).
+    return (f"pids=$(grep -lzx {shlex.quote(f'{TAG_VAR}={tag}')} /proc/[0-9]*/environ 2>/dev/null | cut -d/ -f3); "
+            f'[ -z "$pids" ] || kill -s {sig} $pids 2>/dev/null; true')
+
+
+async def _end_remote(conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess, tag: str) -> None:
+    """TERM, then KILL, the remote command and its children; then close the channel."""
+    for sig in ("TERM", "KILL"):
+        if proc.exit_status is not None or proc.exit_signal is not None:
+            break
+        try:
+            await asyncio.wait_for(conn.run(kill_tagged_snippet(tag, sig), check=False), 5.0)
+            await asyncio.wait_for(proc.wait_closed(), 1.0)
+            break
+        except (asyncio.TimeoutError, OSError, asyncssh.Error):
+            continue
+    proc.close()
+    try:
+        await asyncio.wait_for(proc.wait_closed(), 2.0)
+    except (asyncio.TimeoutError, OSError, asyncssh.Error):
+        pass
 
 
 def _dec(b) -> str:
