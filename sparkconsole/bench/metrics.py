@@ -1,0 +1,185 @@
+"""Per-request and per-level figures from streamed requests, with llama-benchy's definitions.
+
+A level is `runs` batches of `concurrency` simultaneous requests. Totals ("t/s (total)") are computed per
+batch and reported as mean ± std over batches; per-request figures over all requests of the level.
+`scale` multiplies every measured interval (a simulated server running `--speed F` faster reports F).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from .client import RequestResult
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True)
+class Metric:
+    mean: float
+    std: float
+    values: tuple[float, ...]
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> "Metric | None":
+        vals = tuple(float(v) for v in values if v is not None and math.isfinite(v))
+        if not vals:
+            return None
+        return cls(statistics.fmean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0, vals)
+
+    def to_json(self) -> dict:
+        return {"mean": self.mean, "std": self.std, "values": list(self.values)}
+
+    @classmethod
+    def from_json(cls, d: dict | None) -> "Metric | None":
+        if not d:
+            return None
+        return cls(float(d["mean"]), float(d.get("std") or 0.0), tuple(float(v) for v in d.get("values") or ()))
+
+
+def percentiles(values: Sequence[float]) -> dict[str, float] | None:
+    """p50/p90/p99 with linear interpolation between closest ranks (numpy's default)."""
+    vals = sorted(values)
+    if not vals:
+        return None
+    out = {}
+    for p in PERCENTILES:
+        pos = (len(vals) - 1) * p / 100
+        lo = math.floor(pos)
+        hi = min(lo + 1, len(vals) - 1)
+        out[f"p{p}"] = vals[lo] + (vals[hi] - vals[lo]) * (pos - lo)
+    return out
+
+
+@dataclass(frozen=True)
+class RequestFigures:
+    """What one request measured, in (scaled) seconds and tokens per second."""
+
+    ttfr_s: float | None           # time to first response chunk
+    ttft_s: float | None           # time to first content token (end to end)
+    est_ppt_s: float | None        # estimated prefill time: ttfr minus the probed network/API latency
+    prefill_tps: float | None
+    decode_tps: float | None       # tokens after the first / (last token - first token)
+    tpot_s: float | None           # mean time per output token after the first
+    prompt_tokens: int
+    completion_tokens: int
+
+
+def request_figures(r: RequestResult, *, expected_prompt: int, latency_s: float = 0.0,
+                    scale: float = 1.0) -> RequestFigures:
+    prompt = prompt_tokens_used(r, expected_prompt)
+    ttfr = (r.first_response - r.start) * scale if r.first_response is not None else None
+    ttft = (r.first_token - r.start) * scale if r.first_token is not None else None
+    est_ppt = max(0.0, ttfr - latency_s) if ttfr is not None else None
+    prefill = prompt / est_ppt if est_ppt else None
+    decode = tpot = None
+    tt = r.token_times
+    if len(tt) > 1 and tt[-1] > tt[0]:
+        span = (tt[-1] - tt[0]) * scale
+        decode = (len(tt) - 1) / span
+        tpot = span / (len(tt) - 1)
+    return RequestFigures(ttfr, ttft, est_ppt, prefill, decode, tpot, prompt, r.completion_tokens)
+
+
+def prompt_tokens_used(r: RequestResult, expected: int) -> int:
+    # llama-benchy's rule: trust the server's count unless it is more than 20% off what was sent.
+    if r.prompt_tokens and (expected <= 0 or abs(r.prompt_tokens - expected) < expected * 0.2):
+        return r.prompt_tokens
+    return expected
+
+
+def peak_rate(times: Sequence[float], window: float) -> float | None:
+    """Most tokens seen inside any `window`-long span, per second (llama-benchy's peak t/s)."""
+    if len(times) < 2:
+        return None
+    ts = sorted(times)
+    span = ts[-1] - ts[0]
+    if 0 < span < window:
+        return len(ts) / span
+    best = 0
+    lo = 0
+    for hi, t in enumerate(ts):
+        while ts[lo] <= t - window:
+            lo += 1
+        best = max(best, hi - lo + 1)
+    return best / window
+
+
+def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt: int, latency_s: float = 0.0,
+                  scale: float = 1.0) -> dict:
+    """Aggregate a level. Keys follow llama-benchy's JSON (pp_throughput, tg_throughput, ttfr, est_ppt, e2e_ttft,
+    … in t/s and ms) plus percentiles of TTFT, ITL and TPOT in ms, and request counts."""
+    concurrency = max((len(b) for b in batches), default=1)
+    pp_req, tg_req, ttfr, est_ppt, e2e, tpot, itl = [], [], [], [], [], [], []
+    pp_total, tg_total, peak_total, peak_req = [], [], [], []
+    ok = failed = 0
+    prompt_sum = completion_sum = 0
+    errors: dict[str, int] = {}
+    for batch in batches:
+        good = [r for r in batch if r.ok]
+        failed += len(batch) - len(good)
+        for r in batch:
+            if r.error:
+                errors[r.error] = errors.get(r.error, 0) + 1
+        ok += len(good)
+        if not good:
+            continue
+        figs = [request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale) for r in good]
+        for r, f in zip(good, figs):
+            prompt_sum += f.prompt_tokens
+            completion_sum += f.completion_tokens
+            if f.ttfr_s is not None:
+                ttfr.append(f.ttfr_s * 1000)
+            if f.ttft_s is not None:
+                e2e.append(f.ttft_s * 1000)
+                if f.est_ppt_s is not None:
+                    est_ppt.append(f.est_ppt_s * 1000)
+            if f.prefill_tps:
+                pp_req.append(f.prefill_tps)
+            if f.decode_tps:
+                tg_req.append(f.decode_tps)
+                tpot.append(f.tpot_s * 1000)
+            tt = r.token_times
+            itl.extend((tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt)))
+            pk = peak_rate([t * scale for t in tt], 1.0)
+            if pk:
+                peak_req.append(pk)
+        starts = [r.start for r in good]
+        firsts = [r.first_token for r in good if r.first_token is not None]
+        lasts = [r.token_times[-1] for r in good if r.token_times]
+        if firsts:
+            pp_span = (max(firsts) - min(starts)) * scale
+            if pp_span > 0:
+                pp_total.append(sum(f.prompt_tokens for f in figs) / pp_span)
+            tg_span = (max(lasts) - min(firsts)) * scale
+            decode_tokens = sum(max(0, len(r.token_times) - 1) for r in good)
+            if tg_span > 0 and decode_tokens > 0:
+                tg_total.append(decode_tokens / tg_span)
+        pk = peak_rate([t * scale for r in good for t in r.token_times], 1.0)
+        if pk:
+            peak_total.append(pk)
+    single = concurrency == 1
+    m = {
+        "pp_throughput": Metric.of(pp_req if single else pp_total),
+        "pp_req_throughput": Metric.of(pp_req),
+        "tg_throughput": Metric.of(tg_req if single else tg_total),
+        "tg_req_throughput": Metric.of(tg_req),
+        "peak_throughput": Metric.of(peak_total),
+        "peak_req_throughput": Metric.of(peak_req),
+        "ttfr": Metric.of(ttfr),
+        "est_ppt": Metric.of(est_ppt),
+        "e2e_ttft": Metric.of(e2e),
+    }
+    out: dict = {k: (v.to_json() if v else None) for k, v in m.items()}
+    out["ttft_ms"] = percentiles(e2e)
+    out["itl_ms"] = percentiles(itl)
+    out["tpot_ms"] = percentiles(tpot)
+    out["requests_ok"] = ok
+    out["requests_failed"] = failed
+    out["prompt_tokens_mean"] = prompt_sum / ok if ok else None
+    out["completion_tokens_mean"] = completion_sum / ok if ok else None
+    out["errors"] = errors
+    return out

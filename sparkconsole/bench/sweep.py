@@ -1,0 +1,326 @@
+"""A sweep: pp × tg × depth × concurrency levels, `runs` batches per level, each level stored as it finishes.
+
+Order and definitions follow llama-benchy (depth, pp, tg, then concurrency; one unrecorded warm-up batch per
+level unless `warmup=False`; latency probe api | generation | none subtracted from TTFR for the prefill
+estimate). Failed requests are stored with their error and the sweep goes on. Knows nothing of nodes: the
+caller injects `thermal_probe`, and the TUI draws curves from `on_level`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Any, Callable
+
+import aiohttp
+
+from .. import __version__
+from ..errors import UserError
+from .client import RequestResult, api_base, chat_payload, server_root, stream_chat
+from .metrics import level_metrics, request_figures
+from .prompts import PromptShape, calibrate, messages
+from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
+
+LATENCY_MODES = ("api", "generation", "none")
+API_KEY_ENV = ("SPARKCONSOLE_API_KEY", "OPENAI_API_KEY")
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    url: str
+    model: str | None = None              # None: the first model /v1/models lists
+    pp: tuple[int, ...] = (1024,)
+    tg: tuple[int, ...] = (128,)
+    depth: tuple[int, ...] = (0,)
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
+    runs: int = 3
+    warmup: bool = True
+    latency_mode: str = "api"
+    exact_tg: bool = True
+    token_ids: bool = True
+    stall_timeout: float = 60.0
+    request_timeout: float = 3600.0
+    topology: str | None = None
+    recipe: str | None = None
+    recipe_hash: str | None = None
+    label: str | None = None              # what reports compare by (default: topology, else the URL)
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for name in ("pp", "tg", "concurrency", "depth"):
+            vals = getattr(self, name)
+            low = 0 if name == "depth" else 1
+            if not vals or any((not isinstance(v, int)) or v < low for v in vals):
+                raise UserError(f"--{name} needs whole numbers ≥ {low}", field=f"--{name}",
+                                fix=f"e.g. --{name} {'0,4096' if name == 'depth' else '1,2,4'}")
+        if self.runs < 1:
+            raise UserError("--runs must be at least 1", field="--runs", fix="e.g. --runs 3")
+        if self.latency_mode not in LATENCY_MODES:
+            raise UserError(f"unknown latency mode {self.latency_mode!r}", field="--latency-mode",
+                            fix="use one of " + ", ".join(LATENCY_MODES))
+        if not self.url.startswith(("http://", "https://")):
+            raise UserError(f"not an http(s) URL: {self.url!r}", field="--url", fix="e.g. --url http://127.0.0.1:8000")
+
+    def levels(self) -> list[LevelKey]:
+        return [LevelKey(p, t, d, c) for d in self.depth for p in self.pp for t in self.tg for c in self.concurrency]
+
+    @property
+    def run_label(self) -> str:
+        return self.label or self.topology or self.url
+
+    def identity(self) -> dict:
+        """What makes two sweeps the same measurement (for --resume); the URL only when no topology names it."""
+        d = asdict(self)
+        for k in ("stall_timeout", "request_timeout", "label"):
+            d.pop(k)
+        if self.topology:
+            d.pop("url")
+        return d
+
+
+@dataclass(frozen=True)
+class Progress:
+    level: LevelKey
+    level_index: int        # 1-based
+    levels: int
+    run_index: int          # 1-based; 0 while warming up
+    runs: int
+    eta_s: float | None
+    failed: int             # failed requests so far in this sweep
+
+    def line(self) -> str:
+        eta = "?" if self.eta_s is None else _fmt_duration(self.eta_s)
+        run = "warm-up" if self.run_index == 0 else f"run {self.run_index}/{self.runs}"
+        fail = f"  failed {self.failed}" if self.failed else ""
+        return f"level {self.level_index}/{self.levels} {self.level}  {run}  ETA {eta}{fail}"
+
+
+@dataclass
+class SweepOutcome:
+    run_id: str
+    resumed: bool
+    levels: list[LevelResult] = field(default_factory=list)
+    skipped: list[LevelKey] = field(default_factory=list)
+    provenance: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class EndpointFacts:
+    model: str
+    vllm_version: str | None
+    speed: float                 # /sim/clock speed; 1.0 for a real server
+    simulated: bool
+
+
+def _fmt_duration(s: float) -> str:
+    s = int(round(s))
+    return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+def api_headers() -> dict[str, str]:
+    for name in API_KEY_ENV:
+        key = os.environ.get(name)
+        if key:
+            return {"Authorization": f"Bearer {key}"}
+    return {}
+
+
+async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> Any:
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            if resp.status != 200:
+                return None
+            return await resp.json(content_type=None)
+    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        return None
+
+
+async def discover(session: aiohttp.ClientSession, spec: SweepSpec, headers: dict[str, str]) -> EndpointFacts:
+    root, base = server_root(spec.url), api_base(spec.url)
+    models, version, clock = await asyncio.gather(
+        _get_json(session, base + "/models", headers), _get_json(session, root + "/version", headers),
+        _get_json(session, root + "/sim/clock", headers))
+    ids = [m.get("id") for m in (models or {}).get("data", []) if isinstance(m, dict)] if isinstance(models, dict) else []
+    model = spec.model or (ids[0] if ids else None)
+    if model is None:
+        raise UserError(f"{base}/models lists no model and none was given", field="--model",
+                        fix="start the server, check --url, or pass --model NAME")
+    ver = version.get("version") if isinstance(version, dict) else None
+    speed = clock.get("speed") if isinstance(clock, dict) else None
+    simulated = isinstance(speed, (int, float)) and speed > 0
+    return EndpointFacts(model, str(ver) if ver else None, float(speed) if simulated else 1.0, simulated)
+
+
+async def probe_latency(session: aiohttp.ClientSession, spec: SweepSpec, model: str, headers: dict[str, str],
+                        probes: int = 3) -> float:
+    """llama-benchy's latency modes: api = GET /v1/models; generation = first chunk of a 1-token stream."""
+    if spec.latency_mode == "none":
+        return 0.0
+    vals = []
+    for i in range(probes + (1 if spec.latency_mode == "generation" else 0)):
+        t0 = time.perf_counter()
+        if spec.latency_mode == "api":
+            try:
+                async with session.get(api_base(spec.url) + "/models", headers=headers) as resp:
+                    await resp.read()
+            except aiohttp.ClientError:
+                continue
+            vals.append(time.perf_counter() - t0)
+        else:
+            body = chat_payload(model, [{"role": "user", "content": "hello"}], 1, exact_tg=False, token_ids=False)
+            r = await stream_chat(session, api_base(spec.url) + "/chat/completions", body, headers=headers,
+                                  stall_timeout=spec.stall_timeout)
+            if i > 0 and r.ok and r.first_response is not None:   # the first probe warms up
+                vals.append(r.first_response - r.start)
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def request_row(r: RequestResult, *, expected_prompt: int, latency_s: float, scale: float) -> dict:
+    f = request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale)
+    ms = lambda v: None if v is None else v * 1000  # noqa: E731
+    return {"ok": r.ok, "error": r.error, "status": r.status, "prompt_tokens": r.prompt_tokens,
+            "completion_tokens": r.completion_tokens if r.ok else None, "tokens_estimated": r.tokens_estimated,
+            "ttfr_ms": ms(f.ttfr_s), "ttft_ms": ms(f.ttft_s), "est_ppt_ms": ms(f.est_ppt_s),
+            "prefill_tps": f.prefill_tps, "decode_tps": f.decode_tps, "tpot_ms": ms(f.tpot_s)}
+
+
+class _ThermalWatch:
+    """Polls the injected probe while a level runs, keeping the hottest reading and every throttle reason."""
+
+    def __init__(self, probe: Callable[[], ThermalNote | None] | None, interval: float) -> None:
+        self.probe, self.interval = probe, interval
+        self.note: ThermalNote | None = None
+        self._task: asyncio.Task | None = None
+
+    def sample(self) -> None:
+        if self.probe is None:
+            return
+        try:
+            got = self.probe()
+        except Exception:   # a broken probe must not stop a measurement; the level just lacks the note
+            return
+        if got is not None:
+            self.note = got if self.note is None else self.note.merge(got)
+
+    async def _loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval)
+            self.sample()
+
+    def __enter__(self) -> "_ThermalWatch":
+        self.sample()
+        if self.probe is not None:
+            self._task = asyncio.ensure_future(self._loop())
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        if self._task:
+            self._task.cancel()
+        self.sample()
+
+
+async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resume: bool = False,
+                    thermal_probe: Callable[[], ThermalNote | None] | None = None,
+                    on_level: Callable[[LevelResult], None] | None = None,
+                    on_progress: Callable[[Progress], None] | None = None,
+                    thermal_interval: float = 1.0) -> SweepOutcome:
+    """Measure every level of `spec` against its endpoint; with `store`, write each batch and level as it lands.
+
+    With `resume`, the newest run of the same spec in `store` continues: finished levels are skipped (and
+    re-announced through `on_level`), an interrupted level is measured again from its start.
+    """
+    headers = api_headers()
+    max_c = max(spec.concurrency)
+    connector = aiohttp.TCPConnector(limit=max_c + 8, force_close=False, keepalive_timeout=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+        facts = await discover(session, spec, headers)
+        latency = await probe_latency(session, spec, facts.model, headers)
+        prov = {"topology": spec.topology, "recipe": spec.recipe, "recipe_hash": spec.recipe_hash,
+                "endpoint": spec.url, "model": facts.model, "vllm_version": facts.vllm_version,
+                "simulated": facts.simulated, "speed": facts.speed, "latency_mode": spec.latency_mode,
+                "latency_ms": latency * 1000, "tool_version": f"sparkconsole {__version__}"}
+        ident = spec.identity()
+        ident["model"] = facts.model
+        if store is not None:
+            run_id, resumed = store.begin_run(source="sparkconsole", label=spec.run_label, spec=ident, resume=resume,
+                                              **prov)
+            done = store.finished_keys(run_id) if resumed else set()
+        else:
+            run_id, resumed, done = uuid.uuid4().hex[:12], False, set()
+        outcome = SweepOutcome(run_id, resumed, provenance=prov)
+        levels = spec.levels()
+        if store is not None and done:
+            for lv in store.levels(run_id):
+                if lv.key in done:
+                    outcome.skipped.append(lv.key)
+                    if on_level:
+                        on_level(lv)
+        todo = [k for k in levels if k not in done]
+        shapes: dict[tuple[int, int], PromptShape] = {}
+        rng = random.Random(spec.seed ^ hash(run_id) & 0xFFFF)
+        chat_url = api_base(spec.url) + "/chat/completions"
+        # ETA weights a batch by its concurrency: a crude but monotone model of batch time.
+        work_total = sum(k.concurrency * spec.runs for k in todo)
+        work_done = 0.0
+        busy = 0.0
+        failed = 0
+
+        def progress(idx: int, key: LevelKey, run_index: int) -> None:
+            if on_progress:
+                eta = busy / work_done * (work_total - work_done) if work_done else None
+                on_progress(Progress(key, idx, len(levels), run_index, spec.runs, eta, failed))
+
+        async def batch(key: LevelKey, shape: PromptShape) -> list[RequestResult]:
+            bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=spec.exact_tg,
+                                              token_ids=spec.token_ids)).encode() for _ in range(key.concurrency)]
+            return list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
+                                                           stall_timeout=spec.stall_timeout,
+                                                           timeout=spec.request_timeout) for b in bodies)))
+
+        for key in todo:
+            idx = levels.index(key) + 1
+            if (key.pp, key.depth) not in shapes:
+                shapes[(key.pp, key.depth)] = await calibrate(session, spec.url, facts.model, key.pp, key.depth,
+                                                              headers, token_ids=spec.token_ids)
+            shape = shapes[(key.pp, key.depth)]
+            expected = shape.target
+            if store is not None:
+                store.clear_level(run_id, key)
+            started = time.time()
+            batches: list[list[RequestResult]] = []
+            with _ThermalWatch(thermal_probe, thermal_interval) as watch:
+                if spec.warmup:
+                    progress(idx, key, 0)
+                    await batch(key, shape)
+                for run_index in range(1, spec.runs + 1):
+                    progress(idx, key, run_index)
+                    t0 = time.perf_counter()
+                    results = await batch(key, shape)
+                    busy += time.perf_counter() - t0
+                    work_done += key.concurrency
+                    failed += sum(1 for r in results if not r.ok)
+                    batches.append(results)
+                    if store is not None:
+                        store.record_requests(run_id, key, run_index, [
+                            request_row(r, expected_prompt=expected, latency_s=latency * facts.speed,
+                                        scale=facts.speed) for r in results])
+            metrics = level_metrics(batches, expected_prompt=expected, latency_s=latency * facts.speed,
+                                    scale=facts.speed)
+            metrics["prompt_source"] = shape.source
+            level = LevelResult(run_id=run_id, label=spec.run_label, key=key, runs=spec.runs, metrics=metrics,
+                                thermal=watch.note, started=started, finished=time.time())
+            if store is not None:
+                store.record_level(level)
+            outcome.levels.append(level)
+            if on_level:
+                on_level(level)
+        if store is not None:
+            store.finish_run(run_id)
+        return outcome
+
