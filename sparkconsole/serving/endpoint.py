@@ -52,7 +52,8 @@ class EndpointSnapshot:
     # Additions beyond the contract (all optional):
     max_model_len: int | None = None
     models: tuple[str, ...] = ()
-    generation_tokens: float | None = None  # lifetime counter: the alert engine's stall detector follows it
+    generation_tokens: float | None = None  # lifetime counters: the alert engine's stall detector follows them
+    prompt_tokens: float | None = None
     health_latency_s: float | None = None
     warning: str | None = None             # healthy, but part of the data is missing (e.g. /metrics 401)
     failures: int = 0                      # consecutive failed polls
@@ -281,7 +282,8 @@ class EndpointMonitor:
         snap = replace(snap, model=model or (em.models[0] if em.models else None), running=em.running,
                        waiting=em.waiting, kv_usage=em.kv_usage, prefix_hit_rate=hit_rate, prompt_tps=prompt_tps,
                        gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
-                       itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens)
+                       itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens,
+                       prompt_tokens=em.prompt_tokens)
 
         rm = m.router_metrics(scrape)
         if rm is not None:

@@ -1,0 +1,204 @@
+"""Alert rules over node samples and endpoint snapshots: raised once, kept while true, cleared when over.
+
+Node rules (thresholds from the cluster file): GPU within temp_margin_c of its slowdown temperature; thermal
+or power-brake throttling (samples.THROTTLING); MemAvailable under headroom_floor_gib; an OOM guard that is
+bad; the vLLM container not running or OOM-killed; the node STALE or DOWN.
+Endpoint rules: unhealthy; router backends down; the silent stall — requests running but no token produced
+(neither generated nor prefilled) for stall_seconds while the GPU draws less than stall_power_w.
+
+observe_node/observe_endpoint return the events that observation caused (a raise, a severity change, or a
+clear with active=False); subscribers get the same events. Nodes are duck-typed (.name, .state, .last,
+.containers, optional .config.container), so recorded ticks can drive the rules without a live monitor.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .config import Thresholds
+from .nodes.samples import REASON_WORDS, THROTTLING, NodeState
+
+log = logging.getLogger(__name__)
+
+# Hysteresis: a temperature alert clears only this far below its raise point, memory this far above the floor,
+# so a reading that wobbles on the line does not raise and clear every tick.
+TEMP_HYSTERESIS_C = 2.0
+HEADROOM_HYSTERESIS_GIB = 0.5
+
+
+@dataclass(frozen=True)
+class Alert:
+    key: str            # stable identity: "node:spark1:temp:gpu0", "endpoint:router:down", …
+    severity: str       # info | warn | bad
+    source: str         # node or endpoint name
+    message: str        # one line
+    time: float         # when raised (active) or cleared (inactive)
+    active: bool
+
+
+@dataclass
+class _StallClock:
+    tokens: float | None = None
+    since: float | None = None       # when tokens last moved (or work started)
+
+
+class AlertEngine:
+    def __init__(self, thresholds: Thresholds, *, clock: Callable[[], float] = time.time, history: int = 500) -> None:
+        self.thresholds = thresholds
+        self.clock = clock
+        self.active: dict[str, Alert] = {}
+        self.history: deque[Alert] = deque(maxlen=history)   # raise and clear events, newest last
+        self._subs: list[Callable[[Alert], None]] = []
+        self._stall: dict[str, _StallClock] = {}
+
+    def subscribe(self, cb: Callable[[Alert], None]) -> Callable[[], None]:
+        """cb(alert) for every raise, severity change and clear (active=False); returns unsubscribe."""
+        self._subs.append(cb)
+
+        def unsubscribe() -> None:
+            with contextlib.suppress(ValueError):
+                self._subs.remove(cb)
+        return unsubscribe
+
+    # --- bookkeeping ----------------------------------------------------------------------------------------
+    def _settle(self, prefix: str, source: str, now: float, found: dict[str, tuple[str, str]],
+                hold: Callable[[str], bool] = lambda key: False) -> list[Alert]:
+        """Make the active set under `prefix` equal `found` ({key: (severity, message)}); return the changes.
+        Keys for which hold(key) is true are left as they are (their data is not trustworthy right now)."""
+        events: list[Alert] = []
+        for key, (sev, msg) in found.items():
+            cur = self.active.get(key)
+            if cur is not None and cur.severity == sev:
+                continue          # still true: raised once, not again
+            alert = Alert(key, sev, source, msg, now, True)
+            self.active[key] = alert
+            events.append(alert)
+        for key in [k for k in self.active if k.startswith(prefix) and k not in found and not hold(k)]:
+            old = self.active.pop(key)
+            events.append(Alert(key, old.severity, source, f"cleared: {old.message}", now, False))
+        for e in events:
+            self.history.append(e)
+            for cb in list(self._subs):
+                try:
+                    cb(e)
+                except Exception:
+                    log.exception("alert subscriber failed")
+        return events
+
+    def for_source(self, source: str) -> list[Alert]:
+        return [a for a in self.active.values() if a.source == source]
+
+    # --- nodes ----------------------------------------------------------------------------------------------
+    def observe_node(self, node: Any, guards: Sequence[Any] | None = ()) -> list[Alert]:
+        name = str(node.name)
+        prefix = f"node:{name}:"
+        now = self.clock()
+        t = self.thresholds
+        found: dict[str, tuple[str, str]] = {}
+        state = getattr(node, "state", None)
+        state = state.value if isinstance(state, NodeState) else (str(state) if state is not None else None)
+        if state == NodeState.DOWN.value:
+            err = getattr(node, "last_error", None)
+            found[prefix + "state"] = ("bad", f"{name} DOWN" + (f": {err}" if err else ""))
+        elif state == NodeState.STALE.value:
+            found[prefix + "state"] = ("warn", f"{name} STALE: no samples for 3 ticks")
+        if state in (NodeState.DOWN.value, NodeState.STALE.value):
+            # The last samples are old: keep their alerts as they are until fresh data says otherwise.
+            return self._settle(prefix, name, now, found, hold=lambda k: k != prefix + "state")
+
+        tick = getattr(node, "last", None)
+        for g in (tick.gpus if tick is not None else ()):
+            gkey = f"{prefix}temp:gpu{g.index}"
+            margin = g.slowdown_margin_c
+            if margin is not None:
+                limit = t.temp_margin_c + (TEMP_HYSTERESIS_C if gkey in self.active else 0.0)
+                if margin <= 0:
+                    found[gkey] = ("bad", f"{name} GPU{g.index} at {g.temp_c:g} °C: at or past its slowdown "
+                                          f"temperature {g.slowdown_c:g} °C")
+                elif margin <= limit:
+                    found[gkey] = ("warn", f"{name} GPU{g.index} at {g.temp_c:g} °C: {margin:g} °C from its "
+                                           f"slowdown temperature {g.slowdown_c:g} °C")
+            throttling = g.throttling
+            if throttling:
+                words = ", ".join(REASON_WORDS.get(r, r) for r in throttling)
+                found[f"{prefix}throttle:gpu{g.index}"] = ("bad", f"{name} GPU{g.index} throttling: {words}")
+
+        mem = tick.mem if tick is not None else None
+        headroom = mem.headroom_gib if mem is not None else None
+        if headroom is not None:
+            hkey = prefix + "headroom"
+            floor = t.headroom_floor_gib + (HEADROOM_HYSTERESIS_GIB if hkey in self.active else 0.0)
+            if headroom < floor:
+                found[hkey] = ("bad", f"{name} MemAvailable {headroom:.1f} GiB, under the "
+                                      f"{t.headroom_floor_gib:g} GiB floor: OOM risk")
+
+        for r in guards or ():
+            if getattr(r, "status", None) == "bad":
+                found[f"{prefix}guard:{r.key}"] = ("bad", f"{name} {r.title}: {r.reason}")
+
+        cname = getattr(getattr(node, "config", None), "container", None)
+        for c in getattr(node, "containers", ()) or ():
+            if cname is not None and c.name != cname:
+                continue
+            ckey = f"{prefix}container:{c.name}"
+            if c.oom_killed:
+                found[ckey] = ("bad", f"{name} container {c.name} was OOM-killed (exit {c.exit_code})")
+            elif c.state not in (None, "running"):
+                found[ckey] = ("warn", f"{name} container {c.name} is {c.state}"
+                                       + (f" (exit {c.exit_code})" if c.exit_code else ""))
+            elif c.health == "unhealthy":
+                found[ckey] = ("warn", f"{name} container {c.name} is unhealthy")
+        return self._settle(prefix, name, now, found)
+
+    # --- endpoints ------------------------------------------------------------------------------------------
+    def observe_endpoint(self, snap: Any, gpu_power_w: float | None = None) -> list[Alert]:
+        name = str(snap.name)
+        prefix = f"endpoint:{name}:"
+        when = getattr(snap, "time", None)
+        now = float(when) if isinstance(when, (int, float)) else self.clock()
+        found: dict[str, tuple[str, str]] = {}
+        if snap.healthy is None:       # not polled yet: nothing to say
+            return []
+        if snap.healthy is False:
+            found[prefix + "down"] = ("bad", f"{name} unhealthy: {snap.error or 'no answer'}")
+            self._stall.pop(name, None)
+            return self._settle(prefix, name, now, found)
+
+        up, total = getattr(snap, "backends_up", None), getattr(snap, "backends_total", None)
+        if up is not None and total and up < total:
+            found[prefix + "backends"] = ("bad" if up == 0 else "warn", f"{name}: {total - up} of {total} backends down")
+
+        stall = self._stall_message(name, snap, now, gpu_power_w)
+        if stall:
+            found[prefix + "stall"] = stall
+        return self._settle(prefix, name, now, found)
+
+    def _stall_message(self, name: str, snap: Any, now: float, power: float | None) -> tuple[str, str] | None:
+        t = self.thresholds
+        gen = getattr(snap, "generation_tokens", None)
+        prompt = getattr(snap, "prompt_tokens", None)
+        running = snap.running
+        if gen is None or running is None:
+            self._stall.pop(name, None)
+            return None
+        # Prefill advances the prompt counter: a long prompt being read is progress, not a stall.
+        tokens = gen + (prompt or 0.0)
+        clock = self._stall.setdefault(name, _StallClock())
+        if running <= 0 or clock.tokens is None or tokens != clock.tokens:
+            clock.tokens, clock.since = tokens, now
+            return None
+        idle_for = now - (clock.since if clock.since is not None else now)
+        if idle_for < t.stall_seconds:
+            return None
+        if power is not None and power >= t.stall_power_w:
+            return None           # the GPU is working: a slow step, not a silent stall
+        power_txt = f"GPU at {power:.0f} W" if power is not None else "GPU power unknown"
+        sev = "bad" if power is not None else "warn"
+        return sev, (f"{name} silent stall: {running:g} request(s) running, no new tokens for {idle_for:.0f} s, "
+                     f"{power_txt}")

@@ -1,0 +1,265 @@
+"""alerts: rules driven by recorded H100 readings (tests/fixtures/tui-h100-load.jsonl: the probe's under-load
+series of a real H100, in the agent's wire format) and by endpoint snapshots, raise → hold → clear."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from sparkconsole.alerts import AlertEngine
+from sparkconsole.config import NodeConfig, Thresholds
+from sparkconsole.nodes.samples import REASON_BITS, ContainerInfo, NodeState, Tick
+from sparkconsole.serving.endpoint import EndpointSnapshot
+
+FIXTURES = Path(__file__).parent / "fixtures"
+
+
+def recorded_ticks() -> list[Tick]:
+    ticks = []
+    for line in (FIXTURES / "tui-h100-load.jsonl").read_text().splitlines():
+        d = json.loads(line)
+        if d.get("type") == "tick":
+            ticks.append(Tick.from_json(d, received=d["time"]))
+    return ticks
+
+
+TICKS = recorded_ticks()
+IDLE, HOT = TICKS[0], max(TICKS, key=lambda t: t.gpus[0].temp_c)
+
+
+@dataclass
+class RecordedNode:
+    """What the alert engine reads from a NodeMonitor, filled from recorded ticks."""
+    name: str = "spark1"
+    state: NodeState = NodeState.LIVE
+    last: Tick | None = None
+    containers: tuple[ContainerInfo, ...] = ()
+    config: NodeConfig = field(default_factory=lambda: NodeConfig(name="spark1", address="127.0.0.1"))
+    last_error: str | None = None
+
+
+def with_gpu(tick: Tick, **changes) -> Tick:
+    return dataclasses.replace(tick, gpus=(dataclasses.replace(tick.gpus[0], **changes),))
+
+
+def engine(**kw) -> tuple[AlertEngine, list]:
+    eng = AlertEngine(Thresholds(**kw), clock=lambda: 1000.0)
+    events: list = []
+    eng.subscribe(events.append)
+    return eng, events
+
+
+# --- temperature -------------------------------------------------------------------------------------------
+def test_temperature_alert_raised_once_along_the_recorded_ramp_and_cleared_on_cooldown():
+    slowdown = HOT.gpus[0].slowdown_c
+    margin = slowdown - HOT.gpus[0].temp_c + 1          # the hottest reading is inside the margin
+    eng, events = engine(temp_margin_c=margin)
+    node = RecordedNode()
+    for t in TICKS:
+        node.last = t
+        eng.observe_node(node)
+    raised = [e for e in events if e.active]
+    assert len(raised) == 1 and raised[0].severity == "warn" and raised[0].key == "node:spark1:temp:gpu0"
+    first_hot = next(t for t in TICKS if slowdown - t.gpus[0].temp_c <= margin)
+    assert f"{first_hot.gpus[0].temp_c:g} °C" in raised[0].message
+    assert "node:spark1:temp:gpu0" in eng.active
+    node.last = IDLE                                       # cooled down to the idle reading
+    out = eng.observe_node(node)
+    assert [(e.key, e.active) for e in out] == [("node:spark1:temp:gpu0", False)]
+    assert not eng.active
+
+
+def test_temperature_hysteresis_does_not_flap():
+    t_hot = HOT.gpus[0].temp_c
+    eng, events = engine(temp_margin_c=HOT.gpus[0].slowdown_c - t_hot)
+    node = RecordedNode(last=HOT)
+    eng.observe_node(node)
+    for temp in (t_hot - 1, t_hot, t_hot - 1.5, t_hot):   # wobbling just under the raise point
+        node.last = with_gpu(HOT, temp_c=temp)
+        eng.observe_node(node)
+    assert len(events) == 1
+    node.last = with_gpu(HOT, temp_c=t_hot - 3)
+    assert [e.active for e in eng.observe_node(node)] == [False]
+
+
+def test_past_slowdown_escalates_to_bad():
+    eng, events = engine(temp_margin_c=30)
+    node = RecordedNode(last=HOT)
+    eng.observe_node(node)
+    node.last = with_gpu(HOT, temp_c=HOT.gpus[0].slowdown_c)
+    out = eng.observe_node(node)
+    assert [(e.severity, e.active) for e in out] == [("bad", True)]
+    assert [e.severity for e in events] == ["warn", "bad"]
+
+
+# --- throttling --------------------------------------------------------------------------------------------
+def test_power_cap_under_load_is_not_throttling():
+    eng, events = engine()
+    node = RecordedNode()
+    for t in TICKS:                       # the recorded load sits at its power cap (sw_power_cap) throughout
+        node.last = t
+        eng.observe_node(node)
+    assert any("sw_power_cap" in t.gpus[0].reasons for t in TICKS)
+    assert not [e for e in events if ":throttle:" in e.key]
+
+
+@pytest.mark.parametrize("reason", ["hw_thermal", "sw_thermal", "hw_power_brake", "hw_slowdown"])
+def test_thermal_and_power_brake_throttling(reason):
+    eng, _ = engine()
+    mask = HOT.gpus[0].reasons_mask | REASON_BITS[reason]
+    tick = Tick.from_json({"type": "tick", "time": HOT.time, "gpus": [{
+        "index": 0, "temp_c": HOT.gpus[0].temp_c, "slowdown_c": HOT.gpus[0].slowdown_c, "reasons_mask": mask}]},
+        received=HOT.time)
+    out = eng.observe_node(RecordedNode(last=tick))
+    assert [(e.key, e.severity) for e in out] == [("node:spark1:throttle:gpu0", "bad")]
+
+
+# --- memory, guards, containers, state ---------------------------------------------------------------------
+def test_headroom_floor():
+    avail_gib = IDLE.mem.headroom_gib
+    eng, _ = engine(headroom_floor_gib=avail_gib + 1)
+    out = eng.observe_node(RecordedNode(last=IDLE))
+    assert [e.key for e in out] == ["node:spark1:headroom"] and f"{avail_gib:.1f} GiB" in out[0].message
+    eng2, _ = engine(headroom_floor_gib=avail_gib - 1)
+    assert eng2.observe_node(RecordedNode(last=IDLE)) == []
+
+
+@dataclass(frozen=True)
+class Guard:   # the fields of nodes.guard.GuardResult the engine reads
+    key: str
+    title: str
+    status: str
+    reason: str
+    fix: str | None = None
+
+
+def test_guard_turning_bad_and_back():
+    eng, _ = engine()
+    node = RecordedNode(last=IDLE)
+    ok = [Guard("swap", "Swap", "ok", "no swap")]
+    bad = [Guard("swap", "Swap", "bad", "swap is on: /dev/sda2", "sudo swapoff -a")]
+    assert eng.observe_node(node, ok) == []
+    out = eng.observe_node(node, bad)
+    assert [(e.key, e.severity, e.active) for e in out] == [("node:spark1:guard:swap", "bad", True)]
+    assert eng.observe_node(node, bad) == []
+    assert [e.active for e in eng.observe_node(node, ok)] == [False]
+
+
+def test_real_guard_results_if_available():
+    guard = pytest.importorskip("sparkconsole.nodes.guard")
+    eng, _ = engine()
+    results = guard.evaluate_guards(IDLE.guards, IDLE.mem, (), "vllm_node")
+    out = eng.observe_node(RecordedNode(last=IDLE), results)
+    bad = {r.key for r in results if r.status == "bad"}
+    assert {e.key.rsplit(":", 1)[1] for e in out if ":guard:" in e.key} == bad
+
+
+def test_container_oom_killed_and_stopped():
+    eng, _ = engine()
+    node = RecordedNode(last=IDLE, containers=(ContainerInfo(name="vllm_node", state="exited", oom_killed=True,
+                                                             exit_code=137),
+                                               ContainerInfo(name="other", state="exited")))
+    out = eng.observe_node(node)
+    assert [(e.key, e.severity) for e in out] == [("node:spark1:container:vllm_node", "bad")]
+    node.containers = (ContainerInfo(name="vllm_node", state="running", health="healthy"),)
+    assert [e.active for e in eng.observe_node(node)] == [False]
+
+
+def test_stale_and_down_hold_the_data_alerts():
+    eng, _ = engine(temp_margin_c=40)
+    node = RecordedNode(last=HOT)
+    eng.observe_node(node)
+    assert "node:spark1:temp:gpu0" in eng.active
+    node.state, node.last_error = NodeState.DOWN, "connection lost"
+    out = eng.observe_node(node)
+    assert [(e.key, e.severity) for e in out] == [("node:spark1:state", "bad")]
+    assert "connection lost" in out[0].message
+    assert "node:spark1:temp:gpu0" in eng.active           # held, not cleared on stale data
+    node.state, node.last = NodeState.LIVE, IDLE
+    out = eng.observe_node(node)
+    assert sorted((e.key, e.active) for e in out) == [("node:spark1:state", False), ("node:spark1:temp:gpu0", False)]
+
+
+# --- endpoints ---------------------------------------------------------------------------------------------
+def snap(t: float, *, healthy=True, running=2.0, gen=1000.0, prompt=5000.0, error=None, **kw) -> EndpointSnapshot:
+    return EndpointSnapshot(name="spark1", url="http://127.0.0.1:8000", kind="vllm", time=t, healthy=healthy,
+                            model="m", version=None, running=running, waiting=0.0, kv_usage=0.1, prefix_hit_rate=None,
+                            prompt_tps=None, gen_tps=None, ttft_p50_s=None, ttft_p95_s=None, itl_p50_s=None,
+                            itl_p95_s=None, error=error, generation_tokens=gen, prompt_tokens=prompt, **kw)
+
+
+IDLE_POWER = IDLE.gpus[0].power_w          # recorded idle H100: ~73 W
+LOAD_POWER = HOT.gpus[0].power_w           # recorded under load: ~700 W
+
+
+def test_endpoint_down_and_back():
+    eng, _ = engine()
+    out = eng.observe_endpoint(snap(0, healthy=False, error="connection refused"))
+    assert [(e.key, e.severity) for e in out] == [("endpoint:spark1:down", "bad")]
+    assert "connection refused" in out[0].message
+    assert eng.observe_endpoint(snap(1, healthy=False, error="connection refused")) == []
+    assert [e.active for e in eng.observe_endpoint(snap(2))] == [False]
+
+
+def test_silent_stall_needs_time_running_requests_and_low_power():
+    eng, _ = engine(stall_seconds=30, stall_power_w=IDLE_POWER + 10)
+    for t in range(0, 30, 5):                      # tokens frozen, requests running, GPU idle — under 30 s
+        assert eng.observe_endpoint(snap(t), IDLE_POWER) == []
+    out = eng.observe_endpoint(snap(30), IDLE_POWER)
+    assert [(e.key, e.severity) for e in out] == [("endpoint:spark1:stall", "bad")]
+    assert "2 request(s) running" in out[0].message
+    assert eng.observe_endpoint(snap(35), IDLE_POWER) == []           # held, not raised again
+    out = eng.observe_endpoint(snap(40, gen=1001), IDLE_POWER)         # a token: cleared
+    assert [e.active for e in out] == [False]
+
+
+def test_no_stall_when_gpu_is_busy_or_nothing_runs_or_prefill_moves():
+    eng, _ = engine(stall_seconds=10, stall_power_w=IDLE_POWER + 10)
+    for t in range(0, 60, 5):
+        assert eng.observe_endpoint(snap(t), LOAD_POWER) == []          # a long step at full power
+    eng, _ = engine(stall_seconds=10, stall_power_w=IDLE_POWER + 10)
+    for t in range(0, 60, 5):
+        assert eng.observe_endpoint(snap(t, running=0), IDLE_POWER) == []
+    eng, _ = engine(stall_seconds=10, stall_power_w=IDLE_POWER + 10)
+    for i, t in enumerate(range(0, 60, 5)):                            # a long prompt being prefilled
+        assert eng.observe_endpoint(snap(t, prompt=5000.0 + 2048 * i), IDLE_POWER) == []
+
+
+def test_stall_with_unknown_power_is_a_warning():
+    eng, _ = engine(stall_seconds=10)
+    eng.observe_endpoint(snap(0))
+    out = eng.observe_endpoint(snap(10))
+    assert [(e.key, e.severity) for e in out] == [("endpoint:spark1:stall", "warn")]
+    assert "power unknown" in out[0].message
+
+
+def test_router_backends_down():
+    eng, _ = engine()
+    out = eng.observe_endpoint(snap(0, gen=None, running=None, backends_up=1, backends_total=2))
+    assert [(e.key, e.severity) for e in out] == [("endpoint:spark1:backends", "warn")]
+    out = eng.observe_endpoint(snap(1, gen=None, running=None, backends_up=0, backends_total=2))
+    assert [(e.severity, e.active) for e in out] == [("bad", True)]
+    out = eng.observe_endpoint(snap(2, gen=None, running=None, backends_up=2, backends_total=2))
+    assert [e.active for e in out] == [False]
+
+
+def test_unpolled_endpoint_says_nothing_and_node_and_endpoint_keys_do_not_collide():
+    eng, events = engine(temp_margin_c=40)
+    assert eng.observe_endpoint(snap(0, healthy=None)) == []
+    eng.observe_node(RecordedNode(last=HOT))
+    eng.observe_endpoint(snap(1, healthy=False, error="x"))
+    eng.observe_endpoint(snap(2))                     # endpoint back: the node's alert stays
+    assert list(eng.active) == ["node:spark1:temp:gpu0"]
+    assert [e.source for e in events] == ["spark1"] * 3
+    assert len(eng.history) == 3
+
+
+def test_a_failing_subscriber_does_not_break_the_engine():
+    eng, events = engine()
+    eng.subscribe(lambda a: 1 / 0)
+    eng.observe_endpoint(snap(0, healthy=False, error="x"))
+    assert len(events) == 1 and eng.active
