@@ -1,0 +1,253 @@
+"""`sparkconsole recipe list|plan|lint|launch|stop|restart`: recipes headless.
+
+    sparkconsole recipe list
+    sparkconsole recipe plan gpt-oss-120b --topology 2x-solo --router simple-shuffle
+    sparkconsole recipe lint deepseek-v4-flash --topology cluster-tp2
+    sparkconsole recipe launch tiny-testbed --topology solo --yes [--force] [--drop-caches] [-- EXTRA VLLM ARGS]
+    (everything after `--` is appended to the vLLM command verbatim, as with run-recipe.sh)
+    sparkconsole recipe stop tiny-testbed --topology solo --yes
+    sparkconsole recipe restart tiny-testbed --topology solo --yes
+
+Changes to nodes need `--yes` when there is no terminal to ask on; `--force` overrides preflight refusals
+(except compromised router releases, which are always refused).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+from dataclasses import replace
+from typing import Any
+
+import yaml
+
+from ..config import ClusterConfig, find_config, load_cluster, local_cluster
+from ..errors import UserError
+from ..launch import lint as lint_mod
+from ..launch.plan import Plan, make_plan
+from ..launch.recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, find_recipe, load_recipe, recipe_paths
+
+FACTS_TIMEOUT_S = 15.0
+
+
+class _ExtraArgsParser(argparse.ArgumentParser):
+    """Takes everything after `--` as extra vLLM arguments (run-recipe.sh's syntax), before argparse sees it:
+    a `nargs="*"` positional cannot collect them once options sit between it and the `--`."""
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        args = list(sys.argv[1:] if args is None else args)
+        extra: list[str] = []
+        if "--" in args:
+            i = args.index("--")
+            args, extra = args[:i], args[i + 1:]
+        ns, rest = super().parse_known_args(args, namespace)
+        ns.extra = extra
+        return ns, rest
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("recipe", help="list, plan, lint, launch, stop and restart model recipes",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="recipe_command", metavar="ACTION", parser_class=_ExtraArgsParser)
+    sub.required = True
+    ls = sub.add_parser("list", help="bundled and user recipes")
+    ls.set_defaults(func=run)
+    for name, helptext in (("plan", "show the exact per-node commands, run nothing"),
+                           ("lint", "preflight checks (reads the nodes unless --offline)"),
+                           ("launch", "lint, confirm, run the plan and wait until it serves"),
+                           ("stop", "stop and remove the recipe's containers on every node"),
+                           ("restart", "restart the recipe's servers and wait until they serve")):
+        sp = sub.add_parser(name, help=helptext)
+        sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file")
+        sp.add_argument("--topology", "-T", choices=TOPOLOGIES, help="default: the recipe's first topology")
+        sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
+                        help="node(s) to use, head first (repeat); default: head, then file order")
+        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                        help="placeholder value, e.g. --set max_model_len=8192 (repeat)")
+        sp.add_argument("--port", type=int)
+        sp.add_argument("--host")
+        sp.add_argument("--tensor-parallel", "--tp", type=int, dest="tensor_parallel")
+        sp.add_argument("--gpu-memory-utilization", "--gpu-mem", type=float, dest="gpu_memory_utilization")
+        sp.add_argument("--max-model-len", type=int, dest="max_model_len")
+        sp.add_argument("--max-num-batched-tokens", type=int, dest="max_num_batched_tokens")
+        sp.add_argument("--router", choices=ROUTER_CHOICES, help="2x-solo router (default: the recipe's)")
+        sp.add_argument("--backend", choices=("mp", "ray"), help="cluster launch: vLLM's own (mp) or Ray")
+        sp.add_argument("--eth-if", help="interface linking the nodes (NCCL/GLOO/UCX)")
+        sp.add_argument("--ib-if", help="RDMA device for NCCL_IB_HCA")
+        sp.add_argument("--master-port", type=int)
+        sp.add_argument("--drop-caches", action="store_true", help="drop the page cache before the load (seed 004)")
+        sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+        sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
+        sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
+        sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
+        sp.set_defaults(func=run)
+
+
+def _value(text: str) -> Any:
+    try:
+        v = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+    return v if isinstance(v, (str, int, float, bool)) else text
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in args.sets:
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UserError(f"bad --set {item[:40]!r}", field="--set", fix="write --set name=value")
+        out[key.strip()] = _value(val)
+    for k in ("port", "host", "tensor_parallel", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens"):
+        if getattr(args, k, None) is not None:
+            out[k] = getattr(args, k)
+    extra = list(getattr(args, "extra", None) or [])
+    for k, v in (("nodes", args.nodes), ("extra_args", extra), ("router", args.router), ("backend", args.backend),
+                 ("eth_if", args.eth_if), ("ib_if", args.ib_if), ("master_port", args.master_port),
+                 ("drop_caches", args.drop_caches or None)):
+        if v:
+            out[k] = v
+    return out
+
+
+def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
+    path = find_config(getattr(args, "cluster", None))
+    return load_cluster(path) if path else local_cluster()
+
+
+def _list() -> int:
+    rows = []
+    for key, path in sorted(recipe_paths().items()):
+        try:
+            r = load_recipe(path)
+            rows.append((key, ",".join(r.topologies), r.name, str(path)))
+        except UserError as err:
+            rows.append((key, "-", f"ERROR {err}", str(path)))
+    if not rows:
+        print("no recipes found")
+        return 0
+    w = max(len(r[0]) for r in rows)
+    t = max(len(r[1]) for r in rows)
+    for key, topo, name, path in rows:
+        print(f"{key:<{w}}  {topo:<{t}}  {name}")
+        print(f"{'':<{w}}  {'':<{t}}  {path}")
+    return 0
+
+
+def _print_progress(verbose: bool):
+    def show(ev) -> None:
+        if ev.stage == "log" and not verbose:
+            return
+        print(f"{ev.node:>12}  {ev.stage:<8} {ev.message}", flush=True)
+    return show
+
+
+async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tuple[lint_mod.Facts, Any]:
+    """Read the plan's nodes: one telemetry tick each (memory, guards, GPUs) and the image ID. Returns the
+    facts and the running monitor, whose connections the runner then reuses (caller stops it)."""
+    from ..nodes.monitor import ClusterMonitor
+
+    sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
+                        thresholds=cluster.thresholds, ssh=cluster.ssh, agent_interval_s=cluster.agent_interval_s,
+                        source=cluster.source, simulated=cluster.simulated)
+    monitor = ClusterMonitor(sub, history=4)
+    await monitor.start()
+    await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
+    facts = lint_mod.facts_from_monitors(monitor.nodes, headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
+    image_ids: dict[str, str | None] = {}
+    for name, nm in monitor.nodes.items():
+        if nm.transport is None:
+            continue
+        try:
+            env = "".join(f"{k}={shlex.quote(v)} " for k, v in nm.config.env)
+            res = await nm.transport.run(env + shlex.join(["docker", "image", "inspect", "-f", "{{.Id}}", plan.image]),
+                                         timeout=30)
+            image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
+        except Exception:  # noqa: BLE001 — an unreadable node shows up as an unknown guard, not a crash
+            continue
+    return replace(facts, image_ids=image_ids), monitor
+
+
+def _confirm(args: argparse.Namespace, question: str) -> None:
+    if args.yes:
+        return
+    if not sys.stdin.isatty():
+        raise UserError("this changes the nodes and there is no terminal to confirm on", field="--yes",
+                        fix="add --yes to run it headless")
+    answer = input(f"{question} [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise UserError("not confirmed", fix="answer y, or pass --yes")
+
+
+async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
+    from ..launch.runner import Runner
+    from ..nodes.transport import make_transport
+
+    action = args.recipe_command
+    monitor = None
+    facts = lint_mod.Facts(headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
+    try:
+        if action in ("lint", "launch") and not args.offline:
+            facts, monitor = await gather_facts(plan, cluster, recipe)
+        if action in ("lint", "launch"):
+            findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
+            for f in findings:
+                print(f.line())
+            blocking = lint_mod.refusals(findings, force=args.force)
+            if action == "lint":
+                print(f"preflight: {len(findings)} finding(s), {len(lint_mod.refusals(findings))} refusing")
+                return 1 if blocking else 0
+            if blocking:
+                first = blocking[0]
+                raise UserError(f"preflight refuses the launch: {first.rule}: {first.message}"
+                                + (f" (+{len(blocking) - 1} more)" if len(blocking) > 1 else ""),
+                                fix=(first.fix or "see the findings above")
+                                + ("" if first.severity == "block" else "; or pass --force"))
+        print(plan.render({n.name: n.address for n in cluster.nodes}))
+        _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
+        transports = {}
+        if monitor is not None:
+            transports = {n: nm.transport for n, nm in monitor.nodes.items() if nm.transport is not None}
+        for name in plan.nodes:
+            if name not in transports:
+                t = make_transport(cluster.node(name), cluster.ssh)
+                await t.connect()
+                transports[name] = t
+        runner = Runner(cluster, transports)
+        show = _print_progress(args.verbose)
+        if action == "launch":
+            ready = await runner.launch(plan, show)
+            print(f"ready: {plan.endpoint} ({', '.join(f'{k} {v:g} s' for k, v in ready.items())})")
+        elif action == "restart":
+            await runner.restart(plan, show)
+            print(f"ready again: {plan.endpoint}")
+        else:
+            await runner.stop(plan, show)
+            print(f"stopped {plan.recipe} on {', '.join(plan.nodes)}")
+        return 0
+    finally:
+        if monitor is not None:
+            await monitor.stop()
+
+
+def run(args: argparse.Namespace) -> int | Any:
+    if args.recipe_command == "list":
+        return _list()
+    recipe = find_recipe(args.recipe)
+    cluster = load_cluster_for(args)
+    topology = args.topology or recipe.topologies[0]
+    plan = make_plan(recipe, topology, cluster, overrides_from(args))
+    if args.recipe_command == "plan":
+        for w in recipe.warnings:
+            print(f"warning: {w}")
+        print(plan.render({n.name: n.address for n in cluster.nodes}))
+        return 0
+    if args.recipe_command == "lint" and args.offline:
+        findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)
+        for f in findings:
+            print(f.line())
+        n = len(lint_mod.refusals(findings, force=args.force))
+        print(f"preflight: {len(findings)} finding(s), {n} refusing")
+        return 1 if n else 0
+    return _act(args, recipe, cluster, plan)   # cli.py awaits it

@@ -1,0 +1,389 @@
+"""Preflight: refuse launches known to freeze or crash DGX Spark nodes, unless --force. Pure: no I/O.
+
+Each rule cites where the gotcha was met. Facts gathered from the nodes (OOM-guard results, image IDs,
+memory) come in through `Facts`, so the rules stay testable without a cluster.
+
+Severities: "refuse" (launch refused unless --force), "block" (refused even with --force: compromised
+router releases), "warn" (shown, never refuses).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+from ..config import ClusterConfig, NodeConfig, check_address
+from ..errors import UserError
+from .plan import Plan, flag_value, has_flag, make_plan
+from .recipe import Recipe
+
+GIB = 1024 ** 3
+# The most a unified-memory node has survived: 0.82 hit OOM, 0.78 ran stable (seed 004).
+MAX_UNIFIED_GPU_MEM = 0.78
+COMPROMISED_LITELLM = ("1.82.7", "1.82.8")
+GB10_MEMTOTAL_GIB = 121.7          # MemTotal a GB10 reports (gb10-facts.md)
+ACTIVATION_OVERHEAD_GIB = 1.0      # activations/graphs besides weights and KV: a rough floor
+
+SRC_GPU_MEM = "seed 004 (DeepSeek-V4-Flash on 2x Spark): 0.82 triggered OOM, 0.78 is the stable maximum"
+SRC_CUSTOM_OPS = ("seed 004: custom_ops [\"all\"] made TileLang/nvcc compile fusion kernels during the load, "
+                  "exhausting RAM and freezing both nodes")
+SRC_EAGER = ("seed 004: enabling CUDA graphs on the TP=2 launch locked up both nodes until PIECEWISE mode; "
+             "seed 000/002 ran the cluster with --enforce-eager")
+SRC_MXFP4 = ("eugr/spark-vllm-docker recipes/openai-gpt-oss-120b.yaml: --mxfp4-layers moe,qkv,o,lm_head is "
+             "solo_only (\"Only solo now\")")
+SRC_MDNS = "seed 000/002: mDNS (.local) names caused hard crashes at c64 and do not resolve inside containers"
+SRC_LEAST_BUSY = ("seed 000: least-busy over identical backends oscillates and starves one backend "
+                  "(c64 decode 338 t/s vs 568 t/s with simple-shuffle)")
+SRC_COMPROMISED = "seed 001: LiteLLM 1.82.7 and 1.82.8 were compromised releases (supply-chain attack)"
+SRC_GUARDS = ("seed 004: an OOM on unified memory freezes the whole host; swap off, overcommit 0, "
+              "container cap, min_free_kbytes 1.5 GiB, drop caches before the load")
+SRC_IMAGE = "eugr/spark-vllm-docker launch-cluster.sh: verify_cluster_image_consistency (same image ID on every node)"
+SRC_MEMORY = "gb10-facts.md: MemTotal ~121.7 GiB, an OOM wedges the host; seed 004: ~75 GiB loaded per node"
+SRC_TP = "a GB10 node has one GPU: tensor × pipeline parallel must equal the number of nodes"
+
+
+@dataclass(frozen=True)
+class Finding:
+    rule: str
+    severity: str                       # refuse | block | warn
+    message: str
+    source: str
+    fix: str | None = None
+    node: str | None = None
+
+    @property
+    def refuses(self) -> bool:
+        return self.severity in ("refuse", "block")
+
+    def line(self) -> str:
+        where = f"[{self.node}] " if self.node else ""
+        text = f"{self.severity.upper()} {self.rule}: {where}{self.message}"
+        if self.fix:
+            text += f" — fix: {self.fix}"
+        return text + f" (source: {self.source})"
+
+
+@dataclass(frozen=True)
+class ModelSize:
+    weights_gib: float | None
+    kv_bytes_per_token: int | None     # at 2-byte (bf16) cache; fp8 halves it
+    source: str
+
+
+# Used when the model's config.json is not reachable from here.
+PROFILES: dict[str, ModelSize] = {
+    "openai/gpt-oss-120b": ModelSize(60.8, 2 * 36 * 8 * 64 * 2, "model card: 117B params, MXFP4 checkpoint ~65 GB; "
+                                     "36 layers, 8 KV heads × 64"),
+    "meta-llama/Llama-3.1-8B-Instruct": ModelSize(14.96, 2 * 32 * 8 * 128 * 2, "8.03B params bf16; 32 layers, 8 KV heads × 128"),
+    "deepseek-ai/DeepSeek-V4-Flash": ModelSize(136.0, 2 * 6144, "seed 004: ~75 GiB loaded per node at TP=2; "
+                                               "~865K KV tokens in ~5 GiB (fp8)"),
+}
+
+
+@dataclass(frozen=True)
+class Facts:
+    """What was learned from the nodes; anything missing is simply not checked (or reported as unknown)."""
+    guards: Mapping[str, Sequence[Any]] = field(default_factory=dict)   # node → GuardResult list (nodes/guard.py)
+    image_ids: Mapping[str, str | None] = field(default_factory=dict)   # node → image ID, None when absent
+    mem: Mapping[str, Any] = field(default_factory=dict)                # node → HostMemory (total_kb, available_kb)
+    unified: Mapping[str, bool] = field(default_factory=dict)           # node → unified memory (GB10)
+    model_config: Mapping[str, Any] | None = None                       # the model's config.json
+    weights_bytes: int | None = None                                    # size of the weight files
+    headroom_floor_gib: float = 8.0                                     # thresholds.headroom_floor_gib
+
+
+def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
+    """Facts from NodeMonitors (nodes/monitor.py): last tick's memory and GPUs, guard results."""
+    try:
+        from ..nodes.guard import evaluate_guards
+    except ImportError:          # telemetry's guard rules not present: guards stay unknown
+        evaluate_guards = None
+    guards, mem, unified = {}, {}, {}
+    for name, nm in monitors.items():
+        last = getattr(nm, "last", None)
+        if last is None:
+            continue
+        if last.mem is not None:
+            mem[name] = last.mem
+        if last.gpus:
+            unified[name] = any(g.unified for g in last.gpus)
+        if evaluate_guards is not None:
+            guards[name] = list(evaluate_guards(last.guards, last.mem, getattr(nm, "containers", ()),
+                                                nm.config.container))
+    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib)
+
+
+def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts: Facts | Mapping | None = None, *,
+              overrides: Mapping[str, Any] | None = None, plan: Plan | None = None) -> list[Finding]:
+    """Every rule's findings for this recipe × topology on these nodes. `facts` is a Facts, or a mapping of
+    node name → NodeMonitor (the console's live monitors), or None (offline: node facts unchecked)."""
+    if facts is not None and not isinstance(facts, Facts):
+        facts = facts_from_monitors(facts)
+    facts = facts or Facts()
+    findings: list[Finding] = [Finding("recipe", "warn", w, "recipe loader") for w in recipe.warnings]
+    if plan is None:
+        cluster = ClusterConfig(nodes=tuple(nodes), endpoints=(), source="<preflight>")
+        ov = dict(overrides or {})
+        ov.setdefault("nodes", [n.name for n in nodes][: {"solo": 1}.get(topology, len(nodes))])
+        try:
+            plan = make_plan(recipe, topology, cluster, ov)
+        except UserError as err:
+            return [*findings, Finding("plan", "refuse", str(err), "plan")]
+    used = [n for n in nodes if n.name in plan.nodes]
+    for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
+                 _images, _memory):
+        findings.extend(rule(recipe, plan, used, facts))
+    return findings
+
+
+def refusals(findings: Iterable[Finding], *, force: bool = False) -> list[Finding]:
+    """The findings that stop a launch: all refusing ones, or with --force only the blocking ones."""
+    return [f for f in findings if f.severity == "block" or (f.severity == "refuse" and not force)]
+
+
+# --- argument helpers -------------------------------------------------------------------------------------------
+
+def compilation_config(argv: Sequence[str]) -> dict[str, Any]:
+    """--compilation-config / -cc as JSON (or a Python literal), plus dotted -cc.key=value forms."""
+    out: dict[str, Any] = {}
+    raw = flag_value(argv, "--compilation-config", "-cc")
+    if raw:
+        out.update(_literal(raw) if isinstance(_literal(raw), dict) else {})
+    for i, a in enumerate(argv):
+        m = re.match(r"^(?:--compilation-config|-cc)\.([A-Za-z_]+)(?:=(.*))?$", a)
+        if m:
+            val = m.group(2) if m.group(2) is not None else (argv[i + 1] if i + 1 < len(argv) else "")
+            out[m.group(1)] = _literal(val)
+    return out
+
+
+def _literal(text: str) -> Any:
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return text
+
+
+def _tp(argv: Sequence[str]) -> int:
+    v = flag_value(argv, "--tensor-parallel-size", "-tp")
+    try:
+        return int(v) if v is not None else 1
+    except ValueError:
+        return 1
+
+
+def _pp(argv: Sequence[str]) -> int:
+    v = flag_value(argv, "--pipeline-parallel-size", "-pp")
+    try:
+        return int(v) if v is not None else 1
+    except ValueError:
+        return 1
+
+
+def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
+    return [(plan.service(k).node, argv) for k, argv in plan.server_args.items()]
+
+
+# --- rules ------------------------------------------------------------------------------------------------------
+
+def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    for node, argv in _servers(plan):
+        v = flag_value(argv, "--gpu-memory-utilization")
+        try:
+            frac = float(v) if v is not None else None
+        except ValueError:
+            frac = None
+        if frac is not None and frac > MAX_UNIFIED_GPU_MEM and facts.unified.get(node, True):
+            out.append(Finding("gpu_memory_utilization", "refuse",
+                               f"gpu_memory_utilization {frac:g} is above {MAX_UNIFIED_GPU_MEM} on a unified-memory node",
+                               SRC_GPU_MEM, f"--set gpu_memory_utilization={MAX_UNIFIED_GPU_MEM}", node))
+    return _dedupe(out)
+
+
+def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    for node, argv in _servers(plan):
+        ops = compilation_config(argv).get("custom_ops")
+        if isinstance(ops, str):
+            ops = [ops]
+        if isinstance(ops, (list, tuple)) and any(str(o).strip().lower() == "all" for o in ops):
+            out.append(Finding("custom_ops_all", "refuse", 'compilation config has custom_ops ["all"]', SRC_CUSTOM_OPS,
+                               "drop custom_ops and use --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'", node))
+    return _dedupe(out)
+
+
+def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    if plan.topology != "cluster-tp2":
+        return []
+    out = []
+    for node, argv in _servers(plan):
+        mode = str(compilation_config(argv).get("cudagraph_mode", "")).upper()
+        if not has_flag(argv, "--enforce-eager") and mode != "PIECEWISE":
+            out.append(Finding("cluster_cudagraphs", "refuse",
+                               "cluster launch without --enforce-eager or a PIECEWISE cudagraph mode"
+                               + (f" (cudagraph_mode {mode})" if mode else ""), SRC_EAGER,
+                               "add --enforce-eager, or --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'", node))
+    return _dedupe(out)
+
+
+def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    for node, argv in _servers(plan):
+        layers = flag_value(argv, "--mxfp4-layers") or ""
+        if "lm_head" in [x.strip() for x in layers.split(",")] and _tp(argv) > 1:
+            out.append(Finding("mxfp4_lm_head_tp", "refuse", f"MXFP4 lm_head with tensor parallel {_tp(argv)}",
+                               SRC_MXFP4, "drop lm_head from --mxfp4-layers (e.g. moe,qkv,o) for TP>1", node))
+    return _dedupe(out)
+
+
+def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    for key, argv in plan.server_args.items():
+        want = len(plan.nodes) if plan.topology == "cluster-tp2" else 1
+        if _tp(argv) * _pp(argv) != want:
+            out.append(Finding("parallel_size", "refuse",
+                               f"tensor parallel {_tp(argv)} × pipeline parallel {_pp(argv)} ≠ {want} GPU(s) for "
+                               f"{plan.topology}", SRC_TP, f"--set tensor_parallel={want}", plan.service(key).node))
+    return _dedupe(out)
+
+
+def _mdns(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    for n in nodes:
+        try:
+            check_address(n.address, None, ("nodes", n.name, "address"))
+        except UserError:
+            out.append(Finding("mdns_address", "refuse", f"node address {n.address!r} is an mDNS name", SRC_MDNS,
+                               "write the node's IP address in the cluster file", n.name))
+    for s in plan.steps:
+        for a in s.argv:
+            for word in re.split(r"[\s,=/:@\"']+", a):
+                if word.lower().rstrip(".").endswith(".local") and len(word) > 6:
+                    out.append(Finding("mdns_address", "refuse", f"command uses the mDNS name {word!r}", SRC_MDNS,
+                                       "use the IP address instead", s.node))
+    return _dedupe(out)
+
+
+def _router(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    if plan.router == "least-busy" and plan.topology == "2x-solo":
+        out.append(Finding("least_busy_identical", "refuse", "least-busy routing over identical backends",
+                           SRC_LEAST_BUSY, "use --router simple-shuffle (or vllm-router)"))
+    # Checked on every recipe, used or not: a compromised pin must not sit in a file waiting for its turn.
+    for name, impl in (("litellm", recipe.router.litellm), ("vllm_router", recipe.router.vllm_router)):
+        if name != "litellm" and "litellm" not in (impl.image or "").lower():
+            continue
+        tag = (impl.image or "").rsplit("/", 1)[-1].partition(":")[2]
+        versions = {impl.version or "", *re.findall(r"\d+\.\d+\.\d+", tag)}
+        bad = sorted(v for v in versions if v in COMPROMISED_LITELLM)
+        if bad:
+            out.append(Finding("router_compromised", "block", f"router {name} pinned to LiteLLM {bad[0]}",
+                               SRC_COMPROMISED, "pin a known-good LiteLLM (e.g. 1.106.2) in sparkconsole.router.litellm"))
+    return out
+
+
+def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    for n in nodes:
+        results = facts.guards.get(n.name)
+        if results is None:
+            if facts.guards:
+                out.append(Finding("oom_guards", "warn", "OOM guards unknown (no telemetry from this node)",
+                                   SRC_GUARDS, None, n.name))
+            continue
+        for g in results:
+            status = getattr(g, "status", "unknown")
+            if status in ("bad", "warn"):
+                out.append(Finding("oom_guards", "refuse", f"{getattr(g, 'title', g)}: {getattr(g, 'reason', '')}".strip(),
+                                   SRC_GUARDS, getattr(g, "fix", None), n.name))
+            elif status == "unknown":
+                out.append(Finding("oom_guards", "warn", f"{getattr(g, 'title', g)}: unknown", SRC_GUARDS, None, n.name))
+    return out
+
+
+def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    if plan.topology != "cluster-tp2" or not facts.image_ids:
+        return []
+    out = []
+    ids = {n.name: facts.image_ids.get(n.name) for n in nodes}
+    for node, iid in ids.items():
+        if not iid:
+            out.append(Finding("image_missing", "refuse", f"image {plan.image} is not on this node", SRC_IMAGE,
+                               f"copy it: docker save {plan.image} | ssh NODE docker load", node))
+    present = {i for i in ids.values() if i}
+    if len(present) > 1:
+        detail = ", ".join(f"{k}={(v or 'absent')[:19]}" for k, v in ids.items())
+        out.append(Finding("image_mismatch", "refuse", f"image {plan.image} differs between nodes ({detail})",
+                           SRC_IMAGE, "copy the head's image to every node (docker save | docker load)"))
+    return out
+
+
+def model_size(recipe: Recipe, facts: Facts) -> ModelSize | None:
+    cfg = facts.model_config
+    if cfg:
+        try:
+            layers = int(cfg["num_hidden_layers"])
+            heads = int(cfg.get("num_attention_heads") or 0)
+            kv_heads = int(cfg.get("num_key_value_heads") or heads)
+            head_dim = int(cfg.get("head_dim") or (int(cfg["hidden_size"]) // heads))
+            kv = 2 * layers * kv_heads * head_dim * 2
+        except (KeyError, TypeError, ValueError, ZeroDivisionError):
+            kv = None
+        weights = facts.weights_bytes / GIB if facts.weights_bytes else None
+        if kv or weights:
+            return ModelSize(weights, kv, "the model's config.json" + (" and weight files" if weights else ""))
+    return PROFILES.get(recipe.model or "")
+
+
+def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    if recipe.container_settings.gpus is None:
+        return []   # CPU builds size their KV cache from VLLM_CPU_KVCACHE_SPACE, not gpu_memory_utilization
+    size = model_size(recipe, facts)
+    out = []
+    for node, argv in _servers(plan):
+        try:
+            frac = float(flag_value(argv, "--gpu-memory-utilization") or 0.9)
+            max_len = int(flag_value(argv, "--max-model-len") or 0)
+        except ValueError:
+            continue
+        shards = max(1, _tp(argv) * _pp(argv))
+        mem = facts.mem.get(node)
+        total_kb = getattr(mem, "total_kb", None)
+        total_gib = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
+        budget = frac * total_gib
+        if size and size.weights_gib is not None:
+            kv_dtype = (flag_value(argv, "--kv-cache-dtype") or "auto").lower()
+            kv_tok = (size.kv_bytes_per_token or 0) / (2 if kv_dtype.startswith("fp8") else 1)
+            need = size.weights_gib / shards + kv_tok * max_len / shards / GIB + ACTIVATION_OVERHEAD_GIB
+            if need > budget:
+                out.append(Finding("memory_fit", "refuse",
+                                   f"weights + KV for one {max_len}-token sequence ≈ {need:.1f} GiB per node, "
+                                   f"but gpu_memory_utilization {frac:g} × {total_gib:.1f} GiB = {budget:.1f} GiB "
+                                   f"({size.source})", SRC_MEMORY,
+                                   "lower max_model_len, use more nodes, or a smaller model", node))
+        avail_kb = getattr(mem, "available_kb", None)
+        if avail_kb is not None:
+            spare = avail_kb / 1048576 - facts.headroom_floor_gib
+            if budget > spare:
+                out.append(Finding("memory_headroom", "refuse",
+                                   f"vLLM would take {budget:.1f} GiB but only {avail_kb / 1048576:.1f} GiB is available "
+                                   f"(keeping {facts.headroom_floor_gib:g} GiB free)", SRC_MEMORY,
+                                   "stop what holds the memory, drop the page cache, or lower gpu_memory_utilization",
+                                   node))
+    return _dedupe(out)
+
+
+def _dedupe(findings: list[Finding]) -> list[Finding]:
+    seen, out = set(), []
+    for f in findings:
+        k = (f.rule, f.node, f.message)
+        if k not in seen:
+            seen.add(k)
+            out.append(f)
+    return out

@@ -1,0 +1,381 @@
+"""Runs a plan over the node transports: launch (head first), follow each server to readiness, stop, restart.
+
+On any failure during a launch everything it started is stopped on every node (no half cluster is left
+running) and the error names the node and the log line that failed. Every node-changing command is written
+to the audit log before it runs. Progress is reported as `Progress` events through a callback.
+
+Readiness: the container is running, `GET url/health` answers 200 and `GET url/v1/models` lists the served
+model; headless workers are ready while their container runs and their head is ready. Logs are followed with
+`docker logs -f` through `transport.stream`, so a dying server is reported by its own last error line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import re
+import shlex
+import statistics
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import httpx
+
+from .. import audit, secrets
+from ..config import ClusterConfig
+from ..errors import UserError
+from ..nodes.transport import Transport, TransportError
+from .plan import Plan, Service, Step
+
+ProgressCallback = Callable[["Progress"], Any]
+STEP_TIMEOUT_S = 300.0            # docker run of a large image can take a while to create the container
+READY_TIMEOUT_S = 1800.0          # a 120B model loads in minutes (seed 004: ~7 min with warm-up)
+LOG_LINES_KEPT = 200
+_ERROR_LINE = re.compile(r"\b[A-Za-z_.]*(Error|Exception)\b:|\bERROR\b|\bFATAL\b|\bfailed\b|\bKilled\b|out of memory|OOM",
+                         re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Progress:
+    node: str
+    stage: str                    # step | ok | failed | log | waiting | ready | stopping | stopped | info
+    message: str
+    service: str | None = None
+    time: float = 0.0
+
+    def __str__(self) -> str:
+        return f"{self.node}: {self.message}"
+
+
+class LaunchError(UserError):
+    """A launch, restart or stop failed; the message names the node and the failing log line or command."""
+
+    def __init__(self, problem: str, *, node: str | None = None, fix: str | None = None,
+                 log_line: str | None = None) -> None:
+        self.node = node
+        self.log_line = log_line
+        super().__init__(problem, fix=fix)
+
+
+def error_line(lines: Sequence[str]) -> str | None:
+    """The line that says why a server died: the last exception line, else the last error-looking line."""
+    clean = [ln.strip() for ln in lines if ln.strip()]
+    for ln in reversed(clean):
+        if re.search(r"\b[A-Za-z_.]*(Error|Exception)\b:", ln) and "most recent call last" not in ln:
+            return ln
+    for ln in reversed(clean):
+        if _ERROR_LINE.search(ln) and "most recent call last" not in ln:
+            return ln
+    return clean[-1] if clean else None
+
+
+class _Follower:
+    """Follows one service's log and answers whether it is ready, still starting, or dead (and why)."""
+
+    def __init__(self, runner: "Runner", svc: Service, emit: Callable[..., None]) -> None:
+        self.runner = runner
+        self.svc = svc
+        self.emit = emit
+        self.lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        self.task: asyncio.Task | None = None
+        self.stream = None
+        self._last_emit = 0.0
+
+    async def start(self) -> None:
+        transport = self.runner.transports[self.svc.node]
+        # vLLM logs to stderr: fold it into the stream, which carries stdout only.
+        cmd = self.runner.node_prefix(self.svc.node) + shlex.join(self.svc.logs_argv) + " 2>&1"
+        self.stream = transport.stream(cmd)
+        self.task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        try:
+            async for line in self.stream:
+                line = secrets.redact(line.rstrip())
+                self.lines.append(line)
+                now = time.monotonic()
+                if now - self._last_emit >= 0.5:      # at most two log events a second per service
+                    self._last_emit = now
+                    self.emit(self.svc.node, "log", line[:300], self.svc.key)
+        except (TransportError, asyncio.CancelledError):
+            pass
+
+    async def close(self) -> None:
+        if self.stream is not None:
+            try:
+                await asyncio.wait_for(self.stream.close(), 10)
+            except (asyncio.TimeoutError, TransportError, OSError):
+                pass
+        if self.task is not None:
+            self.task.cancel()
+            try:
+                await self.task
+            except (asyncio.CancelledError, Exception):  # noqa: BLE001 — the follower is best effort
+                pass
+
+    async def state(self) -> tuple[str, str]:
+        """(status, detail) of the container: running / exited / … plus exit code and OOM flag."""
+        res = await self.runner._run(self.svc.node, self.svc.state_argv, timeout=30)
+        if res.rc != 0:
+            return "missing", (res.stderr.strip().splitlines() or ["no such container"])[-1]
+        parts = res.stdout.split()
+        status = parts[0] if parts else "unknown"
+        detail = f"exit code {parts[1]}" if len(parts) > 1 else ""
+        if len(parts) > 2 and parts[2] == "true":
+            detail += ", OOM-killed"
+        return status, detail
+
+
+class Runner:
+    def __init__(self, cluster: ClusterConfig, transports: Mapping[str, Transport], *,
+                 ready_timeout: float = READY_TIMEOUT_S, poll_interval: float = 1.0,
+                 step_timeout: float = STEP_TIMEOUT_S) -> None:
+        self.cluster = cluster
+        self.transports = dict(transports)
+        self.ready_timeout = ready_timeout
+        self.poll_interval = poll_interval
+        self.step_timeout = step_timeout
+        self.router_overhead_ms: float | None = None
+
+    # --- helpers ------------------------------------------------------------------------------------------
+    def node_prefix(self, node: str) -> str:
+        """node.env (e.g. DOCKER_HOST of a test engine) as assignments before each command on that node."""
+        try:
+            env = self.cluster.node(node).env
+        except KeyError:
+            env = ()
+        return "".join(f"{k}={shlex.quote(v)} " for k, v in env)
+
+    def _transport(self, node: str) -> Transport:
+        try:
+            return self.transports[node]
+        except KeyError:
+            raise LaunchError(f"no connection to node {node}", node=node,
+                              fix="check that the node is reachable (sparkconsole status)") from None
+
+    async def _run(self, node: str, argv: Sequence[str] | str, *, input: bytes | None = None,
+                   timeout: float | None = None):
+        cmd = argv if isinstance(argv, str) else shlex.join(argv)
+        return await self._transport(node).run(self.node_prefix(node) + cmd, input=input,
+                                               timeout=timeout or self.step_timeout)
+
+    @staticmethod
+    def _emitter(on_progress: ProgressCallback | None) -> Callable[..., None]:
+        def emit(node: str, stage: str, message: str, service: str | None = None) -> None:
+            if on_progress is None:
+                return
+            ev = Progress(node, stage, " ".join(secrets.redact(message).split()), service, time.time())
+            try:
+                on_progress(ev)
+            except Exception:  # noqa: BLE001 — a broken display must not break a launch
+                pass
+        return emit
+
+    async def run_step(self, step: Step, action: str, emit: Callable[..., None]) -> str | None:
+        """Run one step; None on success, else a one-line reason (stderr's last line)."""
+        emit(step.node, "step", step.what, step.service)
+        cmd = self.node_prefix(step.node) + step.shell()
+        if step.change:
+            audit.record(action, step.node, cmd)
+        try:
+            res = await self._transport(step.node).run(cmd, input=step.input, timeout=self.step_timeout)
+        except TransportError as exc:
+            return str(exc)
+        if res.rc == 0:
+            emit(step.node, "ok", step.what, step.service)
+            return None
+        text = (res.stderr + "\n" + res.stdout).strip()
+        if any(t in text for t in step.tolerate):
+            emit(step.node, "ok", f"{step.what} (nothing to do)", step.service)
+            return None
+        last = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        return secrets.redact(last[-1] if last else f"exit code {res.rc}")
+
+    # --- launch -------------------------------------------------------------------------------------------
+    async def launch(self, plan: Plan, on_progress: ProgressCallback | None = None, *, wait: bool = True) -> dict[str, float]:
+        """Run every step in order; wait until every service is ready. Returns seconds to ready per service."""
+        emit = self._emitter(on_progress)
+        started: list[Service] = []
+        for step in plan.steps:
+            why = await self.run_step(step, f"launch {plan.recipe} ({plan.topology})", emit)
+            svc = plan.service(step.service) if step.service else None
+            if why is not None:
+                emit(step.node, "failed", f"{step.what}: {why}", step.service)
+                # A failed `docker run` can leave a created container behind: clean it too.
+                await self._cleanup(plan, started + ([svc] if svc else []), emit)
+                raise LaunchError(f"launch failed on node {step.node}: {step.what}: {why}"
+                                  + self._cleanup_note(started), node=step.node,
+                                  fix=_fix_for(why, plan))
+            if svc is not None:
+                started.append(svc)
+        if not wait:
+            return {}
+        try:
+            return await self.wait_ready(plan, on_progress, services=started)
+        except LaunchError as err:
+            await self._cleanup(plan, started, emit)
+            raise LaunchError(str(err.problem) + self._cleanup_note(started), node=err.node, fix=err.fix,
+                              log_line=err.log_line) from None
+        except BaseException:
+            await self._cleanup(plan, started, emit)
+            raise
+
+    @staticmethod
+    def _cleanup_note(started: Sequence[Service]) -> str:
+        nodes = sorted({s.node for s in started})
+        return f"; stopped what it had started on {', '.join(nodes)}" if nodes else ""
+
+    async def _cleanup(self, plan: Plan, services: Sequence[Service], emit: Callable[..., None]) -> None:
+        for svc in reversed(services):
+            for st in svc.stop_steps():
+                why = await self.run_step(st, f"cleanup {plan.recipe} after a failed launch", emit)
+                if why is not None:
+                    emit(st.node, "failed", f"{st.what}: {why}", svc.key)
+            emit(svc.node, "stopped", f"{svc.role} {svc.container} stopped", svc.key)
+
+    # --- readiness ----------------------------------------------------------------------------------------
+    async def wait_ready(self, plan: Plan, on_progress: ProgressCallback | None = None, *,
+                         services: Sequence[Service] | None = None, timeout: float | None = None) -> dict[str, float]:
+        emit = self._emitter(on_progress)
+        services = list(plan.services if services is None else services)
+        timeout = timeout or self.ready_timeout
+        followers = {s.key: _Follower(self, s, emit) for s in services}
+        for f in followers.values():
+            try:
+                await f.start()
+            except TransportError:
+                pass
+        t0 = time.monotonic()
+        ready: dict[str, float] = {}
+        try:
+            async with httpx.AsyncClient(timeout=5.0, trust_env=False) as client:
+                while len(ready) < len(services):
+                    for svc in services:
+                        if svc.key in ready:
+                            continue
+                        fol = followers[svc.key]
+                        status, detail = await fol.state()
+                        if status not in ("running", "created", "restarting"):
+                            await asyncio.sleep(0.3)          # let the follower catch the last lines
+                            line = error_line(list(fol.lines))
+                            raise LaunchError(f"{svc.role} on node {svc.node} stopped ({status}{', ' + detail if detail else ''})"
+                                              + (f": {line}" if line else ""), node=svc.node, log_line=line,
+                                              fix=f"read the whole log: docker logs {svc.container} (on {svc.node})")
+                        if await self._answers(client, svc, plan, ready):
+                            ready[svc.key] = round(time.monotonic() - t0, 1)
+                            emit(svc.node, "ready", f"{svc.role} ready after {ready[svc.key]:g} s"
+                                 + (f" at {svc.url}" if svc.url else ""), svc.key)
+                    if len(ready) < len(services):
+                        if time.monotonic() - t0 > timeout:
+                            late = [s for s in services if s.key not in ready]
+                            line = error_line(list(followers[late[0].key].lines))
+                            raise LaunchError(f"{late[0].role} on node {late[0].node} not ready after {timeout:g} s"
+                                              + (f"; last log line: {line}" if line else ""), node=late[0].node,
+                                              log_line=line, fix="read its log, or raise the timeout")
+                        await asyncio.sleep(self.poll_interval)
+                await self._measure_router(client, plan, services, emit)
+        finally:
+            for f in followers.values():
+                await f.close()
+        return ready
+
+    async def _answers(self, client: httpx.AsyncClient, svc: Service, plan: Plan, ready: Mapping[str, float]) -> bool:
+        if svc.url is None:
+            # Headless worker: ready once the head of its group is.
+            heads = [s for s in plan.services if s.url and s.role == "server"]
+            return bool(heads) and all(h.key in ready for h in heads)
+        try:
+            r = await client.get(svc.url + svc.health_path)
+            if r.status_code != 200:
+                return False
+            if not svc.models_path:
+                return True
+            r = await client.get(svc.url + svc.models_path)
+            if r.status_code != 200:
+                return False
+            ids = [m.get("id") for m in (r.json().get("data") or []) if isinstance(m, dict)]
+            return bool(ids) and (svc.model is None or svc.model in ids)
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+
+    async def _measure_router(self, client: httpx.AsyncClient, plan: Plan, services: Sequence[Service],
+                              emit: Callable[..., None]) -> None:
+        """The router's added latency on a control request (median of 7), router vs. a backend directly."""
+        routers = [s for s in services if s.role == "router" and s.models_path]
+        backends = [s for s in services if s.role != "router" and s.url and s.models_path]
+        if not routers or not backends:
+            return
+
+        async def median_ms(url: str) -> float | None:
+            times = []
+            for _ in range(7):
+                t = time.perf_counter()
+                try:
+                    r = await client.get(url)
+                except httpx.HTTPError:
+                    return None
+                if r.status_code != 200:
+                    return None
+                times.append((time.perf_counter() - t) * 1000)
+            return statistics.median(times)
+
+        via = await median_ms(routers[0].url + "/v1/models")
+        direct = await median_ms(backends[0].url + "/v1/models")
+        if via is not None and direct is not None:
+            self.router_overhead_ms = round(via - direct, 2)
+            emit(routers[0].node, "info", f"router adds {via - direct:+.2f} ms on GET /v1/models "
+                                          f"(router {via:.2f} ms, backend {direct:.2f} ms, median of 7)", routers[0].key)
+
+    # --- stop / restart -----------------------------------------------------------------------------------
+    async def stop(self, plan: Plan, on_progress: ProgressCallback | None = None) -> None:
+        """Stop and remove every container of the plan, routers first, on every node; report what failed."""
+        emit = self._emitter(on_progress)
+        failures = []
+        # Routers first (no traffic to dying servers), then servers in reverse launch order (workers before head).
+        order = [s for s in plan.services if s.role == "router"] + \
+                [s for s in reversed(plan.services) if s.role != "router"]
+        for svc in order:
+            emit(svc.node, "stopping", f"stopping {svc.role} {svc.container}", svc.key)
+            for st in svc.stop_steps():
+                why = await self.run_step(st, f"stop {plan.recipe}", emit)
+                if why is not None:
+                    failures.append(f"{svc.node}: {st.what}: {why}")
+                    emit(st.node, "failed", f"{st.what}: {why}", svc.key)
+                    break
+            else:
+                emit(svc.node, "stopped", f"{svc.role} {svc.container} stopped", svc.key)
+        if failures:
+            raise LaunchError(f"stop failed on {len(failures)} container(s): {failures[0]}",
+                              node=failures[0].split(":")[0], fix="check the node, then run the stop again")
+
+    async def restart(self, plan: Plan, on_progress: ProgressCallback | None = None) -> dict[str, float]:
+        """Single-node servers restart in place (docker restart, head first); a TP group is stopped and relaunched."""
+        emit = self._emitter(on_progress)
+        if not plan.restartable_in_place:
+            await self.stop(plan, on_progress)
+            return await self.launch(plan, on_progress)
+        for svc in plan.services:
+            if svc.role == "router":
+                continue
+            why = await self.run_step(svc.restart_step(), f"restart {plan.recipe}", emit)
+            if why is not None:
+                emit(svc.node, "failed", f"restart: {why}", svc.key)
+                await self._cleanup(plan, list(plan.services), emit)
+                raise LaunchError(f"restart failed on node {svc.node}: {why}" + self._cleanup_note(plan.services),
+                                  node=svc.node, fix=_fix_for(why, plan))
+        try:
+            return await self.wait_ready(plan, on_progress)
+        except LaunchError as err:
+            await self._cleanup(plan, list(plan.services), emit)
+            raise LaunchError(str(err.problem) + self._cleanup_note(plan.services), node=err.node, fix=err.fix,
+                              log_line=err.log_line) from None
+
+
+def _fix_for(why: str, plan: Plan) -> str:
+    low = why.lower()
+    if "running" in low and ("remove" in low or "conflict" in low or "in use" in low):
+        return f"a container of that name is already running: sparkconsole recipe stop {plan.recipe} --topology {plan.topology}"
+    if "no such image" in low or "unable to find image" in low or "pull access denied" in low:
+        return f"load the image {plan.image} on that node (docker load), or build it"
+    return "read the message above; fix the node or the recipe, then launch again"
