@@ -1,0 +1,100 @@
+"""OOM guards: inputs read by the real agent from real proc trees, fixes checked by a real shell parser."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkconsole import agent
+from sparkconsole.nodes.guard import KEYS, MIN_FREE_KBYTES, evaluate_guards
+from sparkconsole.nodes.samples import ContainerInfo, Tick
+
+PROBE = json.loads((Path(__file__).parent / "fixtures" / "nvidia-h100-probe.json").read_text())
+
+
+def agent_tick(proc_root: Path) -> Tick:
+    r = subprocess.run([sys.executable, agent.__file__, "--count", "1", "--proc-root", str(proc_root),
+                        "--gpu-source", "none", "--containers", "none"], capture_output=True, text=True, check=True)
+    return Tick.from_json(json.loads(r.stdout.splitlines()[1]), 0)
+
+
+def proc_tree(root: Path, *, meminfo: str, swaps: str, vm: dict[str, str]) -> Path:
+    (root / "sys" / "vm").mkdir(parents=True)
+    (root / "meminfo").write_text(meminfo)
+    (root / "swaps").write_text(swaps)
+    for k, v in vm.items():
+        (root / "sys" / "vm" / k).write_text(v + "\n")
+    return root
+
+
+def by_key(results):
+    assert [r.key for r in results] == list(KEYS)
+    return {r.key: r for r in results}
+
+
+def test_recorded_h100_host_settings(tmp_path):
+    # The H100 host's real /proc readings: no swap, overcommit 1, a 66 MiB reserve, little page cache.
+    root = proc_tree(tmp_path, meminfo=PROBE["meminfo_head"].rsplit("\n", 1)[0] + "\n", swaps=PROBE["swaps"],
+                     vm=PROBE["vm"])
+    t = agent_tick(root)
+    r = by_key(evaluate_guards(t.guards, t.mem, (), "vllm_node"))
+    assert r["swap"].status == "ok"
+    assert r["overcommit"].status == "bad" and "never 1" in r["overcommit"].reason
+    assert r["overcommit"].fix == "sudo sysctl -w vm.overcommit_memory=0"
+    assert r["min_free"].status == "warn" and r["min_free"].fix == f"sudo sysctl -w vm.min_free_kbytes={MIN_FREE_KBYTES}"
+    assert r["container_cap"].status == "unknown"
+    assert r["page_cache"].status == "ok"
+    for res in r.values():
+        assert "\n" not in res.reason
+        if res.status == "bad":
+            assert "freezes the whole machine" in res.reason
+
+
+def test_swap_on_and_large_page_cache(tmp_path):
+    total = 127535104
+    root = proc_tree(tmp_path, meminfo=f"MemTotal: {total} kB\nMemAvailable: {total // 2} kB\nCached: {total // 4} kB\n"
+                     "SwapTotal: 16777212 kB\nSwapFree: 16777212 kB\n",
+                     swaps="Filename\tType\tSize\tUsed\tPriority\n/swap.img  file  16777212  0  -2\n",
+                     vm={"overcommit_memory": "0", "min_free_kbytes": str(MIN_FREE_KBYTES), "swappiness": "60"})
+    t = agent_tick(root)
+    r = by_key(evaluate_guards(t.guards, t.mem, (), "vllm_node"))
+    assert r["swap"].status == "bad" and "/swap.img" in r["swap"].reason and "swapoff -a" in r["swap"].fix
+    assert r["overcommit"].status == "ok" and r["min_free"].status == "ok"
+    assert r["page_cache"].status == "warn" and r["page_cache"].fix == "sync && echo 3 | sudo tee /proc/sys/vm/drop_caches"
+
+
+def test_swap_fix_comments_out_fstab_swap_lines_only(tmp_path):
+    fstab = tmp_path / "fstab"
+    fstab.write_text("UUID=1 / ext4 defaults 0 1\n/swap.img\tnone\tswap\tsw\t0\t0\n# /old none swap sw 0 0\n")
+    t = agent_tick(proc_tree(tmp_path / "p", meminfo="MemTotal: 1 kB\n", swaps="h\n/swap.img file 1 0 -2\n", vm={}))
+    fix = by_key(evaluate_guards(t.guards, t.mem, (), "x"))["swap"].fix
+    sed = fix.split("&& ", 1)[1].replace("sudo ", "").replace("/etc/fstab", shlex.quote(str(fstab)))
+    subprocess.run(sed, shell=True, check=True)
+    assert fstab.read_text() == "UUID=1 / ext4 defaults 0 1\n#/swap.img\tnone\tswap\tsw\t0\t0\n# /old none swap sw 0 0\n"
+
+
+@pytest.mark.parametrize("limit,status", [(None, "bad"), (0, "bad"), (100 * 2**30, "ok"), (200 * 2**30, "warn")])
+def test_container_cap(limit, status):
+    from sparkconsole.nodes.samples import HostMemory
+    name = "vllm node;rm -rf ~"                # a hostile name must reach the shell as one word
+    conts = (ContainerInfo(name="other", memory_limit_b=0), ContainerInfo(name=name, memory_limit_b=limit))
+    r = by_key(evaluate_guards(None, HostMemory(total_kb=127535104), conts, name))["container_cap"]
+    assert r.status == status
+    if status != "ok":
+        assert shlex.split(r.fix) == ["docker", "update", "--memory", "100g", "--memory-swap", "100g", name]
+
+
+def test_nothing_known_is_unknown_not_ok():
+    assert {r.status for r in evaluate_guards(None, None, (), "vllm_node")} == {"unknown"}
+
+
+def test_overcommit_strict_is_a_warning():
+    from sparkconsole.nodes.samples import GuardInputs
+    r = by_key(evaluate_guards(GuardInputs(swaps=(), overcommit_memory=2, min_free_kbytes=MIN_FREE_KBYTES), None, (),
+                               "x"))
+    assert r["overcommit"].status == "warn"
