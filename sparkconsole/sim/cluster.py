@@ -1,0 +1,322 @@
+"""SimCluster: start and stop a simulated GB10 cluster with a model already served on it.
+
+    sim = SimCluster(speed=10)                 # spark1 127.0.0.2, spark2 127.0.0.3
+    await sim.start()                          # nodes, then the topology through each node's docker shim
+    sim.cluster                                # ClusterConfig(simulated=True): local nodes + endpoints
+    await sim.run_load(url, concurrency=8, seconds=30)
+    await sim.stop()                           # containers removed, processes ended, state dir deleted
+
+Nodes are reached by the real agent over the real LocalTransport (NodeConfig.local with agent_args and
+env from SimNode); the model is started with the same `docker run … vllm serve …` commands a recipe
+plan sends, answered by the node's docker shim.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+
+from ..config import ClusterConfig, EndpointConfig, NodeConfig
+from ..errors import UserError
+from .node import NodeTuning, SimNode, pid_alive
+
+DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
+CONTAINER = "vllm_node"
+ROUTER_CONTAINER = "router"
+IMAGE = "vllm-node-mxfp4"
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What the cluster serves at start: a topology name, the model and its vLLM arguments."""
+    topology: str = "2x-solo"                    # none | solo | cluster-tp2 | 2x-solo
+    router: str = "litellm-simple-shuffle"       # litellm-simple-shuffle | litellm-least-busy | vllm-router
+    model: str = "openai/gpt-oss-120b"
+    # The published gpt-oss-120b settings (gpt-oss-120b-topologies.csv header).
+    vllm_args: tuple[str, ...] = ("--gpu-memory-utilization", "0.70", "--max-model-len", "4096",
+                                  "--max-num-batched-tokens", "32768", "--kv-cache-dtype", "fp8",
+                                  "--enforce-eager")
+
+
+TOPOLOGIES = ("none", "solo", "cluster-tp2", "2x-solo")
+ROUTERS = ("litellm-simple-shuffle", "litellm-least-busy", "vllm-router")
+
+
+def free_port(host: str, preferred: int) -> int:
+    """`preferred` when it is free on `host`, else one the kernel picks."""
+    for port in (preferred, 0):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+                return s.getsockname()[1]
+            except OSError:
+                continue
+    raise UserError(f"no free port on {host}", field="--port", fix="free a port on the loopback address")
+
+
+class SimCluster:
+    def __init__(self, *, speed: float = 1.0, nodes: tuple[tuple[str, str], ...] = DEFAULT_NODES,
+                 serving: Serving | None = None, root: str | Path | None = None, load_speedup: float = 1.0,
+                 tunings: dict[str, NodeTuning] | None = None, vllm_port: int = 8000, router_port: int = 4000) -> None:
+        if not speed > 0:
+            raise UserError(f"speed must be positive, got {speed}", field="--speed", fix="use e.g. 1 or 10")
+        self.speed = float(speed)
+        self.serving = serving or Serving()
+        if self.serving.topology not in TOPOLOGIES:
+            raise UserError(f"unknown topology {self.serving.topology!r}", field="--topology",
+                            fix="use one of " + ", ".join(TOPOLOGIES))
+        if self.serving.router not in ROUTERS:
+            raise UserError(f"unknown router {self.serving.router!r}", field="--router", fix="use one of " + ", ".join(ROUTERS))
+        if self.serving.topology in ("cluster-tp2", "2x-solo") and len(nodes) < 2:
+            raise UserError(f"topology {self.serving.topology} needs two nodes", field="--topology", fix="use solo")
+        self._own_root = root is None
+        self.root = Path(root) if root else None
+        self.node_specs = nodes
+        self.load_speedup = load_speedup
+        self.tunings = tunings or {}
+        self.vllm_port_pref = vllm_port
+        self.router_port_pref = router_port
+        self.nodes: dict[str, SimNode] = {}
+        self.ports: dict[str, int] = {}
+        self.router_url: str | None = None
+        self.cluster: ClusterConfig | None = None
+        self._load_tasks: set[asyncio.Task] = set()
+
+    # ---- layout ----------------------------------------------------------------------------------
+    def node_dir(self, name: str) -> Path:
+        return self.nodes[name].dir
+
+    def docker_argv(self, node: str, *args: str) -> list[str]:
+        return [str(self.nodes[node].bin_dir / "docker"), *args]
+
+    async def docker(self, node: str, *args: str, check: bool = True) -> tuple[int, str]:
+        """Run a docker command on a sim node, as the recipe runner would (its shim first on PATH)."""
+        env = dict(os.environ)
+        env.update(dict(self.nodes[node].env()))
+        proc = await asyncio.create_subprocess_exec("docker", *args, env=env, stdout=asyncio.subprocess.PIPE,
+                                                    stderr=asyncio.subprocess.STDOUT)
+        out, _ = await proc.communicate()
+        text = out.decode(errors="replace")
+        if check and proc.returncode != 0:
+            raise UserError(f"docker {args[0]} on {node} failed: {text.strip()[-300:]}")
+        return proc.returncode or 0, text
+
+    # ---- lifecycle -------------------------------------------------------------------------------
+    async def start(self, *, wait: bool = True, timeout: float = 300.0) -> None:
+        if self.root is None:
+            self.root = Path(tempfile.mkdtemp(prefix="sparkconsole-sim-"))
+        try:
+            for i, (name, addr) in enumerate(self.node_specs):
+                tuning = self.tunings.get(name) or (NodeTuning.hardened() if i == 0 else NodeTuning.stock())
+                node = SimNode(name, addr, self.root, speed=self.speed, tuning=tuning, load_speedup=self.load_speedup)
+                await node.start()
+                self.nodes[name] = node
+                self.ports[name] = free_port(addr, self.vllm_port_pref)
+            await self._launch()
+            self.cluster = self._config()
+            if wait:
+                await self.wait_ready(timeout)
+        except BaseException:
+            await self.stop()
+            raise
+
+    def _vllm_run(self, node: str, extra: tuple[str, ...] = ()) -> list[str]:
+        s = self.serving
+        return ["run", "-d", "--name", CONTAINER, "--gpus", "all", "--network", "host", "--ipc=host",
+                "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
+                "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args, *extra]
+
+    async def _launch(self) -> None:
+        s = self.serving
+        names = list(self.nodes)
+        if s.topology == "none":
+            return
+        if s.topology == "solo":
+            await self.docker(names[0], *self._vllm_run(names[0]))
+        elif s.topology == "2x-solo":
+            for n in names[:2]:
+                await self.docker(n, *self._vllm_run(n))
+            await self._launch_router(names[:2])
+        elif s.topology == "cluster-tp2":
+            head, worker = names[0], names[1]
+            haddr = self.nodes[head].address
+            common = ("--tensor-parallel-size", "2", "--nnodes", "2", "--master-addr", haddr, "--master-port", "29501")
+            await self.docker(head, *self._vllm_run(head, (*common, "--node-rank", "0")))
+            await self.docker(worker, *self._vllm_run(worker, (*common, "--node-rank", "1", "--headless")))
+
+    async def _launch_router(self, backends: list[str]) -> None:
+        head = backends[0]
+        addr = self.nodes[head].address
+        port = free_port(addr, self.router_port_pref)
+        urls = [f"http://{self.nodes[n].address}:{self.ports[n]}/v1" for n in backends]
+        served = self.serving.model
+        if self.serving.router == "vllm-router":
+            args = ["run", "-d", "--name", ROUTER_CONTAINER, "--network", "host", "lmsysorg/vllm-router:latest",
+                    "vllm-router", "--host", addr, "--port", str(port), "--policy", "random", "--worker-urls", *urls]
+        else:
+            strategy = self.serving.router.removeprefix("litellm-")
+            cfg = self.node_dir(head) / "litellm.yaml"
+            cfg.write_text(json.dumps({   # JSON is YAML: the LiteLLM config
+                "model_list": [{"model_name": served, "litellm_params": {"model": f"hosted_vllm/{served}",
+                                                                        "api_base": u}} for u in urls],
+                "router_settings": {"routing_strategy": strategy}}, indent=1))
+            args = ["run", "-d", "--name", ROUTER_CONTAINER, "--network", "host", "-v", f"{cfg}:/app/config.yaml:ro",
+                    "ghcr.io/berriai/litellm:main-stable",
+                    "--config", "/app/config.yaml", "--host", addr, "--port", str(port)]
+        await self.docker(head, *args)
+        self.router_url = f"http://{addr}:{port}"
+
+    def _config(self) -> ClusterConfig:
+        nodes = []
+        for i, (name, node) in enumerate(self.nodes.items()):
+            nodes.append(NodeConfig(name=name, address=node.address, role="head" if i == 0 else "worker",
+                                    container=CONTAINER, vllm_port=self.ports[name], local=True,
+                                    agent_args=node.agent_args(), env=node.env()))
+        eps = []
+        if self.router_url:
+            eps.append(EndpointConfig(name="router", url=self.router_url, kind="router", node=nodes[0].name))
+        for n in self.serving_nodes():
+            eps.append(EndpointConfig(name=n, url=f"http://{self.nodes[n].address}:{self.ports[n]}", kind="vllm", node=n))
+        return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(eps), source="<simulated>", simulated=True)
+
+    def serving_nodes(self) -> list[str]:
+        names = list(self.nodes)
+        return {"none": [], "solo": names[:1], "cluster-tp2": names[:1], "2x-solo": names[:2]}[self.serving.topology]
+
+    async def wait_ready(self, timeout: float = 300.0) -> None:
+        """Until every endpoint answers /health with 200 (vLLM binds only once the model is loaded)."""
+        assert self.cluster is not None
+        deadline = time.monotonic() + timeout
+        pending = {ep.name: ep.url for ep in self.cluster.endpoints}
+        async with aiohttp.ClientSession() as s:
+            while pending:
+                for name, url in list(pending.items()):
+                    try:
+                        async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                            if r.status == 200:
+                                del pending[name]
+                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                        pass
+                if not pending:
+                    break
+                if time.monotonic() > deadline:
+                    logs = ""
+                    for n in self.nodes:
+                        for c in (CONTAINER, ROUTER_CONTAINER):
+                            rc, text = await self.docker(n, "logs", "--tail", "3", c, check=False)
+                            if rc == 0 and text.strip():
+                                logs += f" [{n}/{c}] " + " | ".join(text.strip().splitlines()[-3:])
+                    raise UserError(f"simulated endpoints not ready after {timeout:.0f}s: {', '.join(pending)};{logs}")
+                await asyncio.sleep(0.2)
+
+    async def stop(self) -> None:
+        for t in list(self._load_tasks):
+            t.cancel()
+        for name in list(self.nodes):
+            try:
+                rc, out = await self.docker(name, "ps", "-aq", check=False)
+                ids = out.split()
+                if ids and rc == 0:
+                    await self.docker(name, "rm", "-f", *ids, check=False)
+            except OSError:
+                pass
+        for node in self.nodes.values():
+            await node.stop()
+        if self.root is not None:
+            kill_leftovers(self.root)
+            if self._own_root:
+                shutil.rmtree(self.root, ignore_errors=True)
+
+    async def __aenter__(self) -> "SimCluster":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.stop()
+
+    # ---- load ------------------------------------------------------------------------------------
+    async def run_load(self, url: str | None = None, concurrency: int = 4, seconds: float | None = 30.0, *,
+                       prompt_words: tuple[int, int] = (200, 1000), max_tokens: tuple[int, int] = (64, 512),
+                       seed: int = 0) -> dict:
+        """Keep `concurrency` streaming chat requests in flight against `url` (default: the first endpoint)
+        for `seconds` of real time (None: until cancelled). Returns counts: requests, tokens, errors."""
+        assert self.cluster is not None
+        url = (url or (self.router_url or self.cluster.endpoints[0].url)).rstrip("/")
+        stats = {"requests": 0, "tokens": 0, "errors": 0}
+        deadline = None if seconds is None else time.monotonic() + seconds
+        rng = random.Random(seed)
+        words = ("node cluster model token memory spark bandwidth router latency prefill decode batch cache "
+                 "thermal power clock tensor parallel request stream").split()
+
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+            async with s.get(url + "/v1/models") as r:
+                model = (await r.json())["data"][0]["id"]
+
+            async def worker() -> None:
+                while deadline is None or time.monotonic() < deadline:
+                    n = rng.randint(*prompt_words)
+                    body = {"model": model, "stream": True, "max_tokens": rng.randint(*max_tokens), "ignore_eos": True,
+                            "stream_options": {"include_usage": True},
+                            "messages": [{"role": "user", "content": " ".join(rng.choice(words) for _ in range(n))}]}
+                    try:
+                        async with s.post(url + "/v1/chat/completions", json=body) as r:
+                            if r.status != 200:
+                                stats["errors"] += 1
+                                await asyncio.sleep(0.5)
+                                continue
+                            async for line in r.content:
+                                if line.startswith(b"data: {") and b'"usage"' in line:
+                                    stats["tokens"] += json.loads(line[6:])["usage"]["completion_tokens"]
+                        stats["requests"] += 1
+                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError):
+                        stats["errors"] += 1
+                        await asyncio.sleep(0.5)
+
+            tasks = [asyncio.create_task(worker()) for _ in range(concurrency)]
+            self._load_tasks.update(tasks)
+            try:
+                await asyncio.gather(*tasks)
+            except asyncio.CancelledError:
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
+                raise
+            finally:
+                self._load_tasks.difference_update(tasks)
+        return stats
+
+
+def kill_leftovers(root: Path) -> list[int]:
+    """End simulator processes that still name this state directory (ours alone: the path is unique)."""
+    import psutil
+    mark = str(root)
+    me = os.getpid()
+    victims = []
+    for p in psutil.process_iter(["pid", "cmdline"]):
+        try:
+            cmd = p.info["cmdline"] or []
+            if p.info["pid"] != me and any(mark in a for a in cmd) and any("sparkconsole.sim." in a for a in cmd):
+                victims.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    for p in victims:
+        try:
+            p.send_signal(signal.SIGKILL)
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(victims, timeout=3)
+    return [p.pid for p in victims]
+
+
+__all__ = ["SimCluster", "Serving", "TOPOLOGIES", "ROUTERS", "kill_leftovers", "pid_alive"]

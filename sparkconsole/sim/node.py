@@ -1,0 +1,353 @@
+"""A simulated GB10 node: a state directory the REAL agent reads, and a thermal model that drives it.
+
+Layout of a node directory (what the agent, the docker shim and the simulated servers share):
+
+    <dir>/sim.json          node identity: name, address, speed, owner pid (written once; read by the shim)
+    <dir>/gpu.json          the agent's `--gpu-source sim:FILE` input, rewritten atomically every update
+    <dir>/proc/...          meminfo, swaps, pressure/memory, sys/vm/* for the agent's `--proc-root`
+    <dir>/bin/docker        the docker CLI shim (sparkconsole/sim/dockershim.py)
+    <dir>/containers/NAME/  one simulated container: container.json, log
+    <dir>/load/*.json       what the node's simulated workloads draw: reserved memory and GPU busy fraction,
+                            written by the simulated vLLM servers (a TP head also writes one on each worker)
+
+The GPU follows a first-order thermal model, dT/dt = (P·R + T_amb − T) / τ, driven by the power the
+workloads draw; above the slowdown threshold the SM clock drops and `sw_thermal` is raised, which the
+simulated servers read back (sm_clock_mhz / sm_clock_max_mhz) to slow their engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GIB = 1 << 30
+KIB = 1024
+
+
+@dataclass(frozen=True)
+class GB10Spec:
+    """What a GB10 reports and how it heats. Readings follow /work/shared/reference/gb10-facts.md; the
+    thermal constants are tuned so a sustained full load settles just past the SW-thermal threshold
+    (published: 84–90 °C under c64, SW thermal slowdown at 91–92 °C) and idle sits in the mid-30s."""
+    name: str = "NVIDIA GB10"
+    mem_total_kb: int = int(121.7 * GIB / KIB)     # MemTotal on a GB10 (unified memory)
+    os_used_kb: int = 5 * GIB // KIB               # OS, desktop, daemons
+    page_cache_kb: int = 3 * GIB // KIB
+    sm_clock_max_mhz: int = 3003                   # the GB10 SM clock rating
+    sm_clock_min_mhz: int = 1200                   # floor the thermal controller drops to
+    idle_power_w: float = 3.0                      # nvidia-smi on an idle GB10: 3 W at P8
+    loaded_idle_power_w: float = 11.0              # a model resident, no requests
+    max_power_w: float = 105.0                     # GPU share of the SoC at full busy and full clock
+    ambient_c: float = 34.0
+    r_c_per_w: float = 0.56                        # thermal resistance: 105 W -> 34 + 58.8 ≈ 92.8 °C steady
+    tau_s: float = 90.0                            # time constant (simulated seconds)
+    slowdown_c: float = 90.0                       # SW thermal slowdown threshold
+    shutdown_c: float = 97.0
+    gpu_max_c: float = 88.0                        # target operating maximum
+    clock_drop_per_c: float = 0.08                 # fraction of clock shed per °C over the threshold
+    driver: str = "580.126.09"
+    kernel: str = "6.11.0-1016-nvidia"
+
+
+GB10 = GB10Spec()
+
+
+def default_min_free_kbytes(mem_total_kb: int) -> int:
+    """The kernel's own default: sqrt(lowmem_kbytes * 16), clamped to [128, 262144]."""
+    return max(128, min(262144, int(math.sqrt(mem_total_kb * 16))))
+
+
+@dataclass
+class NodeTuning:
+    """The OOM-guard settings the node starts with (the guards panel reads them through the agent)."""
+    swap_kb: int = 0                                # 0: no active swap device
+    overcommit_memory: int = 0
+    min_free_kbytes: int | None = None              # None: the kernel's default for this memory size
+    swappiness: int = 60
+
+    @classmethod
+    def hardened(cls) -> "NodeTuning":
+        """The published mitigations: swap off, overcommit 0, a 1.5 GiB free reserve."""
+        return cls(swap_kb=0, overcommit_memory=0, min_free_kbytes=1572864, swappiness=10)
+
+    @classmethod
+    def stock(cls) -> "NodeTuning":
+        """An untouched install: a swap file and the kernel's default reserve."""
+        return cls(swap_kb=16 * GIB // KIB, overcommit_memory=0, min_free_kbytes=None, swappiness=60)
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Readers never see a half-written file: write beside it, then rename over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int | None) -> bool:
+    """True for a live, non-zombie process."""
+    if not pid or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+@dataclass
+class Load:
+    """One workload's draw, as read from <dir>/load/*.json."""
+    reserved_b: int = 0
+    gpu_busy: float = 0.0
+    loaded: bool = False         # a model is resident (raises idle power)
+
+
+def read_loads(node_dir: Path) -> list[Load]:
+    out: list[Load] = []
+    for p in sorted((node_dir / "load").glob("*.json")):
+        d = read_json(p)
+        if not isinstance(d, dict):
+            continue
+        if not pid_alive(d.get("pid")):
+            # The workload died without cleaning up (SIGKILL): its memory is free again.
+            try:
+                p.unlink()
+            except OSError:
+                pass
+            continue
+        out.append(Load(reserved_b=int(d.get("reserved_b") or 0), gpu_busy=float(d.get("gpu_busy") or 0.0),
+                        loaded=bool(d.get("loaded"))))
+    return out
+
+
+def write_load(node_dir: Path, key: str, *, pid: int, reserved_b: int, gpu_busy: float, loaded: bool,
+               phase: str = "") -> Path:
+    """Publish a workload's draw on a node (used by the simulated servers, and by tests as a plain load)."""
+    d = node_dir / "load"
+    d.mkdir(parents=True, exist_ok=True)
+    p = d / f"{key}.json"
+    write_atomic(p, json.dumps({"pid": pid, "reserved_b": int(reserved_b), "gpu_busy": round(float(gpu_busy), 4),
+                                "loaded": loaded, "phase": phase, "time": time.time()}))
+    return p
+
+
+@dataclass
+class ThermalState:
+    temp_c: float
+    clock_mhz: float
+    power_w: float = 0.0
+    busy: float = 0.0
+    sw_thermal_us: int = 0
+    throttled: bool = False
+
+
+def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt: float) -> ThermalState:
+    """Advance the GPU by dt simulated seconds at a given busy fraction (0..1)."""
+    busy = max(0.0, min(1.0, busy))
+    clock_ratio = st.clock_mhz / spec.sm_clock_max_mhz
+    base = spec.loaded_idle_power_w if loaded else spec.idle_power_w
+    # Dynamic power scales with work and with the clock it runs at.
+    power = base + (spec.max_power_w - base) * busy * clock_ratio
+    target = spec.ambient_c + power * spec.r_c_per_w
+    # Exact solution of the first-order ODE over dt (stable for any dt).
+    temp = target + (st.temp_c - target) * math.exp(-dt / spec.tau_s)
+    over = temp - spec.slowdown_c
+    if over > 0:
+        want = spec.sm_clock_max_mhz * max(spec.sm_clock_min_mhz / spec.sm_clock_max_mhz,
+                                           1.0 - spec.clock_drop_per_c * over)
+    else:
+        want = spec.sm_clock_max_mhz
+    # The controller moves the clock within about a second, not instantly.
+    k = 1.0 - math.exp(-dt / 1.0)
+    clock = st.clock_mhz + (want - st.clock_mhz) * k
+    throttled = over > 0
+    return ThermalState(temp_c=temp, clock_mhz=clock, power_w=power, busy=busy,
+                        sw_thermal_us=st.sw_thermal_us + (int(dt * 1e6) if throttled else 0), throttled=throttled)
+
+
+class SimNode:
+    """One simulated GB10. `start()` lays out the directory and begins updating it; `stop()` ends that."""
+
+    def __init__(self, name: str, address: str, root: Path, *, speed: float = 1.0, spec: GB10Spec = GB10,
+                 tuning: NodeTuning | None = None, update_interval: float = 0.25, load_speedup: float = 1.0,
+                 owner_pid: int | None = None) -> None:
+        self.name = name
+        self.address = address
+        self.dir = Path(root) / name
+        self.speed = float(speed)
+        self.spec = spec
+        self.tuning = tuning or NodeTuning.hardened()
+        self.update_interval = update_interval
+        self.load_speedup = load_speedup
+        self.owner_pid = owner_pid or os.getpid()
+        self.uuid = "GPU-" + str(uuid.uuid5(uuid.NAMESPACE_DNS, f"sim.{name}.{address}"))
+        self.thermal = ThermalState(temp_c=spec.ambient_c + spec.idle_power_w * spec.r_c_per_w,
+                                    clock_mhz=spec.sm_clock_max_mhz)
+        self.reserved_b = 0
+        self._task: asyncio.Task | None = None
+        self._last = time.monotonic()
+
+    # ---- paths -------------------------------------------------------------------------------------
+    @property
+    def gpu_json(self) -> Path:
+        return self.dir / "gpu.json"
+
+    @property
+    def proc_root(self) -> Path:
+        return self.dir / "proc"
+
+    @property
+    def bin_dir(self) -> Path:
+        return self.dir / "bin"
+
+    def agent_args(self) -> tuple[str, ...]:
+        return ("--gpu-source", f"sim:{self.gpu_json}", "--proc-root", str(self.proc_root), "--containers", "docker")
+
+    def env(self) -> tuple[tuple[str, str], ...]:
+        return (("PATH", f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"),)
+
+    # ---- lifecycle ---------------------------------------------------------------------------------
+    def prepare(self) -> None:
+        """Create the directory tree and write the first readings (no task needed)."""
+        from .dockershim import install
+        for sub in ("proc/sys/vm", "proc/pressure", "bin", "containers", "load"):
+            (self.dir / sub).mkdir(parents=True, exist_ok=True)
+        write_atomic(self.dir / "sim.json", json.dumps({
+            "name": self.name, "address": self.address, "speed": self.speed, "owner_pid": self.owner_pid,
+            "load_speedup": self.load_speedup, "hw": self.spec.name, "simulated": True}))
+        self._write_guards()
+        install(self.dir)
+        self.update(0.0)
+
+    async def start(self) -> None:
+        self.prepare()
+        self._last = time.monotonic()
+        self._task = asyncio.create_task(self._run(), name=f"simnode-{self.name}")
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+            self._task = None
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.update_interval)
+            now = time.monotonic()
+            dt, self._last = now - self._last, now
+            try:
+                self.update(dt * self.speed)
+            except OSError:
+                pass    # the directory is being removed at shutdown
+
+    # ---- one update --------------------------------------------------------------------------------
+    def update(self, dt_sim: float) -> None:
+        loads = read_loads(self.dir)
+        busy = min(1.0, sum(ld.gpu_busy for ld in loads))
+        loaded = any(ld.loaded for ld in loads)
+        self.reserved_b = sum(ld.reserved_b for ld in loads)
+        if dt_sim > 0:
+            self.thermal = thermal_step(self.spec, self.thermal, busy, loaded, dt_sim)
+        else:
+            self.thermal = ThermalState(**{**self.thermal.__dict__, "busy": busy})
+        self._write_gpu()
+        self._write_meminfo()
+
+    def _write_gpu(self) -> None:
+        t, s = self.thermal, self.spec
+        from ..nodes.samples import REASON_BITS
+        reasons = []
+        if t.busy <= 0.001:
+            reasons.append("idle")
+        if t.throttled:
+            reasons.append("sw_thermal")
+        mask = 0
+        for r in reasons:
+            mask |= REASON_BITS[r]
+        gpu = {
+            "index": 0, "name": s.name, "uuid": self.uuid,
+            "temp_c": round(t.temp_c), "slowdown_c": s.slowdown_c, "shutdown_c": s.shutdown_c, "gpu_max_c": s.gpu_max_c,
+            "reasons_mask": mask, "reasons": reasons,
+            "reason_us": {"sw_thermal": t.sw_thermal_us, "hw_thermal": 0, "sw_power_cap": 0, "hw_power_brake": 0},
+            # GB10: power reads, but there is no power cap ("N/A") and no framebuffer memory ("Not Supported").
+            "power_w": round(t.power_w if t.power_w else s.idle_power_w, 1),
+            "sm_clock_mhz": round(t.clock_mhz), "sm_clock_max_mhz": s.sm_clock_max_mhz,
+            "util_pct": round(t.busy * 100), "mem_util_pct": 0, "unified": True,
+        }
+        hello = {"hostname": self.name, "driver": s.driver, "kernel": s.kernel,
+                 "gpus": [{"index": 0, "name": s.name, "uuid": self.uuid}]}
+        write_atomic(self.gpu_json, json.dumps({"gpus": [gpu], "hello": hello}))
+
+    def _write_meminfo(self) -> None:
+        s, tn = self.spec, self.tuning
+        total = s.mem_total_kb
+        reserved_kb = self.reserved_b // KIB
+        cached = s.page_cache_kb
+        used = s.os_used_kb + reserved_kb
+        free = max(64 * 1024, total - used - cached)
+        # The kernel keeps part of the free reserve (its low watermark) out of MemAvailable.
+        available = max(32 * 1024, total - used - tn_min_free(tn, total) // 2)
+        swap_free = tn.swap_kb
+        lines = {
+            "MemTotal": total, "MemFree": free, "MemAvailable": min(available, total), "Buffers": 81920,
+            "Cached": cached, "SwapCached": 0, "Active": used // 2, "Inactive": cached,
+            "Shmem": 262144, "SwapTotal": tn.swap_kb, "SwapFree": swap_free, "Dirty": 128, "Writeback": 0,
+            "AnonPages": used, "Mapped": 524288, "Slab": 1048576, "SReclaimable": 524288, "SUnreclaim": 524288,
+            "KernelStack": 32768, "PageTables": 65536, "CommitLimit": total // 2 + tn.swap_kb,
+            "Committed_AS": used + 2 * 1048576, "VmallocTotal": 135288315904, "HugePages_Total": 0,
+            "Hugepagesize": 2048,
+        }
+        text = "".join(f"{k + ':':<16}{v:>12}" + ("" if k.startswith("HugePages_") else " kB") + "\n"
+                       for k, v in lines.items())
+        write_atomic(self.proc_root / "meminfo", text)
+        avail_frac = available / total
+        # Reclaim stalls begin when free memory nears the reserve: PSI 'some' rises first, then 'full'.
+        some = 0.0 if avail_frac > 0.06 else round(min(100.0, (0.06 - avail_frac) * 1500), 2)
+        full = round(some * 0.4, 2)
+        write_atomic(self.proc_root / "pressure" / "memory",
+                     f"some avg10={some:.2f} avg60={some:.2f} avg300={some:.2f} total=0\n"
+                     f"full avg10={full:.2f} avg60={full:.2f} avg300={full:.2f} total=0\n")
+
+    def _write_guards(self) -> None:
+        tn = self.tuning
+        swaps = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
+        if tn.swap_kb:
+            swaps += f"/swap.img                               file\t\t{tn.swap_kb}\t0\t\t-2\n"
+        write_atomic(self.proc_root / "swaps", swaps)
+        vm = self.proc_root / "sys" / "vm"
+        write_atomic(vm / "overcommit_memory", f"{tn.overcommit_memory}\n")
+        write_atomic(vm / "min_free_kbytes", f"{tn_min_free(tn, self.spec.mem_total_kb)}\n")
+        write_atomic(vm / "swappiness", f"{tn.swappiness}\n")
+        write_atomic(vm / "drop_caches", "0\n")
+
+    # ---- for tests and the demo --------------------------------------------------------------------
+    def set_tuning(self, tuning: NodeTuning) -> None:
+        self.tuning = tuning
+        self._write_guards()
+
+
+def tn_min_free(tn: NodeTuning, mem_total_kb: int) -> int:
+    return tn.min_free_kbytes if tn.min_free_kbytes is not None else default_min_free_kbytes(mem_total_kb)

@@ -1,0 +1,359 @@
+"""A simulated router (LiteLLM proxy or vllm-router flavour) in front of simulated vLLM servers.
+
+    python -m sparkconsole.sim.router --flavor litellm --config litellm.yaml [--port 4000]
+    python -m sparkconsole.sim.router --flavor vllm-router --worker-urls URL... [--policy random]
+    python -m sparkconsole.sim.router --backend URL --backend URL --policy least-busy   (plain form)
+
+Requests are spread with the routing policies of sparkconsole/sim/routing.py (LiteLLM least-busy sees
+its in-flight counts late, as the real one does), and the proxy's own cost is added in simulated time:
+a first-token delay, a serial per-request intake and a per-chunk relay cost (the experiment's
+ProxyProfile for LiteLLM; near zero for the Rust vllm-router). Exposes /health, /health/liveliness,
+/health/readiness, /v1/models, /metrics (the metric names each real router publishes) and /sim/clock.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import signal
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from ..errors import UserError
+from .experiment import ProxyProfile
+from .node import pid_alive, read_json
+from . import routing
+from .server import SimClock, log
+
+LITELLM = ProxyProfile()
+
+
+@dataclass(frozen=True)
+class Overhead:
+    first_token_s: float
+    request_s: float
+    chunk_s: float
+
+
+OVERHEADS = {
+    "litellm": Overhead(LITELLM.first_token_s, LITELLM.request_s, LITELLM.chunk_s),
+    # vllm-router (Rust): +0.5 ms to the first token, ~95k chunks/s (testbed notes)
+    "vllm-router": Overhead(0.0005, 0.0, 1 / 95000),
+}
+VLLM_ROUTER_POLICIES = {"random": "simple-shuffle", "round_robin": "round-robin", "power_of_two": "least-busy",
+                        "cache_aware": "least-busy", "consistent_hash": "simple-shuffle"}
+
+
+@dataclass
+class Backend:
+    url: str            # base, without /v1
+    model: str | None   # served model name (None: whatever the client asks for)
+    healthy: bool = False
+
+
+class SimRouter:
+    def __init__(self, backends: list[Backend], *, policy: str, flavor: str, speed: float, host: str, port: int,
+                 owner_pid: int | None = None, seed: int | None = None) -> None:
+        if not backends:
+            raise UserError("a router needs at least one backend", field="backends",
+                            fix="pass --backend URL (or --worker-urls / a LiteLLM config with model_list)")
+        self.backends = backends
+        self.policy_name = policy
+        self.policy = routing.make_policy(policy, seed=seed)
+        self.flavor = flavor
+        self.cost = OVERHEADS.get(flavor, OVERHEADS["litellm"])
+        self.clock = SimClock(speed)
+        self.speed = speed
+        self.host, self.port = host, port
+        self.owner_pid = owner_pid
+        # The router's own (possibly late) view of in-flight counts, as the routing module models it.
+        make_tracker = getattr(routing, "make_tracker", None)
+        self.tracker = make_tracker(policy, len(backends)) if make_tracker else routing.InflightTracker(len(backends))
+        self._busy_until = 0.0          # the proxy's single event loop, in simulated time
+        self._session: aiohttp.ClientSession | None = None
+        self._stop = asyncio.Event()
+        self._metrics()
+
+    def _metrics(self) -> None:
+        self.registry = reg = CollectorRegistry()
+        if self.flavor == "vllm-router":
+            self.m_requests = Counter("vllm_router_requests", "Requests routed.", ["worker"], registry=reg)
+            self.m_errors = Counter("vllm_router_request_errors", "Requests that failed.", ["worker"], registry=reg)
+            self.m_latency = Histogram("vllm_router_request_duration_seconds", "Request duration.", registry=reg,
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320))
+            self.m_ttft = None
+            self.m_health = Gauge("vllm_router_worker_health", "1 healthy, 0 not.", ["worker"], registry=reg)
+            self.m_load = Gauge("vllm_router_running_requests", "In-flight requests per worker.", ["worker"], registry=reg)
+            self.label = "worker"
+        else:
+            self.m_requests = Counter("litellm_proxy_total_requests_metric", "Requests to the proxy.", ["api_base"],
+                                      registry=reg)
+            self.m_errors = Counter("litellm_proxy_failed_requests_metric", "Failed requests.", ["api_base"], registry=reg)
+            self.m_latency = Histogram("litellm_request_total_latency_metric", "Total latency (seconds).", registry=reg,
+                                       buckets=(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320))
+            self.m_ttft = Histogram("litellm_llm_api_time_to_first_token_metric", "Time to first token (seconds).",
+                                    registry=reg, buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40))
+            self.m_health = Gauge("litellm_deployment_state", "0 healthy, 1 partial outage, 2 outage.", ["api_base"],
+                                  registry=reg)
+            self.m_load = Gauge("litellm_deployment_in_progress_requests", "In-flight requests per deployment.",
+                                ["api_base"], registry=reg)
+            self.label = "api_base"
+
+    # ---- proxy cost, in simulated time ----------------------------------------------------------
+    async def _spend(self, seconds: float) -> None:
+        """Occupy the proxy's one event loop for `seconds` (simulated); callers queue behind each other."""
+        now = self.clock.now()
+        self._busy_until = max(self._busy_until, now) + seconds
+        delay = (self._busy_until - now) / self.speed
+        if delay > 0.001:
+            await asyncio.sleep(delay)
+
+    # ---- health ----------------------------------------------------------------------------------
+    async def _probe(self) -> None:
+        assert self._session is not None
+        while not self._stop.is_set():
+            for b in self.backends:
+                try:
+                    async with self._session.get(b.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                        b.healthy = r.status == 200
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    b.healthy = False
+                if self.flavor == "vllm-router":
+                    self.m_health.labels(b.url).set(1 if b.healthy else 0)
+                else:
+                    self.m_health.labels(b.url).set(0 if b.healthy else 2)
+            if self.owner_pid and not pid_alive(self.owner_pid):
+                log("simulated cluster is gone; shutting down", "router")
+                self._stop.set()
+            try:
+                await asyncio.wait_for(self._stop.wait(), 2.0)
+            except asyncio.TimeoutError:
+                pass
+
+    # ---- HTTP ------------------------------------------------------------------------------------
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=64 * 1024 * 1024)
+        r = app.router
+        r.add_get("/health", self.h_health)
+        r.add_get("/health/liveliness", self.h_live)
+        r.add_get("/health/liveness", self.h_live)
+        r.add_get("/health/readiness", self.h_ready)
+        r.add_get("/v1/models", self.h_models)
+        r.add_get("/metrics", self.h_metrics)
+        r.add_get("/sim/clock", self.h_clock)
+        r.add_get("/version", self.h_version)
+        r.add_post("/v1/chat/completions", self.h_forward)
+        r.add_post("/v1/completions", self.h_forward)
+        return app
+
+    async def h_health(self, request: web.Request) -> web.Response:
+        up = [b.url for b in self.backends if b.healthy]
+        down = [b.url for b in self.backends if not b.healthy]
+        body = {"healthy_endpoints": [{"api_base": u} for u in up], "unhealthy_endpoints": [{"api_base": u} for u in down],
+                "healthy_count": len(up), "unhealthy_count": len(down), "simulated": True}
+        return web.json_response(body, status=200 if up else 503)
+
+    async def h_live(self, request: web.Request) -> web.Response:
+        return web.json_response("I'm alive!")
+
+    async def h_ready(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "healthy", "db": "Not connected", "simulated": True})
+
+    async def h_version(self, request: web.Request) -> web.Response:
+        return web.json_response({"version": f"{self.flavor}-sim", "simulated": True, "policy": self.policy_name})
+
+    async def h_clock(self, request: web.Request) -> web.Response:
+        return web.json_response({"speed": self.speed, "sim_time": self.clock.now(), "simulated": True})
+
+    async def h_models(self, request: web.Request) -> web.Response:
+        names = sorted({b.model for b in self.backends if b.model})
+        return web.json_response({"object": "list", "data": [
+            {"id": n, "object": "model", "created": int(time.time()), "owned_by": "sim-router"} for n in names]})
+
+    async def h_metrics(self, request: web.Request) -> web.Response:
+        for i, b in enumerate(self.backends):
+            self.m_load.labels(b.url).set(self.tracker.true[i])
+        return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    def _candidates(self, model: str | None) -> list[int]:
+        idx = [i for i, b in enumerate(self.backends) if b.model is None or model is None or b.model == model]
+        if self.flavor == "vllm-router":
+            healthy = [i for i in idx if self.backends[i].healthy]
+            idx = healthy or idx
+        return idx
+
+    async def h_forward(self, request: web.Request) -> web.StreamResponse:
+        raw = await request.read()
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            return web.json_response({"error": {"message": "Invalid JSON body", "code": 400}}, status=400)
+        model = body.get("model") if isinstance(body, dict) else None
+        cand = self._candidates(model)
+        if not cand:
+            return web.json_response({"error": {"message": f"Invalid model name passed in model={model}", "type":
+                                                "invalid_request_error", "param": "model", "code": "400"}}, status=400)
+        await self._spend(self.cost.request_s)
+        now = self.clock.now()
+        view = self.tracker.view(now)
+        pick = cand[self.policy.choose([view[i] for i in cand])]
+        b = self.backends[pick]
+        self.tracker.started(pick, now)
+        self.m_requests.labels(b.url).inc()
+        t0 = now
+        try:
+            # routing, upstream connect: before the request reaches the backend
+            await asyncio.sleep(self.cost.first_token_s / self.speed)
+            return await self._relay(request, b, raw, t0)
+        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+            self.m_errors.labels(b.url).inc()
+            return web.json_response({"error": {"message": f"backend {b.url} failed: {str(exc)[:120]}",
+                                                "type": "APIConnectionError", "code": "500"}}, status=500)
+        finally:
+            self.tracker.finished(pick, self.clock.now())
+            self.m_latency.observe(self.clock.now() - t0)
+
+    async def _relay(self, request: web.Request, b: Backend, raw: bytes, t0: float) -> web.StreamResponse:
+        assert self._session is not None
+        headers = {"Content-Type": "application/json"}
+        if request.headers.get("Authorization"):
+            headers["Authorization"] = request.headers["Authorization"]
+        async with self._session.post(b.url + request.path, data=raw, headers=headers,
+                                      timeout=aiohttp.ClientTimeout(total=None, sock_connect=10)) as up:
+            ctype = up.headers.get("Content-Type", "application/json")
+            if not ctype.startswith("text/event-stream"):
+                data = await up.read()
+                if up.status >= 500:
+                    self.m_errors.labels(b.url).inc()
+                return web.Response(body=data, status=up.status, headers={"Content-Type": ctype, "X-Sim-Speed": repr(self.speed)})
+            resp = web.StreamResponse(status=up.status, headers={"Content-Type": ctype, "Cache-Control": "no-cache",
+                                                                 "X-Sim-Speed": repr(self.speed)})
+            await resp.prepare(request)
+            first = True
+            async for line in up.content:
+                if line.startswith(b"data:"):
+                    await self._spend(self.cost.chunk_s)
+                    if first and self.m_ttft is not None:
+                        self.m_ttft.observe(self.clock.now() - t0)
+                    first = False
+                await resp.write(line)
+            await resp.write_eof()
+            return resp
+
+    # ---- run -------------------------------------------------------------------------------------
+    async def run(self) -> int:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stop.set)
+        self._session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+        runner = web.AppRunner(self.app(), access_log=None, handler_cancellation=True)
+        probe = asyncio.create_task(self._probe())
+        try:
+            await runner.setup()
+            await web.TCPSite(runner, self.host, self.port, reuse_address=True).start()
+            log(f"simulated {self.flavor} router on http://{self.host}:{self.port} ({self.policy_name}) -> "
+                + ", ".join(b.url for b in self.backends), "router")
+            await self._stop.wait()
+            return 0
+        finally:
+            probe.cancel()
+            await runner.cleanup()
+            await self._session.close()
+
+
+# ---------------------------------------------------------------------------------------------------
+# command lines of the real routers
+
+def _base(url: str) -> str:
+    url = url.rstrip("/")
+    return url[:-3] if url.endswith("/v1") else url
+
+
+def _host_path(path: str, node_dir: Path | None, container: str | None) -> Path:
+    """A path as the container sees it, mapped through its bind mounts to this machine."""
+    p = Path(path)
+    if node_dir and container:
+        rec = read_json(node_dir / "containers" / container / "container.json") or {}
+        for src, dst, _ in rec.get("mounts", []):
+            if path == dst or path.startswith(dst.rstrip("/") + "/"):
+                return Path(src + path[len(dst.rstrip("/")):])
+    return p
+
+
+def backends_from_litellm(path: Path) -> tuple[list[Backend], str]:
+    from ..yamlsrc import load_file
+    doc = load_file(path)
+    data = doc.data if isinstance(doc.data, dict) else {}
+    out = []
+    for i, m in enumerate(data.get("model_list") or []):
+        params = (m or {}).get("litellm_params") or {}
+        base = params.get("api_base")
+        if not isinstance(base, str):
+            raise doc.error(("model_list", i, "litellm_params", "api_base"), "no api_base",
+                            "write api_base: http://IP:8000/v1")
+        out.append(Backend(_base(base), m.get("model_name")))
+    rs = data.get("router_settings") or {}
+    return out, str(rs.get("routing_strategy") or "simple-shuffle")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="sim-router")
+    p.add_argument("--flavor", choices=("litellm", "vllm-router"), default="litellm")
+    p.add_argument("--host", default="0.0.0.0")
+    p.add_argument("--port", type=int)
+    p.add_argument("--backend", action="append", default=[], help="backend base URL (plain form)")
+    p.add_argument("--model", help="served model name for plain-form backends")
+    p.add_argument("--worker-urls", nargs="+", default=[])
+    p.add_argument("--policy", default=None)
+    p.add_argument("--config")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--sim-speed", type=float)
+    p.add_argument("--sim-node-dir")
+    p.add_argument("--sim-container")
+    p.add_argument("--sim-memory-limit", type=int, default=0)
+    ns, unknown = p.parse_known_args(argv)
+    if unknown:
+        log(f"simulated router ignores arguments: {' '.join(unknown)}", "router", "WARNING")
+    node_dir = Path(ns.sim_node_dir) if ns.sim_node_dir else None
+    sim = (read_json(node_dir / "sim.json") if node_dir else None) or {}
+    speed = float(ns.sim_speed or sim.get("speed") or 1.0)
+    host = sim.get("address") if sim.get("address") and ns.host in ("0.0.0.0", "::") else ns.host
+    try:
+        if ns.flavor == "vllm-router" and ns.worker_urls:
+            backends = [Backend(_base(u), ns.model) for u in ns.worker_urls]
+            policy = VLLM_ROUTER_POLICIES.get(ns.policy or "random", ns.policy or "simple-shuffle")
+            port = ns.port or 30000
+        elif ns.config:
+            backends, policy = backends_from_litellm(_host_path(ns.config, node_dir, ns.sim_container))
+            policy = ns.policy or policy
+            port = ns.port or 4000
+        else:
+            backends = [Backend(_base(u), ns.model) for u in ns.backend]
+            policy = ns.policy or "simple-shuffle"
+            port = ns.port or 4000
+        router = SimRouter(backends, policy=policy, flavor=ns.flavor, speed=speed, host=host, port=port,
+                           owner_pid=sim.get("owner_pid"), seed=ns.seed)
+        code = asyncio.run(router.run())
+    except UserError as exc:
+        log(f"error: {exc}", "router", "ERROR")
+        code = 1
+    except OSError as exc:
+        log(f"OSError: {exc}", "router", "ERROR")
+        code = 1
+    if node_dir and ns.sim_container:
+        d = node_dir / "containers" / ns.sim_container
+        if d.is_dir():
+            (d / "exitcode").write_text(f"{code}\n")
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
