@@ -182,10 +182,11 @@ class ResultsStore:
             row = self.db.execute("SELECT run_id FROM runs WHERE spec_hash=? AND source=? ORDER BY created DESC LIMIT 1",
                                   (h, source)).fetchone()
             if row:
-                sets = {k: v for k, v in prov.items() if v is not None}
+                # Refresh provenance that may have changed (a relaunched endpoint's URL, the vLLM version).
+                sets = {k: v for k, v in prov.items() if v is not None and k not in ("created", "run_id")}
                 if sets:
                     cols = ", ".join(f"{k}=?" for k in sets)
-                    self.db.execute(f"UPDATE runs SET {cols}, finished=NULL WHERE run_id=?", (*_sql(sets.values()), row[0]))
+                    self.db.execute(f"UPDATE runs SET {cols} WHERE run_id=?", (*_sql(sets.values()), row[0]))
                 return row[0], True
         run_id = prov.pop("run_id", None) or uuid.uuid4().hex[:12]
         cols = {"run_id": run_id, "created": prov.pop("created", None) or time.time(), "source": source, "label": label,

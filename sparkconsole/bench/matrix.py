@@ -1,0 +1,104 @@
+"""The topology matrix: for each topology launch the recipe, wait until it serves, sweep, record, stop.
+
+Launching is behind a small `Launcher` protocol (the lead wires it to the launch engineer's runner), so this
+module knows nothing of nodes or plans. A topology whose launch fails is recorded as failed and the matrix goes
+on; `stop()` is always called. With `resume`, topologies already measured in full are not launched again.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Protocol, Sequence
+
+from ..errors import UserError
+from .results import LevelResult, ResultsStore, ThermalNote
+from .sweep import Progress, SweepSpec, run_sweep
+
+MATRIX_TOPOLOGIES = ("solo", "cluster-tp2", "2x-solo-shuffle", "2x-solo-least-busy", "disagg")
+
+
+class Launcher(Protocol):
+    async def launch(self, recipe: str, topology: str) -> str:
+        """Start `recipe` in `topology`, wait until it is ready, return the endpoint URL to benchmark."""
+
+    async def stop(self) -> None:
+        """Stop whatever the last launch started (called even when the launch failed)."""
+
+
+class StaticLauncher:
+    """Endpoints that are already running, one URL per topology (`--endpoints topo=URL,…`)."""
+
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
+
+    async def launch(self, recipe: str, topology: str) -> str:
+        try:
+            return self.urls[topology]
+        except KeyError:
+            raise UserError(f"no endpoint given for topology {topology!r}", field="--endpoints",
+                            fix=f"add {topology}=URL to --endpoints") from None
+
+    async def stop(self) -> None:
+        return None
+
+
+@dataclass
+class MatrixOutcome:
+    measured: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)       # already complete in the results file
+    failed: dict[str, str] = field(default_factory=dict)   # topology -> one-line reason
+
+
+def recipe_hash(recipe: str) -> str | None:
+    """sha256 (16 hex) of the recipe file, so results name exactly what was launched."""
+    p = Path(recipe)
+    if p.is_file():
+        return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
+    return None
+
+
+def _complete(store: ResultsStore, spec: SweepSpec, topology: str) -> bool:
+    want = set(spec.levels())
+    for run in store.runs():
+        if (run.source == "sparkconsole" and run.topology == topology and run.recipe == spec.recipe
+                and run.recipe_hash == spec.recipe_hash and want <= store.finished_keys(run.run_id)
+                and all(run.spec.get(k) == v for k, v in spec.identity().items()
+                        if k != "topology" and not (k == "model" and v is None))):
+            return True
+    return False
+
+
+async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher, template: SweepSpec,
+                     store: ResultsStore, *, resume: bool = False,
+                     thermal_probe: Callable[[], ThermalNote | None] | None = None,
+                     on_level: Callable[[LevelResult], None] | None = None,
+                     on_progress: Callable[[Progress], None] | None = None,
+                     on_status: Callable[[str], None] | None = None) -> MatrixOutcome:
+    say = on_status or (lambda _msg: None)
+    out = MatrixOutcome()
+    rhash = recipe_hash(recipe)
+    for i, topo in enumerate(topologies, 1):
+        spec = replace(template, topology=topo, label=topo, recipe=recipe, recipe_hash=rhash)
+        if resume and _complete(store, spec, topo):
+            say(f"[{i}/{len(topologies)}] {topo}: already measured, skipped")
+            out.skipped.append(topo)
+            continue
+        say(f"[{i}/{len(topologies)}] {topo}: launching {recipe}")
+        try:
+            url = await launcher.launch(recipe, topo)
+            say(f"[{i}/{len(topologies)}] {topo}: ready at {url}, sweeping")
+            await run_sweep(replace(spec, url=url), store, resume=resume, thermal_probe=thermal_probe,
+                            on_level=on_level, on_progress=on_progress)
+            out.measured.append(topo)
+        except UserError as exc:
+            out.failed[topo] = str(exc)
+            say(f"[{i}/{len(topologies)}] {topo}: failed: {exc}")
+        finally:
+            try:
+                await launcher.stop()
+            except UserError as exc:
+                out.failed.setdefault(topo, f"stop failed: {exc}")
+                say(f"[{i}/{len(topologies)}] {topo}: stop failed: {exc}")
+    return out

@@ -1,0 +1,249 @@
+"""`sparkconsole bench run|matrix|report|import|advise|list`: benchmark sweeps and their results, headless.
+
+    sparkconsole bench run --url http://127.0.0.1:8000 --pp 1024 --tg 128 --concurrency 1,2,4,8,16,32,64 --runs 3
+    sparkconsole bench run --url URL … --results runs/bench.sqlite --resume      # continue an interrupted sweep
+    sparkconsole bench matrix --recipe gpt-oss-120b --topologies solo,cluster-tp2 --endpoints solo=URL,cluster-tp2=URL
+    sparkconsole bench report runs/bench.sqlite [--format md|csv|json] [--run ID]
+    sparkconsole bench import results.json [--results FILE]     # llama-benchy JSON (or a published-table CSV)
+    sparkconsole bench import --published                       # the bundled gpt-oss-120b topology study
+    sparkconsole bench advise runs/bench.sqlite                 # which topology wins which concurrency band
+
+Results go to a SQLite file (default runs/bench.sqlite) as each level finishes. An API key, if the endpoint needs
+one, is read from $SPARKCONSOLE_API_KEY or $OPENAI_API_KEY and never stored.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Callable
+
+from ..errors import UserError
+
+DEFAULT_RESULTS = "runs/bench.sqlite"
+
+# The lead wires this to the launch engineer's runner: (args) -> bench.matrix.Launcher. Without it (and
+# without --endpoints) `bench matrix` explains what to pass.
+launcher_factory: Callable[[argparse.Namespace], object] | None = None
+
+
+def _ints(name: str, low: int = 1) -> Callable[[str], tuple[int, ...]]:
+    def parse(text: str) -> tuple[int, ...]:
+        try:
+            vals = tuple(int(x) for x in text.replace(" ", ",").split(",") if x)
+        except ValueError:
+            vals = ()
+        if not vals or any(v < low for v in vals):
+            raise argparse.ArgumentTypeError(f"{name} needs comma-separated whole numbers ≥ {low}, e.g. 1,2,4")
+        return vals
+    return parse
+
+
+def _sweep_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", help="model name (default: the first /v1/models lists)")
+    p.add_argument("--pp", type=_ints("--pp"), default=(1024,), help="prompt tokens (list), default 1024")
+    p.add_argument("--tg", type=_ints("--tg"), default=(128,), help="generated tokens (list), default 128")
+    p.add_argument("--depth", type=_ints("--depth", 0), default=(0,), help="context tokens before the prompt (list)")
+    p.add_argument("--concurrency", "-c", type=_ints("--concurrency"), default=(1, 2, 4, 8, 16, 32, 64),
+                   help="concurrency levels, default 1,2,4,8,16,32,64")
+    p.add_argument("--runs", type=int, default=3, help="batches per level (default 3)")
+    p.add_argument("--no-warmup", action="store_true", help="skip the unrecorded warm-up batch of each level")
+    p.add_argument("--latency-mode", choices=("api", "generation", "none"), default="api",
+                   help="latency subtracted from TTFR for the prefill estimate (llama-benchy's modes)")
+    p.add_argument("--no-exact-tg", action="store_true", help="do not send min_tokens/ignore_eos")
+    p.add_argument("--no-token-ids", action="store_true", help="do not ask for return_token_ids")
+    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without data before a request fails")
+    p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results file (default {DEFAULT_RESULTS})")
+    p.add_argument("--resume", action="store_true", help="continue the newest run of the same sweep in --results")
+    p.add_argument("--quiet", "-q", action="store_true", help="no progress line")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("bench", help="benchmark sweeps, results, reports and the topology advisor",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="bench_command", metavar="ACTION")
+    sub.required = True
+
+    r = sub.add_parser("run", help="sweep one endpoint")
+    r.add_argument("--url", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    r.add_argument("--topology", help="topology name to record (what reports compare by)")
+    r.add_argument("--label", help="name to compare this run by (default: topology, else the URL)")
+    r.add_argument("--recipe", help="recipe name or file to record as provenance")
+    _sweep_options(r)
+    r.set_defaults(func=run)
+
+    m = sub.add_parser("matrix", help="launch, sweep and stop each topology in turn")
+    m.add_argument("--recipe", required=True, help="recipe name or file")
+    m.add_argument("--topologies", default="solo,cluster-tp2,2x-solo-shuffle,2x-solo-least-busy,disagg",
+                   help="comma-separated topologies")
+    m.add_argument("--endpoints", help="already-running endpoints instead of launching: topo=URL,topo=URL")
+    _sweep_options(m)
+    m.set_defaults(func=run)
+
+    rep = sub.add_parser("report", help="markdown, CSV or llama-benchy JSON from a results file")
+    rep.add_argument("file", help="results file")
+    rep.add_argument("--format", choices=("md", "csv", "json"), default="md")
+    rep.add_argument("--run", action="append", help="only this run id (repeatable; a prefix is enough)")
+    rep.add_argument("--output", "-o", help="write to this file instead of stdout")
+    rep.set_defaults(func=run)
+
+    imp = sub.add_parser("import", help="llama-benchy JSON or a published table CSV into a results file")
+    imp.add_argument("files", nargs="*", help="FILE.json (llama-benchy) or FILE.csv (published table)")
+    imp.add_argument("--published", action="store_true", help="the bundled gpt-oss-120b topology study")
+    imp.add_argument("--label", help="name for the imported run (default: the file name)")
+    imp.add_argument("--results", default=DEFAULT_RESULTS, help=f"results file (default {DEFAULT_RESULTS})")
+    imp.set_defaults(func=run)
+
+    adv = sub.add_parser("advise", help="which topology wins decode, prefill and TTFT per concurrency band")
+    adv.add_argument("file", help="results file")
+    adv.add_argument("--run", action="append", help="only these run ids")
+    adv.set_defaults(func=run)
+
+    ls = sub.add_parser("list", help="runs in a results file")
+    ls.add_argument("file", help="results file")
+    ls.set_defaults(func=run)
+
+
+def _spec(args: argparse.Namespace, url: str, **extra: object):
+    from ..bench.sweep import SweepSpec
+    if args.runs < 1:
+        raise UserError("--runs must be at least 1", field="--runs", fix="e.g. --runs 3")
+    return SweepSpec(url=url, model=args.model, pp=args.pp, tg=args.tg, depth=args.depth,
+                     concurrency=args.concurrency, runs=args.runs, warmup=not args.no_warmup,
+                     latency_mode=args.latency_mode, exact_tg=not args.no_exact_tg, token_ids=not args.no_token_ids,
+                     stall_timeout=args.stall_timeout, **extra)
+
+
+class _ProgressLine:
+    """One progress line on stderr: rewritten in place on a terminal, one line per update otherwise."""
+
+    def __init__(self, quiet: bool) -> None:
+        self.quiet = quiet
+        self.tty = sys.stderr.isatty()
+        self.width = 0
+
+    def __call__(self, p) -> None:
+        self.text(p.line())
+
+    def text(self, line: str) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            sys.stderr.write("\r" + line.ljust(self.width))
+            self.width = len(line)
+        else:
+            sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+
+    def level(self, lv) -> None:
+        if self.quiet:
+            return
+        if self.tty:
+            sys.stderr.write("\r" + " " * self.width + "\r")
+            self.width = 0
+        d, p, t = lv.decode_tps, lv.prefill_tps, lv.ttft_ms
+        bad = lv.metrics.get("requests_failed") or 0
+        fmt = lambda v, f: "—" if v is None else f.format(v)  # noqa: E731
+        sys.stderr.write(f"{lv.label}: {lv.key}  decode {fmt(d, '{:.1f}')} t/s  prefill {fmt(p, '{:.0f}')} t/s  "
+                         f"TTFT {fmt(t, '{:.0f}')} ms" + (f"  failed {bad}" if bad else "") + "\n")
+        sys.stderr.flush()
+
+
+async def _run(args: argparse.Namespace) -> int:
+    from ..bench.results import ResultsStore
+    from ..bench.sweep import run_sweep
+    from ..bench.matrix import recipe_hash
+    spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
+                 recipe_hash=recipe_hash(args.recipe) if args.recipe else None)
+    line = _ProgressLine(args.quiet)
+    with ResultsStore(args.results) as store:
+        out = await run_sweep(spec, store, resume=args.resume, on_level=line.level, on_progress=line)
+        done = len(out.levels)
+        if not args.quiet:
+            skipped = f", {len(out.skipped)} already done" if out.skipped else ""
+            print(f"run {out.run_id}: {done} level(s) measured{skipped}; results in {args.results}"
+                  + (" (SIMULATED)" if out.provenance.get("simulated") else ""))
+    return 0
+
+
+async def _matrix(args: argparse.Namespace) -> int:
+    from ..bench.matrix import StaticLauncher, run_matrix
+    from ..bench.results import ResultsStore
+    topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
+    if not topologies:
+        raise UserError("no topologies", field="--topologies", fix="e.g. --topologies solo,cluster-tp2")
+    if args.endpoints:
+        urls = {}
+        for item in args.endpoints.split(","):
+            topo, sep, url = item.partition("=")
+            if not sep or not url.strip():
+                raise UserError(f"bad entry {item!r}", field="--endpoints", fix="use topo=URL,topo=URL")
+            urls[topo.strip()] = url.strip()
+        launcher = StaticLauncher(urls)
+    elif launcher_factory is not None:
+        launcher = launcher_factory(args)
+    else:
+        raise UserError("launching topologies from here is not wired to the recipe runner yet", field="--endpoints",
+                        fix="launch each topology with `sparkconsole recipe launch` and pass --endpoints topo=URL,…")
+    template = _spec(args, "http://unset.invalid")
+    line = _ProgressLine(args.quiet)
+    with ResultsStore(args.results) as store:
+        out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
+                               on_level=line.level, on_progress=line, on_status=line.text)
+    print(f"measured {len(out.measured)}, skipped {len(out.skipped)}, failed {len(out.failed)}; "
+          f"results in {args.results}")
+    for topo, why in out.failed.items():
+        print(f"  {topo}: {why}")
+    return 1 if out.failed else 0
+
+
+def _existing(path: str):
+    from ..bench.results import ResultsStore
+    if not Path(path).is_file():
+        raise UserError("file not found", file=path, fix="pass a results file written by `sparkconsole bench run`")
+    return ResultsStore(path)
+
+
+def run(args: argparse.Namespace):
+    cmd = args.bench_command
+    if cmd == "run":
+        return _run(args)
+    if cmd == "matrix":
+        return _matrix(args)
+    if cmd == "report":
+        from ..bench import report
+        with _existing(args.file) as store:
+            text = {"md": report.markdown, "csv": report.csv_text, "json": report.json_text}[args.format](
+                store, args.run)
+        if args.output:
+            Path(args.output).write_text(text, encoding="utf-8")
+        else:
+            sys.stdout.write(text)
+        return 0
+    if cmd == "import":
+        from ..bench.benchy_io import bundled_published_csv, import_file
+        from ..bench.results import ResultsStore
+        files = list(args.files) + ([str(bundled_published_csv())] if args.published else [])
+        if not files:
+            raise UserError("nothing to import", field="FILE", fix="pass a llama-benchy JSON file or --published")
+        with ResultsStore(args.results) as store:
+            for f in files:
+                ids = import_file(store, f, label=args.label)
+                print(f"{f}: {len(ids)} run(s) in {args.results}: {', '.join(ids)}")
+        return 0
+    if cmd == "advise":
+        from ..bench.advisor import advise, markdown
+        with _existing(args.file) as store:
+            levels = [lv for r in (args.run or [x.run_id for x in store.runs()]) for lv in store.levels(store.run(r).run_id)]
+        sys.stdout.write(markdown(advise(levels)))
+        return 0
+    if cmd == "list":
+        with _existing(args.file) as store:
+            for r in store.runs():
+                n = len(store.finished_keys(r.run_id))
+                state = "finished" if r.finished else "unfinished"
+                print(f"{r.run_id}  {r.source:12} {r.label:28} {r.model or '?':24} {n:3} level(s)  {state}"
+                      + ("  SIMULATED" if r.simulated else ""))
+        return 0
+    raise UserError(f"unknown bench action {cmd!r}", fix="see `sparkconsole bench --help`")
