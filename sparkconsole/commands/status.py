@@ -1,0 +1,155 @@
+"""`sparkconsole status`: connect to every node, wait for its first tick, print one snapshot.
+
+    sparkconsole status [--json] [--watch] [--timeout S]
+
+Without a cluster file this machine is the one node (no SSH). Exit code 1 when any node is DOWN or sent
+nothing within the timeout; a bad cluster file is a one-line error (exit 2).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+
+from ..config import ClusterConfig, find_config, load_cluster, local_cluster
+from ..nodes.guard import evaluate_guards
+from ..nodes.monitor import ClusterMonitor, NodeMonitor
+from ..nodes.samples import REASON_WORDS, NodeState
+
+CONTAINER_WAIT_S = 2.0     # containers come at a slower cadence than ticks: give the first reading a moment
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("status", help="one snapshot of every node (GPU, memory, OOM guards, containers)",
+                              description="Connect to every node of the cluster file, wait for the first "
+                              "reading of each, and print it. Exit code 1 if any node is DOWN.")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    p.add_argument("--timeout", type=float, default=15.0, metavar="S",
+                   help="seconds to wait for each node's first reading (default 15)")
+    p.set_defaults(func=run)
+
+
+def load(args) -> ClusterConfig:
+    path = find_config(getattr(args, "cluster", None))
+    return load_cluster(path) if path else local_cluster()
+
+
+def is_down(nm: NodeMonitor) -> bool:
+    return nm.state == NodeState.DOWN or nm.last is None
+
+
+def node_record(nm: NodeMonitor) -> dict:
+    t = nm.last
+    guards = evaluate_guards(t.guards if t else None, t.mem if t else None, nm.containers, nm.config.container) \
+        if t else []
+    return {
+        "name": nm.name, "address": nm.config.address, "local": nm.config.local,
+        "state": nm.state.value if nm.last is not None or nm.state == NodeState.DOWN else NodeState.DOWN.value,
+        "since": nm.since, "error": nm.last_error or (None if t else "no reading within the timeout"),
+        "bad_lines": nm.bad_lines, "reboots": nm.reboots,
+        "info": asdict(nm.info) if nm.info else None,
+        "tick": None if t is None else {
+            "seq": t.seq, "time": t.time, "age_s": round(time.time() - t.received, 3),
+            "gpus": [asdict(g) for g in t.gpus], "mem": asdict(t.mem) if t.mem else None,
+            "pressure": asdict(t.pressure) if t.pressure else None, "guards_in": asdict(t.guards) if t.guards else None,
+            "errors": list(t.errors)},
+        "containers": [asdict(c) for c in nm.containers],
+        "guards": [asdict(g) for g in guards],
+    }
+
+
+def _fmt(v, unit: str = "", nd: int = 0) -> str:
+    if v is None:
+        return "—"
+    return f"{v:.{nd}f}{unit}"
+
+
+def render_table(records: list[dict]) -> str:
+    head = ("NODE", "STATE", "GPU", "TEMP °C", "POWER W", "SM MHz", "UTIL", "REASONS", "HOST MEM", "GUARDS")
+    rows = []
+    notes = []
+    for r in records:
+        t = r["tick"]
+        gpus = (t or {}).get("gpus") or []
+        g = gpus[0] if gpus else {}
+        names = (r["info"] or {}).get("gpu_names") or ()
+        gpu = (names[0] if names else "none") + (f" ×{len(gpus)}" if len(gpus) > 1 else "")
+        if r["info"] and r["info"].get("simulated"):
+            gpu += " (sim)"
+        temp = _fmt(g.get("temp_c")) + (f"/{_fmt(g.get('slowdown_c'))}" if g.get("slowdown_c") is not None else "")
+        power = _fmt(g.get("power_w")) + (f"/{_fmt(g.get('power_limit_w'))}" if g.get("power_limit_w") else "")
+        clock = _fmt(g.get("sm_clock_mhz")) + (f"/{_fmt(g.get('sm_clock_max_mhz'))}" if g.get("sm_clock_max_mhz") else "")
+        reasons = ",".join(REASON_WORDS.get(x, x) for x in g.get("reasons", ())) or ("—" if not g else "none")
+        mem = (t or {}).get("mem") or {}
+        host_mem = "—"
+        if mem.get("total_kb"):
+            host_mem = f"{_fmt((mem.get('available_kb') or 0) / 1048576, nd=1)}/{_fmt(mem['total_kb'] / 1048576, nd=1)} GiB free"
+            if g.get("unified"):
+                host_mem += " (unified)"
+        bad = [x for x in r["guards"] if x["status"] in ("bad", "warn")]
+        guards = "—" if not r["guards"] else ("ok" if not bad else
+                                             ", ".join(f"{x['key']}:{x['status']}" for x in bad))
+        rows.append((r["name"], r["state"], gpu, temp, power, clock, _fmt(g.get("util_pct"), "%"), reasons,
+                     host_mem, guards))
+        if r["error"] and r["state"] != NodeState.LIVE.value:
+            notes.append(f"{r['name']}: {r['error']}")
+        for c in r["containers"]:
+            cap = f"cap {c['memory_limit_b'] / 2**30:.0f} GiB" if c.get("memory_limit_b") else "no memory cap"
+            notes.append(f"{r['name']}: container {c['name']} {c.get('state') or '?'}"
+                         + (f" ({c['health']})" if c.get("health") else "") + f", {cap}"
+                         + (", OOM-killed" if c.get("oom_killed") else ""))
+        for x in bad:
+            notes.append(f"{r['name']}: {x['title']} — {x['status']}: {x['reason']}" +
+                         (f"\n    fix: {x['fix']}" if x["fix"] else ""))
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *rows)]
+    return "\n".join(lines + ([""] + notes if notes else []))
+
+
+async def _wait_containers(mon: ClusterMonitor, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        waiting = [nm for nm in mon.nodes.values() if nm.state == NodeState.LIVE and not _containers_known(nm)]
+        if not waiting:
+            return
+        await asyncio.sleep(0.05)
+
+
+def _containers_known(nm: NodeMonitor) -> bool:
+    return any(t.containers is not None or any(e.startswith("docker") for e in t.errors) for t in nm.history)
+
+
+async def run(args: argparse.Namespace) -> int:
+    cluster = load(args)
+    mon = ClusterMonitor(cluster, history=16)
+    await mon.start()
+    try:
+        return await _report(args, cluster, mon)
+    except BrokenPipeError:          # `status | head`: the reader left; not an error worth a traceback
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+    finally:
+        await mon.stop()
+
+
+async def _report(args: argparse.Namespace, cluster: ClusterConfig, mon: ClusterMonitor) -> int:
+    await mon.wait_first_ticks(args.timeout)
+    await _wait_containers(mon, min(CONTAINER_WAIT_S, args.timeout))
+    while True:
+        records = [node_record(nm) for nm in mon.nodes.values()]
+        if args.json:
+            print(json.dumps({"cluster": cluster.source, "time": time.time(), "nodes": records}), flush=True)
+        else:
+            if args.watch and sys.stdout.isatty():
+                sys.stdout.write("\x1b[H\x1b[2J")
+            print(f"{cluster.source} — {time.strftime('%H:%M:%S')}")
+            print(render_table(records), flush=True)
+        if not args.watch:
+            return 1 if any(is_down(nm) for nm in mon.nodes.values()) else 0
+        await asyncio.sleep(max(cluster.agent_interval_s, 1.0))

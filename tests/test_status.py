@@ -1,0 +1,119 @@
+"""`sparkconsole status` end to end: the real command, a real cluster file, real sshd nodes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def cluster_yaml(path: Path, sshd_nodes, *, extra_nodes: str = "", interval: float = 0.2) -> Path:
+    nodes = "".join(
+        f"  - name: {n.name}\n    address: {n.address}\n"
+        f"    ssh: {{user: {n.user}, port: {n.port}, identity: {n.identity}}}\n" for n in sshd_nodes)
+    path.write_text(f"nodes:\n{nodes}{extra_nodes}ssh: {{known_hosts: {sshd_nodes.known_hosts}, connect_timeout_s: 3}}\n"
+                    f"agent: {{interval_s: {interval}}}\n")
+    return path
+
+
+def status(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 60):
+    return subprocess.run([sys.executable, "-m", "sparkconsole", *args], capture_output=True, text=True,
+                          cwd=cwd or ROOT, env=env, timeout=timeout)
+
+
+def meminfo_kb(key: str) -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith(key + ":"):
+            return int(line.split()[1])
+    raise KeyError(key)
+
+
+@pytest.mark.sshd
+def test_status_json_over_ssh(sshd_live, tmp_path):
+    cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live)
+    r = status("--cluster", str(cfg), "status", "--json", "--timeout", "20")
+    assert r.returncode == 0, r.stderr
+    snap = json.loads(r.stdout)
+    assert [n["name"] for n in snap["nodes"]] == ["node1", "node2"]
+    for n in snap["nodes"]:
+        assert n["state"] == "LIVE" and n["error"] is None
+        assert n["tick"]["mem"]["total_kb"] == meminfo_kb("MemTotal")
+        assert {g["key"] for g in n["guards"]} == {"swap", "overcommit", "min_free", "container_cap", "page_cache"}
+        assert n["info"]["interval_s"] == 0.2
+
+
+@pytest.mark.sshd
+def test_status_table_names_the_down_node_and_fails(sshd_live, tmp_path):
+    with socket.socket() as s:           # bound, not listening: refused at once
+        s.bind(("127.0.0.4", 0))
+        port = s.getsockname()[1]
+        extra = f"  - name: gone\n    address: 127.0.0.4\n    ssh: {{port: {port}}}\n"
+        cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, extra_nodes=extra)
+        r = status("--cluster", str(cfg), "status", "--timeout", "20")
+    assert r.returncode == 1, r.stderr
+    rows = {line.split()[0]: line.split()[1] for line in r.stdout.splitlines()[2:5]}
+    assert rows == {"node1": "LIVE", "node2": "LIVE", "gone": "DOWN"}
+    assert any(line.startswith("gone:") and "unreachable" in line for line in r.stdout.splitlines())
+    assert "Traceback" not in r.stderr
+
+
+def test_status_without_a_cluster_file_reads_this_machine(tmp_path):
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    r = status("status", "--json", cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr
+    (n,) = json.loads(r.stdout)["nodes"]
+    assert n["local"] and n["state"] == "LIVE" and n["tick"]["mem"]["total_kb"] == meminfo_kb("MemTotal")
+    assert n["info"]["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
+def test_bad_cluster_file_is_one_line(tmp_path):
+    bad = tmp_path / "c.yaml"
+    bad.write_text("nodes:\n  - name: a\n    address: spark.local\n")
+    r = status("--cluster", str(bad), "status")
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1
+    assert "c.yaml:3" in r.stderr and "address" in r.stderr
+
+
+def _agents_with_interval(interval: str) -> list[int]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        cl = p.info["cmdline"] or []
+        if "--interval" in cl and cl[cl.index("--interval") + 1] == interval and any("sys.stdin.buffer" in c for c in cl):
+            out.append(p.pid)
+    return out
+
+
+def test_watch_refreshes_until_ctrl_c_and_leaves_no_agent(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\nagent: {interval_s: 0.27}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "sparkconsole", "--cluster", str(cfg), "status", "--watch"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        snaps = 0
+        deadline = time.monotonic() + 30
+        while snaps < 2 and time.monotonic() < deadline:
+            line = proc.stdout.readline()
+            snaps += line.startswith("NODE")
+        assert snaps == 2
+        assert _agents_with_interval("0.27")
+        proc.send_signal(signal.SIGINT)
+        proc.wait(timeout=10)
+        assert "Traceback" not in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 5
+    while _agents_with_interval("0.27") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _agents_with_interval("0.27") == []
