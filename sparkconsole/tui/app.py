@@ -46,7 +46,8 @@ class SparkConsoleApp(App):
         Binding("3", "show('bench')", "Bench"),
         Binding("4", "show('logs')", "Logs"),
         Binding("question_mark", "help", "Help"),
-        Binding("colon", "command_palette", "Commands", show=False),
+        Binding("colon", "command_palette", "Commands", show=False),   # not priority: ':' still types in inputs
+        Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True),
         Binding("q", "quit", "Quit"),
     ]
 
@@ -81,8 +82,12 @@ class SparkConsoleApp(App):
             from ..nodes.monitor import ClusterMonitor
             self.monitor = ClusterMonitor(self.cluster)
         if self.serving is None and self.cluster.endpoints:
-            from ..serving.endpoint import ServingMonitor
-            self.serving = ServingMonitor(self.cluster)
+            try:
+                from ..serving.endpoint import ServingMonitor
+            except ImportError:     # lands separately; until then the serving panels wait
+                ServingMonitor = None
+            if ServingMonitor is not None:
+                self.serving = ServingMonitor(self.cluster)
         if self.alerts is None:
             try:
                 from ..alerts import AlertEngine
@@ -148,9 +153,20 @@ class SparkConsoleApp(App):
             return []
         return _evaluate_guards()(last.guards, last.mem, nm.containers, nm.config.container)
 
-    def node_facts(self) -> dict:
-        """What preflight needs to know of each node: its monitor (info, last tick, containers)."""
-        return dict(self.monitor.nodes) if self.monitor is not None else {}
+    def node_facts(self):
+        """What preflight learns from the live nodes: guard results, host memory, unified memory."""
+        from ..launch.lint import Facts
+        guards, mem, unified = {}, {}, {}
+        for name, nm in (self.monitor.nodes.items() if self.monitor else ()):
+            if nm.last is None:
+                continue
+            guards[name] = self.guards_for(nm)
+            if nm.last.mem is not None:
+                mem[name] = nm.last.mem
+            if nm.last.gpus:
+                unified[name] = nm.last.gpus[0].unified
+        return Facts(guards=guards, mem=mem, unified=unified,
+                     headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
 
     def thermal_note(self):
         """For bench sweeps: the hottest GPU and the throttle reasons active across nodes right now."""

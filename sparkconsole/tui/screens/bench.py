@@ -4,6 +4,8 @@ published reference can be overlaid."""
 
 from __future__ import annotations
 
+import time
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -11,26 +13,38 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
+from ... import paths
+from ...nodes.samples import THROTTLING
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
 
-# (chart id, title, unit, LevelResult attribute names tried in order)
+# (chart id, title, unit, LevelResult property)
 METRICS = (
-    ("decode", "decode", "t/s", ("decode_tps", "gen_tps", "tg_tps")),
-    ("prefill", "prefill", "t/s", ("prefill_tps", "prompt_tps", "pp_tps")),
-    ("ttft", "TTFT p50", "s", ("ttft_p50_s", "ttft_s", "ttft_median_s")),
+    ("decode", "decode", "t/s", "decode_tps"),
+    ("prefill", "prefill", "t/s", "prefill_tps"),
+    ("ttft", "TTFT", "ms", "ttft_ms"),
 )
 
 
-def level_value(level, names) -> float | None:
-    for n in names:
-        v = getattr(level, n, None)
-        if isinstance(v, (int, float)) and not isinstance(v, bool):
-            return float(v)
-    return None
+def level_value(level, name: str) -> float | None:
+    v = getattr(level, name, None)
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def throttled(level) -> bool:
+    note = getattr(level, "thermal", None)
+    return bool(note is not None and THROTTLING.intersection(note.throttle_reasons or ()))
+
+
+def store_path():
+    return paths.state_dir() / "bench.sqlite"
+
+
+PAST_RUNS = 4
 
 
 class BenchScreen(Screen):
+    AUTO_FOCUS = None
     BINDINGS = [
         Binding("b", "start", "Start sweep"),
         Binding("x", "stop", "Stop sweep"),
@@ -41,6 +55,7 @@ class BenchScreen(Screen):
     def __init__(self) -> None:
         super().__init__(id="bench")
         self.sweep_worker = None
+        self.runs = 3
         self.levels: list = []
         self.show_past = False
         self.show_reference = False
@@ -65,13 +80,15 @@ class BenchScreen(Screen):
 
     def add_level(self, level, label: str | None = None, style: str = "line") -> None:
         """One measured level (the bench layer's LevelResult) onto every chart."""
-        self.levels.append(level)
-        label = label or str(getattr(level, "topology", None) or getattr(level, "label", None) or "run")
-        conc = int(getattr(level, "concurrency", 0) or 0)
-        note = getattr(level, "thermal", None) or getattr(level, "thermal_note", None)
-        throttled = bool(getattr(level, "throttled", False) or (note is not None and getattr(note, "throttled", False)))
-        for cid, _, _, names in METRICS:
-            self.charts()[cid].put(label, conc, level_value(level, names), throttled=throttled, style=style)
+        if style == "line":
+            self.levels.append(level)
+        label = label or level.label
+        hot = throttled(level)
+        for cid, _, _, name in METRICS:
+            self.charts()[cid].put(label, level.key.concurrency, level_value(level, name), throttled=hot, style=style)
+        if style == "line":
+            self.status(f"{label}: c{level.key.concurrency} landed"
+                        + ("  (a node throttled during this level)" if hot else ""), "yellow" if hot else "cyan")
 
     def action_start(self) -> None:
         if self.sweep_worker is not None and self.sweep_worker.is_running:
@@ -96,22 +113,36 @@ class BenchScreen(Screen):
         if not app.cluster.endpoints:
             self.status("no endpoint in the cluster file to benchmark", "red")
             return
-        ep = app.cluster.endpoints[0]
+        ep = next((e for e in app.cluster.endpoints if e.kind == "router"), app.cluster.endpoints[0])
+        from ...bench.results import ResultsStore
         try:
-            spec = sweep_mod.SweepSpec(url=ep.url)
+            spec = sweep_mod.SweepSpec(url=ep.url, label=ep.name, runs=self.runs)
             self.status(f"sweeping {ep.name} ({ep.url})…", "cyan")
-            await sweep_mod.run_sweep(spec, on_level=lambda lv: self.add_level(lv, ep.name),
-                                      thermal_probe=app.thermal_note)
-            self.status(f"sweep of {ep.name} done: {len(self.levels)} levels", "green")
+            with ResultsStore(store_path()) as store:
+                out = await sweep_mod.run_sweep(spec, store, on_level=self.add_level, thermal_probe=app.thermal_note,
+                                                on_progress=lambda p: self.status(f"{ep.name}: {p.line()}", "cyan"))
+            self.status(f"sweep of {ep.name} done: {len(out.levels)} levels (run {out.run_id})", "green")
         except Exception as exc:
             self.status(" ".join(str(exc).split())[:200], "red")
 
     def action_past(self) -> None:
         self.show_past = not self.show_past
-        if not self.show_past:
-            for c in self.charts().values():
-                c.drop("past")
-        self.notify("past runs " + ("shown" if self.show_past else "hidden"))
+        for c in self.charts().values():
+            c.drop("past")
+        if self.show_past:
+            from ...bench.results import ResultsStore
+            if not store_path().exists():
+                self.notify("no past runs yet", severity="warning")
+                return
+            with ResultsStore(store_path()) as store:
+                runs = store.runs()[-PAST_RUNS:]
+                for run in runs:
+                    for lv in store.levels(run.run_id):
+                        self.add_level(lv, f"{run.label} {time.strftime('%m-%d %H:%M', time.localtime(run.created))}",
+                                       style="past")
+            self.notify(f"{len(runs)} past runs overlaid")
+        else:
+            self.notify("past runs hidden")
 
     def action_reference(self) -> None:
         self.show_reference = not self.show_reference

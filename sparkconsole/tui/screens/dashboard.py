@@ -16,6 +16,7 @@ from ..widgets.sim_badge import SimBadge
 
 
 class DashboardScreen(Screen):
+    AUTO_FOCUS = "NodePanel"
     BINDINGS = [Binding("slash", "filter", "Filter nodes"), Binding("escape", "clear_filter", "Clear filter", show=False)]
 
     def __init__(self) -> None:
@@ -28,7 +29,7 @@ class DashboardScreen(Screen):
         yield Header()
         if app.simulated:
             yield SimBadge()
-        yield Input(placeholder="filter nodes by name (escape clears)", id="node-filter", classes="-hidden")
+        yield Input(placeholder="filter nodes by name (escape clears)", id="node-filter")
         with VerticalScroll(id="nodes"):
             with Grid(id="node-grid"):
                 for node in app.cluster.nodes:
@@ -51,13 +52,13 @@ class DashboardScreen(Screen):
 
     def action_filter(self) -> None:
         box = self.query_one("#node-filter", Input)
-        box.remove_class("-hidden")
+        box.display = True
         box.focus()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#node-filter", Input)
         box.value = ""
-        box.add_class("-hidden")
+        box.display = False
         if self.panels:
             next(iter(p for p in self.panels.values() if p.display)).focus()
 

@@ -24,6 +24,7 @@ def logs_command(container: str) -> str:
 
 
 class LogsScreen(Screen):
+    AUTO_FOCUS = "#log"
     BINDINGS = [
         Binding("slash", "search", "Search"),
         Binding("escape", "clear_search", "Clear search"),
@@ -43,7 +44,7 @@ class LogsScreen(Screen):
         if self.app.simulated:
             yield SimBadge()
         yield Static("", id="logs-status")
-        yield Input(placeholder="search the log (escape clears)", id="log-search", classes="-hidden")
+        yield Input(placeholder="search the log (escape clears)", id="log-search")
         yield RichLog(id="log", max_lines=MAX_LINES, wrap=False, markup=False, auto_scroll=True)
         yield Footer()
 
@@ -117,13 +118,13 @@ class LogsScreen(Screen):
 
     def action_search(self) -> None:
         box = self.query_one("#log-search", Input)
-        box.remove_class("-hidden")
+        box.display = True
         box.focus()
 
     def action_clear_search(self) -> None:
         box = self.query_one("#log-search", Input)
         box.value = ""
-        box.add_class("-hidden")
+        box.display = False
         self.query_one(RichLog).focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:

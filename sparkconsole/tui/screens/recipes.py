@@ -25,8 +25,8 @@ def _one_line(exc: BaseException) -> str:
 
 
 def finding_level(f) -> str:
-    level = str(getattr(f, "severity", None) or getattr(f, "level", None) or "warn").lower()
-    return {"error": "bad", "fail": "bad", "refuse": "bad", "warning": "warn", "info": "ok"}.get(level, level)
+    """lint severities (refuse | block | warn) as the screen's verdict colours."""
+    return {"refuse": "bad", "block": "bad", "warn": "warn"}.get(f.severity, "warn")
 
 
 def verdict(findings) -> str:
@@ -35,6 +35,7 @@ def verdict(findings) -> str:
 
 
 class RecipesScreen(Screen):
+    AUTO_FOCUS = "#recipe-list"
     BINDINGS = [
         Binding("enter", "launch", "Launch", priority=False),
         Binding("t", "next_topology", "Topology"),
@@ -96,19 +97,27 @@ class RecipesScreen(Screen):
             try:
                 from ...launch import lint
                 app = self.app
-                self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts()))
+                self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
+                                                         plan=self._make_plan(recipe, topology)))
             except UserError as exc:
-                self.findings[key] = [_Finding("bad", _one_line(exc))]
+                self.findings[key] = [_Finding("refuse", _one_line(exc))]
             except ImportError:
                 self.findings[key] = []
         return self.findings[key]
+
+    def _make_plan(self, recipe, topology: str):
+        from ...launch.plan import make_plan
+        try:
+            return make_plan(recipe, topology, self.app.cluster, {})
+        except UserError:
+            return None      # preflight plans again and reports why
 
     # --- view -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
         if self.app.simulated:
             yield SimBadge()
-        yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter", classes="-hidden")
+        yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter")
         with Horizontal():
             yield OptionList(id="recipe-list")
             with Vertical(id="recipe-detail"):
@@ -127,6 +136,13 @@ class RecipesScreen(Screen):
             self.selected = self.recipe_choices()[0][0]
         self._show()
         self.query_one("#recipe-list").focus()
+
+    def on_screen_resume(self) -> None:
+        # Facts (guards, memory) move with the nodes: judge again each time the screen is shown.
+        self.findings.clear()
+        if self.is_mounted and self.entries:
+            self._fill_list(self.query_one("#recipe-filter", Input).value.strip().lower())
+            self._show()
 
     def _fill_list(self, needle: str) -> None:
         opts = []
@@ -201,7 +217,10 @@ class RecipesScreen(Screen):
         for f in findings:
             mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
             t.append(f"{mark} ", style=colour)
-            t.append(" ".join(str(getattr(f, "message", f)).split())[:200] + "\n")
+            t.append(" ".join(f.message.split())[:220])
+            if getattr(f, "fix", None):
+                t.append(f" — fix: {' '.join(f.fix.split())[:120]}", style="dim")
+            t.append("\n")
         if not findings:
             t.append("✓ preflight: nothing to report\n", style="green")
         head.update(t)
@@ -223,11 +242,12 @@ class RecipesScreen(Screen):
         for node, steps in plan_steps(self.plan):
             text.append(f"{node}\n", style="bold cyan")
             for i, step in enumerate(steps, 1):
-                what = getattr(step, "what", None) or getattr(step, "title", None) or getattr(step, "description", "")
-                argv = getattr(step, "argv", None) or getattr(step, "command", "")
-                cmd = argv if isinstance(argv, str) else " ".join(map(str, argv))
-                text.append(f" {i:>2}. {what}\n", style="")
-                text.append(f"     $ {cmd}\n", style="dim")
+                text.append(f" {i:>2}. {step.what}\n", style="" if step.change else "dim")
+                text.append(f"     $ {step.shell()}\n", style="dim")
+        for note in getattr(self.plan, "notes", ()):
+            text.append(f"note: {note}\n", style="yellow")
+        if getattr(self.plan, "endpoint", None):
+            text.append(f"clients use {self.plan.endpoint}\n", style="cyan")
         return text
 
     # --- actions ----------------------------------------------------------------------------------------------
@@ -247,9 +267,12 @@ class RecipesScreen(Screen):
             self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
             return
         plan = self.plan
-        nodes = ", ".join(n for n, _ in plan_steps(plan))
-        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", f"sparkconsole recipe run {r.key} --topology {self.topology}",
-                         lambda: self._launch(r, plan), "Each node's steps run in order; progress shows below the plan.")
+        nodes = ", ".join(plan.nodes)
+        changes = [s for s in plan.steps if s.change]
+        shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
+        more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
+        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
+                         lambda: self._launch(r, plan), f"{len(changes)} changing steps; progress shows below the plan.")
 
     def _runner(self):
         from ...launch.runner import Runner
@@ -257,15 +280,9 @@ class RecipesScreen(Screen):
         transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
         return Runner(app.cluster, transports)
 
-    def _on_progress(self, *args) -> None:
-        # The runner reports (node, message) or one event object; one line per node, the latest wins.
-        if len(args) >= 2:
-            node, msg = str(args[0]), " ".join(str(a) for a in args[1:])
-        else:
-            ev = args[0]
-            node = str(getattr(ev, "node", "") or "cluster")
-            msg = str(getattr(ev, "message", None) or getattr(ev, "what", None) or ev)
-        self.progress[node] = " ".join(msg.split())[:160]
+    def _on_progress(self, ev) -> None:
+        # One line per node: the runner's latest word on it wins.
+        self.progress[ev.node or "cluster"] = " ".join(f"{ev.stage}: {ev.message}".split())[:160]
         self._draw_progress()
 
     def _draw_progress(self) -> None:
@@ -276,11 +293,8 @@ class RecipesScreen(Screen):
         self.query_one("#launch-progress", Static).update(t)
 
     async def _launch(self, recipe, plan) -> None:
-        from ... import audit
         self.progress = {n: "queued" for n, _ in plan_steps(plan)}
         self._draw_progress()
-        for n, steps in plan_steps(plan):
-            audit.record(f"recipe-launch:{recipe.key}", n, f"{len(steps)} steps, topology {self.topology}")
         try:
             self.runner = self._runner()
             await self.runner.launch(plan, self._on_progress)
@@ -299,7 +313,7 @@ class RecipesScreen(Screen):
 
         async def go() -> None:
             try:
-                await getattr(self.runner, verb)(plan)
+                await getattr(self.runner, verb)(plan, self._on_progress)
                 self.app.notify(f"{verb} done", title="recipes")
             except Exception as exc:
                 self.app.notify(_one_line(exc)[:300], title=f"{verb} failed", severity="error", timeout=20)
@@ -313,13 +327,13 @@ class RecipesScreen(Screen):
 
     def action_filter(self) -> None:
         box = self.query_one("#recipe-filter", Input)
-        box.remove_class("-hidden")
+        box.display = True
         box.focus()
 
     def action_clear_filter(self) -> None:
         box = self.query_one("#recipe-filter", Input)
         box.value = ""
-        box.add_class("-hidden")
+        box.display = False
         self.query_one("#recipe-list").focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
@@ -335,11 +349,5 @@ class _Finding:
 
 
 def plan_steps(plan) -> list[tuple[str, list]]:
-    """(node, ordered steps) pairs, whatever container the plan keeps them in."""
-    for attr in ("steps", "nodes", "per_node"):
-        v = getattr(plan, attr, None)
-        if isinstance(v, dict):
-            return [(str(k), list(s)) for k, s in v.items()]
-        if isinstance(v, (list, tuple)) and v and hasattr(v[0], "steps"):
-            return [(str(getattr(n, "node", getattr(n, "name", "?"))), list(n.steps)) for n in v]
-    return []
+    """(node, its ordered steps) for each node of the plan."""
+    return [(n, plan.for_node(n)) for n in plan.nodes]

@@ -28,11 +28,15 @@ class EndpointPanel(Static):
         now = time.time() if now is None else now
         sub = Text()
         if snap.healthy is True:
-            sub.append("healthy", style="green")
+            sub.append("UP", style="green")
+            if snap.warning:
+                sub.append(f" · {snap.warning[:50]}", style="yellow")
         elif snap.healthy is False:
-            sub.append("UNHEALTHY", style="bold red")
+            sub.append("DOWN", style="bold red")
+            if getattr(snap, "failures", 0) > 1:
+                sub.append(f" ×{snap.failures}", style="red")
         else:
-            sub.append("unreachable" if snap.error else "unknown", style="bold red" if snap.error else "yellow")
+            sub.append("not polled yet", style="yellow")
         sub.append(f" · {duration(now - snap.time)} ago", style="dim")
         self.border_subtitle = sub
         self.set_class(snap.healthy is not True, "-unhealthy")
@@ -46,6 +50,12 @@ class EndpointPanel(Static):
                                  style="yellow" if (snap.waiting or 0) > 0 else ""),
                      Text(f"KV {pct(snap.kv_usage)}", style="red" if (snap.kv_usage or 0) > 0.9 else ""),
                      Text(f"prefix hit {pct(snap.prefix_hit_rate)}"))
+        if snap.kind == "router" and snap.backends_total is not None:
+            grid.add_row(Text(f"backends {snap.backends_up}/{snap.backends_total} up",
+                              style="red" if (snap.backends_up or 0) < snap.backends_total else ""),
+                         Text(f"req/s {num(snap.requests_per_s, digits=1)}  err/s {num(snap.errors_per_s, digits=1)}",
+                              style="red" if (snap.errors_per_s or 0) > 0 else ""),
+                         Text(f"latency p50 {ms(snap.latency_p50_s)} p95 {ms(snap.latency_p95_s)}"), Text(""))
         grid.add_row(Text(f"prompt {num(snap.prompt_tps, ' t/s')}  gen {num(snap.gen_tps, ' t/s')}"),
                      Text(f"TTFT p50 {ms(snap.ttft_p50_s)} p95 {ms(snap.ttft_p95_s)}"),
                      Text(f"ITL p50 {ms(snap.itl_p50_s)} p95 {ms(snap.itl_p95_s)}"),

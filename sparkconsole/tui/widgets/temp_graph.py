@@ -28,7 +28,7 @@ def thin(values: Sequence[float], columns: int) -> list[tuple[float, float]]:
 class TempGraph(Widget):
     """Call `set_data(temps, slowdown_c)`; draws only when the data changed."""
 
-    DEFAULT_CSS = "TempGraph { height: 4; }"
+    DEFAULT_CSS = "TempGraph { height: 5; }"
 
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
@@ -58,28 +58,30 @@ class TempGraph(Widget):
         top_v = max(hi for _, hi in cols)
         thr = self._slowdown
         hi_v = max(top_v, thr + 2 if thr is not None else top_v) + 1
-        lo_v = min(min(lo for lo, _ in cols), (thr - 40) if thr is not None else top_v - 20)
-        lo_v = float(int(lo_v // 10 * 10))
+        lo_v = float(int((min(lo for lo, _ in cols) - 5) // 10 * 10))
         span = max(hi_v - lo_v, 1.0)
         levels = [max(0.0, (hi - lo_v) / span * h * 8) for _, hi in cols]
         thr_row = None if thr is None else min(h - 1, int((thr - lo_v) / span * h))
         bar_style = "grey50" if self.stale else "cyan"
+        pad = w - len(levels)          # newest reading at the right edge
         for row in range(h - 1, -1, -1):
-            label = f"{hi_v:>4.0f}° " if row == h - 1 else (f"{lo_v:>4.0f}° " if row == 0 else
-                                                               (f"{thr:>4.0f}° " if row == thr_row else "      "))
-            text.append(label, style="red" if row == thr_row and 0 < row < h - 1 else "dim")
+            if row == thr_row:
+                text.append(f"{thr:>4.0f}° ", style="red")
+            elif row == h - 1:
+                text.append(f"{hi_v:>4.0f}° ", style="dim")
+            elif row == 0:
+                text.append(f"{lo_v:>4.0f}° ", style="dim")
+            else:
+                text.append("      ")
+            if pad > 0:
+                text.append(("╌" if row == thr_row else " ") * pad, style="red")
             for lvl in levels:
                 cell = lvl - row * 8
-                if cell >= 8:
-                    ch = "█"
-                elif cell > 0:
-                    ch = _BLOCKS[int(cell)] if int(cell) > 0 else "▁"
-                else:
-                    ch = " "
+                ch = "█" if cell >= 8 else (_BLOCKS[max(int(cell), 1)] if cell > 0 else " ")
                 if row == thr_row and ch == " ":
                     text.append("╌", style="red")
                 else:
-                    text.append(ch, style=("bold red" if row >= (thr_row or h) and ch != " " else bar_style))
+                    text.append(ch, style="bold red" if thr_row is not None and row >= thr_row else bar_style)
             if row:
                 text.append("\n")
         return text

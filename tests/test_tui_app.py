@@ -1,0 +1,303 @@
+"""Pilot tests of the console: every key, fed by a recorded session (real H100 NVML readings replayed through the
+real ClusterMonitor and its line parsing), checked against what the screen shows."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkconsole import audit
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.nodes.monitor import ClusterMonitor
+from sparkconsole.nodes.samples import REASON_WORDS, NodeState, reasons_from_mask
+from sparkconsole.tui.app import SparkConsoleApp
+from sparkconsole.tui.replay import read_recording, replay_factory, split_recording
+from sparkconsole.tui.screens.confirm import ConfirmScreen
+from sparkconsole.tui.screens.help import HelpScreen
+from sparkconsole.tui.widgets.node_panel import NodePanel
+from sparkconsole.tui.widgets.sim_badge import SimBadge
+
+RECORDING = Path(__file__).parent / "fixtures" / "tui-h100-load.jsonl"
+SIZE = (120, 40)
+
+
+def screen_text(app) -> str:
+    """What the terminal shows right now, as plain text."""
+    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
+
+
+def widget_text(widget) -> str:
+    """The part of the screen a widget (with its children) covers, as plain text."""
+    region = widget.screen.find_widget(widget).region
+    lines = [strip.text for strip in widget.screen._compositor.render_strips()]
+    return "\n".join(line[region.x:region.right] for line in lines[region.y:region.bottom])
+
+
+async def wait_for(pilot, cond, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while not cond():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        await pilot.pause(0.05)
+
+
+def cluster(n: int = 2, endpoints=()) -> ClusterConfig:
+    nodes = tuple(NodeConfig(name=f"spark{i + 1}", address="127.0.0.1", role="head" if i == 0 else "worker")
+                  for i in range(n))
+    return ClusterConfig(nodes=nodes, endpoints=tuple(endpoints), source="test-cluster.yaml")
+
+
+@pytest.fixture
+def recording() -> list[str]:
+    return read_recording(RECORDING)
+
+
+@pytest.fixture(autouse=True)
+def state_dir(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    return tmp_path / "state"
+
+
+def make_app(recording, n=2, *, simulated=False, **kw):
+    cfg = cluster(n)
+    factory = replay_factory(lambda node: recording, interval=kw.pop("interval", 0.05), **kw)
+    mon = ClusterMonitor(cfg, transport_factory=factory)
+    return SparkConsoleApp(cfg, monitor=mon, simulated=simulated), factory, mon
+
+
+async def test_dashboard_draws_the_recorded_readings(recording):
+    app, factory, mon = make_app(recording)
+    _, ticks = split_recording(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(len(nm.history) >= 12 for nm in mon.nodes.values()), what="12 ticks")
+        await pilot.pause(0.4)   # one redraw period
+        nm = mon.nodes["spark1"]
+        panel = app.dashboard.panels["spark1"]
+        text = widget_text(panel)
+        gpu = nm.last.gpus[0]
+        # The temperature shown is the latest parsed tick's, and the thresholds are the recording's.
+        recorded_temps = {t["gpus"][0]["temp_c"] for t in ticks}
+        shown = int(text.split("GPU ", 1)[1].split("°C", 1)[0])
+        assert shown in recorded_temps
+        assert f"slowdown {ticks[0]['gpus'][0]['slowdown_c']}°C" in text
+        # Throttle reasons in words, as the recorded mask says.
+        words = [REASON_WORDS[r] for r in reasons_from_mask(gpu.reasons_mask)]
+        assert any(w in text for w in words)
+        assert "Power" in text and "SM" in text and "Util" in text
+        # Host memory headroom from the recorded MemAvailable / MemTotal.
+        mem = ticks[0]["mem"]
+        assert f"{mem['available_kb'] / 1048576:.1f} of {mem['total_kb'] / 1048576:.1f} GiB free" in text
+        assert "LIVE" in screen_text(app)
+        # The graph's slowdown line is labelled with the recorded threshold.
+        assert f"{ticks[0]['gpus'][0]['slowdown_c']}°" in widget_text(panel.query_one("TempGraph"))
+        await pilot.press("q")
+    assert all(not t.connected for t in factory.made.values())
+
+
+async def test_stale_and_down_nodes_say_so_and_keep_their_last_values(recording):
+    app, factory, mon = make_app(recording, interval=0.05,
+                                 per_node={"spark1": {"stop_after": 8}, "spark2": {"drop_after": 8}})
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: mon.nodes["spark1"].state == NodeState.STALE, what="spark1 STALE")
+        await wait_for(pilot, lambda: mon.nodes["spark2"].state == NodeState.DOWN, what="spark2 DOWN")
+        await pilot.pause(1.2)    # past one age refresh
+        p1, p2 = app.dashboard.panels["spark1"], app.dashboard.panels["spark2"]
+        assert p1.has_class("-stale") and not p1.has_class("-down")
+        assert p2.has_class("-stale") and p2.has_class("-down")
+        for name, panel in (("spark1", p1), ("spark2", p2)):
+            last = mon.nodes[name].last
+            text = widget_text(panel)
+            assert f"GPU {last.gpus[0].temp_c:.0f}°C" in text, f"{name} lost its last values"
+        assert "STALE" in str(p1.border_subtitle) and "DOWN" in str(p2.border_subtitle)
+        await pilot.press("q")
+
+
+async def test_number_keys_help_and_palette(recording):
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        for key, mode in (("2", "recipes"), ("3", "bench"), ("4", "logs"), ("1", "dashboard")):
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert app.current_mode == mode
+        await pilot.press("question_mark")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, HelpScreen)
+        assert "tail the node's vLLM container log" in screen_text(app)
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert not isinstance(app.screen, HelpScreen)
+        # ':' opens the palette; every node action is there.
+        await pilot.press("colon")
+        await pilot.pause(0.2)
+        from textual.command import CommandPalette
+        assert isinstance(app.screen, CommandPalette)
+        for ch in "Show bench":
+            await pilot.press("space" if ch == " " else ch)
+        await pilot.pause(0.5)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.current_mode == "bench", what="bench via palette")
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, CommandPalette)
+        await pilot.press("escape")
+        await pilot.press("q")
+
+
+async def test_palette_lists_every_action_and_recipe(recording):
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        titles = [t for t, _, _ in app.palette_commands()]
+        for node in ("spark1", "spark2"):
+            assert f"Logs: {node}" in titles and f"Restart vLLM on {node}" in titles and f"Stop vLLM on {node}" in titles
+        for mode in ("dashboard", "recipes", "bench", "logs"):
+            assert f"Show {mode}" in titles
+        from sparkconsole.launch.recipe import recipe_paths
+        for key in recipe_paths():
+            assert f"Recipe: {key}" in titles
+        await pilot.press("q")
+
+
+async def test_restart_and_stop_ask_first_then_run_and_audit(recording, state_dir):
+    app, factory, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: mon.nodes["spark2"].state == NodeState.LIVE, what="LIVE")
+        app.dashboard.panels["spark2"].focus()
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "docker restart vllm_node" in screen_text(app)
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        t2 = factory.made["spark2"]
+        assert not any(c.startswith("docker restart") for c in t2.commands), "cancel must not run anything"
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: "docker restart vllm_node" in t2.commands, what="restart sent")
+        await pilot.press("s")
+        await pilot.pause(0.1)
+        assert "docker stop vllm_node" in screen_text(app)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: "docker stop vllm_node" in t2.commands, what="stop sent")
+        assert not any("docker" in c and "logs" not in c for c in factory.made["spark1"].commands)
+        entries = audit.read()
+        assert [(e.node, e.command) for e in entries] == [("spark2", "docker restart vllm_node"),
+                                                          ("spark2", "docker stop vllm_node")]
+        assert "docker stop vllm_node" in widget_text(app.dashboard.events)
+        await pilot.press("q")
+
+
+async def test_failed_command_is_reported(recording):
+    from sparkconsole.nodes.transport import CommandResult
+    app, factory, mon = make_app(recording, replies={"docker stop": CommandResult(1, "", "Error response from daemon: No such container: vllm_node")})
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: mon.nodes["spark1"].state == NodeState.LIVE, what="LIVE")
+        app.dashboard.panels["spark1"].focus()
+        await pilot.press("s", "y")
+        await wait_for(pilot, lambda: "rc 1" in widget_text(app.dashboard.events), what="failure in the event log")
+        assert "No such container" in widget_text(app.dashboard.events)
+        await pilot.press("q")
+
+
+async def test_filter_hides_other_nodes(recording):
+    app, _, _ = make_app(recording, n=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("slash")
+        await pilot.press("3")
+        await pilot.pause(0.1)
+        shown = [n for n, p in app.dashboard.panels.items() if p.display]
+        assert shown == ["spark3"]
+        await pilot.press("escape")
+        await pilot.pause(0.1)
+        assert all(p.display for p in app.dashboard.panels.values())
+        await pilot.press("q")
+
+
+LOG_LINES = [
+    "INFO 11-22 14:07:40 [api_server.py:1880] Starting vLLM API server 0 on http://0.0.0.0:8000",
+    "WARNING 11-22 14:07:41 [config.py:1200] Possibly too large swap space",
+    "INFO 11-22 14:07:42 [loggers.py:123] Engine 000: Avg prompt throughput: 0.0 tokens/s",
+    "ERROR 11-22 14:07:43 [core.py:700] EngineCore failed to start. HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz123456",
+]
+
+
+async def test_logs_key_tails_the_container_log_and_searches(recording):
+    app, factory, mon = make_app(recording, logs=LOG_LINES)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: mon.nodes["spark2"].state == NodeState.LIVE, what="LIVE")
+        app.dashboard.panels["spark2"].focus()
+        await pilot.press("l")
+        await wait_for(pilot, lambda: app.current_mode == "logs", what="logs screen")
+        await wait_for(pilot, lambda: len(app.logs_screen.lines) == len(LOG_LINES), what="log lines")
+        await pilot.pause(0.1)
+        assert "docker logs -f --tail 200 vllm_node 2>&1" in factory.made["spark2"].commands
+        text = screen_text(app)
+        assert "Starting vLLM API server" in text and "spark2" in text
+        assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in text, "a token reached the screen"
+        await pilot.press("slash")
+        for ch in "throughput":
+            await pilot.press(ch)
+        await pilot.pause(0.2)
+        text = screen_text(app)
+        assert "Avg prompt throughput" in text and "Starting vLLM API server" not in text
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert "Starting vLLM API server" in screen_text(app)
+        await pilot.press("n")       # next node: spark1
+        await wait_for(pilot, lambda: any("logs" in c for c in factory.made["spark1"].commands), what="spark1 tail")
+        await pilot.press("q")
+    # the tails ended with the app
+    assert all(not t._streams for t in factory.made.values())
+
+
+async def test_simulated_label_on_every_screen(recording):
+    app, _, _ = make_app(recording, simulated=True)
+    async with app.run_test(size=SIZE) as pilot:
+        for key in ("1", "2", "3", "4"):
+            await pilot.press(key)
+            await pilot.pause(0.1)
+            assert app.screen.query(SimBadge), f"no SIMULATED label on screen {key}"
+            assert "SIMULATED" in screen_text(app)
+        await pilot.press("q")
+    app2, _, _ = make_app(recording, simulated=False)
+    async with app2.run_test(size=SIZE) as pilot:
+        assert not app2.screen.query(SimBadge)
+        assert "SIMULATED" not in screen_text(app2)
+        await pilot.press("q")
+
+
+async def test_quit_ends_agents_and_connections(recording):
+    app, factory, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        await pilot.press("q")
+        await pilot.pause(0.1)
+    assert all(nm._task is None for nm in mon.nodes.values())
+    for t in factory.made.values():
+        assert not t.connected and not t._streams
+
+
+async def test_recipes_screen_lists_recipes_and_shows_a_plan_per_node(recording):
+    from sparkconsole.launch.recipe import recipe_paths
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await pilot.press("2")
+        await pilot.pause(0.3)
+        text = screen_text(app)
+        keys = sorted(recipe_paths())
+        assert keys and keys[0] in text
+        rs = app.recipes_screen
+        first_topology = rs.topology
+        plan = widget_text(rs.query_one("#plan"))
+        if rs.plan is not None:
+            assert "spark1" in plan
+        await pilot.press("t")
+        await pilot.pause(0.2)
+        topos = rs.topologies(rs._recipe(rs.selected))
+        if len(topos) > 1:
+            assert rs.topology != first_topology
+        await pilot.press("q")
