@@ -182,21 +182,26 @@ def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | 
 
 
 def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = ()) -> tuple[list[str], bool]:
-    """The recipe's command as argv: placeholders filled, line continuations joined, Ray's executor flag
-    dropped (the topology adds what it needs). Returns (argv, shell) — shell when the command uses shell
-    operators and must run under `bash -c`."""
-    text = recipe.render_command(params)
-    text = re.sub(r"\\[ \t]*\r?\n", " ", text).strip()
+    """The recipe's command as argv: the template split into words first, then each word's placeholders
+    filled, so a value can never become several arguments; Ray's executor flag is dropped (the topology adds
+    what it needs). Returns (argv, shell): shell when the command uses shell operators and runs under
+    `bash -c`, its values then quoted for that shell."""
+    recipe.render_command(params)            # names a missing placeholder with the file and line
+    template = re.sub(r"\\[ \t]*\r?\n", " ", recipe.command).strip()
     try:
-        argv = shlex.split(text)
+        words = shlex.split(template)
     except ValueError as exc:
         raise UserError(f"the command cannot be split into arguments ({exc})", file=recipe.source,
                         line=recipe.command_line, field="command", fix="balance the quotes in the command") from None
-    if not argv:
+    if not words:
         raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
                         fix="write the vllm serve command")
-    if any(a in SHELL_OPERATORS for a in argv):
+    if any(w in SHELL_OPERATORS for w in words):
+        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
+        text = template.format(**quoted)
         return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+    values = {k: _plain(v) for k, v in params.items()}
+    argv = [w.format(**values) for w in words]
     out: list[str] = []
     skip = False
     for a in argv:
@@ -210,6 +215,12 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
             continue
         out.append(a)
     return [*out, *extra_args], False
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v
 
 
 def flag_value(argv: Sequence[str], *names: str) -> str | None:
@@ -421,33 +432,31 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                 if rank == 0:
                     endpoint = svc.url
         else:
+            argv, shell = command_argv(recipe, server_params(head, port), extra_args)
             for rank, n in enumerate(nodes):
                 name = cname(n)
                 pre_steps(n, name)
                 ray = (["ray", "start", "--block", "--head", "--port", str(master_port)] if rank == 0 else
                        ["ray", "start", "--block", "--address", f"{_url_host(head.address)}:{master_port}"])
                 ray += ["--node-ip-address", n.address, "--disable-usage-stats"]
-                key = f"{n.name}/{'ray-head' if rank == 0 else 'worker'}"
+                role = "server" if rank == 0 else "worker"
+                # The head's container is the server: it answers once vLLM (started below) is up.
+                svc = Service(key=f"{n.name}/{role}", node=n.name, container=name, role=role,
+                              url=f"http://{_url_host(head.address)}:{port}" if rank == 0 else None,
+                              model=served_model(recipe, argv) if rank == 0 else None)
                 steps.append(Step(n.name, f"start the container with a Ray {'head' if rank == 0 else 'worker'}",
-                                  tuple(_docker_run(recipe, topology, "server" if rank == 0 else "worker", name,
+                                  tuple(_docker_run(recipe, topology, role, name,
                                                     [*recipe.env.items(), *node_env(n)], server_params(n, port),
                                                     image, secrets) + ray),
-                                  secrets=secrets, service=key))
-                services.append(Service(key=key, node=n.name, container=name,
-                                        role="server" if rank == 0 else "worker", url=None))
-            argv, shell = command_argv(recipe, server_params(head, port), extra_args)
+                                  secrets=secrets, service=svc.key))
+                services.append(svc)
             text = argv[2] if shell else shlex.join(argv)
             text += " --distributed-executor-backend ray"
-            name = cname(head)
-            svc = Service(key=f"{head.name}/server", node=head.name, container=name, role="server",
-                          url=f"http://{_url_host(head.address)}:{port}", model=served_model(recipe, argv))
             # Output goes to the container's own stdout so `docker logs` follows the server.
             steps.append(Step(head.name, "start vLLM on the Ray cluster (executor ray)",
-                              ("docker", "exec", "-d", name, "bash", "-c", f"exec {text} >> /proc/1/fd/1 2>&1"),
-                              service=svc.key))
-            services.append(svc)
-            server_args[svc.key] = (*argv, "--distributed-executor-backend", "ray")
-            endpoint = svc.url
+                              ("docker", "exec", "-d", cname(head), "bash", "-c", f"exec {text} >> /proc/1/fd/1 2>&1")))
+            server_args[f"{head.name}/server"] = (*argv, "--distributed-executor-backend", "ray")
+            endpoint = services[0].url
 
     return Plan(recipe=recipe.key, recipe_name=recipe.name, topology=topology, nodes=tuple(n.name for n in nodes),
                 steps=tuple(steps), services=tuple(services), endpoint=endpoint, router=router_used,

@@ -1,0 +1,250 @@
+"""Plans: every bundled recipe × topology checked field by field; quoting proven with a real shell."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from dataclasses import replace
+
+import pytest
+import yaml
+
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.errors import UserError
+from sparkconsole.launch.plan import Step, flag_value, make_plan
+from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
+
+NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a", vllm_port=8000),
+         NodeConfig(name="spark2", address="192.168.100.11", role="worker", container="vllm_b", vllm_port=8001))
+CLUSTER = ClusterConfig(nodes=NODES, endpoints=(), source="cluster.yaml")
+ADDR = {n.name: n.address for n in NODES}
+PORT = {n.name: n.vllm_port for n in NODES}
+
+
+def variants():
+    for r in bundled_recipes():
+        for t in r.topologies:
+            opts = [{}]
+            if t == "2x-solo":
+                opts += [{"router": "simple-shuffle"}, {"router": "least-busy"}]
+            if t == "cluster-tp2":
+                opts += [{"backend": "ray"}]
+            for o in opts:
+                yield pytest.param(r.key, t, o, id=f"{r.key}-{t}-{'-'.join(map(str, o.values())) or 'default'}")
+
+
+def docker_run_parts(argv):
+    """Split a `docker run` argv into (options, image, command) using the --entrypoint= marker."""
+    assert argv[:3] == ("docker", "run", "-d")
+    i = argv.index("--entrypoint=")
+    return argv[3:i], argv[i + 1], argv[i + 2:]
+
+
+def env_of(opts):
+    out = {}
+    for i, a in enumerate(opts):
+        if a == "-e":
+            k, sep, v = opts[i + 1].partition("=")
+            out[k] = v if sep else None          # None: passed by reference
+    return out
+
+
+@pytest.mark.parametrize("key, topology, opts", list(variants()))
+def test_bundled_plan_field_by_field(key, topology, opts):
+    r = find_recipe(key)
+    plan = make_plan(r, topology, CLUSTER, opts)
+    used = {"solo": ["spark1"]}.get(topology, ["spark1", "spark2"])
+    assert plan.nodes == tuple(used) and plan.topology == topology and plan.recipe == key
+    # head first: the first step runs on the head
+    assert plan.steps[0].node == "spark1"
+    servers = [s for s in plan.services if s.role != "router"]
+    assert [s.node for s in servers] == used
+    for svc in servers:
+        start = next(s for s in plan.steps if s.service == svc.key)
+        # every server's node first removes a stopped leftover of the same name (refused if running)
+        pre = plan.steps[plan.steps.index(start) - 1]
+        assert pre.argv == ("docker", "rm", svc.container) and pre.node == svc.node
+        node = CLUSTER.node(svc.node)
+        assert svc.container == node.container
+        if plan.backend == "ray":
+            continue
+        opts_, image, cmd = docker_run_parts(start.argv)
+        assert image == r.container
+        assert opts_[opts_.index("--name") + 1] == node.container
+        assert ("--network", "host") == tuple(opts_[opts_.index("--network"):opts_.index("--network") + 2])
+        cs = r.container_settings
+        if cs.memory:
+            assert opts_[opts_.index("--memory") + 1] == cs.memory
+            assert opts_[opts_.index("--memory-swap") + 1] == cs.memory
+        assert ("--gpus" in opts_) == (cs.gpus is not None)
+        env = env_of(opts_)
+        for k, v in r.env.items():
+            assert env[k] == v
+        for s in r.secrets:
+            assert env[s.name] is None                              # by reference only
+        assert f"sparkconsole.recipe={key}" in opts_ and f"sparkconsole.topology={topology}" in opts_
+        argv = plan.server_args[svc.key]
+        assert tuple(cmd) == argv
+        assert "--distributed-executor-backend" not in argv
+        # one TP group serves on the head's port; single-node servers on their own node's port
+        assert flag_value(argv, "--port") == str(PORT["spark1" if topology == "cluster-tp2" else svc.node])
+        if svc.url:
+            assert svc.url == f"http://{ADDR[svc.node]}:{PORT[svc.node]}"
+        assert svc.model == flag_value(argv, "--served-model-name")
+        tp = flag_value(argv, "--tensor-parallel-size")
+        assert tp == ("2" if topology == "cluster-tp2" else "1")
+        if topology == "cluster-tp2":
+            rank = used.index(svc.node)
+            assert flag_value(argv, "--nnodes") == "2" and flag_value(argv, "--node-rank") == str(rank)
+            assert flag_value(argv, "--master-addr") == ADDR["spark1"]
+            assert flag_value(argv, "--master-port") == str(r.cluster.master_port)
+            assert ("--headless" in argv) == (rank > 0)
+            assert (svc.url is None) == (rank > 0)
+            for var in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "UCX_NET_DEVICES"):
+                assert env[var] == r.cluster.eth_if
+            assert env["VLLM_HOST_IP"] == ADDR[svc.node]
+            if r.cluster.ib_if:
+                assert env["NCCL_IB_HCA"] == r.cluster.ib_if
+        if topology == "disagg":
+            assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == ADDR[svc.node]
+            kv = flag_value(argv, "--kv-transfer-config")
+            assert yaml.safe_load(kv) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
+            assert svc.role == ("prefill" if svc.node == "spark1" else "decode")
+    # the endpoint is the router when there is one, else the head's server
+    routers = [s for s in plan.services if s.role == "router"]
+    if topology in ("2x-solo", "disagg"):
+        assert len(routers) == 1 and routers[0].node == "spark1"
+        assert plan.endpoint == routers[0].url == f"http://192.168.100.10:{r.router.port}"
+        start = next(s for s in plan.steps if s.service == routers[0].key)
+        assert plan.steps.index(start) == len(plan.steps) - 1          # the router starts after its backends
+        _check_router(r, plan, routers[0], start, topology, opts)
+    else:
+        assert not routers and plan.endpoint == f"http://192.168.100.10:8000"
+    # every step survives the trip through a shell unchanged
+    for s in plan.steps:
+        assert shlex.split(s.shell()) == list(s.argv)
+
+
+def _check_router(r, plan, router, start, topology, opts):
+    _, image, cmd = docker_run_parts(start.argv)
+    urls = [s.url for s in plan.services if s.role != "router"]
+    if topology == "disagg":
+        assert image == r.router.vllm_router.image
+        assert cmd[cmd.index("--prefill") + 1] == urls[0] and cmd[cmd.index("--decode") + 1] == urls[1]
+        assert "--vllm-pd-disaggregation" in cmd
+        return
+    choice = opts.get("router", r.router.default)
+    assert plan.router == choice
+    if choice == "vllm-router":
+        assert image == r.router.vllm_router.image
+        i = cmd.index("--worker-urls")
+        assert list(cmd[i + 1:i + 3]) == urls and cmd[cmd.index("--policy") + 1] == r.router.vllm_router.policy
+        assert any("0.5 ms" in n for n in plan.notes)
+    else:
+        assert image == r.router.litellm.image
+        write = plan.steps[plan.steps.index(start) - 1]
+        cfg = yaml.safe_load(write.input)
+        assert cfg["router_settings"]["routing_strategy"] == choice
+        assert [m["litellm_params"]["api_base"] for m in cfg["model_list"]] == [u + "/v1" for u in urls]
+        assert {m["model_name"] for m in cfg["model_list"]} == {router.model}
+        assert cfg["general_settings"]["master_key"] == "os.environ/LITELLM_MASTER_KEY"
+        assert "LITELLM_MASTER_KEY" in start.argv and not any(a.startswith("LITELLM_MASTER_KEY=") for a in start.argv)
+        assert router.health_path == "/health/liveliness"
+        assert any("12 ms" in n for n in plan.notes)
+
+
+def test_ray_backend_plan():
+    plan = make_plan(find_recipe("gpt-oss-120b"), "cluster-tp2", CLUSTER, {"backend": "ray"})
+    head, worker = [s for s in plan.steps if s.service and s.argv[1] == "run"]
+    assert head.argv[-9:] == ("ray", "start", "--block", "--head", "--port", "29501", "--node-ip-address",
+                              "192.168.100.10", "--disable-usage-stats")
+    assert "--address" in worker.argv and "192.168.100.10:29501" in worker.argv
+    exec_step = plan.steps[-1] if plan.steps[-1].argv[1] == "exec" else next(s for s in plan.steps if s.argv[1] == "exec")
+    assert exec_step.node == "spark1" and exec_step.argv[:4] == ("docker", "exec", "-d", "vllm_a")
+    inner = exec_step.argv[-1]
+    assert inner.startswith("exec vllm serve") and inner.endswith("--distributed-executor-backend ray >> /proc/1/fd/1 2>&1")
+    assert plan.server_args["spark1/server"][-2:] == ("--distributed-executor-backend", "ray")
+
+
+def test_placeholder_values_with_shell_metacharacters_stay_one_argument():
+    evil = "x'; touch /tmp/pwned; echo '"
+    plan = make_plan(find_recipe("tiny-testbed"), "solo", CLUSTER, {"served_model_name": evil})
+    start = next(s for s in plan.steps if s.service)
+    assert plan.server_args["spark1/server"][plan.server_args["spark1/server"].index("--served-model-name") + 1] == evil
+    # a real shell parses the rendered line back into exactly the planned argv
+    out = subprocess.run(["sh", "-c", 'printf "%s\\0" ' + start.shell()], capture_output=True, check=True).stdout
+    assert out.split(b"\0")[:-1] == [a.encode() for a in start.argv]
+
+
+def test_file_secret_is_read_on_the_node_and_never_in_the_plan(tmp_path):
+    token = "hf_" + "z" * 34
+    f = tmp_path / "token"
+    f.write_text(token)
+    step = Step("spark1", "print the token inside the command", ("sh", "-c", 'printf %s "$HF_TOKEN"'),
+                secrets=(SecretRef("HF_TOKEN", f"file:{f}"),))
+    assert token not in step.shell()
+    assert subprocess.run(["sh", "-c", step.shell()], capture_output=True, text=True).stdout == token
+    r = find_recipe("llama-3.1-8b")
+    r = replace(r, secrets=(SecretRef("HF_TOKEN", f"file:{f}"),))
+    plan = make_plan(r, "solo", CLUSTER)
+    start = next(s for s in plan.steps if s.service)
+    assert start.shell().startswith(f'HF_TOKEN="$(cat -- {f})" docker run')
+    assert token not in plan.render()
+
+
+def test_drop_caches_and_overrides():
+    plan = make_plan(find_recipe("gpt-oss-120b"), "2x-solo", CLUSTER,
+                     {"drop_caches": True, "max_model_len": 8192, "extra_args": ["--seed", "7"], "port": 9100})
+    drops = [s for s in plan.steps if "drop_caches" in " ".join(s.argv)]
+    assert [s.node for s in drops] == ["spark1", "spark2"]
+    for key, argv in plan.server_args.items():
+        assert flag_value(argv, "--max-model-len") == "8192" and argv[-2:] == ("--seed", "7")
+        assert flag_value(argv, "--port") == "9100"
+    assert all(s.url.endswith(":9100") for s in plan.services if s.role == "server")
+
+
+def test_cluster_overrides_tp_and_layers_and_interfaces():
+    r = find_recipe("gpt-oss-120b")
+    solo = make_plan(r, "solo", CLUSTER).server_args["spark1/server"]
+    tp2 = make_plan(r, "cluster-tp2", CLUSTER, {"eth_if": {"spark1": "eth0", "spark2": "eth1"}, "ib_if": "mlx5_0"})
+    assert flag_value(solo, "--mxfp4-layers") == "moe,qkv,o,lm_head"
+    assert flag_value(tp2.server_args["spark1/server"], "--mxfp4-layers") == "moe,qkv,o"
+    envs = {s.node: env_of(docker_run_parts(s.argv)[0]) for s in tp2.steps if s.service}
+    assert envs["spark1"]["NCCL_SOCKET_IFNAME"] == "eth0" and envs["spark2"]["GLOO_SOCKET_IFNAME"] == "eth1"
+    assert envs["spark2"]["NCCL_IB_HCA"] == "mlx5_0"
+    nodes = make_plan(r, "solo", CLUSTER, {"nodes": ["spark2"]})
+    assert nodes.nodes == ("spark2",) and nodes.endpoint == "http://192.168.100.11:8001"
+
+
+@pytest.mark.parametrize("key, topology, opts, needle", [
+    ("deepseek-v4-flash", "solo", {}, "requires cluster mode"),
+    ("tiny-testbed", "cluster-tp2", {}, "does not support topology cluster-tp2"),
+    ("gpt-oss-120b", "quad", {}, "unknown topology"),
+    ("gpt-oss-120b", "solo", {"nodes": ["spark9"]}, "no node named 'spark9'"),
+    ("gpt-oss-120b", "2x-solo", {"nodes": ["spark1", "spark1"]}, "named twice"),
+    ("gpt-oss-120b", "2x-solo", {"nodes": ["spark1"]}, "runs on two nodes"),
+    ("gpt-oss-120b", "2x-solo", {"router": "nginx"}, "unknown router"),
+    ("gpt-oss-120b", "cluster-tp2", {"backend": "slurm"}, "unknown backend"),
+])
+def test_impossible_plans_are_one_line_errors(key, topology, opts, needle):
+    with pytest.raises(UserError) as ei:
+        make_plan(find_recipe(key), topology, CLUSTER, opts)
+    assert needle in str(ei.value) and "\n" not in str(ei.value) and "fix:" in str(ei.value)
+
+
+def test_cluster_without_interface_and_single_node_cluster_are_refused():
+    r = replace(find_recipe("gpt-oss-120b"), cluster=replace(find_recipe("gpt-oss-120b").cluster, eth_if=None))
+    with pytest.raises(UserError, match="network interface"):
+        make_plan(r, "cluster-tp2", CLUSTER)
+    one = ClusterConfig(nodes=NODES[:1], endpoints=(), source="one.yaml")
+    with pytest.raises(UserError, match="needs 2 nodes"):
+        make_plan(find_recipe("gpt-oss-120b"), "2x-solo", one)
+
+
+def test_render_lists_steps_per_node_in_execution_order():
+    plan = make_plan(find_recipe("gpt-oss-120b"), "2x-solo", CLUSTER)
+    text = plan.render(ADDR)
+    assert text.index("[spark1 192.168.100.10]") < text.index("[spark2 192.168.100.11]")
+    for i, s in enumerate(plan.steps, 1):
+        assert f"  {i}. {s.what}" in text
+    assert "Endpoint: http://192.168.100.10:4000" in text
