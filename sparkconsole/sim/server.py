@@ -49,6 +49,7 @@ BLOCK = 16
 WEIGHT_LOAD_BPS = 2.0e9          # simulated weight loading from local NVMe into unified memory
 STARTUP_S = 4.0                  # process start, config, tokenizer (simulated seconds)
 KV_ALLOC_S = 2.0
+MAX_LAG_WALL_S = 0.25            # beyond this much real time behind its clock, the engine resyncs
 
 # ---------------------------------------------------------------------------------------------------
 # A deterministic word tokenizer: a word or a punctuation mark is one token. /tokenize, usage and the
@@ -467,12 +468,22 @@ class SimVllmServer:
     async def _engine_loop(self) -> None:
         eng = self.engine
         assert eng is not None
+        idle = True
         while not self._stop.is_set():
             if not eng.has_work():
+                idle = True
                 self._wake.clear()
                 await self._wake.wait()
                 continue
-            start = max(self._engine_t, self.clock.now())
+            now = self.clock.now()
+            # Busy steps follow each other back to back in simulated time, whatever the real scheduling
+            # jitter (a late wake-up shortens the next sleep). After idling, or when the host fell far
+            # behind the clock, the engine restarts from "now".
+            if idle or now - self._engine_t > MAX_LAG_WALL_S * self.speed:
+                start = max(self._engine_t, now)
+            else:
+                start = self._engine_t
+            idle = False
             res = eng.step()
             if res.num_seqs == 0:
                 await asyncio.sleep(0.005)
@@ -558,8 +569,12 @@ class SimVllmServer:
         self._prefix_q += prompt
         self._prefix_h += cached
         self.metrics.req_max.observe(mt)
+        # While the engine is busy its timeline may trail the clock by a little: the request arrives at
+        # the engine's "now", so served latencies never include host scheduling lag.
+        now = self.clock.now()
+        arrival = min(now, self._engine_t) if eng.running or eng.waiting > 1 else now
         req = Req(rid=rid, key=key, prompt_tokens=prompt, max_tokens=mt, target=target,
-                  arrival=max(self.clock.now(), 0.0), cached_tokens=cached)
+                  arrival=arrival, cached_tokens=cached)
         self.reqs[rid] = req
         self._wake.set()
         return req

@@ -1,0 +1,128 @@
+"""`sparkconsole demo`: a simulated two-node GB10 cluster serving a model, and the console on it.
+
+    sparkconsole demo [--speed F] [--topology 2x-solo|solo|cluster-tp2|none] [--router NAME] [--load C]
+    sparkconsole demo --headless [--duration S]      # start everything, print the endpoints as JSON
+
+spark1 (127.0.0.2) and spark2 (127.0.0.3) run the real agent over the local transport against simulated
+GPUs, /proc trees and docker; the model is started through each node's docker shim with the commands a
+recipe plan sends. Everything lives in a temporary directory removed at exit. Every figure shown is in
+simulated time; `--speed F` runs that clock F times faster than real time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import signal
+import sys
+import time
+
+from ..errors import UserError
+from ..sim.cluster import ROUTERS, TOPOLOGIES, Serving, SimCluster
+
+# Demo-only: weights "load" this much faster than the simulated disk would, so numbers appear at once.
+DEMO_LOAD_SPEEDUP = 20.0
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("demo", help="a simulated two-node GB10 cluster with a model served, in the console",
+                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--speed", type=float, default=1.0, metavar="F",
+                   help="simulated clock speed relative to real time (default 1)")
+    p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES,
+                   help="what is served at start (default: gpt-oss-120b, 2x solo behind the router)")
+    p.add_argument("--router", default="litellm-simple-shuffle", choices=ROUTERS,
+                   help="router in front of 2x-solo (default litellm-simple-shuffle)")
+    p.add_argument("--load", type=int, default=4, metavar="C",
+                   help="concurrent streaming requests kept running so the dashboard moves (0: idle; default 4)")
+    p.add_argument("--headless", action="store_true", help="no console: print the endpoints as JSON and keep "
+                   "running until Ctrl-C or --duration")
+    p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of real time")
+    p.set_defaults(func=run)
+
+
+def _check(args: argparse.Namespace) -> None:
+    if not 0.01 <= args.speed <= 1000:
+        raise UserError(f"speed {args.speed} out of range", field="--speed", fix="give 0.01 to 1000 (1 = real time)")
+    if args.duration is not None and args.duration <= 0:
+        raise UserError(f"duration {args.duration} must be positive", field="--duration", fix="give seconds, e.g. 30")
+    if not 0 <= args.load <= 256:
+        raise UserError(f"load {args.load} out of range", field="--load", fix="give 0 to 256 concurrent requests")
+
+
+def describe(sim: SimCluster) -> dict:
+    assert sim.cluster is not None
+    return {
+        "simulated": True, "speed": sim.speed, "state_dir": str(sim.root),
+        "topology": sim.serving.topology, "model": sim.serving.model,
+        "nodes": [{"name": n.name, "address": n.address, "role": n.role, "vllm_port": n.vllm_port,
+                   "agent_args": list(n.agent_args), "dir": str(sim.node_dir(n.name))} for n in sim.cluster.nodes],
+        "endpoints": [{"name": e.name, "url": e.url, "kind": e.kind, "node": e.node} for e in sim.cluster.endpoints],
+    }
+
+
+async def run(args: argparse.Namespace) -> int:
+    _check(args)
+    sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router),
+                     load_speedup=DEMO_LOAD_SPEEDUP)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    if args.headless:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+    else:
+        print("sparkconsole demo: starting a simulated cluster (spark1 127.0.0.2, spark2 127.0.0.3)…",
+              file=sys.stderr, flush=True)
+    load_task = None
+    try:
+        await sim.start()
+        if args.load and sim.cluster.endpoints:
+            load_task = asyncio.create_task(sim.run_load(concurrency=args.load, seconds=None))
+        if args.headless:
+            print(json.dumps(describe(sim)), flush=True)
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(stop.wait(), args.duration)
+            return 0
+        return await _console(sim, args)
+    finally:
+        if load_task is not None:
+            load_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await load_task
+        await sim.stop()
+
+
+async def _console(sim: SimCluster, args: argparse.Namespace) -> int:
+    try:
+        from ..tui.app import SparkConsoleApp
+    except ImportError:
+        return await _print_status(sim, args)
+    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim)
+    if args.duration:
+        asyncio.get_running_loop().call_later(args.duration, app.exit)
+    await app.run_async()
+    return int(app.return_code or 0)
+
+
+async def _print_status(sim: SimCluster, args: argparse.Namespace) -> int:
+    """Without the console: one status line per node every few seconds, from the real monitor."""
+    from ..nodes.monitor import ClusterMonitor
+    mon = ClusterMonitor(sim.cluster)
+    await mon.start()
+    deadline = None if args.duration is None else time.monotonic() + args.duration
+    try:
+        while deadline is None or time.monotonic() < deadline:
+            await asyncio.sleep(2.0)
+            for nm in mon.nodes.values():
+                t = nm.last
+                g = t.gpus[0] if t and t.gpus else None
+                mem = t.mem if t else None
+                print(f"{nm.name:<8} {nm.state.value:<10} "
+                      + (f"{g.temp_c:.0f}°C {g.power_w:.0f} W {g.util_pct:.0f}% {' '.join(g.reasons)}" if g else "no GPU")
+                      + (f"  avail {mem.headroom_gib:.1f} GiB" if mem and mem.headroom_gib is not None else ""),
+                      flush=True)
+    finally:
+        await mon.stop()
+    return 0
