@@ -290,6 +290,10 @@ def _router(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
 
 def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     out = []
+    drops_cache = any("drop_caches" in " ".join(st.argv) for st in plan.steps)
+    if recipe.container_settings.memory is None and recipe.container_settings.gpus is not None:
+        out.append(Finding("oom_guards", "refuse", "the recipe starts vLLM without a container memory cap",
+                           SRC_GUARDS, "set sparkconsole.container.memory (e.g. 100g) in the recipe"))
     for n in nodes:
         results = facts.guards.get(n.name)
         if results is None:
@@ -298,13 +302,37 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                                    SRC_GUARDS, None, n.name))
             continue
         for g in results:
-            status = getattr(g, "status", "unknown")
+            key, status = getattr(g, "key", ""), getattr(g, "status", "unknown")
+            text = f"{getattr(g, 'title', key)}: {getattr(g, 'reason', '')}".strip()
+            if key == "container_cap":
+                # Before a launch the container does not exist yet: the plan's own --memory is what counts.
+                continue
+            if key == "page_cache":
+                if status != "ok" and not drops_cache:
+                    out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, "add --drop-caches", n.name))
+                continue
             if status in ("bad", "warn"):
-                out.append(Finding("oom_guards", "refuse", f"{getattr(g, 'title', g)}: {getattr(g, 'reason', '')}".strip(),
-                                   SRC_GUARDS, getattr(g, "fix", None), n.name))
+                out.append(Finding("oom_guards", "refuse", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
             elif status == "unknown":
-                out.append(Finding("oom_guards", "warn", f"{getattr(g, 'title', g)}: unknown", SRC_GUARDS, None, n.name))
+                out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, None, n.name))
+        mem = facts.mem.get(n.name)
+        cap = _size_gib(recipe.container_settings.memory)
+        total = getattr(mem, "total_kb", None)
+        if cap is not None and total and cap >= total / 1048576:
+            out.append(Finding("oom_guards", "refuse", f"container cap {recipe.container_settings.memory} is not below "
+                               f"the host's {total / 1048576:.1f} GiB: it cannot fire before the host runs out",
+                               SRC_GUARDS, "lower sparkconsole.container.memory", n.name))
     return out
+
+
+def _size_gib(size: str | None) -> float | None:
+    if not size:
+        return None
+    m = re.match(r"^([0-9.]+)([bkmgt]?)$", size.lower())
+    if not m:
+        return None
+    scale = {"": 1 / GIB, "b": 1 / GIB, "k": 1 / 1048576, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[m.group(2)]
+    return float(m.group(1)) * scale
 
 
 def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:

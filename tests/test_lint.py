@@ -1,0 +1,218 @@
+"""Preflight: each rule has a case that trips it and one that passes; bundled recipes pass clean."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.launch import lint
+from sparkconsole.launch.lint import Facts, facts_from_monitors, preflight, refusals
+from sparkconsole.launch.plan import make_plan
+from sparkconsole.launch.recipe import bundled_recipes, find_recipe
+from sparkconsole.nodes.guard import evaluate_guards
+from sparkconsole.nodes.samples import GuardInputs, HostMemory
+
+NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head"),
+         NodeConfig(name="spark2", address="192.168.100.11"))
+GIB_KB = 1048576
+# A GB10 as the agent reads it (gb10-facts.md: MemTotal ~121.7 GiB); plenty available, guards in order.
+GB10_MEM = HostMemory(total_kb=int(121.7 * GIB_KB), available_kb=int(118 * GIB_KB), cached_kb=GIB_KB,
+                      swap_total_kb=0, swap_free_kb=0)
+GOOD_GUARDS = GuardInputs(swaps=(), overcommit_memory=0, min_free_kbytes=1572864, swappiness=60)
+
+
+def rules(findings, refusing_only=True):
+    return sorted({f.rule for f in findings if f.refuses or not refusing_only})
+
+
+def check(key, topology, overrides=None, facts=None, nodes=NODES, recipe=None):
+    r = recipe or find_recipe(key)
+    ov = dict(overrides or {})
+    return preflight(r, topology, nodes, facts, overrides=ov)
+
+
+def good_facts(nodes=("spark1", "spark2"), **kw):
+    base = dict(guards={n: evaluate_guards(GOOD_GUARDS, GB10_MEM, (), "vllm_node") for n in nodes},
+                mem={n: GB10_MEM for n in nodes}, unified={n: True for n in nodes})
+    base.update(kw)
+    return Facts(**base)
+
+
+@pytest.mark.parametrize("key", [r.key for r in bundled_recipes()])
+def test_bundled_recipes_pass_with_healthy_nodes(key):
+    r = find_recipe(key)
+    for t in r.topologies:
+        findings = check(key, t, facts=good_facts(image_ids={"spark1": "sha256:a", "spark2": "sha256:a"}))
+        assert refusals(findings) == [], [f.line() for f in findings]
+
+
+def test_gpu_memory_utilization_rule():
+    f = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.82})
+    assert rules(f) == ["gpu_memory_utilization"]
+    assert "0.82" in f[0].message and "seed 004" in f[0].source and "0.78" in f[0].fix
+    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.78})) == []
+    # a discrete-GPU node (not unified) is not held to the unified-memory limit
+    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.82},
+                       Facts(unified={"spark1": False}))) == []
+
+
+@pytest.mark.parametrize("extra", [
+    ["--compilation-config", '{"cudagraph_mode":"PIECEWISE","custom_ops":["all"]}'],
+    ["--compilation-config={'custom_ops': ['all']}"],
+    ['-cc.custom_ops=["all"]'],
+])
+def test_custom_ops_all_rule(extra):
+    f = check("llama-3.1-8b", "solo", {"extra_args": extra})
+    assert rules(f) == ["custom_ops_all"] and "freezing both nodes" in f[0].source
+
+
+def test_custom_ops_other_values_pass():
+    assert rules(check("llama-3.1-8b", "solo", {"extra_args": ["-cc.custom_ops=[\"+rms_norm\"]"]})) == []
+
+
+def test_cluster_needs_eager_or_piecewise():
+    r = find_recipe("deepseek-v4-flash")
+    full = r.command.replace('{{"cudagraph_mode":"PIECEWISE"}}', '{{"cudagraph_mode":"FULL_AND_PIECEWISE"}}')
+    f = check("", "cluster-tp2", recipe=replace(r, command=full))
+    assert rules(f) == ["cluster_cudagraphs"] and {x.node for x in f} == {"spark1", "spark2"}
+    none = r.command.replace("--compilation-config '{{\"cudagraph_mode\":\"PIECEWISE\"}}' \\\n", "")
+    assert "compilation-config" not in none
+    assert rules(check("", "cluster-tp2", recipe=replace(r, command=none))) == ["cluster_cudagraphs"]
+    assert rules(check("", "cluster-tp2", {"extra_args": ["--enforce-eager"]}, recipe=replace(r, command=none))) == []
+    assert rules(check("deepseek-v4-flash", "cluster-tp2")) == []          # PIECEWISE
+    # single-node launches are not held to it
+    assert rules(check("llama-3.1-8b", "solo")) == []
+
+
+def test_mxfp4_lm_head_with_tp2_rule():
+    f = check("gpt-oss-120b", "cluster-tp2", {"mxfp4_layers": "moe,qkv,o,lm_head"})
+    assert rules(f) == ["mxfp4_lm_head_tp"] and "spark-vllm-docker" in f[0].source
+    assert rules(check("gpt-oss-120b", "cluster-tp2")) == []                   # moe,qkv,o for TP=2
+    assert rules(check("gpt-oss-120b", "solo", {"mxfp4_layers": "moe,qkv,o,lm_head"})) == []
+
+
+def test_mdns_rule():
+    local = (replace(NODES[0], address="spark1.local"), NODES[1])
+    f = check("gpt-oss-120b", "solo", nodes=local)
+    assert rules(f) == ["mdns_address"] and "spark1.local" in f[0].message
+    f = check("llama-3.1-8b", "solo", {"extra_args": ["--otlp-traces-endpoint", "http://collector.local:4317"]})
+    assert rules(f) == ["mdns_address"]
+    assert rules(check("gpt-oss-120b", "solo")) == []
+
+
+def test_least_busy_over_identical_backends_rule():
+    f = check("gpt-oss-120b", "2x-solo", {"router": "least-busy"})
+    assert rules(f) == ["least_busy_identical"] and "seed 000" in f[0].source
+    assert rules(check("gpt-oss-120b", "2x-solo", {"router": "simple-shuffle"})) == []
+
+
+@pytest.mark.parametrize("litellm", [
+    {"version": "1.82.7"},
+    {"image": "ghcr.io/berriai/litellm:main-v1.82.8", "version": None},
+])
+def test_compromised_litellm_is_blocked_even_with_force(litellm):
+    r = find_recipe("gpt-oss-120b")
+    bad = replace(r, router=replace(r.router, litellm=replace(r.router.litellm, **litellm)))
+    for router in ("vllm-router", "simple-shuffle"):          # refused at plan time whatever router is chosen
+        f = check("", "2x-solo", {"router": router}, recipe=bad)
+        assert rules(f) == ["router_compromised"]
+        assert [x.rule for x in refusals(f, force=True)] == ["router_compromised"]
+    ok = replace(r, router=replace(r.router, litellm=replace(r.router.litellm, version="1.82.6",
+                                                             image="ghcr.io/berriai/litellm:v1.82.6")))
+    assert rules(check("", "2x-solo", {"router": "simple-shuffle"}, recipe=ok)) == []
+
+
+def test_oom_guards_rule_uses_guard_results():
+    swap_on = GuardInputs(swaps=("/swap.img",), overcommit_memory=1, min_free_kbytes=67584, swappiness=60)
+    facts = good_facts(guards={"spark1": evaluate_guards(swap_on, GB10_MEM, (), "vllm_node")})
+    f = check("gpt-oss-120b", "solo", facts=facts)
+    refusing = [x for x in f if x.refuses]
+    assert {x.rule for x in refusing} == {"oom_guards"} and len(refusing) == 3     # swap, overcommit, min_free
+    assert any("swapoff" in (x.fix or "") for x in refusing)
+    assert all(x.node == "spark1" for x in refusing)
+    assert refusals(f, force=True) == []                                            # --force overrides
+    assert rules(check("gpt-oss-120b", "solo", facts=good_facts())) == []
+
+
+def test_oom_guards_page_cache_and_cap():
+    cached = replace(GB10_MEM, cached_kb=40 * GIB_KB)
+    facts = good_facts(guards={"spark1": evaluate_guards(GOOD_GUARDS, cached, (), "vllm_node")})
+    f = check("gpt-oss-120b", "solo", facts=facts)
+    assert rules(f) == [] and [x.fix for x in f if x.rule == "oom_guards"] == ["add --drop-caches"]
+    assert [x for x in check("gpt-oss-120b", "solo", {"drop_caches": True}, facts) if x.rule == "oom_guards"] == []
+    r = find_recipe("gpt-oss-120b")
+    uncapped = replace(r, container_settings=replace(r.container_settings, memory=None))
+    assert rules(check("", "solo", recipe=uncapped)) == ["oom_guards"]
+    huge = replace(r, container_settings=replace(r.container_settings, memory="128g"))
+    assert rules(check("", "solo", facts=good_facts(), recipe=huge)) == ["oom_guards"]
+
+
+def test_image_must_match_on_every_cluster_node():
+    f = check("deepseek-v4-flash", "cluster-tp2", facts=Facts(image_ids={"spark1": "sha256:aaa", "spark2": "sha256:bbb"}))
+    assert rules(f) == ["image_mismatch"]
+    f = check("deepseek-v4-flash", "cluster-tp2", facts=Facts(image_ids={"spark1": "sha256:aaa", "spark2": None}))
+    assert rules(f) == ["image_missing"] and f[0].node == "spark2"
+    assert rules(check("deepseek-v4-flash", "cluster-tp2",
+                       facts=Facts(image_ids={"spark1": "sha256:aaa", "spark2": "sha256:aaa"}))) == []
+
+
+def test_memory_fit_from_profile_and_from_config_json():
+    f = check("llama-3.1-8b", "solo", {"gpu_memory_utilization": 0.1})          # 12 GiB < 15 GiB of weights
+    assert rules(f) == ["memory_fit"] and "8.03B" in f[0].message
+    assert rules(check("llama-3.1-8b", "solo", {"gpu_memory_utilization": 0.3})) == []
+    # from config.json + weight files: a long context no longer fits
+    cfg = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+    facts = Facts(model_config=cfg, weights_bytes=16_060_522_496)
+    # 15 GiB of weights + 16 GiB of bf16 KV for 131072 tokens > 0.25 × 121.7 GiB
+    f = check("llama-3.1-8b", "solo", {"max_model_len": 131072, "gpu_memory_utilization": 0.25}, facts)
+    assert rules(f) == ["memory_fit"] and "config.json" in f[0].message
+    assert rules(check("llama-3.1-8b", "solo", {"max_model_len": 8192, "gpu_memory_utilization": 0.25}, facts)) == []
+
+
+def test_memory_headroom_rule():
+    tight = replace(GB10_MEM, available_kb=40 * GIB_KB)      # something else holds most of the memory
+    f = check("gpt-oss-120b", "solo", facts=good_facts(mem={"spark1": tight}))
+    assert "memory_headroom" in rules(f)
+    assert "memory_headroom" not in rules(check("gpt-oss-120b", "solo", facts=good_facts()))
+
+
+def test_parallel_size_must_match_nodes():
+    assert rules(check("llama-3.1-8b", "solo", {"tensor_parallel": 2})) == ["parallel_size"]
+    assert rules(check("gpt-oss-120b", "cluster-tp2", {"tensor_parallel": 1})) == ["parallel_size"]
+
+
+def test_unplannable_recipe_is_one_refusing_finding():
+    f = check("deepseek-v4-flash", "solo")
+    assert [x.rule for x in f] == ["plan"] and "requires cluster mode" in f[0].message
+
+
+def test_finding_line_cites_source_and_fix():
+    f = check("gpt-oss-120b", "2x-solo", {"router": "least-busy"})[0]
+    line = f.line()
+    assert line.startswith("REFUSE least_busy_identical:") and "fix: use --router" in line and "(source: seed 000" in line
+
+
+def test_facts_from_live_monitor_ticks():
+    from sparkconsole.nodes.monitor import NodeMonitor
+    nm = NodeMonitor(NODES[0], None, interval=0.5, history=4)
+    nm.handle_line(json.dumps({
+        "type": "tick", "seq": 1, "time": 1763830006.1,
+        "gpus": [{"index": 0, "temp_c": 41, "unified": True}],
+        "mem": {"total_kb": 127614056, "available_kb": 123000000, "cached_kb": 900000,
+                "swap_total_kb": 8388604, "swap_free_kb": 8388604},
+        "guards": {"swaps": ["/swap.img"], "overcommit_memory": 0, "min_free_kbytes": 1572864, "swappiness": 60},
+    }))
+    facts = facts_from_monitors({"spark1": nm})
+    assert facts.unified == {"spark1": True} and facts.mem["spark1"].total_kb == 127614056
+    f = preflight(find_recipe("gpt-oss-120b"), "solo", NODES, {"spark1": nm})       # monitors accepted directly
+    assert [x.message.split(":")[0] for x in f if x.refuses] == ["Swap off"]
+
+
+def test_plan_argument_skips_replanning():
+    plan = make_plan(find_recipe("gpt-oss-120b"), "2x-solo", ClusterConfig(nodes=NODES, endpoints=()),
+                     {"router": "least-busy"})
+    assert rules(preflight(find_recipe("gpt-oss-120b"), "2x-solo", NODES, None, plan=plan)) == ["least_busy_identical"]
+    assert lint.MAX_UNIFIED_GPU_MEM == 0.78
