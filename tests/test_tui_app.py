@@ -301,3 +301,39 @@ async def test_recipes_screen_lists_recipes_and_shows_a_plan_per_node(recording)
         if len(topos) > 1:
             assert rs.topology != first_topology
         await pilot.press("q")
+
+
+async def test_guard_row_enter_shows_the_fix_and_runs_it_after_confirmation(recording, state_dir):
+    from sparkconsole.tui.widgets.guard_list import GuardList
+    app, factory, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        gl = app.dashboard.panels["spark1"].query_one(GuardList)
+        await wait_for(pilot, lambda: any(r.key == "overcommit" for r in gl.results), what="guard rows")
+        row = next(i for i, r in enumerate(gl.results) if r.key == "overcommit")
+        result = gl.results[row]
+        assert result.status == "bad" and result.fix     # the recording has vm.overcommit_memory=1
+        await pilot.pause(0.3)
+        assert f"✗ {result.title}" in widget_text(gl)
+        gl.focus()
+        gl.highlighted = row
+        await pilot.press("enter")
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert result.fix in screen_text(app)
+        await pilot.press("y")
+        t = factory.made["spark1"]
+        await wait_for(pilot, lambda: result.fix in t.commands, what="fix sent")
+        assert [(e.action, e.node, e.command) for e in audit.read()] == [("guard-fix:overcommit", "spark1", result.fix)]
+        await pilot.press("q")
+
+
+async def test_alerts_reach_the_event_log_and_a_toast(recording):
+    app, _, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.dashboard.events.count > 0, what="an alert")
+        active = list(app.alerts.active.values())
+        assert active
+        log = widget_text(app.dashboard.events)
+        assert any(a.source in log for a in active)
+        assert any(n.message in {a.message for a in active} for n in app._notifications)
+        await pilot.press("q")

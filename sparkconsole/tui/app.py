@@ -71,7 +71,6 @@ class SparkConsoleApp(App):
         self._dirty: set[str] = set()
         self._dirty_eps: set[str] = set()
         self._unsubscribe: list[Callable[[], None]] = []
-        self._alert_state: dict[str, tuple[bool, str]] = {}
         self._last_age_refresh = 0.0
         self._stopped = False
         self.first_frame_at: float | None = None
@@ -216,16 +215,10 @@ class SparkConsoleApp(App):
         return nm.last.gpus[0].power_w
 
     def _take_alerts(self, alerts) -> None:
+        # The engine returns changes only (raised, severity changed, cleared): each one is news.
         for a in alerts or ():
-            state = (a.active, a.message)
-            if self._alert_state.get(a.key) == state:
-                continue
-            was_active = self._alert_state.get(a.key, (False, ""))[0]
-            self._alert_state[a.key] = state
-            if not a.active and not was_active:
-                continue
             self.dashboard.events.add(a)
-            if a.active and not was_active:
+            if a.active:
                 sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
                 self.notify(a.message, title=a.source, severity=sev, timeout=8 if a.severity == "bad" else 5)
                 if a.severity == "bad":

@@ -27,7 +27,10 @@ class AlertLog(RichLog):
         else:
             line.append("CLEAR ", style="green")
         line.append(f"{alert.source}: ", style="bold")
-        line.append(alert.message)
+        message = alert.message
+        if message.startswith(alert.source + " "):
+            message = message[len(alert.source) + 1:]
+        line.append(message, style="" if alert.active else "dim")
         self.write(line)
 
     def note(self, message: str, style: str = "") -> None:

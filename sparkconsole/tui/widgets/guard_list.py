@@ -13,7 +13,7 @@ _MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"),
 
 
 class GuardList(OptionList):
-    DEFAULT_CSS = "GuardList { height: auto; max-height: 6; border: none; padding: 0; background: transparent; }"
+    DEFAULT_CSS = "GuardList { height: auto; border: none; padding: 0; background: transparent; }"
 
     class FixRequested(Message):
         def __init__(self, guard_list: "GuardList", result) -> None:
@@ -26,20 +26,25 @@ class GuardList(OptionList):
         self.results: tuple = ()
 
     def set_results(self, results: Sequence, stale: bool = False) -> None:
-        key = (tuple(results), stale)
-        if key == (self.results, getattr(self, "_stale", None)):
+        key = (tuple(results), stale, self.size.width)
+        if key == (self.results, getattr(self, "_stale", None), getattr(self, "_width", None)):
             return
         keep = self.highlighted
-        self.results, self._stale = key
+        self.results, self._stale, self._width = key
+        width = max(self.size.width - 2, 20)
         options = []
         for r in self.results:
             mark, colour = _MARK.get(r.status, ("?", "grey50"))
             line = Text(no_wrap=True, overflow="ellipsis")
             line.append(f"{mark} ", style="grey50" if stale else colour)
             line.append(f"{r.title}: ", style="grey50" if stale else "bold")
-            line.append(r.reason, style="grey50" if stale else "")
-            if r.fix:
-                line.append("  ⏎ fix", style="dim")
+            tail = "  ⏎ fix" if r.fix else ""
+            room = width - len(line) - len(tail)
+            # One row per guard: the full reason is in the confirmation that Enter opens.
+            reason = r.reason if len(r.reason) <= room else r.reason[:max(room - 1, 0)] + "…"
+            line.append(reason, style="grey50" if stale else "")
+            if tail:
+                line.append(tail, style="dim")
             options.append(Option(line, id=r.key))
         self.set_options(options)
         if keep is not None and keep < len(options):
