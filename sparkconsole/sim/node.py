@@ -172,15 +172,16 @@ def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt
     # Exact solution of the first-order ODE over dt (stable for any dt).
     temp = target + (st.temp_c - target) * math.exp(-dt / spec.tau_s)
     over = temp - spec.slowdown_c
-    if over > 0:
+    # The GPU reads whole degrees; slowdown engages once the reading reaches the threshold.
+    throttled = round(temp) >= spec.slowdown_c
+    if throttled:
         want = spec.sm_clock_max_mhz * max(spec.sm_clock_min_mhz / spec.sm_clock_max_mhz,
-                                           1.0 - spec.clock_drop_per_c * over)
+                                           1.0 - spec.clock_drop_per_c * max(over, 0.5))
     else:
         want = spec.sm_clock_max_mhz
     # The controller moves the clock within about a second, not instantly.
     k = 1.0 - math.exp(-dt / 1.0)
     clock = st.clock_mhz + (want - st.clock_mhz) * k
-    throttled = over > 0
     return ThermalState(temp_c=temp, clock_mhz=clock, power_w=power, busy=busy,
                         sw_thermal_us=st.sw_thermal_us + (int(dt * 1e6) if throttled else 0), throttled=throttled)
 

@@ -1,0 +1,228 @@
+"""A simulated GB10 node read by the REAL agent (sparkconsole/agent.py, a subprocess with its sim flags),
+its docker shim driven as the agent and the runner drive docker, and a simulated server loading the node."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+import sparkconsole
+from sparkconsole.sim.node import GB10, NodeTuning, SimNode, write_load
+
+AGENT = Path(sparkconsole.__file__).parent / "agent.py"
+GIB_KB = 1024 * 1024
+
+
+class Agent:
+    """The agent as the local transport runs it: its own process, the node's PATH, JSON lines on stdout."""
+
+    def __init__(self, node: SimNode, *extra: str) -> None:
+        self.node, self.extra = node, extra
+        self.proc: asyncio.subprocess.Process | None = None
+        self.hello: dict | None = None
+
+    async def __aenter__(self) -> "Agent":
+        env = dict(os.environ, **dict(self.node.env()))
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable, str(AGENT), *self.node.agent_args(), *self.extra, env=env,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
+        self.hello = await self.line()
+        return self
+
+    async def line(self) -> dict:
+        assert self.proc and self.proc.stdout
+        raw = await asyncio.wait_for(self.proc.stdout.readline(), 10)
+        assert raw, "agent ended"
+        return json.loads(raw)
+
+    async def until(self, pred, timeout: float) -> tuple[dict, list[dict]]:
+        """Ticks until one satisfies pred; returns it and every tick seen."""
+        seen: list[dict] = []
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            t = await self.line()
+            seen.append(t)
+            if pred(t):
+                return t, seen
+        raise AssertionError(f"condition not met in {timeout}s; last tick: {seen[-1] if seen else None}")
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self.proc and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+
+
+def docker(node: SimNode, *args: str) -> subprocess.CompletedProcess:
+    env = dict(os.environ, **dict(node.env()))
+    return subprocess.run(["docker", *args], env=env, capture_output=True, text=True, timeout=30)
+
+
+@pytest.fixture
+async def hot_node(tmp_path):
+    node = SimNode("spark1", "127.0.0.2", tmp_path, speed=100, update_interval=0.05, tuning=NodeTuning.stock())
+    await node.start()
+    yield node
+    await node.stop()
+
+
+async def test_agent_reads_a_gb10_that_heats_throttles_and_cools(hot_node):
+    node = hot_node
+    async with Agent(node, "--interval", "0.1", "--containers", "none") as agent:
+        h = agent.hello
+        assert h["type"] == "hello" and h["simulated"] is True and h["gpu_source"] == "sim"
+        assert [g["name"] for g in h["gpus"]] == ["NVIDIA GB10"] and h["hostname"] == "spark1"
+        t0 = await agent.line()
+        g = t0["gpus"][0]
+        # unified memory: NVML has no framebuffer numbers on a GB10, so they are absent, never zero
+        assert g["unified"] is True
+        assert "mem_total_b" not in g and "mem_used_b" not in g and "power_limit_w" not in g
+        assert abs(t0["mem"]["total_kb"] / GIB_KB - 121.7) < 0.05
+        assert t0["guards"]["swaps"] == ["/swap.img"] and t0["guards"]["overcommit_memory"] == 0
+        assert "idle" in g["reasons"] and g["temp_c"] < 45
+        avail0 = t0["mem"]["available_kb"]
+
+        # a model resident (80 GiB) and the GPU fully busy: memory drops, the GPU heats past the slowdown point
+        write_load(node.dir, "bench", pid=os.getpid(), reserved_b=80 << 30, gpu_busy=1.0, loaded=True)
+        hot, heating = await agent.until(lambda t: "sw_thermal" in t["gpus"][0]["reasons"], 30)
+        hg = hot["gpus"][0]
+        assert hg["temp_c"] >= hg["slowdown_c"] == GB10.slowdown_c
+        assert (avail0 - hot["mem"]["available_kb"]) / GIB_KB == pytest.approx(80, abs=0.5)
+        temps = [t["gpus"][0]["temp_c"] for t in heating]
+        assert all(b >= a for a, b in zip(temps, temps[1:]))       # rising, never falling, while loaded
+        assert temps[-1] - temps[0] > 30
+        assert hg["power_w"] > 60 and hg["util_pct"] == 100 and "idle" not in hg["reasons"]
+
+        # sustained: the clock drops and holds the GPU in the high 80s / low 90s, never at shutdown
+        _, sustained = await agent.until(lambda t: t["gpus"][0]["reason_us"]["sw_thermal"] > 60e6, 30)
+        last = sustained[-1]["gpus"][0]
+        assert last["sm_clock_mhz"] < last["sm_clock_max_mhz"]
+        assert all(84 <= t["gpus"][0]["temp_c"] < GB10.shutdown_c for t in sustained)
+
+        # load gone: cools below the threshold, the slowdown clears, the memory comes back
+        (node.dir / "load" / "bench.json").unlink()
+        cool, cooling = await agent.until(lambda t: t["gpus"][0]["temp_c"] < GB10.slowdown_c - 15, 30)
+        cg = cool["gpus"][0]
+        assert "sw_thermal" not in cg["reasons"] and "idle" in cg["reasons"]
+        assert cg["sm_clock_mhz"] == cg["sm_clock_max_mhz"]
+        assert cool["mem"]["available_kb"] == avail0
+        ctemps = [t["gpus"][0]["temp_c"] for t in cooling]
+        assert all(b <= a for a, b in zip(ctemps, ctemps[1:]))
+
+
+async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
+    node = SimNode("spark2", "127.0.0.3", tmp_path, speed=1, load_speedup=500, tuning=NodeTuning.hardened())
+    await node.start()
+    try:
+        r = docker(node, "run", "-d", "--name", "idle", "--memory", "2g", "--network", "host", "--ipc=host",
+                   "vllm-node", "sleep", "infinity")
+        assert r.returncode == 0 and len(r.stdout.strip()) == 64
+        r = docker(node, "run", "-d", "--name", "idle", "vllm-node", "sleep", "infinity")
+        assert r.returncode == 125 and "Conflict" in r.stderr
+        assert docker(node, "run", "-d", "--bogus", "vllm-node").returncode == 125
+        miss = docker(node, "inspect", "--format", "{{.State.Status}}", "missing")
+        assert miss.returncode == 1 and "No such object: missing" in miss.stderr
+        assert docker(node, "image", "inspect", "vllm-node").returncode == 0
+        assert docker(node, "image", "inspect", "nosuch/image").returncode == 1
+
+        async with Agent(node, "--interval", "0.1", "--container-interval", "0.2") as agent:
+            t, _ = await agent.until(lambda t: any(c["name"] == "idle" for c in t.get("containers") or []), 15)
+            c = next(c for c in t["containers"] if c["name"] == "idle")
+            assert c["state"] == "running" and c["memory_limit_b"] == 2 << 30 and c["oom_killed"] is False
+            assert t["guards"]["swaps"] == [] and t["guards"]["min_free_kbytes"] == 1572864
+
+            assert docker(node, "stop", "idle").stdout.strip() == "idle"
+            t, _ = await agent.until(lambda t: any(c["name"] == "idle" and c["state"] == "exited"
+                                                   for c in t.get("containers") or []), 15)
+            assert next(c for c in t["containers"] if c["name"] == "idle")["exit_code"] == 0
+
+            # a 120B model under a 10 GiB cap: the cgroup OOM-kills it while the weights load
+            r = docker(node, "run", "-d", "--name", "big", "--memory", "10g", "--gpus", "all", "vllm-node",
+                       "vllm", "serve", "openai/gpt-oss-120b", "--gpu-memory-utilization", "0.7", "--port", "1")
+            assert r.returncode == 0, r.stderr
+            t, _ = await agent.until(lambda t: any(c["name"] == "big" and c["state"] == "exited"
+                                                   for c in t.get("containers") or []), 30)
+            big = next(c for c in t["containers"] if c["name"] == "big")
+            assert big["oom_killed"] is True and big["exit_code"] == 137
+        assert "Killed" in docker(node, "logs", "--tail", "1", "big").stdout
+        ps = docker(node, "ps", "-a", "--format", "{{.Names}} {{.State}}").stdout.split("\n")
+        assert sorted(filter(None, ps)) == ["big exited", "idle exited"]
+        assert docker(node, "ps", "-q").stdout.strip() == ""
+        assert docker(node, "rm", "-f", "idle", "big").returncode == 0
+        assert docker(node, "ps", "-aq").stdout.strip() == ""
+    finally:
+        await node.stop()
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+async def test_served_model_loads_memory_and_drives_the_gpu(tmp_path):
+    node = SimNode("spark1", "127.0.0.2", tmp_path, speed=2, load_speedup=100, update_interval=0.1)
+    await node.start()
+    port = free_port(node.address)
+    url = f"http://{node.address}:{port}"
+    try:
+        before = _meminfo(node)["MemAvailable"]
+        r = docker(node, "run", "-d", "--name", "vllm_node", "--gpus", "all", "--network", "host", "--memory", "100g",
+                   "--shm-size", "16g", "--health-cmd", "curl -f localhost/health", "vllm-node", "vllm", "serve",
+                   "meta-llama/Llama-3.1-8B-Instruct", "--port", str(port), "--gpu-memory-utilization", "0.3",
+                   "--max-model-len", "4096")
+        assert r.returncode == 0, r.stderr
+        async with aiohttp.ClientSession() as s:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    async with s.get(url + "/health") as resp:
+                        if resp.status == 200:
+                            break
+                except aiohttp.ClientError:
+                    pass
+                assert time.monotonic() < deadline, docker(node, "logs", "vllm_node").stdout
+                await asyncio.sleep(0.2)
+            health = docker(node, "inspect", "--format", "{{.State.Health.Status}}", "vllm_node").stdout.strip()
+            assert health == "healthy"
+            await asyncio.sleep(0.5)
+            used = (before - _meminfo(node)["MemAvailable"]) / GIB_KB
+            assert used == pytest.approx(0.3 * 121.7, abs=0.5)       # gpu_memory_utilization x MemTotal
+
+            async def one(i: int) -> None:
+                body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 400, "ignore_eos": True,
+                        "messages": [{"role": "user", "content": f"load {i} " * 200}]}
+                async with s.post(url + "/v1/chat/completions", json=body) as resp:
+                    assert resp.status == 200
+                    await resp.read()
+            load = asyncio.gather(*(one(i) for i in range(16)))
+            busy = []
+            for _ in range(10):
+                await asyncio.sleep(0.25)
+                busy.append(json.loads(node.gpu_json.read_text())["gpus"][0]["util_pct"])
+            await load
+        assert max(busy) >= 50
+        logs = docker(node, "logs", "vllm_node").stdout
+        assert "Starting vLLM API server" in logs and "Application startup complete." in logs
+        assert docker(node, "stop", "vllm_node").returncode == 0
+        node.update(0.0)
+        assert _meminfo(node)["MemAvailable"] == before
+    finally:
+        docker(node, "rm", "-f", "vllm_node")
+        await node.stop()
+
+
+def _meminfo(node: SimNode) -> dict[str, int]:
+    out = {}
+    for line in (node.proc_root / "meminfo").read_text().splitlines():
+        k, _, v = line.partition(":")
+        out[k] = int(v.split()[0])
+    return out
