@@ -385,9 +385,125 @@ def test_router_window_rates():
     assert w.latency.observations == 57
 
 
+# --- recorded from the real test bed (python -m tests.test_serving_metrics record) ----------------------------
+def recorded(prefix: str) -> tuple[str, int, int]:
+    path = next(FIXTURES.glob(f"{prefix}*-recorded.txt"))
+    text = path.read_text()
+    meta = dict(part.strip().split(": ") for part in text.splitlines()[1].lstrip("# ").split(","))
+    return text, int(meta["requests"]), int(meta["max_tokens"])
+
+
+def test_recorded_vllm():
+    text, n, max_tokens = recorded("metrics-vllm-0.32.0-cpu")
+    s = m.parse(text)
+    assert s.bad_lines == 0
+    em = m.engine_metrics(s)
+    assert em.running == 0 and em.waiting == 0 and em.kv_usage == 0       # idle after the requests
+    assert em.generation_tokens == n * max_tokens                          # ignore_eos: exactly max_tokens each
+    assert em.ttft.observations == n and em.itl.observations == n * (max_tokens - 1)
+    assert em.prefix_hit_rate is not None and 0 <= em.prefix_hit_rate <= 1
+    assert em.pct("ttft", 0.5) <= em.pct("ttft", 0.95)
+    assert em.models == ("tiny-llama",)
+    assert m.router_metrics(s) is None
+
+
+def test_recorded_vllm_router():
+    text, n, _ = recorded("metrics-vllm-router")
+    r = m.router_metrics(m.parse(text))
+    assert r.requests == n and (r.backends_up, r.backends_total) == (1, 1)
+    assert sum(v for _, v in r.backend_requests) == n
+    assert r.latency.observations == n and r.latency.quantile(0.5) > 0
+
+
+def test_recorded_litellm():
+    text, n, _ = recorded("metrics-litellm")
+    s = m.parse(text)
+    assert s.bad_lines == 0
+    r = m.router_metrics(s)
+    assert r.requests == n and (r.backends_up, r.backends_total) == (1, 1)
+    assert sum(v for _, v in r.backend_requests) == n
+    assert r.latency.observations == n
+    assert m.engine_metrics(s).running is None
+
+
 def test_vllm_fixture_is_not_a_router():
     assert m.router_metrics(m.parse(fixture("metrics-vllm-v1.txt"))) is None
 
 
+def record_real(requests: int = 6, max_tokens: int = 12) -> None:
+    """Record /metrics of the real test bed: vLLM (CPU) serving the tiny model, vllm-router and LiteLLM in
+    front of it, after `requests` chat completions of exactly `max_tokens` tokens through each.
+    Costs ~3 GiB and both cores for ~30 s. Run: python -m tests.test_serving_metrics record"""
+    import shlex
+    import tempfile
+
+    import httpx
+
+    from tests.testbed import routers
+    from tests.testbed.cache import ensure_venv
+    from tests.testbed.model import ensure_tiny_model
+    from tests.testbed.vllm import VLLM_VENV, VLLM_VERSION, chat, start_vllm_server
+
+    log_dir = Path(tempfile.mkdtemp(prefix="record-metrics-"))
+    venv = ensure_venv(VLLM_VENV)
+    model = ensure_tiny_model(venv)
+    server = start_vllm_server(venv, model, log_dir)
+    started = []
+    try:
+        def header(what: str, n: int) -> str:
+            return (f"# Recorded from a real {what} by `python -m tests.test_serving_metrics record`\n"
+                    f"# requests: {n}, max_tokens: {max_tokens}, ignore_eos: true\n")
+        for _ in range(requests):
+            chat(server.url, model.name, "Tell me about GPUs.", max_tokens=max_tokens)
+        text = httpx.get(server.url + "/metrics", timeout=10).text
+        (FIXTURES / f"metrics-vllm-{VLLM_VERSION}-cpu-recorded.txt").write_text(
+            header(f"vLLM {VLLM_VERSION} (CPU build, tiny model)", requests) + text)
+
+        rr = routers.start_vllm_router(ensure_venv(routers.VLLM_ROUTER_VENV), [server.url], model.name, log_dir)
+        started.append(rr)
+        for _ in range(requests):
+            chat(rr.url, model.name, "Tell me about routers.", max_tokens=max_tokens)
+        argv = shlex.split(rr.proc.args) if isinstance(rr.proc.args, str) else list(rr.proc.args)
+        prom = argv[argv.index("--prometheus-port") + 1]
+        text = httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=10).text
+        (FIXTURES / f"metrics-vllm-router-{routers.VLLM_ROUTER_VERSION}-recorded.txt").write_text(
+            header(f"vllm-router {routers.VLLM_ROUTER_VERSION} (one backend)", requests) + text)
+
+        base_config = routers.litellm_config
+
+        def with_prometheus(*a, **kw):
+            cfg = base_config(*a, **kw)
+            cfg.setdefault("litellm_settings", {})["callbacks"] = ["prometheus"]
+            return cfg
+        routers.litellm_config = with_prometheus
+        # The test bed's LiteLLM venv has no prometheus_client (an optional extra): lend it ours, read-only.
+        import prometheus_client
+        lend = log_dir / "lend"
+        lend.mkdir()
+        (lend / "prometheus_client").symlink_to(Path(prometheus_client.__file__).parent)
+        base_spawn = routers._spawn
+
+        def spawn_with_lend(router, argv, env, cwd):
+            base_spawn(router, argv, {**env, "PYTHONPATH": str(lend)}, cwd)
+        routers._spawn = spawn_with_lend
+        lt = routers.start_litellm(ensure_venv(routers.LITELLM_VENV), [server.url], model.name, log_dir)
+        started.append(lt)
+        for _ in range(requests):
+            chat(lt.url, model.name, "Tell me about proxies.", max_tokens=max_tokens, headers=lt.headers)
+        reply = httpx.get(lt.url + "/metrics", headers=lt.headers, timeout=10, follow_redirects=True)
+        text = reply.text
+        assert lt.api_key not in text, "the master key must never reach a fixture"
+        if reply.status_code == 200:
+            (FIXTURES / f"metrics-litellm-{routers.LITELLM_VERSION}-recorded.txt").write_text(
+                header(f"LiteLLM proxy {routers.LITELLM_VERSION} (prometheus callback, one backend)", requests) + text)
+        else:
+            print(f"LiteLLM /metrics: HTTP {reply.status_code}")
+    finally:
+        for r in started:
+            r.stop()
+        server.stop()
+
+
 if __name__ == "__main__":
-    write_fixtures()
+    import sys
+    record_real() if sys.argv[1:] == ["record"] else write_fixtures()

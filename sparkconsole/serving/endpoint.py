@@ -61,7 +61,8 @@ class EndpointSnapshot:
     errors_per_s: float | None = None
     backends_up: int | None = None
     backends_total: int | None = None
-    backend_load: tuple[tuple[str, float], ...] = ()
+    backend_load: tuple[tuple[str, float], ...] = ()      # routers: (backend, in-flight requests)
+    backend_requests: tuple[tuple[str, float], ...] = ()  # routers: (backend, requests since start)
     latency_p50_s: float | None = None     # routers: request duration
     latency_p95_s: float | None = None
 
@@ -296,6 +297,7 @@ class EndpointMonitor:
                 lat = m.router_window(lat_base, scrape).latency
             snap = replace(snap, requests_per_s=rps, errors_per_s=eps, backends_up=rm.backends_up,
                            backends_total=rm.backends_total, backend_load=rm.backend_load,
+                           backend_requests=rm.backend_requests,
                            latency_p50_s=_q(lat, 0.5), latency_p95_s=_q(lat, 0.95))
             if snap.ttft_p50_s is None and lat_base is not None:
                 rt = m.router_window(lat_base, scrape).ttft

@@ -38,8 +38,12 @@ ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 # Routers. vllm-router (Rust, metrics on its own port, 29000 by default) and the LiteLLM proxy.
 ROUTER_REQUESTS = ("vllm_router_requests_total", "litellm_proxy_total_requests_metric_total",
                    "litellm_requests_metric_total")
-ROUTER_ERRORS = ("vllm_router_request_errors_total", "litellm_proxy_failed_requests_metric_total")
-ROUTER_LATENCY = ("vllm_router_request_duration_seconds", "litellm_request_total_latency_metric")
+ROUTER_ERRORS = ("vllm_router_request_errors_total", "litellm_proxy_failed_requests_metric_total",
+                 "litellm_deployment_failure_responses_total")
+# vllm-router 0.1.17 publishes generate_duration (no labels) where its source also declares request_duration.
+ROUTER_LATENCY = ("vllm_router_request_duration_seconds", "vllm_router_generate_duration_seconds",
+                  "litellm_request_total_latency_metric")
+ROUTER_BACKEND_REQUESTS = ("vllm_router_processed_requests_total", "litellm_deployment_total_requests_total")
 ROUTER_TTFT = ("litellm_llm_api_time_to_first_token_metric",)
 ROUTER_WORKER_HEALTH = "vllm_router_worker_health"          # 1 healthy, 0 not; label worker
 ROUTER_WORKER_LOAD = ("vllm_router_running_requests", "vllm_router_worker_load")  # label worker
@@ -368,6 +372,7 @@ class RouterMetrics:
     backends_up: int | None
     backends_total: int | None
     backend_load: tuple[tuple[str, float], ...]   # (backend, in-flight requests)
+    backend_requests: tuple[tuple[str, float], ...]   # (backend, requests sent to it since start)
     latency: Histogram | None
     ttft: Histogram | None
 
@@ -382,19 +387,27 @@ def router_metrics(s: Scrape) -> RouterMetrics | None:
         states = s.values(LITELLM_DEPLOYMENT_STATE)
         if states:
             total, up = len(states), sum(1 for v in states.values() if v == 0)
-    load: dict[str, float] = {}
-    name = s.first(*ROUTER_WORKER_LOAD, LITELLM_IN_FLIGHT)
+    load = _per_backend(s, *ROUTER_WORKER_LOAD, LITELLM_IN_FLIGHT)
+    sent = _per_backend(s, *ROUTER_BACKEND_REQUESTS)
+    r = RouterMetrics(requests=s.total(*ROUTER_REQUESTS), errors=s.total(*ROUTER_ERRORS), backends_up=up,
+                      backends_total=total, backend_load=load, backend_requests=sent,
+                      latency=s.histogram(*ROUTER_LATENCY), ttft=s.histogram(*ROUTER_TTFT))
+    if (r.requests is None and r.errors is None and total is None and not load and not sent
+            and r.latency is None and r.ttft is None):
+        return None
+    return r
+
+
+def _per_backend(s: Scrape, *names: str) -> tuple[tuple[str, float], ...]:
+    """{backend: value summed over its other labels} of the first name present."""
+    out: dict[str, float] = {}
+    name = s.first(*names)
     if name:
         for labels, v in s.values(name).items():
             d = dict(labels)
             who = d.get("worker") or d.get("api_base") or d.get("litellm_model_name") or "?"
-            load[who] = load.get(who, 0.0) + v
-    r = RouterMetrics(requests=s.total(*ROUTER_REQUESTS), errors=s.total(*ROUTER_ERRORS), backends_up=up,
-                      backends_total=total, backend_load=tuple(sorted(load.items())),
-                      latency=s.histogram(*ROUTER_LATENCY), ttft=s.histogram(*ROUTER_TTFT))
-    if r.requests is None and r.errors is None and total is None and not load and r.latency is None and r.ttft is None:
-        return None
-    return r
+            out[who] = out.get(who, 0.0) + v
+    return tuple(sorted(out.items()))
 
 
 @dataclass(frozen=True)
