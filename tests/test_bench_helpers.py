@@ -59,7 +59,7 @@ class FakeVllm:
         app.router.add_get("/sim/clock", self._clock)
         app.router.add_post("/tokenize", self._tokenize)
         app.router.add_post("/v1/chat/completions", self._chat)
-        self._runner = web.AppRunner(app, access_log=None)
+        self._runner = web.AppRunner(app, access_log=None, shutdown_timeout=0.5, handler_cancellation=True)
         await self._runner.setup()
         sock = socket.socket()
         sock.bind(("127.0.0.1", port))
@@ -104,6 +104,13 @@ class FakeVllm:
         if not body.get("ignore_eos"):
             n = min(n, 8)
         want_ids = body.get("return_token_ids") and b.token_ids
+        if not body.get("stream"):
+            pt = count_prompt(body["messages"])
+            return web.json_response({"id": "chatcmpl-1", "object": "chat.completion", "model": self.model,
+                                      "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                           "content": " ".join(f"w{i}" for i in range(n))},
+                                                   "finish_reason": "length"}],
+                                      "usage": {"prompt_tokens": pt, "completion_tokens": n, "total_tokens": pt + n}})
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         resp.enable_chunked_encoding()
         await resp.prepare(request)

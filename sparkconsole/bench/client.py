@@ -145,18 +145,19 @@ async def _consume(content: aiohttp.StreamReader, res: RequestResult) -> None:
         t = perf()
         if tail:
             block = tail + block
-        if keys is None:
-            if b"\r\n" in block:
-                sep = b"\r\n\r\n"
-            if b'": ' in block:
-                keys = _SPACED
-            elif b'":' in block:
-                keys = _COMPACT
+        if keys is None and b"\r\n" in block:
+            sep = b"\r\n\r\n"
         cut = block.rfind(sep)
         if cut < 0:
             tail = block
             continue
         tail = block[cut + len(sep):]
+        if keys is None:
+            # JSON spacing, from the first complete JSON event: vLLM is compact, Python's json.dumps is not.
+            first = block.find(b"{", 0, cut)
+            if first >= 0:
+                end = block.find(sep, first)
+                keys = _SPACED if b'": ' in block[first:end] else _COMPACT
         ids_key, text_keys, usage_key, choices_key = keys or _COMPACT
         for ev in block[:cut].split(sep):
             if not ev.startswith(_DATA_OBJ):
