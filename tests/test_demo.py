@@ -1,0 +1,140 @@
+"""`sparkconsole demo` and SimCluster: a simulated two-node cluster starts, is reachable through the real
+paths (agent over the local transport, HTTP endpoints), and stops without leaving anything behind."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import aiohttp
+import psutil
+import pytest
+
+from sparkconsole.sim.cluster import Serving, SimCluster
+
+
+def sim_processes(state_dir: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(state_dir in a for a in p.info["cmdline"] or []):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def start_demo(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "sparkconsole", "demo", "--headless", *args],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def first_line(proc: subprocess.Popen, timeout: float = 90) -> dict:
+    import selectors
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    assert sel.select(timeout), "demo printed nothing"
+    line = proc.stdout.readline()
+    assert line, proc.stderr.read()
+    return json.loads(line)
+
+
+async def get(url: str) -> tuple[int, str]:
+    async with aiohttp.ClientSession() as s:
+        async with s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+            return r.status, await r.text()
+
+
+async def test_headless_demo_serves_then_exits_cleanly():
+    proc = start_demo("--duration", "6", "--speed", "5", "--load", "2")
+    try:
+        info = first_line(proc)
+        assert info["simulated"] is True and info["topology"] == "2x-solo"
+        assert [(n["name"], n["address"]) for n in info["nodes"]] == [("spark1", "127.0.0.2"), ("spark2", "127.0.0.3")]
+        eps = {e["name"]: e for e in info["endpoints"]}
+        assert set(eps) == {"router", "spark1", "spark2"} and eps["router"]["kind"] == "router"
+        for e in eps.values():
+            status, _ = await get(e["url"] + "/health")
+            assert status == 200
+        status, body = await get(eps["router"]["url"] + "/v1/models")
+        assert json.loads(body)["data"][0]["id"] == "openai/gpt-oss-120b"
+        # the background load reaches both replicas through the router
+        await asyncio.sleep(2)
+        for n in ("spark1", "spark2"):
+            _, metrics = await get(eps[n]["url"] + "/metrics")
+            gen = [ln for ln in metrics.splitlines() if ln.startswith("vllm:generation_tokens_total")]
+            assert gen and float(gen[0].rsplit(" ", 1)[1]) > 0
+        state_dir = info["state_dir"]
+        assert sim_processes(state_dir)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0, proc.stderr.read()
+    assert not Path(state_dir).exists()
+    assert sim_processes(state_dir) == []
+
+
+async def test_headless_demo_stops_on_ctrl_c():
+    proc = start_demo("--topology", "solo", "--load", "0")
+    try:
+        info = first_line(proc)
+        state_dir = info["state_dir"]
+        assert [e["name"] for e in info["endpoints"]] == ["spark1"]
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert rc == 0
+    assert not Path(state_dir).exists() and sim_processes(state_dir) == []
+
+
+def test_bad_speed_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "sparkconsole", "demo", "--headless", "--speed", "0"],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2
+    assert r.stderr.count("\n") == 1 and "--speed" in r.stderr and "fix:" in r.stderr
+
+
+async def test_simcluster_through_the_monitor_and_tp2_across_nodes():
+    """The real ClusterMonitor (agent over LocalTransport) sees the simulated nodes; cluster-tp2 loads both."""
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.samples import NodeState
+
+    sim = SimCluster(speed=5, load_speedup=100, serving=Serving(topology="cluster-tp2"))
+    await sim.start(timeout=90)
+    root = str(sim.root)
+    try:
+        assert sim.cluster.simulated and [e.name for e in sim.cluster.endpoints] == ["spark1"]
+        mon = ClusterMonitor(sim.cluster)
+        await mon.start()
+        try:
+            deadline = time.monotonic() + 30
+            while not all(nm.state == NodeState.LIVE and nm.containers for nm in mon.nodes.values()):
+                assert time.monotonic() < deadline, {n: (nm.state, nm.last_error) for n, nm in mon.nodes.items()}
+                await asyncio.sleep(0.2)
+            for name, nm in mon.nodes.items():
+                assert nm.info.simulated and nm.info.gpu_names == ("NVIDIA GB10",)
+                assert [c.name for c in nm.containers] == ["vllm_node"] and nm.containers[0].state == "running"
+                # both ranks hold their share of the model: 0.70 x 121.7 GiB each
+                used = (nm.last.mem.total_kb - nm.last.mem.available_kb) / 1048576
+                assert used > 0.7 * 121.7, (name, used)
+            assert mon.nodes["spark1"].last.guards.swaps == () and mon.nodes["spark2"].last.guards.swaps == ("/swap.img",)
+        finally:
+            await mon.stop()
+        stats = await sim.run_load(concurrency=4, seconds=2, max_tokens=(16, 32))
+        assert stats["requests"] > 0 and stats["errors"] == 0
+        busy = [json.loads((sim.node_dir(n) / "load" / "vllm_node.json").read_text()) for n in ("spark1", "spark2")]
+        assert busy[1]["mirror_of"] == "127.0.0.2" and busy[1]["reserved_b"] == busy[0]["reserved_b"]
+    finally:
+        await sim.stop()
+    assert not os.path.exists(root) and sim_processes(root) == []
