@@ -326,3 +326,59 @@ def test_agent_exits_quietly_when_the_console_stops_reading():
     proc.stdout.close()              # EPIPE on the next write
     proc.wait(timeout=5)
     assert proc.returncode == 0 and b"Traceback" not in proc.stderr.read()
+
+
+# ---------------------------------------------------------------- the agent's own recordings on a real H100
+
+def recorded(name: str) -> tuple[dict, list[dict]]:
+    lines = [json.loads(x) for x in (FIX / name).read_text().splitlines()]
+    return lines[0], lines[1:]
+
+
+def test_recorded_h100_load_shows_power_cap_and_rising_temperature():
+    hello, ticks = recorded("agent-h100-load.jsonl")
+    assert hello["gpu_source"] == "nvml" and hello["gpus"][0]["name"].startswith("NVIDIA H100")
+    parsed = [Tick.from_json(t, t["time"]) for t in ticks]
+    gpus = [t.gpus[0] for t in parsed]
+    capped = [g for g in gpus if "sw_power_cap" in g.reasons]
+    assert capped and gpus[0].reasons == ("idle",)
+    assert max(g.temp_c for g in capped) >= gpus[0].temp_c + 15
+    assert max(g.power_w for g in capped) >= 0.95 * capped[0].power_limit_w
+    counters = [g.reason_us["sw_power_cap"] for g in gpus]
+    assert counters == sorted(counters) and counters[-1] > 0
+    # The agent's counter is the one `nvidia-smi -q` shows (same units), read right after the run.
+    smi = (FIX / "nvidia-h100-smi-q-after-load.txt").read_text()
+    smi_us = int(re.search(r"SW Power Capping\s*:\s*(\d+) us", smi).group(1))
+    assert counters[-1] <= smi_us < counters[-1] + 2_000_000
+    # Seconds under the cap per the counter ≈ ticks that saw the reason × interval.
+    assert abs(counters[-1] / 1e6 - len(capped) * hello["interval_s"]) < 0.2 * len(capped) * hello["interval_s"] + 1
+    for g in gpus:       # everything this H100 reports is there; nothing is unified
+        assert None not in (g.temp_c, g.power_w, g.power_limit_w, g.sm_clock_mhz, g.mem_total_b, g.slowdown_c)
+        assert g.unified is False
+
+
+def test_recorded_smi_csv_agrees_with_recorded_nvml():
+    nv_hello, nv_idle = recorded("agent-h100-idle.jsonl")
+    _, nv_load = recorded("agent-h100-load.jsonl")
+    idle = agent.parse_smi_csv((FIX / "nvidia-h100-smi-query-idle.csv").read_text())[0]
+    load = agent.parse_smi_csv((FIX / "nvidia-h100-smi-query-load.csv").read_text())[0]
+    g0 = nv_idle[-1]["gpus"][0]
+    assert idle["name"] == nv_hello["gpus"][0]["name"]
+    assert idle["power_limit_w"] == g0["power_limit_w"] and idle["sm_clock_max_mhz"] == g0["sm_clock_max_mhz"]
+    assert idle["reasons"] == ["idle"] and load["reasons"] == ["sw_power_cap"]
+    assert idle["mem_total_b"] == g0["mem_total_b"]            # MiB from nvidia-smi, bytes from NVML
+    loaded = [t["gpus"][0] for t in nv_load if "sw_power_cap" in t["gpus"][0]["reasons"]]
+    assert min(x["temp_c"] for x in loaded) - 3 <= load["temp_c"] <= max(x["temp_c"] for x in loaded) + 3
+    assert load["util_pct"] >= 90
+
+
+def test_gb10_replay_is_unified_without_memory_fields():
+    lines = run_agent("--count", "40", "--interval", "0.01", "--gpu-source",
+                      f"replay:{FIX / 'agent-gb10-replay.jsonl'}", "--containers", "none")
+    ticks = [Tick.from_json(t, 0) for t in lines[1:]]
+    assert lines[0]["gpu_source"] == "replay"
+    for t in ticks:
+        g = t.gpus[0]
+        assert g.unified and g.mem_total_b is None and g.mem_used_b is None and g.power_limit_w is None
+        assert g.temp_c is not None and g.power_w is not None
+    assert any("sw_power_cap" in t.gpus[0].reasons for t in ticks)

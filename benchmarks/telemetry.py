@@ -1,0 +1,268 @@
+"""Telemetry figures: node-side agent cost (on a GPU machine) and console-side staleness over SSH (here).
+
+    python benchmarks/telemetry.py device --out DIR [--load-s 35]
+        On a machine with an NVIDIA GPU: CPU time per tick of the NVML path vs spawning nvidia-smi per tick
+        (targets: <= 2 ms/tick with NVML, >= 10x less CPU than nvidia-smi), the whole agent process's CPU per
+        tick, and recordings of the agent's own output idle and under a matmul load (DIR/agent-h100-*.jsonl).
+        Uses only the standard library, the agent and the machine's pynvml (+ torch for the load).
+
+    python benchmarks/telemetry.py ssh [--seconds 20] [--interval 0.1]
+        Here: two real sshd nodes on loopback, the ClusterMonitor streaming agents over SSH; staleness =
+        console receive time - node sample time per tick, p50/p99 (target: p99 within 50 ms), and the console's
+        parse cost per line against the budget of 32 nodes at 2 Hz.
+
+Prints one JSON object of figures (also written to DIR/bench-*.json when --out is given).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+AGENT = ROOT / "sparkconsole" / "agent.py"
+
+
+def _load_agent():
+    """The agent module by path: the device machine need not have the package's dependencies."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("sc_agent", AGENT)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _children_cpu() -> float:
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * q
+    lo, hi = int(k), min(int(k) + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (k - lo)
+
+
+# ---------------------------------------------------------------- device
+
+def per_tick_cpu(fn, n: int) -> dict:
+    """CPU (this process + children it waited for) and wall time per call of fn, in ms."""
+    for _ in range(min(5, n)):
+        fn()
+    c0, k0, w0 = time.process_time(), _children_cpu(), time.perf_counter()
+    for _ in range(n):
+        fn()
+    c1, k1, w1 = time.process_time(), _children_cpu(), time.perf_counter()
+    return {"n": n, "cpu_ms": round(((c1 - c0) + (k1 - k0)) / n * 1000, 4), "wall_ms": round((w1 - w0) / n * 1000, 4)}
+
+
+def agent_process_cpu(source: str, ticks: int, interval: float) -> dict:
+    """The whole agent as a process: CPU seconds per tick (startup included, then amortised)."""
+    k0, w0 = _children_cpu(), time.perf_counter()
+    r = subprocess.run([sys.executable, str(AGENT), "--gpu-source", source, "--count", str(ticks), "--interval",
+                        str(interval), "--containers", "none"], capture_output=True, text=True, timeout=600)
+    k1, w1 = _children_cpu(), time.perf_counter()
+    lines = r.stdout.splitlines()
+    return {"source": source, "ticks": ticks, "rc": r.returncode, "lines": len(lines),
+            "cpu_ms_per_tick": round((k1 - k0) / max(ticks, 1) * 1000, 4), "wall_s": round(w1 - w0, 2),
+            "first_errors": next((json.loads(x).get("errors") for x in lines[1:2]), None)}
+
+
+def record(out: Path, name: str, seconds: float, interval: float = 0.5) -> subprocess.Popen:
+    fh = open(out / name, "w")  # noqa: SIM115 — closed when the process ends
+    return subprocess.Popen([sys.executable, str(AGENT), "--gpu-source", "nvml", "--interval", str(interval),
+                             "--count", str(int(seconds / interval)), "--containers", "none"], stdout=fh,
+                            stderr=subprocess.PIPE, text=True)
+
+
+LOAD = """
+import sys, time, torch
+secs = float(sys.argv[1])
+a = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+b = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+t0 = time.time(); n = 0
+while time.time() - t0 < secs:
+    for _ in range(20):
+        c = a @ b
+    torch.cuda.synchronize(); n += 20
+print(f"{n} matmuls, {n * 2 * 8192**3 / (time.time() - t0) / 1e12:.0f} TFLOP/s")
+"""
+
+
+def smi_csv(agent) -> str:
+    r = subprocess.run(["nvidia-smi", "--query-gpu=" + ",".join(agent.SMI_FIELDS), "--format=csv,noheader,nounits"],
+                       capture_output=True, text=True, timeout=30)
+    return r.stdout
+
+
+def device(args) -> dict:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    agent = _load_agent()
+    figs: dict = {"host": platform.node(), "python": sys.version.split()[0]}
+    try:
+        import pynvml
+        figs["pynvml"] = getattr(pynvml, "__version__", "?")
+    except ImportError as exc:
+        figs["pynvml"] = f"missing: {exc}"
+    errors: list = []
+    figs["failures"] = {}
+
+    def step(name, fn):
+        """One measurement; a failure is recorded and the rest still runs (device time is scarce)."""
+        try:
+            fn()
+        except Exception as exc:  # noqa: BLE001
+            figs["failures"][name] = f"{type(exc).__name__}: {exc}"[:300]
+        (out / "bench-device.json").write_text(json.dumps(figs, indent=1, default=str))
+
+    # 1. Per-tick cost in-process: the GPU readings alone, then a whole tick (/proc too).
+    srcs: dict = {}
+
+    def nvml_cost():
+        nv = srcs["nvml"] = agent.NvmlSource()
+        figs["nvml_hello"] = nv.hello()
+        figs["nvml_sample"] = per_tick_cpu(lambda: nv.sample(errors), args.n)
+        figs["nvml_whole_tick"] = per_tick_cpu(lambda: agent.make_tick(0, nv, "/proc", errors), args.n)
+        figs["nvml_first_tick"] = nv.sample(errors)
+        figs["nvml_unsupported"] = sorted(map(list, nv.unsupported))
+        figs["nvml_errors"] = errors[:5]
+
+    def smi_cost():
+        smi = agent.SmiSource()
+        figs["smi_sample"] = per_tick_cpu(lambda: smi.sample(errors), args.n_smi)
+        figs["smi_vs_nvml_cpu_ratio"] = round(figs["smi_sample"]["cpu_ms"] / max(figs["nvml_sample"]["cpu_ms"], 1e-9), 1)
+    step("nvml_cost", nvml_cost)
+    step("smi_cost", smi_cost)
+
+    # 2. The agent as a process (what a node pays): NVML vs nvidia-smi vs no GPU, amortised over many ticks.
+    def process_cost():
+        figs["agent_process"] = [agent_process_cpu(s, t, 0.02) for s, t in (("none", 300), ("nvml", 300),
+                                                                            ("nvidia-smi", 60))]
+        (out / "smi-idle.csv").write_text(smi_csv(agent))
+    step("process_cost", process_cost)
+
+    # 3. Recordings: idle, then a load run with idle before and a cool-down after.
+    def recordings():
+        p = record(out, "agent-h100-idle.jsonl", args.idle_s)
+        p.wait()
+        total = 5 + args.load_s + 10
+        p = record(out, "agent-h100-load.jsonl", total)
+        time.sleep(5)
+        load = subprocess.Popen([sys.executable, "-c", LOAD, str(args.load_s)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        time.sleep(args.load_s * 0.8)
+        (out / "smi-load.csv").write_text(smi_csv(agent))
+        lo, le = load.communicate()
+        figs["load"] = (lo.strip() or le.strip()[-300:])
+        p.wait()
+        q = subprocess.run(["nvidia-smi", "-q", "-d", "PERFORMANCE,TEMPERATURE,POWER"], capture_output=True, text=True)
+        (out / "smi-q-after-load.txt").write_text(q.stdout)
+        ticks = [json.loads(x) for x in (out / "agent-h100-load.jsonl").read_text().splitlines()[1:]]
+        g = [t["gpus"][0] for t in ticks if t.get("gpus")]
+        figs["load_recording"] = {
+            "ticks": len(ticks), "temp_first": g[0].get("temp_c") if g else None,
+            "temp_max": max((x.get("temp_c", 0) for x in g), default=None),
+            "power_max_w": max((x.get("power_w", 0) for x in g), default=None),
+            "ticks_with_sw_power_cap": sum("sw_power_cap" in x.get("reasons", ()) for x in g),
+            "reason_us_last": g[-1].get("reason_us") if g else None,
+        }
+    step("recordings", recordings)
+    return figs
+
+
+# ---------------------------------------------------------------- ssh (here)
+
+async def ssh_staleness(seconds: float, interval: float) -> dict:
+    import tempfile
+
+    sys.path.insert(0, str(ROOT))
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from tests.testbed.sshd import start_sshd_nodes
+
+    root = Path(tempfile.mkdtemp(prefix="sc-bench-sshd-"))
+    cluster = start_sshd_nodes(root / "nodes")
+    try:
+        cfg = cluster.cluster_config(interval_s=interval)
+        mon = ClusterMonitor(cfg, history=100000)
+        await mon.start()
+        import asyncio
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 20 and any(nm.last is None for nm in mon.nodes.values()):
+            await asyncio.sleep(0.05)
+        first = time.monotonic() - t0
+        for nm in mon.nodes.values():
+            nm.history.clear()
+        await asyncio.sleep(seconds)
+        lat = [(t.received - t.time) * 1000 for nm in mon.nodes.values() for t in nm.history]
+        missed = sum(max(0, (nm.history[-1].seq - nm.history[0].seq + 1) - len(nm.history))
+                     for nm in mon.nodes.values() if nm.history)
+        await mon.stop()
+    finally:
+        cluster.stop()
+    return {"nodes": 2, "interval_s": interval, "ticks": len(lat), "missed_seqs": missed,
+            "first_tick_s": round(first, 2), "staleness_ms_p50": round(pct(lat, 0.5), 2),
+            "staleness_ms_p99": round(pct(lat, 0.99), 2), "staleness_ms_max": round(max(lat), 2)}
+
+
+def parse_cost() -> dict:
+    sys.path.insert(0, str(ROOT))
+    from sparkconsole.config import NodeConfig
+    from sparkconsole.nodes.monitor import NodeMonitor
+    fix = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
+    lines = [x for x in fix.read_text().splitlines() if '"tick"' in x] if fix.exists() else []
+    if not lines:
+        return {"skipped": "no recorded ticks"}
+    nm = NodeMonitor(NodeConfig(name="n", address="127.0.0.1"), None, interval=0.5, history=600)
+    n = 20000
+    t0 = time.process_time()
+    for i in range(n):
+        nm.handle_line(lines[i % len(lines)])
+    per = (time.process_time() - t0) / n
+    return {"us_per_line": round(per * 1e6, 2), "line_bytes": round(statistics.mean(map(len, lines))),
+            "cpu_share_32_nodes_2hz": f"{per * 64 * 100:.3f}%"}
+
+
+def ssh(args) -> dict:
+    import asyncio
+    figs = asyncio.run(ssh_staleness(args.seconds, args.interval))
+    figs["parse"] = parse_cost()
+    return figs
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="mode", required=True)
+    d = sub.add_parser("device")
+    d.add_argument("--out", required=True)
+    d.add_argument("--n", type=int, default=500)
+    d.add_argument("--n-smi", type=int, default=30)
+    d.add_argument("--idle-s", type=float, default=10)
+    d.add_argument("--load-s", type=float, default=35)
+    s = sub.add_parser("ssh")
+    s.add_argument("--seconds", type=float, default=20)
+    s.add_argument("--interval", type=float, default=0.1)
+    s.add_argument("--out")
+    args = ap.parse_args()
+    figs = device(args) if args.mode == "device" else ssh(args)
+    text = json.dumps(figs, indent=1, default=str)
+    print(text)
+    if getattr(args, "out", None):
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        (Path(args.out) / f"bench-{args.mode}.json").write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
