@@ -189,8 +189,11 @@ class Runner:
         if any(t in text for t in step.tolerate):
             emit(step.node, "ok", f"{step.what} (nothing to do)", step.service)
             return None
-        last = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        return secrets.redact(last[-1] if last else f"exit code {res.rc}")
+        # docker ends with "Run 'docker run --help'": the error itself is the line that says so
+        why = error_line(text.splitlines()) or f"exit code {res.rc}"
+        if "Unable to find image" in text:
+            why = f"image not on the node, and pulling it failed ({why})"
+        return secrets.redact(why)
 
     # --- launch -------------------------------------------------------------------------------------------
     async def launch(self, plan: Plan, on_progress: ProgressCallback | None = None, *, wait: bool = True) -> dict[str, float]:
@@ -376,6 +379,6 @@ def _fix_for(why: str, plan: Plan) -> str:
     low = why.lower()
     if "running" in low and ("remove" in low or "conflict" in low or "in use" in low):
         return f"a container of that name is already running: sparkconsole recipe stop {plan.recipe} --topology {plan.topology}"
-    if "no such image" in low or "unable to find image" in low or "pull access denied" in low:
+    if "image not on the node" in low or "no such image" in low or "pull access denied" in low:
         return f"load the image {plan.image} on that node (docker load), or build it"
     return "read the message above; fix the node or the recipe, then launch again"

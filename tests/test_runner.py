@@ -1,0 +1,316 @@
+"""The runner for real: a real Docker engine, real containers, real HTTP servers, real vllm-router, real vLLM
+(CPU, the test bed's tiny model) over real sshd nodes. Launch, readiness, restart, stop, and failing launches
+that must leave nothing running on any node.
+
+Two kinds of server run here: a small stdlib HTTP server in a container (answers /health and /v1/models like
+vLLM, starts in a second, can be told to die with an error line) for the runner's mechanics, and vLLM itself
+for the end-to-end path. All need the Docker engine, hence `slow`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import sys
+import textwrap
+from dataclasses import replace
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkconsole import audit
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.launch.plan import make_plan
+from sparkconsole.launch.recipe import find_recipe, load_recipe
+from sparkconsole.launch.runner import LaunchError, Runner, error_line
+from sparkconsole.nodes.transport import LocalTransport, make_transport
+
+pytestmark = pytest.mark.slow
+
+PY_HOME = str(Path(sys.base_prefix).resolve())
+
+# Stand-in for a vLLM server: logs to stderr like vLLM, serves /health and /v1/models, or dies with an error
+# line when started on the address it is told to fail on.
+SERVER = textwrap.dedent('''\
+    import json, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    port, host, model, delay, fail_host = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+    print(f"INFO starting {model} on {host}:{port}", file=sys.stderr, flush=True)
+    time.sleep(delay)
+    if host == fail_host:
+        print("Traceback (most recent call last):", file=sys.stderr)
+        print(f"ValueError: boom on {host}", file=sys.stderr, flush=True)
+        sys.exit(1)
+
+    class H(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == "/health":
+                body = b""
+            elif self.path == "/v1/models":
+                body = json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
+            else:
+                self.send_response(404); self.end_headers(); return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *a):
+            pass
+
+    print("INFO Application startup complete.", file=sys.stderr, flush=True)
+    ThreadingHTTPServer((host, port), H).serve_forever()
+''')
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def docker_env(engine) -> tuple[tuple[str, str], ...]:
+    return (("DOCKER_HOST", engine.host), ("DOCKER_CONFIG", str(engine.root / "client-config")))
+
+
+def containers(engine) -> list[str]:
+    out = engine.run(["ps", "-a", "--format", "{{.Names}}"]).stdout.split()
+    return sorted(out)
+
+
+@pytest.fixture
+def state(tmp_path, monkeypatch) -> Path:
+    d = tmp_path / "state"
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(d))
+    return d
+
+
+@pytest.fixture
+def local_cluster(docker_engine) -> ClusterConfig:
+    nodes = tuple(NodeConfig(name=f"node{i + 1}", address=f"127.0.0.{i + 2}", role="head" if i == 0 else "worker",
+                             container=f"sc_run_{i + 1}", vllm_port=free_port(f"127.0.0.{i + 2}"), local=True,
+                             env=docker_env(docker_engine))
+                  for i in range(2))
+    yield ClusterConfig(nodes=nodes, endpoints=(), source="<runner test>")
+    for n in nodes:       # whatever a failed test left behind
+        docker_engine.run(["rm", "-f", n.container, f"{n.container}_router"], check=False)
+
+
+def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, router_image: str | None = None):
+    script = tmp_path / "server.py"
+    script.write_text(SERVER)
+    router = ""
+    if router_venv is not None:
+        router = f"""
+          router:
+            port: {free_port()}
+            vllm_router:
+              image: {router_image or image}
+              version: "0.1.17"
+              policy: round_robin
+              command: ["{router_venv}/bin/vllm-router"]
+              volumes: ["/usr:/usr:ro", "{PY_HOME}:{PY_HOME}:ro", "{router_venv}:{router_venv}:ro",
+                        "/etc/passwd:/etc/passwd:ro"]
+        """
+    path = tmp_path / "fake.yaml"
+    path.write_text(textwrap.dedent(f"""\
+        recipe_version: "1"
+        name: stdlib stand-in server
+        container: {image}
+        defaults: {{served_model_name: fake-model, delay: 0.5, fail_host: none}}
+        command: |
+          {PY_HOME}/bin/python3 {script} {{port}} {{node_address}} {{served_model_name}} {{delay}} {{fail_host}}
+        sparkconsole:
+          topologies: [solo, 2x-solo]
+          secrets: []
+          container:
+            memory: 256m
+            shm_size: 64m
+            gpus: null
+            ipc_host: false
+            init: true
+            volumes: ["/usr:/usr:ro", "{PY_HOME}:{PY_HOME}:ro", "{tmp_path}:{tmp_path}:ro", "/etc/passwd:/etc/passwd:ro"]
+    """) + textwrap.indent(textwrap.dedent(router).strip("\n"), "  ") + "\n")
+    recipe = load_recipe(path)
+    assert recipe.warnings == ()
+    return recipe
+
+
+async def local_transports(cluster: ClusterConfig) -> dict:
+    ts = {n.name: LocalTransport(n) for n in cluster.nodes}
+    for t in ts.values():
+        await t.connect()
+    return ts
+
+
+def started_at(engine, name: str) -> str:
+    return engine.inspect(name)["State"]["StartedAt"]
+
+
+async def test_launch_2x_solo_behind_vllm_router_then_restart_and_stop(tmp_path, docker_engine, testbed_base_image,
+                                                                      vllm_router_env, local_cluster, state):
+    recipe = fake_recipe(tmp_path, testbed_base_image, router_venv=vllm_router_env.path)
+    plan = make_plan(recipe, "2x-solo", local_cluster)
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=120)
+    events = []
+    ready = await runner.launch(plan, events.append)
+    assert set(ready) == {"node1/server", "node2/server", "node1/router"}
+    assert containers(docker_engine) == ["sc_run_1", "sc_run_1_router", "sc_run_2"]
+    async with httpx.AsyncClient(trust_env=False) as client:
+        models = (await client.get(plan.endpoint + "/v1/models")).json()
+    assert [m["id"] for m in models["data"]] == ["fake-model"]
+    # readiness came from the servers themselves, and their logs were followed
+    assert any(e.stage == "ready" and e.node == "node2" for e in events)
+    assert any(e.stage == "log" and "starting fake-model" in e.message for e in events)
+    assert runner.router_overhead_ms is not None and any("router adds" in e.message for e in events)
+    # every node-changing command is in the audit log, with its node
+    logged = audit.read()
+    runs = [e for e in logged if " run -d " in e.command]
+    assert {e.node for e in runs} == {"node1", "node2"} and len(runs) == 3
+    assert all(e.action.startswith("launch fake") for e in runs)
+
+    before = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+    await runner.restart(plan, events.append)
+    after = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+    assert all(before[n] != after[n] for n in before)
+    assert any(e.action.startswith("restart") and "docker restart" in e.command for e in audit.read())
+
+    await runner.stop(plan, events.append)
+    assert containers(docker_engine) == []
+    stops = [e for e in audit.read() if e.action.startswith("stop")]
+    assert {e.node for e in stops} == {"node1", "node2"}
+    # stopping again is harmless: nothing left is not an error
+    await runner.stop(plan)
+
+
+async def test_failing_server_stops_everything_on_both_nodes(tmp_path, docker_engine, testbed_base_image,
+                                                             local_cluster, state):
+    recipe = fake_recipe(tmp_path, testbed_base_image)
+    # node2's server dies with an error line after a second; node1's comes up fine
+    plan = make_plan(recipe, "2x-solo", local_cluster, {"fail_host": "127.0.0.3", "router": "vllm-router"})
+    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
+                   services=tuple(s for s in plan.services if s.role != "router"))
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=60)
+    events = []
+    with pytest.raises(LaunchError) as ei:
+        await runner.launch(plan, events.append)
+    msg = str(ei.value)
+    assert "node node2" in msg and "ValueError: boom on 127.0.0.3" in msg and "exit code 1" in msg
+    assert "stopped what it had started on node1, node2" in msg
+    assert ei.value.node == "node2" and ei.value.log_line == "ValueError: boom on 127.0.0.3"
+    assert containers(docker_engine) == []
+    assert {e.node for e in events if e.stage == "stopped"} == {"node1", "node2"}
+
+
+async def test_failed_docker_run_cleans_up_what_started_before_it(tmp_path, docker_engine, testbed_base_image,
+                                                                  vllm_router_env, local_cluster, state):
+    recipe = fake_recipe(tmp_path, testbed_base_image, router_venv=vllm_router_env.path,
+                         router_image="sparkconsole-test/no-such-image:1")
+    plan = make_plan(recipe, "2x-solo", local_cluster)
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3)
+    with pytest.raises(LaunchError) as ei:
+        await runner.launch(plan)
+    assert "launch failed on node node1: start the router" in str(ei.value)
+    assert "no-such-image" in str(ei.value) and "docker load" in str(ei.value)
+    assert containers(docker_engine) == []
+
+
+async def test_launch_never_replaces_a_running_container(tmp_path, docker_engine, testbed_base_image,
+                                                         local_cluster, state):
+    squatter = local_cluster.nodes[0].container
+    docker_engine.run(["run", "-d", "--name", squatter, "--init", "-v", "/usr:/usr:ro", testbed_base_image,
+                       "/usr/bin/sleep", "300"])
+    recipe = fake_recipe(tmp_path, testbed_base_image)
+    plan = make_plan(recipe, "solo", local_cluster)
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3)
+    with pytest.raises(LaunchError) as ei:
+        await runner.launch(plan)
+    assert "node node1" in str(ei.value) and "recipe stop" in str(ei.value)
+    assert docker_engine.inspect(squatter)["State"]["Running"] is True
+    docker_engine.run(["rm", "-f", squatter])
+
+
+def test_error_line_picks_the_exception():
+    lines = ["INFO loading", "Traceback (most recent call last):", '  File "x.py", line 3', "ValueError: too long",
+             "INFO shutting down"]
+    assert error_line(lines) == "ValueError: too long"
+    assert error_line(["INFO a", "ERROR 05-01 engine core failed", "INFO b"]) == "ERROR 05-01 engine core failed"
+    assert error_line(["just this"]) == "just this" and error_line([]) is None
+
+
+# --- real vLLM, over real SSH --------------------------------------------------------------------------------
+
+@pytest.fixture
+def ssh_cluster(sshd_nodes, docker_engine) -> ClusterConfig:
+    base = sshd_nodes.cluster_config()
+    nodes = tuple(replace(n, container=f"sc_vllm_{i + 1}", vllm_port=free_port(n.address), env=docker_env(docker_engine))
+                  for i, n in enumerate(base.nodes))
+    yield replace(base, nodes=nodes)
+    for n in nodes:
+        docker_engine.run(["rm", "-f", n.container], check=False)
+
+
+def tiny_overrides(vllm_env, tiny_model) -> dict:
+    return {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "model_path": str(tiny_model.path),
+            "served_model_name": tiny_model.name}
+
+
+async def ssh_transports(cluster: ClusterConfig) -> dict:
+    ts = {}
+    for n in cluster.nodes:
+        t = make_transport(n, cluster.ssh)
+        await t.connect()
+        ts[n.name] = t
+    return ts
+
+
+async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_engine, testbed_base_image,
+                                                            vllm_env, tiny_model, state):
+    recipe = find_recipe("tiny-testbed")
+    assert recipe.container == testbed_base_image
+    plan = make_plan(recipe, "solo", ssh_cluster, tiny_overrides(vllm_env, tiny_model))
+    transports = await ssh_transports(ssh_cluster)
+    runner = Runner(ssh_cluster, transports, ready_timeout=300)
+    try:
+        ready = await runner.launch(plan)
+        assert list(ready) == ["node1/server"]
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+            r = await client.post(plan.endpoint + "/v1/chat/completions", json={
+                "model": tiny_model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
+                "ignore_eos": True})
+            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
+            before = started_at(docker_engine, "sc_vllm_1")
+            await runner.restart(plan)
+            assert started_at(docker_engine, "sc_vllm_1") != before
+            assert (await client.get(plan.endpoint + "/v1/models")).json()["data"][0]["id"] == tiny_model.name
+        await runner.stop(plan)
+        assert "sc_vllm_1" not in containers(docker_engine)
+    finally:
+        for t in transports.values():
+            await t.close()
+
+
+async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ssh_cluster, docker_engine,
+                                                                               testbed_base_image, vllm_env,
+                                                                               tiny_model, state):
+    recipe = find_recipe("tiny-testbed")
+    # longer than the tiny model's positions: vLLM refuses at start-up, on both nodes
+    plan = make_plan(recipe, "2x-solo", ssh_cluster, {**tiny_overrides(vllm_env, tiny_model), "max_model_len": 999999})
+    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
+                   services=tuple(s for s in plan.services if s.role != "router"))
+    transports = await ssh_transports(ssh_cluster)
+    runner = Runner(ssh_cluster, transports, ready_timeout=300)
+    try:
+        with pytest.raises(LaunchError) as ei:
+            await runner.launch(plan)
+        msg = str(ei.value)
+        assert ei.value.node in ("node1", "node2") and "max_model_len" in (ei.value.log_line or "")
+        assert "999999" in msg and "stopped what it had started on node1, node2" in msg
+        left = containers(docker_engine)
+        assert "sc_vllm_1" not in left and "sc_vllm_2" not in left
+        assert {e.node for e in audit.read() if e.action.startswith("cleanup")} == {"node1", "node2"}
+    finally:
+        for t in transports.values():
+            await t.close()
