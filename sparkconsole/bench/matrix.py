@@ -8,6 +8,7 @@ on; `stop()` is always called. With `resume`, topologies already measured in ful
 from __future__ import annotations
 
 import hashlib
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Protocol, Sequence
@@ -61,11 +62,13 @@ def recipe_hash(recipe: str) -> str | None:
 
 def _complete(store: ResultsStore, spec: SweepSpec, topology: str) -> bool:
     want = set(spec.levels())
+    ident = json.loads(json.dumps(spec.identity()))    # as stored: tuples became lists
+    if ident.get("model") is None:
+        ident.pop("model")                             # the model the endpoint served is what was stored
     for run in store.runs():
         if (run.source == "sparkconsole" and run.topology == topology and run.recipe == spec.recipe
                 and run.recipe_hash == spec.recipe_hash and want <= store.finished_keys(run.run_id)
-                and all(run.spec.get(k) == v for k, v in spec.identity().items()
-                        if k != "topology" and not (k == "model" and v is None))):
+                and all(run.spec.get(k) == v for k, v in ident.items())):
             return True
     return False
 

@@ -159,11 +159,9 @@ async def _run(args: argparse.Namespace) -> int:
     line = _ProgressLine(args.quiet)
     with ResultsStore(args.results) as store:
         out = await run_sweep(spec, store, resume=args.resume, on_level=line.level, on_progress=line)
-        done = len(out.levels)
-        if not args.quiet:
-            skipped = f", {len(out.skipped)} already done" if out.skipped else ""
-            print(f"run {out.run_id}: {done} level(s) measured{skipped}; results in {args.results}"
-                  + (" (SIMULATED)" if out.provenance.get("simulated") else ""))
+        skipped = f", {len(out.skipped)} already done" if out.skipped else ""
+        print(f"run {out.run_id}: {len(out.levels)} level(s) measured{skipped}; results in {args.results}"
+              + (" (SIMULATED)" if out.provenance.get("simulated") else ""))
     return 0
 
 

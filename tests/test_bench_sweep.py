@@ -1,0 +1,161 @@
+"""Sweeps against real loopback servers, written to real SQLite files: exact prompts, failures, thermal notes,
+simulated-clock scaling, and the topology matrix."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from sparkconsole.bench.matrix import StaticLauncher, run_matrix
+from sparkconsole.bench.results import ResultsStore, ThermalNote
+from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from sparkconsole.errors import UserError
+from tests.test_bench_helpers import Behaviour, FakeVllm
+
+
+@pytest.fixture
+async def server():
+    srv = await FakeVllm(Behaviour(token_delay=0.001)).start()
+    yield srv
+    await srv.stop()
+
+
+def _spec(url: str, **kw) -> SweepSpec:
+    base = dict(url=url, pp=(40,), tg=(8,), concurrency=(1, 3), runs=2, latency_mode="none")
+    base.update(kw)
+    return SweepSpec(**base)
+
+
+@pytest.mark.parametrize("tokenize", [True, False])
+async def test_sweep_records_levels_with_exact_prompts(tmp_path, tokenize):
+    srv = await FakeVllm(Behaviour(token_delay=0.001, tokenize=tokenize)).start()
+    seen = []
+    try:
+        with ResultsStore(tmp_path / "r.sqlite") as store:
+            out = await run_sweep(_spec(srv.url, depth=(0, 20)), store, on_level=seen.append)
+            levels = store.levels(out.run_id)
+            rows = store.requests(out.run_id)
+            run = store.run(out.run_id)
+    finally:
+        await srv.stop()
+    assert [str(lv.key) for lv in seen] == ["pp40 tg8 c1", "pp40 tg8 c3", "pp40 tg8 d20 c1", "pp40 tg8 d20 c3"]
+    assert [lv.key for lv in levels] == [lv.key for lv in seen]
+    assert len(rows) == 2 * (2 * 1 + 2 * 3) and all(r["ok"] for r in rows)
+    # The server counted exactly pp + depth prompt tokens for every measured request, template included.
+    assert {(r["depth"], r["prompt_tokens"]) for r in rows} == {(0, 40), (20, 60)}
+    assert all(r["completion_tokens"] == 8 for r in rows)
+    assert levels[1].metrics["prompt_source"] == ("tokenize" if tokenize else "usage")
+    measured = [r for r in srv.requests if r.get("min_tokens") == 8]
+    assert all(r["ignore_eos"] and r["stream_options"]["include_usage"] for r in measured)
+    # Unique prompts: prefix caching cannot shorten prefill.
+    users = [r["messages"][-1]["content"] for r in measured]
+    assert len(set(users)) == len(users)
+    assert run.model == "fake/model-1" and run.vllm_version == "0.32.0-fake" and run.endpoint == srv.url
+    assert run.finished is not None and not run.simulated
+    for lv in levels:
+        assert lv.decode_tps and lv.decode_tps > 0 and lv.metrics["requests_ok"] == 2 * lv.key.concurrency
+        assert lv.metrics["itl_ms"]["p50"] <= lv.metrics["itl_ms"]["p99"]
+
+
+async def test_failed_requests_are_recorded_and_the_sweep_goes_on(tmp_path):
+    srv = await FakeVllm(Behaviour(token_delay=0.001, fail_every=4)).start()
+    try:
+        with ResultsStore(tmp_path / "r.sqlite") as store:
+            out = await run_sweep(_spec(srv.url, concurrency=(2, 4)), store)
+            rows = store.requests(out.run_id)
+            levels = store.levels(out.run_id)
+    finally:
+        await srv.stop()
+    assert len(levels) == 2
+    bad = [r for r in rows if not r["ok"]]
+    assert bad and all(r["error"].startswith("HTTP 500") and r["status"] == 500 for r in bad)
+    assert sum(lv.metrics["requests_failed"] for lv in levels) == len(bad)
+    assert sum(lv.metrics["requests_ok"] for lv in levels) == len(rows) - len(bad)
+    assert any("HTTP 500" in e for lv in levels for e in lv.metrics["errors"])
+
+
+async def test_thermal_probe_annotates_each_level(server, tmp_path):
+    temps = itertools.count(60)
+    calls = []
+
+    def probe():
+        t = next(temps)
+        calls.append(t)
+        if t == 62:
+            raise RuntimeError("node unreachable")      # a broken probe must not stop the sweep
+        return ThermalNote(float(t), ("hw_slowdown",) if t == 61 else ())
+
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        out = await run_sweep(_spec(server.url), store, thermal_probe=probe, thermal_interval=0.05)
+        levels = store.levels(out.run_id)
+    first, second = levels
+    assert first.thermal.max_temp_c is not None and second.thermal.max_temp_c > first.thermal.max_temp_c
+    assert "hw_slowdown" in first.thermal.throttle_reasons
+    assert second.thermal.max_temp_c == max(c for c in calls if c != 62)
+
+
+async def test_simulated_clock_scales_intervals(tmp_path):
+    figures = {}
+    for speed in (None, 10.0):
+        srv = await FakeVllm(Behaviour(token_delay=0.01, sim_speed=speed)).start()
+        try:
+            with ResultsStore(tmp_path / f"r{speed}.sqlite") as store:
+                out = await run_sweep(_spec(srv.url, concurrency=(1,), tg=(12,), runs=1, warmup=False), store)
+                figures[speed] = (store.levels(out.run_id)[0].mean("tg_req_throughput"), store.run(out.run_id))
+        finally:
+            await srv.stop()
+    (real, real_run), (sim, sim_run) = figures[None], figures[10.0]
+    assert sim_run.simulated and sim_run.speed == 10.0 and not real_run.simulated
+    # Ten times faster than real time: each measured interval counts ten times as long.
+    assert 6 < real / sim < 14
+
+
+async def test_matrix_launches_sweeps_and_stops_each_topology(tmp_path):
+    servers: list[FakeVllm] = []
+    events = []
+
+    class Launcher:
+        async def launch(self, recipe, topology):
+            events.append(("launch", topology))
+            if topology == "broken":
+                raise UserError("node spark2 unreachable", fix="check the link")
+            srv = await FakeVllm(Behaviour(token_delay=0.001)).start()
+            servers.append(srv)
+            return srv.url
+
+        async def stop(self):
+            events.append(("stop",))
+            while servers:
+                await servers.pop().stop()
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: tiny\n")
+    template = _spec("http://unset.invalid", concurrency=(1, 2), runs=1)
+    with ResultsStore(tmp_path / "m.sqlite") as store:
+        out = await run_matrix(str(recipe), ["solo", "broken", "cluster-tp2"], Launcher(), template, store)
+        runs = store.runs()
+        again = await run_matrix(str(recipe), ["solo", "broken", "cluster-tp2"], Launcher(), template, store,
+                                 resume=True)
+    assert out.measured == ["solo", "cluster-tp2"] and list(out.failed) == ["broken"]
+    assert "spark2 unreachable" in out.failed["broken"]
+    assert events[:6] == [("launch", "solo"), ("stop",), ("launch", "broken"), ("stop",),
+                          ("launch", "cluster-tp2"), ("stop",)]
+    assert [(r.label, r.topology) for r in runs] == [("solo", "solo"), ("cluster-tp2", "cluster-tp2")]
+    assert all(r.recipe_hash and len(r.recipe_hash) == 16 for r in runs)
+    # Resumed: the finished topologies are not launched again, the failed one is retried.
+    assert again.skipped == ["solo", "cluster-tp2"] and events[6:] == [("launch", "broken"), ("stop",)]
+
+
+async def test_static_launcher_names_the_missing_topology():
+    with pytest.raises(UserError, match="no endpoint given for topology 'disagg'"):
+        await StaticLauncher({"solo": "http://x"}).launch("r", "disagg")
+
+
+def test_spec_rejects_bad_values_with_one_line_errors():
+    with pytest.raises(UserError, match="--concurrency"):
+        SweepSpec(url="http://x", concurrency=(0,))
+    with pytest.raises(UserError, match="--url"):
+        SweepSpec(url="localhost:8000")
+    with pytest.raises(UserError, match="latency"):
+        SweepSpec(url="http://x", latency_mode="ping")
