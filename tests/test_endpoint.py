@@ -306,3 +306,27 @@ async def test_a_failing_subscriber_does_not_stop_polling():
         finally:
             await mon.stop()
     assert len(mon.history) >= 3 and mon.latest.healthy
+
+
+@pytest.mark.slow
+async def test_real_vllm_server(vllm_server):
+    """The monitor against a real vLLM (CPU build, tiny model): identity, then counters moving with real requests."""
+    from tests.testbed.vllm import chat
+
+    mon = EndpointMonitor(ep(vllm_server.url), interval=0.5)
+    try:
+        before = await mon.poll()
+        n, max_tokens = 3, 16
+        for _ in range(n):    # ignore_eos: exactly max_tokens each
+            await asyncio.to_thread(chat, vllm_server.url, vllm_server.model.name, "Hello there", max_tokens=max_tokens)
+        after = await mon.poll()
+    finally:
+        await mon.stop()
+    assert before.healthy and before.error is None and before.warning is None
+    assert before.model == vllm_server.model.name and before.max_model_len == 2048
+    assert before.version and before.version[0].isdigit()
+    assert before.kv_usage is not None and before.running == 0
+    assert after.generation_tokens - before.generation_tokens == n * max_tokens
+    assert after.gen_tps > 0 and after.prompt_tps > 0
+    assert after.ttft_p50_s is not None and after.ttft_p50_s <= after.ttft_p95_s
+    assert after.itl_p50_s is not None
