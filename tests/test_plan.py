@@ -248,3 +248,13 @@ def test_render_lists_steps_per_node_in_execution_order():
     for i, s in enumerate(plan.steps, 1):
         assert f"  {i}. {s.what}" in text
     assert "Endpoint: http://192.168.100.10:4000" in text
+
+
+def test_compromised_litellm_is_refused_at_plan_time():
+    r = find_recipe("gpt-oss-120b")
+    bad = replace(r, router=replace(r.router, litellm=replace(r.router.litellm, version="1.82.8")))
+    for choice in ("simple-shuffle", "least-busy"):
+        with pytest.raises(UserError) as ei:
+            make_plan(bad, "2x-solo", CLUSTER, {"router": choice})
+        assert "compromised" in str(ei.value) and "1.106.2" in str(ei.value)
+    make_plan(bad, "2x-solo", CLUSTER, {"router": "vllm-router"})      # not used here; lint still blocks the file

@@ -17,13 +17,12 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
-from .plan import Plan, flag_value, has_flag, make_plan
+from .plan import COMPROMISED_LITELLM, Plan, compromised_versions, flag_value, has_flag, make_plan
 from .recipe import Recipe
 
 GIB = 1024 ** 3
 # The most a unified-memory node has survived: 0.82 hit OOM, 0.78 ran stable (seed 004).
 MAX_UNIFIED_GPU_MEM = 0.78
-COMPROMISED_LITELLM = ("1.82.7", "1.82.8")
 GB10_MEMTOTAL_GIB = 121.7          # MemTotal a GB10 reports (gb10-facts.md)
 ACTIVATION_OVERHEAD_GIB = 1.0      # activations/graphs besides weights and KV: a rough floor
 
@@ -124,6 +123,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts:
         facts = facts_from_monitors(facts)
     facts = facts or Facts()
     findings: list[Finding] = [Finding("recipe", "warn", w, "recipe loader") for w in recipe.warnings]
+    findings += _compromised(recipe)
     if plan is None:
         cluster = ClusterConfig(nodes=tuple(nodes), endpoints=(), source="<preflight>")
         ov = dict(overrides or {})
@@ -131,6 +131,8 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts:
         try:
             plan = make_plan(recipe, topology, cluster, ov)
         except UserError as err:
+            if any(f.rule == "router_compromised" for f in findings):
+                return findings          # the plan refused for the same reason
             return [*findings, Finding("plan", "refuse", str(err), "plan")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
@@ -275,13 +277,14 @@ def _router(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
     if plan.router == "least-busy" and plan.topology == "2x-solo":
         out.append(Finding("least_busy_identical", "refuse", "least-busy routing over identical backends",
                            SRC_LEAST_BUSY, "use --router simple-shuffle (or vllm-router)"))
-    # Checked on every recipe, used or not: a compromised pin must not sit in a file waiting for its turn.
+    return out
+
+
+def _compromised(recipe: Recipe) -> list[Finding]:
+    """Checked on every recipe, router used or not: a compromised pin must not sit in a file waiting its turn."""
+    out = []
     for name, impl in (("litellm", recipe.router.litellm), ("vllm_router", recipe.router.vllm_router)):
-        if name != "litellm" and "litellm" not in (impl.image or "").lower():
-            continue
-        tag = (impl.image or "").rsplit("/", 1)[-1].partition(":")[2]
-        versions = {impl.version or "", *re.findall(r"\d+\.\d+\.\d+", tag)}
-        bad = sorted(v for v in versions if v in COMPROMISED_LITELLM)
+        bad = compromised_versions(impl, litellm=name == "litellm")
         if bad:
             out.append(Finding("router_compromised", "block", f"router {name} pinned to LiteLLM {bad[0]}",
                                SRC_COMPROMISED, "pin a known-good LiteLLM (e.g. 1.106.2) in sparkconsole.router.litellm"))

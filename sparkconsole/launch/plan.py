@@ -35,6 +35,19 @@ ROUTER_OVERHEAD_NOTE = {
     "litellm": "LiteLLM proxy added about 12 ms to first token on the test bed (single event loop, ~1,500 chunks/s)",
 }
 # Plan options taken out of overrides; every other override key is a placeholder value.
+# LiteLLM releases from a supply-chain attack (seed 001): refused when planned, linted and launched.
+COMPROMISED_LITELLM = ("1.82.7", "1.82.8")
+
+
+def compromised_versions(impl: RouterImpl, *, litellm: bool) -> list[str]:
+    """The compromised LiteLLM versions a router pin names (its version or its image tag)."""
+    if not litellm and "litellm" not in (impl.image or "").lower():
+        return []
+    tag = (impl.image or "").rsplit("/", 1)[-1].partition(":")[2]
+    found = {impl.version or "", *re.findall(r"\d+\.\d+\.\d+", tag)}
+    return sorted(v for v in found if v in COMPROMISED_LITELLM)
+
+
 OPTION_KEYS = {"nodes", "extra_args", "backend", "router", "drop_caches", "eth_if", "ib_if", "master_port",
                "router_dir"}
 
@@ -476,6 +489,9 @@ def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, se
                       ("docker", "rm", name), tolerate=("No such container",)))
     if choice == "vllm-router":
         impl = recipe.router.vllm_router
+        if compromised_versions(impl, litellm=False):
+            raise UserError("the router image is a compromised LiteLLM release (seed 001)", file=recipe.source,
+                            field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
         args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
                 "--host", "0.0.0.0", "--port", str(port)]
         if disagg:
@@ -490,6 +506,11 @@ def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, se
         notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
     else:
         impl = recipe.router.litellm
+        bad = compromised_versions(impl, litellm=True)
+        if bad:
+            raise UserError(f"LiteLLM {bad[0]} is a compromised release (supply-chain attack, seed 001)",
+                            file=recipe.source, field="sparkconsole.router.litellm",
+                            fix="pin a known-good LiteLLM, e.g. version 1.106.2")
         cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
         cfg = litellm_config(model or "model", servers, choice)
         steps.append(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
