@@ -217,6 +217,8 @@ class RecipesScreen(Screen):
         for f in findings:
             mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
             t.append(f"{mark} ", style=colour)
+            if getattr(f, "node", None):
+                t.append(f"{f.node}: ", style="bold")
             t.append(" ".join(f.message.split())[:220])
             if getattr(f, "fix", None):
                 t.append(f" — fix: {' '.join(f.fix.split())[:120]}", style="dim")

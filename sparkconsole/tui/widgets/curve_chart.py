@@ -24,6 +24,10 @@ class CurveChart(PlotextPlot):
         self.unit = unit
         self.series: dict[str, Series] = {}
 
+    def on_mount(self) -> None:
+        super().on_mount()
+        self.replot()
+
     def put(self, label: str, concurrency: int, value: float | None, *, throttled: bool = False,
             style: str = "line") -> None:
         if value is None or concurrency <= 0:
@@ -58,5 +62,8 @@ class CurveChart(PlotextPlot):
                 plt.scatter([math.log2(c) for c in hot], [s.points[c] for c in hot], marker="x", color="red")
         if levels:
             plt.xticks([math.log2(c) for c in levels], [str(c) for c in levels])
+        else:
+            plt.xticks([math.log2(c) for c in (1, 2, 4, 8, 16, 32, 64)], ["1", "2", "4", "8", "16", "32", "64"])
+            plt.xlim(0, 6)
         plt.xlabel("concurrency")
         self.refresh()
