@@ -105,7 +105,7 @@ def step_time(model: ModelProfile, hw: HardwareProfile, *, tp: int, decode_ctx: 
     weight_bytes = model.dense_bytes
     if model.is_moe:
         e, k = model.num_experts, model.experts_per_token
-        touched = e * (1.0 - (1.0 - k / e) ** tokens)
+        touched = e * (1.0 - (1.0 - k / e) ** (tokens ** model.expert_routing_exponent))
         weight_bytes += model.layers * touched * model.expert_bytes
     kv_per_token = model.kv_bytes_per_token(kv_cache_dtype)
     ctx_total = sum(decode_ctx) + sum(n + past for n, past in prefill_chunks)

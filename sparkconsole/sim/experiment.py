@@ -15,6 +15,7 @@ and each level reports the mean and standard deviation of those over its runs.
 from __future__ import annotations
 
 import heapq
+from collections import deque
 import random
 import statistics
 from dataclasses import dataclass, field
@@ -23,7 +24,7 @@ from collections.abc import Sequence
 from sparkconsole.errors import UserError
 from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.profiles import GB10, HardwareProfile, MODELS, ModelProfile
-from sparkconsole.sim.routing import InflightTracker, make_policy, update_lag_for
+from sparkconsole.sim.routing import InflightTracker, RoutingPolicy, make_policy
 
 
 @dataclass(frozen=True)
@@ -49,14 +50,28 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
 
 @dataclass(frozen=True)
 class ProxyProfile:
-    """The LiteLLM proxy every published request went through (and the client side of the benchmark)."""
+    """The LiteLLM proxy every published request went through, and the client and server front ends.
 
-    first_token_s: float = 0.012     # added to the first token (request parsing, routing, upstream connect)
-    chunk_s: float = 1 / 1500        # proxy CPU per streamed chunk (~1,500 chunks/s per core)
-    request_s: float = 0.002         # proxy CPU per request intake, serial on its event loop
-    client_stagger_s: float = 0.0005  # gap between the benchmark's successive request starts
-    jitter_s: float = 0.002          # random extra per request start (scheduling noise)
-    latency_probe_s: float = 0.020   # what llama-benchy's latency probe measures and subtracts
+    The proxy is one asyncio event loop: every piece of work it does is a task on one FIFO queue served
+    by one core. A request costs `route_s` (parse, auth, pick a backend from the in-flight counts),
+    then — queued behind whatever arrived meanwhile — `forward_s` (the pre-call hook that counts it in
+    flight, and the upstream call); each streamed chunk costs `chunk_s`; the success callback that
+    uncounts it costs `done_s`. A burst that arrives faster than it is routed is routed on counts
+    that do not yet include its own first requests: that is least-busy's pile-on, not a constant.
+    """
+
+    route_s: float = 0.001
+    forward_s: float = 0.001
+    chunk_s: float = 1 / 1500            # ~1,500 chunks/s per core
+    done_s: float = 0.0005
+    upstream_s: float = 0.002            # network + vLLM front end (tokenize, hand to the engine core)
+    client_gap_s: float = 0.0001         # llama-benchy starting one request after another (asyncio.gather)
+    client_jitter_s: float = 0.002       # random extra delay before a request reaches the proxy
+    engine_wakeup_s: float = 0.008       # an idle engine core starts its first step this long after a request
+    latency_probe_s: float = 0.020       # what llama-benchy's latency probe measures and subtracts
+    # requests the proxy keeps open to one backend; more wait in the proxy until one finishes
+    # (inferred from the published c64 rows, docs/SIMULATION.md); None = unlimited
+    max_inflight_per_backend: int | None = 44
 
 
 LITELLM = ProxyProfile()
@@ -87,62 +102,85 @@ class LevelResult:
 
 
 def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int, rng: random.Random,
-              proxy: ProxyProfile, seed: int) -> list[RequestTiming]:
-    policy = make_policy(topo.routing, seed=seed) if topo.engines > 1 else None
-    tracker = InflightTracker(len(engines), update_lag_for(topo.routing) if policy else 0.0)
+              proxy: ProxyProfile, policy: RoutingPolicy | None,
+              tracker: InflightTracker) -> list[RequestTiming]:
     timings: dict[str, RequestTiming] = {}
     heap: list[tuple[float, int, str, object]] = []   # (time, seq, kind, payload)
     seq = 0
+    loop_free = 0.0                                   # when the proxy's event loop is next idle
 
     def push(t: float, kind: str, payload: object) -> None:
         nonlocal seq
         seq += 1
         heapq.heappush(heap, (t, seq, kind, payload))
 
-    proxy_free = 0.0
+    def on_loop(t: float, cost: float, kind: str, payload: object) -> None:
+        """Queue a task on the proxy's event loop; `kind` fires when it has run."""
+        nonlocal loop_free
+        loop_free = max(t, loop_free) + cost
+        push(loop_free, kind, payload)
+
     for i in range(c):
-        start = i * proxy.client_stagger_s + rng.random() * proxy.jitter_s
-        push(start, "request", f"r{i}")
+        push(i * proxy.client_gap_s + rng.random() * proxy.client_jitter_s, "request", f"r{i}")
     busy = [False] * len(engines)
-    owner: dict[str, int] = {}
+    upstream = [0] * len(engines)                     # requests the proxy has open to each backend
+    queued: list[deque[str]] = [deque() for _ in engines]
+    cap = proxy.max_inflight_per_backend or 1 << 30
 
     def start_step(k: int, now: float) -> None:
         res = engines[k].step()
-        busy[k] = True
         push(now + res.duration_s, "step_end", (k, res))
+
+    def forward(rid: str, k: int, t: float) -> None:
+        upstream[k] += 1
+        push(t + proxy.upstream_s, "arrive", rid)
 
     while heap:
         now, _, kind, payload = heapq.heappop(heap)
         if kind == "request":
-            rid = payload
-            t = max(now, proxy_free) + proxy.request_s
-            proxy_free = t
-            k = policy.choose(tracker.view(t)) if policy else 0
-            tracker.started(k, t)
-            owner[rid] = k
-            timings[rid] = RequestTiming(start=now, backend=k)
-            push(t + proxy.first_token_s, "arrive", rid)
+            timings[payload] = RequestTiming(start=now, backend=-1)
+            on_loop(now, proxy.route_s, "routed", payload)
+        elif kind == "routed":
+            k = policy.choose(tracker.view(now)) if policy else 0
+            timings[payload].backend = k
+            on_loop(now, proxy.forward_s, "counted", payload)
+        elif kind == "counted":
+            k = timings[payload].backend
+            tracker.started(k, now)
+            if upstream[k] < cap:
+                forward(payload, k, now)
+            else:
+                queued[k].append(payload)
         elif kind == "arrive":
-            k = owner[payload]
+            k = timings[payload].backend
             engines[k].add_request(payload, pp, tg)
             if not busy[k]:
-                start_step(k, now)
+                busy[k] = True
+                push(now + proxy.engine_wakeup_s, "wake", k)
+        elif kind == "wake":
+            start_step(payload, now)
         elif kind == "step_end":
             k, res = payload
-            busy[k] = False
             for ev in res.events:
-                # every token is one SSE chunk through the proxy's single event loop
-                t = max(now, proxy_free) + proxy.chunk_s
-                proxy_free = t
-                rt = timings[ev.req_id]
-                rt.tokens += ev.new_tokens
-                if ev.first:
-                    rt.first = t
-                if ev.finished:
-                    rt.end = t
-                    tracker.finished(k, t)
+                on_loop(now, proxy.chunk_s, "chunk", (k, ev))
             if engines[k].has_work():
                 start_step(k, now)
+            else:
+                busy[k] = False
+        elif kind == "chunk":
+            k, ev = payload
+            rt = timings[ev.req_id]
+            rt.tokens += ev.new_tokens
+            if ev.first:
+                rt.first = now
+            if ev.finished:
+                rt.end = now
+                upstream[k] -= 1
+                if queued[k]:
+                    forward(queued[k].popleft(), k, now)
+                on_loop(now, proxy.done_s, "done", k)
+        elif kind == "done":
+            tracker.finished(payload, now)
     return list(timings.values())
 
 
@@ -193,11 +231,14 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
     targs = EngineArgs(**{**args.__dict__, "tensor_parallel_size": topo.tp})
     engines = [SimEngine(prof, targs, hw, nodes=topo.tp) for _ in range(topo.engines)]
     rng = random.Random(f"{seed}:{topo.name}:{c}")
+    # one router for the whole level, as in the published runs: its state carries over between runs
+    policy = make_policy(topo.routing, seed=rng.randrange(1 << 30)) if topo.engines > 1 else None
+    tracker = InflightTracker(topo.engines)   # lateness comes from the proxy's event loop here
     pre, dec, ttf = [], [], []
     per_backend = [0] * topo.engines
     shares = []
     for r in range(runs):
-        timings = _run_once(engines, topo, c, pp, tg, rng, proxy, seed=rng.randrange(1 << 30))
+        timings = _run_once(engines, topo, c, pp, tg, rng, proxy, policy, tracker)
         p, d, t = _metrics(timings, pp, proxy.latency_probe_s)
         pre.append(p)
         dec.append(d)

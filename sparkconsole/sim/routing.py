@@ -22,7 +22,9 @@ from sparkconsole.errors import UserError
 
 # LiteLLM least-busy: time from the routing decision until the pre-call hook's increment is visible
 # to the next routing decision (fitted, docs/SIMULATION.md).
-LEAST_BUSY_UPDATE_LAG_S = 0.030
+LEAST_BUSY_UPDATE_LAG_S = 0.05
+# ... and from the end of a stream until the success callback's decrement is visible.
+LEAST_BUSY_RELEASE_LAG_S = 0.1
 
 
 class RoutingPolicy(abc.ABC):
@@ -94,25 +96,36 @@ def make_policy(name: str, *, seed: int | None = None) -> RoutingPolicy:
     raise UserError(f"unknown routing policy {name!r}", field="routing", fix="use one of " + ", ".join(POLICIES))
 
 
-def update_lag_for(name: str) -> float:
-    """How late a router's in-flight counts are updated, for `InflightTracker`."""
-    return LEAST_BUSY_UPDATE_LAG_S if name == "least-busy" else 0.0
+def make_tracker(name: str, backends: int) -> "InflightTracker":
+    """The in-flight view a router using policy `name` works from (late for LiteLLM least-busy)."""
+    if name == "least-busy":
+        return InflightTracker(backends, LEAST_BUSY_UPDATE_LAG_S, LEAST_BUSY_RELEASE_LAG_S)
+    return InflightTracker(backends)
 
 
 class InflightTracker:
-    """In-flight counts per backend as a router sees them: increments land `update_lag_s` late."""
+    """In-flight counts per backend as a router sees them.
 
-    def __init__(self, backends: int, update_lag_s: float = 0.0) -> None:
+    `true` is what is really in flight; `view(now)` is what the router's cache says: a start is counted
+    `update_lag_s` after the routing decision, a finish `release_lag_s` after the stream ended.
+    """
+
+    def __init__(self, backends: int, update_lag_s: float = 0.0, release_lag_s: float = 0.0) -> None:
         self.true = [0] * backends
         self._seen = [0] * backends
-        self._pending: list[tuple[float, int, int]] = []   # (visible at, seq, backend)
+        self._pending: list[tuple[float, int, int, int]] = []   # (visible at, seq, backend, delta)
         self._seq = 0
         self.lag = update_lag_s
+        self.release_lag = release_lag_s
 
     def _settle(self, now: float) -> None:
         while self._pending and self._pending[0][0] <= now:
-            _, _, b = heapq.heappop(self._pending)
-            self._seen[b] += 1
+            _, _, b, delta = heapq.heappop(self._pending)
+            self._seen[b] += delta
+
+    def _note(self, backend: int, delta: int, at: float) -> None:
+        self._seq += 1
+        heapq.heappush(self._pending, (at, self._seq, backend, delta))
 
     def view(self, now: float) -> list[int]:
         self._settle(now)
@@ -120,13 +133,10 @@ class InflightTracker:
 
     def started(self, backend: int, now: float) -> None:
         self.true[backend] += 1
-        if self.lag <= 0:
-            self._seen[backend] += 1
-        else:
-            self._seq += 1
-            heapq.heappush(self._pending, (now + self.lag, self._seq, backend))
+        self._note(backend, +1, now + self.lag)
+        self._settle(now)
 
     def finished(self, backend: int, now: float) -> None:
         self.true[backend] -= 1
+        self._note(backend, -1, now + self.release_lag)
         self._settle(now)
-        self._seen[backend] -= 1
