@@ -6,7 +6,7 @@
         tick, and recordings of the agent's own output idle and under a matmul load (DIR/agent-h100-*.jsonl).
         Uses only the standard library, the agent and the machine's pynvml (+ torch for the load).
 
-    python benchmarks/telemetry.py ssh [--seconds 20] [--interval 0.1]
+    python benchmarks/telemetry.py ssh [--seconds 20] [--interval 0.1] [--nodes 2]
         Here: two real sshd nodes on loopback, the ClusterMonitor streaming agents over SSH; staleness =
         console receive time - node sample time per tick, p50/p99 (target: p99 within 50 ms), and the console's
         parse cost per line against the budget of 32 nodes at 2 Hz.
@@ -184,7 +184,7 @@ def device(args) -> dict:
 
 # ---------------------------------------------------------------- ssh (here)
 
-async def ssh_staleness(seconds: float, interval: float) -> dict:
+async def ssh_staleness(seconds: float, interval: float, n_nodes: int = 2) -> dict:
     import tempfile
 
     sys.path.insert(0, str(ROOT))
@@ -194,7 +194,15 @@ async def ssh_staleness(seconds: float, interval: float) -> dict:
     root = Path(tempfile.mkdtemp(prefix="sc-bench-sshd-"))
     cluster = start_sshd_nodes(root / "nodes")
     try:
-        cfg = cluster.cluster_config(interval_s=interval)
+        # n_nodes console-side nodes spread over the two sshd servers: one SSH connection and agent each,
+        # GPU readings replayed from the real H100 recording so every line has a realistic size.
+        from dataclasses import replace
+        replay = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
+        base = cluster.cluster_config(interval_s=interval,
+                                      agent_args=("--containers", "none", "--gpu-source", f"replay:{replay}"))
+        nodes = tuple(replace(base.nodes[i % 2], name=f"n{i:02d}", role="head" if i == 0 else "worker")
+                      for i in range(n_nodes))
+        cfg = replace(base, nodes=nodes)
         mon = ClusterMonitor(cfg, history=100000)
         await mon.start()
         import asyncio
@@ -204,14 +212,16 @@ async def ssh_staleness(seconds: float, interval: float) -> dict:
         first = time.monotonic() - t0
         for nm in mon.nodes.values():
             nm.history.clear()
+        c0, w0 = time.process_time(), time.perf_counter()
         await asyncio.sleep(seconds)
+        console_cpu = (time.process_time() - c0) / (time.perf_counter() - w0)
         lat = [(t.received - t.time) * 1000 for nm in mon.nodes.values() for t in nm.history]
         missed = sum(max(0, (nm.history[-1].seq - nm.history[0].seq + 1) - len(nm.history))
                      for nm in mon.nodes.values() if nm.history)
         await mon.stop()
     finally:
         cluster.stop()
-    return {"nodes": 2, "interval_s": interval, "ticks": len(lat), "missed_seqs": missed,
+    return {"nodes": n_nodes, "interval_s": interval, "console_cpu_pct_of_a_core": round(console_cpu * 100, 1), "ticks": len(lat), "missed_seqs": missed,
             "first_tick_s": round(first, 2), "staleness_ms_p50": round(pct(lat, 0.5), 2),
             "staleness_ms_p99": round(pct(lat, 0.99), 2), "staleness_ms_max": round(max(lat), 2)}
 
@@ -236,7 +246,7 @@ def parse_cost() -> dict:
 
 def ssh(args) -> dict:
     import asyncio
-    figs = asyncio.run(ssh_staleness(args.seconds, args.interval))
+    figs = asyncio.run(ssh_staleness(args.seconds, args.interval, args.nodes))
     figs["parse"] = parse_cost()
     return figs
 
@@ -253,6 +263,7 @@ def main() -> int:
     s = sub.add_parser("ssh")
     s.add_argument("--seconds", type=float, default=20)
     s.add_argument("--interval", type=float, default=0.1)
+    s.add_argument("--nodes", type=int, default=2, help="console-side nodes over the two sshd servers")
     s.add_argument("--out")
     args = ap.parse_args()
     figs = device(args) if args.mode == "device" else ssh(args)

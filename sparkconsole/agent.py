@@ -114,13 +114,36 @@ class NoGpu:
         return None
 
 
+def import_pynvml():
+    """The node's pynvml, else the copy the console sent along (compiled only now, when NVML is wanted)."""
+    try:
+        import pynvml  # noqa: PLC0415 — only nodes with NVML need it
+        return pynvml
+    except ImportError:
+        blob = getattr(sys, "_sparkconsole_pynvml", None)
+        if not blob:
+            raise
+    import ctypes
+    try:
+        ctypes.CDLL("libnvidia-ml.so.1")    # no driver: skip compiling 300 kB of bindings for nothing
+    except OSError:
+        raise RuntimeError("NVML Shared Library Not Found (libnvidia-ml.so.1)") from None
+    import types
+    import zlib
+    mod = types.ModuleType("pynvml")
+    mod.__file__ = "pynvml.py"
+    sys.modules["pynvml"] = mod
+    exec(compile(zlib.decompress(blob), "pynvml.py", "exec"), mod.__dict__)  # noqa: S102 — the console's own copy
+    return mod
+
+
 class NvmlSource:
     """NVML through pynvml: handles and static readings once, a handful of calls per tick."""
     name = "nvml"
     simulated = False
 
     def __init__(self) -> None:
-        import pynvml  # noqa: PLC0415 — only nodes with NVML need it
+        pynvml = import_pynvml()
         self.nv = pynvml
         pynvml.nvmlInit()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]

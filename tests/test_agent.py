@@ -382,3 +382,21 @@ def test_gb10_replay_is_unified_without_memory_fields():
         assert g.unified and g.mem_total_b is None and g.mem_used_b is None and g.power_limit_w is None
         assert g.temp_c is not None and g.power_w is not None
     assert any("sw_power_cap" in t.gpus[0].reasons for t in ticks)
+
+
+def test_bundled_pynvml_compiles_on_a_python_without_it():
+    """The console's copy of the bindings loads under the node's python (driver check aside: no GPU here)."""
+    py = shutil.which("python3", path="/usr/bin:/bin")
+    if py is None or subprocess.run([py, "-c", "import pynvml"], capture_output=True).returncode == 0:
+        pytest.skip("needs a system python3 without pynvml")
+    payload = agent_payload()
+    header, rest = payload.split(b"\n", 1)
+    n_nvml = int(header.split()[0])
+    code = ("import sys, ctypes, runpy\n"
+            "sys._sparkconsole_pynvml = sys.stdin.buffer.read()\n"
+            "ctypes.CDLL = lambda *a, **k: None\n"          # only the 'is the driver there' probe
+            f"m = runpy.run_path({str(AGENT)!r})['import_pynvml']()\n"
+            "print(m.NVML_ERROR_NOT_SUPPORTED, callable(m.nvmlDeviceGetFieldValues), m.__file__)\n")
+    r = subprocess.run([py, "-c", code], input=rest[:n_nvml], capture_output=True, timeout=60)
+    assert r.returncode == 0, r.stderr.decode()
+    assert r.stdout.decode().split() == [str(pynvml.NVML_ERROR_NOT_SUPPORTED), "True", "pynvml.py"]

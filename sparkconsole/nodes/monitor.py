@@ -8,8 +8,8 @@ capped, jittered back-off.
 
 How the agent gets to a node (nothing is installed there): the console runs `python3 -u -c BOOTSTRAP ARGS`
 and writes to its stdin one header line "<len pynvml> <len agent>" followed by the zlib-compressed pynvml
-bindings and agent source. The bootstrap uses the node's own pynvml when it has one, else the bundled copy,
-then runs the agent with --watch-stdin. stdin then stays open: its end-of-file (console gone, channel closed)
+bindings and agent source. The bootstrap keeps the bindings aside (the agent uses the node's own pynvml when it
+has one, and compiles the bundled copy only when it wants NVML) and runs the agent with --watch-stdin. stdin then stays open: its end-of-file (console gone, channel closed)
 ends the agent within a tick, so no agent outlives its console.
 """
 
@@ -39,16 +39,11 @@ BACKOFF_CAP_S = 30.0
 MAX_LINE = 1 << 20
 
 BOOTSTRAP = (
-    "import sys,types,zlib\n"
+    "import sys,zlib\n"
     "r=sys.stdin.buffer\n"
     "n=[int(x) for x in r.readline().split()]\n"
-    "p=r.read(n[0]);a=zlib.decompress(r.read(n[1]))\n"
-    "if p:\n"
-    " try:\n"
-    "  import pynvml\n"
-    " except ImportError:\n"
-    "  m=types.ModuleType('pynvml');m.__file__='pynvml.py';sys.modules['pynvml']=m\n"
-    "  exec(compile(zlib.decompress(p),'pynvml.py','exec'),m.__dict__)\n"
+    "sys._sparkconsole_pynvml=r.read(n[0])\n"
+    "a=zlib.decompress(r.read(n[1]))\n"
     "sys.argv=['agent']+sys.argv[1:]+['--watch-stdin']\n"
     "g={'__name__':'__main__','__file__':'agent.py'}\n"
     "exec(compile(a,'agent.py','exec'),g)\n"
