@@ -45,8 +45,14 @@ def test_shapes_are_masked(text, secret):
     assert "***" in out
 
 
-def test_plain_text_is_untouched():
-    text = "vllm serve openai/gpt-oss-120b --max-num-seqs 64 --max-model-len 8192 HF_HOME=/cache --port 8000"
+@pytest.mark.parametrize("text", [
+    "vllm serve openai/gpt-oss-120b --max-num-seqs 64 --max-model-len 8192 HF_HOME=/cache --port 8000",
+    "(APIServer pid=93) INFO 11-22 17:00:01 [loggers.py:123] Engine 000: Avg prompt throughput: 2926.0 tokens/s, "
+    "Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 3.1%, Prefix cache hit rate: 0.0%",
+    "Token indices sequence length is longer than the specified maximum sequence length",
+    "Basic usage: sparkconsole --cluster sparkconsole.yaml",
+])
+def test_plain_text_is_untouched(text):
     assert secrets.redact(text) == text
 
 
