@@ -274,3 +274,57 @@ def test_any_document_loads_or_fails_with_one_line(doc):
         assert "\n" not in str(err) and str(err).startswith("h.yaml")
         return
     assert r.name and r.container and r.command
+
+
+# --- the `sparkconsole recipe` command --------------------------------------------------------------------------
+
+@pytest.fixture
+def cluster_file(tmp_path):
+    p = tmp_path / "sparkconsole.yaml"
+    p.write_text("nodes:\n  - {name: spark1, address: 192.168.100.10}\n  - {name: spark2, address: 192.168.100.11}\n")
+    return str(p)
+
+
+def cli(*argv):
+    from sparkconsole.cli import main
+    return main(list(argv))
+
+
+def test_cli_list_and_plan(cluster_file, capsys):
+    assert cli("--cluster", cluster_file, "recipe", "list") == 0
+    out = capsys.readouterr().out
+    assert "gpt-oss-120b" in out and "solo,cluster-tp2,2x-solo" in out
+    assert cli("--cluster", cluster_file, "recipe", "plan", "gpt-oss-120b", "-T", "2x-solo", "--router",
+               "simple-shuffle", "--set", "max_model_len=8192", "--", "--seed", "7") == 0
+    out = capsys.readouterr().out
+    assert "[spark1 192.168.100.10]" in out and "[spark2 192.168.100.11]" in out
+    assert "--max-model-len 8192" in out and out.count("--seed 7") == 2 and "routing_strategy: simple-shuffle" in out
+
+
+def test_cli_lint_exit_status(cluster_file, capsys):
+    assert cli("--cluster", cluster_file, "recipe", "lint", "gpt-oss-120b", "-T", "2x-solo", "--offline") == 0
+    assert cli("--cluster", cluster_file, "recipe", "lint", "gpt-oss-120b", "-T", "2x-solo", "--offline",
+               "--router", "least-busy") == 1
+    out = capsys.readouterr().out
+    assert "REFUSE least_busy_identical" in out and "1 refusing" in out
+
+
+def test_cli_errors_are_one_line(cluster_file, capsys):
+    assert cli("--cluster", cluster_file, "recipe", "plan", "deepseek-v4-flash", "-T", "solo") == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "requires cluster mode" in err
+    assert cli("--cluster", cluster_file, "recipe", "plan", "gpt-oss-120b", "--set", "oops") == 2
+    assert "bad --set" in capsys.readouterr().err
+
+
+def test_cli_launch_headless_needs_yes_and_respects_preflight(cluster_file, capsys, monkeypatch):
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    # preflight refuses before anything is asked or run
+    assert cli("--cluster", cluster_file, "recipe", "launch", "gpt-oss-120b", "-T", "solo", "--offline",
+               "--gpu-mem", "0.9") == 2
+    err = capsys.readouterr().err
+    assert "preflight refuses the launch: gpu_memory_utilization" in err and "--force" in err
+    # preflight clean, but no terminal to confirm on and no --yes
+    assert cli("--cluster", cluster_file, "recipe", "launch", "gpt-oss-120b", "-T", "solo", "--offline") == 2
+    assert "add --yes" in capsys.readouterr().err
