@@ -262,6 +262,32 @@ def test_garbage_never_raises(garbage):
     m.engine_metrics(s), m.router_metrics(s), m.engine_window(s, s), m.router_window(s, s)
 
 
+@settings(max_examples=150, deadline=None)
+@given(lines=st.lists(st.one_of(
+    st.text(max_size=60),
+    st.sampled_from(fixture("metrics-vllm-v1.txt").splitlines()),
+    st.builds(lambda n, v: f"vllm:{n}{{le=\"{v}\"}} {v}", st.sampled_from(
+        ["time_to_first_token_seconds_bucket", "num_requests_running", "generation_tokens_total"]),
+        st.one_of(st.floats(allow_nan=True), st.just("+Inf"), st.text(max_size=5)))), max_size=40))
+def test_arbitrary_text_never_raises(lines):
+    a = m.parse("\n".join(lines), time=0)
+    b = m.parse("\n".join(reversed(lines)), time=1)
+    for s_ in (a, b):
+        em = m.engine_metrics(s_)
+        for which in ("ttft", "itl"):
+            em.pct(which, 0.5)
+        m.router_metrics(s_)
+    w = m.engine_window(a, b)
+    w.pct("ttft", 0.95), m.router_window(a, b)
+
+
+@settings(max_examples=150, deadline=None)
+@given(counts=st.lists(st.one_of(st.floats(-5, 1e6), st.just(math.nan)), min_size=0, max_size=8), q=st.floats(allow_nan=True))
+def test_quantile_of_any_buckets_never_raises(counts, q):
+    bounds = tuple(float(i) for i in range(len(counts) - 1)) + ((math.inf,) if counts else ())
+    m.histogram_quantile(q, bounds, tuple(counts))
+
+
 def test_one_bad_line_keeps_the_rest():
     text = fixture("metrics-vllm-v1.txt").replace(
         "# HELP vllm:num_requests_waiting", 'vllm:broken{model_name="x" 1\n# HELP vllm:num_requests_waiting')
