@@ -98,3 +98,36 @@ def test_overcommit_strict_is_a_warning():
     r = by_key(evaluate_guards(GuardInputs(swaps=(), overcommit_memory=2, min_free_kbytes=MIN_FREE_KBYTES), None, (),
                                "x"))
     assert r["overcommit"].status == "warn"
+
+
+@pytest.mark.slow
+def test_container_cap_read_from_a_real_docker_engine(docker_engine, testbed_base_image):
+    """Real containers on a real engine: the agent's docker reading feeds the cap guard."""
+    import os
+    mount = ["--mount", "type=bind,source=/usr,target=/usr,readonly"]
+    names = {"sc-guard-capped": ["--memory", "64m"], "sc-guard-uncapped": []}
+    for name, extra in names.items():
+        docker_engine.run(["rm", "-f", name], check=False)
+        docker_engine.run(["run", "--detach", "--name", name, "--init", "--network", "host", *extra, *mount,
+                           testbed_base_image, "/usr/bin/sleep", "300"])
+    try:
+        env = {**docker_engine.env(), "PATH": f"{Path(docker_engine.cli).parent}:{os.environ['PATH']}"}
+        r = subprocess.run([sys.executable, agent.__file__, "--count", "8", "--interval", "0.25", "--gpu-source", "none",
+                            "--container-interval", "0.2"], capture_output=True, text=True, env=env, timeout=60,
+                           check=True)
+        ticks = [Tick.from_json(json.loads(x), 0) for x in r.stdout.splitlines()[1:]]
+        conts = next(t.containers for t in reversed(ticks) if t.containers is not None)
+        got = {c.name: c for c in conts}
+        for name in names:
+            truth = docker_engine.inspect(name)
+            c = got[name]
+            assert (c.state, c.started_at, c.memory_limit_b, c.oom_killed, c.restart_count) == \
+                (truth["State"]["Status"], truth["State"]["StartedAt"], truth["HostConfig"]["Memory"],
+                 truth["State"]["OOMKilled"], truth["RestartCount"])
+        assert got["sc-guard-capped"].memory_limit_b == 64 * 2**20
+        mem = ticks[-1].mem
+        assert by_key(evaluate_guards(None, mem, conts, "sc-guard-capped"))["container_cap"].status == "ok"
+        assert by_key(evaluate_guards(None, mem, conts, "sc-guard-uncapped"))["container_cap"].status == "bad"
+    finally:
+        for name in names:
+            docker_engine.run(["rm", "-f", name], check=False)
