@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-RECORDING = Path(__file__).parent / "fixtures" / "tui-h100-load.jsonl"
+RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"
 SPARKCONSOLE = Path(sys.executable).parent / "sparkconsole"
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed (scripts/test installs it)")

@@ -5,9 +5,7 @@ re-stamped with the console's clock (so staleness works), paced at the recorded 
 `docker logs` streams play a recorded log. Every `run()` is kept in `.commands`, so tests can check the exact
 command a confirmation sent; replies come from `replies` (first matching substring wins), else rc 0.
 
-Recordings are agent JSON lines exactly as the agent prints them (see nodes/samples.py). `python -m
-sparkconsole.tui.replay probe PROBE.json` converts the NVML probe of a real GPU (the `under_load` series)
-into that form; the readings are the probe's, nothing is invented (fields it lacks stay absent).
+Recordings are agent JSON lines exactly as the agent printed them on a real node (tests/fixtures/agent-*.jsonl).
 """
 
 from __future__ import annotations
@@ -15,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -189,66 +186,3 @@ def replay_factory(recordings: dict[str, Sequence[str]] | Callable[[NodeConfig],
 
     factory.made = made  # type: ignore[attr-defined]
     return factory
-
-
-# --- converting a real GPU probe into the agent's wire format --------------------------------------------------
-
-def _meminfo_kb(text: str) -> dict[str, int]:
-    out = {}
-    for line in text.splitlines():
-        key, _, rest = line.partition(":")
-        parts = rest.split()
-        if parts and parts[0].isdigit():
-            out[key.strip()] = int(parts[0])
-    return out
-
-
-def probe_to_recording(probe: dict, *, hostname: str = "h100-probe") -> list[str]:
-    """Agent lines from a probe.json of a real GPU: the `under_load` NVML series, host memory and vm settings."""
-    names = [n.strip() for n in probe.get("smi_query_output", "").split(",")]
-    gpu_name = names[1] if len(names) > 1 else None
-    samples = probe.get("under_load") or [probe.get("nvml_sample")]
-    mem = _meminfo_kb(probe.get("meminfo_head", ""))
-    vm = probe.get("vm", {})
-    swaps = [ln.split()[0] for ln in probe.get("swaps", "").splitlines()[1:] if ln.strip()]
-    hello = {"type": "hello", "agent_version": "probe", "hostname": hostname, "driver": probe.get("driver"),
-             "gpu_source": "replay", "simulated": False, "interval_s": 0.5, "time": 0.0,
-             "gpus": [{"index": 0, "name": gpu_name}]}
-    lines = [json.dumps(hello)]
-    mem_json = {k: v for k, v in {"total_kb": mem.get("MemTotal"), "available_kb": mem.get("MemAvailable"),
-                                  "cached_kb": mem.get("Cached"), "swap_total_kb": mem.get("SwapTotal"),
-                                  "swap_free_kb": mem.get("SwapFree")}.items() if v is not None}
-    guards = {"swaps": swaps}
-    for key in ("overcommit_memory", "min_free_kbytes", "swappiness"):
-        if str(vm.get(key, "")).isdigit():
-            guards[key] = int(vm[key])
-    for seq, s in enumerate(samples, 1):
-        gpu = {"index": 0, "temp_c": s.get("temp"),
-               "slowdown_c": s.get("NVML_TEMPERATURE_THRESHOLD_SLOWDOWN"),
-               "shutdown_c": s.get("NVML_TEMPERATURE_THRESHOLD_SHUTDOWN"),
-               "gpu_max_c": s.get("NVML_TEMPERATURE_THRESHOLD_GPU_MAX"),
-               "reasons_mask": s.get("reasons"),
-               "power_w": round(s["power_mw"] / 1000, 1) if isinstance(s.get("power_mw"), (int, float)) else None,
-               "sm_clock_mhz": s.get("sm_clock")}
-        util = s.get("util")
-        if isinstance(util, list) and len(util) == 2:
-            gpu["util_pct"], gpu["mem_util_pct"] = util
-        m = s.get("mem")
-        if isinstance(m, list) and len(m) >= 2:
-            gpu["mem_total_b"], gpu["mem_used_b"] = m[0], m[1]
-        tick = {"type": "tick", "seq": seq, "time": float(s.get("t", seq * 0.5)),
-                "gpus": [{k: v for k, v in gpu.items() if v is not None}], "mem": mem_json, "guards": guards}
-        lines.append(json.dumps(tick))
-    return lines
-
-
-def main(argv: list[str]) -> int:
-    if len(argv) == 2 and argv[0] == "probe":
-        print("\n".join(probe_to_recording(json.loads(Path(argv[1]).read_text()))))
-        return 0
-    print("usage: python -m sparkconsole.tui.replay probe PROBE.json > recording.jsonl", file=sys.stderr)
-    return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
