@@ -297,6 +297,15 @@ def test_one_bad_line_keeps_the_rest():
     assert em.running == 8 and em.waiting == 3 and em.ttft is not None
 
 
+@pytest.mark.parametrize("path", sorted(FIXTURES.glob("metrics-*.txt")), ids=lambda p: p.name)
+def test_filtered_parse_gives_the_same_figures(path):
+    text = path.read_text()
+    full, part = m.parse(text, time=0), m.parse(text, time=0, only=m.CONSOLE_NAMES)
+    assert sum(map(len, part.series.values())) < sum(map(len, full.series.values()))
+    assert m.engine_metrics(part) == m.engine_metrics(full)
+    assert m.router_metrics(part) == m.router_metrics(full)
+
+
 def test_bytes_input():
     assert m.engine_metrics(m.parse(fixture("metrics-vllm-v1.txt").encode())).running == 8
 

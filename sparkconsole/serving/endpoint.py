@@ -244,7 +244,7 @@ class EndpointMonitor:
         try:
             reply = await fetch(client, self.metrics_url, timeout=self.timeout)
             if reply.ok:
-                scrape = m.parse(reply.text, time=time.monotonic())
+                scrape = m.parse(reply.text, time=time.monotonic(), only=m.CONSOLE_NAMES)
                 if scrape.bad_lines:
                     metrics_warn = f"/metrics: {scrape.bad_lines} unreadable line(s) skipped"
             else:

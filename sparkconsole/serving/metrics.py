@@ -10,6 +10,7 @@ life of the server and over the window between two scrapes (bucket deltas, count
 from __future__ import annotations
 
 import math
+import re
 import time as _time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -50,7 +51,18 @@ ROUTER_WORKER_LOAD = ("vllm_router_running_requests", "vllm_router_worker_load")
 LITELLM_DEPLOYMENT_STATE = "litellm_deployment_state"      # 0 healthy, 1 partial outage, 2 outage
 LITELLM_IN_FLIGHT = "litellm_deployment_in_progress_requests"
 
+# Every sample name the figures below read (as prefixes): parse(..., only=CONSOLE_NAMES) drops the rest of
+# a /metrics page before the parser sees it — a real vLLM page is ~50 KB, mostly histograms nobody here reads.
+CONSOLE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(
+    RUNNING + WAITING + KV_USAGE + tuple(n for pair in PREFIX_COUNTERS for names in pair for n in names)
+    + PREFIX_HIT_RATE_GAUGE + PROMPT_TOKENS + GENERATION_TOKENS + TTFT + ITL + ROUTER_REQUESTS + ROUTER_ERRORS
+    + ROUTER_LATENCY + ROUTER_TTFT + (ROUTER_WORKER_HEALTH,) + ROUTER_WORKER_LOAD + ROUTER_BACKEND_REQUESTS
+    + (LITELLM_DEPLOYMENT_STATE, LITELLM_IN_FLIGHT)))
+
 INF = float("inf")
+
+
+_SAMPLE_LINE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(\{|\s)")
 
 
 # --- parsing -----------------------------------------------------------------------------------------------
@@ -105,10 +117,21 @@ def _labels(d: Mapping[str, str]) -> Labels:
     return tuple(sorted(d.items()))
 
 
-def parse(text: str | bytes, *, time: float | None = None) -> Scrape:
-    """Prometheus text → Scrape. Never raises: lines the parser refuses are counted in bad_lines."""
+def parse(text: str | bytes, *, time: float | None = None, only: tuple[str, ...] | None = None) -> Scrape:
+    """Prometheus text → Scrape. Never raises: lines the parser refuses are counted in bad_lines.
+    `only`: keep just the samples whose names start with one of these (comment lines are dropped too; the
+    figures are keyed by sample names, so TYPE lines are not needed)."""
     if isinstance(text, bytes):
         text = text.decode("utf-8", errors="replace")
+    odd = 0
+    if only is not None:
+        kept = []
+        for line in text.splitlines():
+            if line.startswith(only):
+                kept.append(line)
+            elif line.strip() and not line.startswith("#") and not _SAMPLE_LINE.match(line):
+                odd += 1      # not a sample line at all (an HTML error page, say): still worth a warning
+        text = "\n".join(kept) + "\n"
     when = _time.time() if time is None else time
     series: dict[str, dict[Labels, float]] = {}
 
@@ -119,7 +142,7 @@ def parse(text: str | bytes, *, time: float | None = None) -> Scrape:
 
     try:
         add(text_string_to_metric_families(text))
-        return Scrape(when, series, 0)
+        return Scrape(when, series, odd)
     except Exception:
         pass
     # Some line broke the parser (it stops at the first): parse line by line and keep what parses.
@@ -133,7 +156,7 @@ def parse(text: str | bytes, *, time: float | None = None) -> Scrape:
             add(text_string_to_metric_families(s + "\n"))
         except Exception:
             bad += 1
-    return Scrape(when, series, bad)
+    return Scrape(when, series, bad + odd)
 
 
 # --- histograms --------------------------------------------------------------------------------------------
