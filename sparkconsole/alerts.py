@@ -103,6 +103,8 @@ class AlertEngine:
         found: dict[str, tuple[str, str]] = {}
         state = getattr(node, "state", None)
         state = state.value if isinstance(state, NodeState) else (str(state) if state is not None else None)
+        if state == NodeState.CONNECTING.value:
+            return []     # (re)connecting: nothing new is known; whatever is active stays as it is
         if state == NodeState.DOWN.value:
             err = getattr(node, "last_error", None)
             found[prefix + "state"] = ("bad", f"{name} DOWN" + (f": {err}" if err else ""))

@@ -179,6 +179,8 @@ def test_stale_and_down_hold_the_data_alerts():
     assert [(e.key, e.severity) for e in out] == [("node:spark1:state", "bad")]
     assert "connection lost" in out[0].message
     assert "node:spark1:temp:gpu0" in eng.active           # held, not cleared on stale data
+    node.state = NodeState.CONNECTING                      # reconnecting: still nothing new is known
+    assert eng.observe_node(node) == [] and "node:spark1:state" in eng.active
     node.state, node.last = NodeState.LIVE, IDLE
     out = eng.observe_node(node)
     assert sorted((e.key, e.active) for e in out) == [("node:spark1:state", False), ("node:spark1:temp:gpu0", False)]
