@@ -70,8 +70,12 @@ class Benchy:
 
 
 @pytest.fixture(scope="session")
-def benchy() -> Benchy:
-    venv = ensure_venv(BENCHY_VENV)
+def benchy_env() -> Venv:
+    return ensure_venv(BENCHY_VENV)
+
+
+@pytest.fixture(scope="session")
+def benchy(benchy_env: Venv) -> Benchy:
     home = cache_root() / "benchy-home"
     seed_book(home)
-    return Benchy(venv, home)
+    return Benchy(benchy_env, home)

@@ -153,7 +153,22 @@ def clean_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
 
 
+# installs that already failed in this process: later callers get the same error at once, not another install
+_failed: dict[str, TestbedError] = {}
+
+
 def ensure_venv(spec: VenvSpec) -> Venv:
+    key = f"{cache_root()}/{spec.name}"
+    if key in _failed:
+        raise _failed[key]
+    try:
+        return _ensure_venv(spec)
+    except TestbedError as exc:
+        _failed[key] = exc
+        raise
+
+
+def _ensure_venv(spec: VenvSpec) -> Venv:
     path = cache_root() / "venvs" / spec.name
     log_path = cache_root() / "logs" / f"install-{spec.name}.log"
     want = spec.as_marker()

@@ -129,7 +129,8 @@ def litellm_config(backends: Sequence[str], model: str, strategy: str) -> dict:
 
 
 def start_litellm(venv: Venv, backends: Sequence[str], model: str, log_dir: Path, *, strategy: str = "simple-shuffle",
-                  timeout: float = ROUTER_START_TIMEOUT) -> RouterProcess:
+                  api_key: str | None = None, timeout: float = ROUTER_START_TIMEOUT) -> RouterProcess:
+    """A LiteLLM proxy over `backends`; its master key is `api_key`, or a fresh one (never sk-1234)."""
     if strategy not in LITELLM_STRATEGIES:
         raise TestbedError(f"unknown LiteLLM strategy {strategy!r}; use one of {', '.join(LITELLM_STRATEGIES)}")
     port = free_port()
@@ -137,7 +138,7 @@ def start_litellm(venv: Venv, backends: Sequence[str], model: str, log_dir: Path
     workdir = Path(tempfile.mkdtemp(prefix=f"litellm-{strategy}-", dir=log_dir))
     config_path = workdir / "config.yaml"
     config_path.write_text(yaml.safe_dump(litellm_config(backends, model, strategy), sort_keys=False))
-    key = "sk-tb-" + secrets.token_urlsafe(24)
+    key = api_key or "sk-tb-" + secrets.token_urlsafe(24)
     router = RouterProcess("litellm", strategy, port, tuple(backends), model, log_dir / f"litellm-{port}.log",
                            api_key=key)
     env = {

@@ -120,7 +120,8 @@ class VllmServer:
     model: TinyModel
     log_path: Path
     proc: subprocess.Popen | None = None
-    start_seconds: float | None = None
+    start_seconds: float | None = None  # spawn to /health 200
+    spawned_at: float = 0.0
 
     @property
     def url(self) -> str:
@@ -138,8 +139,9 @@ class VllmServer:
             stop_process_group(self.proc)
 
 
-def start_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
-                      extra: Sequence[str] = (), timeout: float = START_TIMEOUT) -> VllmServer:
+def spawn_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
+                      extra: Sequence[str] = ()) -> VllmServer:
+    """Start the process and return at once; `wait_vllm_server` follows it to healthy."""
     port = port or free_port()
     log_path = log_dir / f"vllm-{port}.log"
     env = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars()}
@@ -149,18 +151,58 @@ def start_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int 
         server.proc = subprocess.Popen(serve_argv(venv.python, model, port, extra=extra), stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                                        cwd=log_dir, start_new_session=True)
+    server.spawned_at = time.monotonic()
+    return server
 
+
+def wait_vllm_server(server: VllmServer, timeout: float = START_TIMEOUT) -> VllmServer:
     def alive() -> str | None:
         if server.proc.poll() is None:
             return None
-        return f"exit {server.proc.returncode}: {log_tail(log_path)} (log: {log_path})"
+        return f"exit {server.proc.returncode}: {log_tail(server.log_path)} (log: {server.log_path})"
 
     try:
-        server.start_seconds = wait_healthy(server.url, timeout=timeout, alive=alive, what=f"vLLM on :{port}")
+        wait_healthy(server.url, timeout=timeout, alive=alive, what=f"vLLM on :{server.port}")
     except BaseException:
         server.stop()
         raise
+    server.start_seconds = round(time.monotonic() - server.spawned_at, 1)
     return server
+
+
+def start_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
+                      extra: Sequence[str] = (), timeout: float = START_TIMEOUT) -> VllmServer:
+    return wait_vllm_server(spawn_vllm_server(venv, model, log_dir, port=port, extra=extra), timeout)
+
+
+def start_vllm_servers(venv: Venv, model: TinyModel, log_dir: Path, count: int,
+                       timeout: float = START_TIMEOUT) -> list[VllmServer]:
+    """Several servers started side by side: they share the wait for imports and warm-up."""
+    servers = [spawn_vllm_server(venv, model, log_dir) for _ in range(count)]
+    try:
+        return [wait_vllm_server(s, timeout) for s in servers]
+    except BaseException:
+        for s in servers:
+            s.stop()
+        raise
+
+
+class VllmPool:
+    """The session's bare servers, started on first demand; a pair asked for first starts both at once."""
+
+    def __init__(self, venv: Venv, model: TinyModel, log_dir: Path) -> None:
+        self.venv, self.model, self.log_dir = venv, model, log_dir
+        self.servers: list[VllmServer] = []
+
+    def get(self, count: int) -> list[VllmServer]:
+        missing = count - len(self.servers)
+        if missing > 0:
+            self.servers += start_vllm_servers(self.venv, self.model, self.log_dir, missing)
+        return self.servers[:count]
+
+    def stop(self) -> None:
+        for s in self.servers:
+            s.stop()
 
 
 @dataclass
@@ -231,36 +273,36 @@ def vllm_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="session")
-def vllm_server(vllm_env: Venv, tiny_model: TinyModel, vllm_log_dir: Path) -> Iterator[VllmServer]:
-    server = start_vllm_server(vllm_env, tiny_model, vllm_log_dir)
+def vllm_pool(vllm_env: Venv, tiny_model: TinyModel, vllm_log_dir: Path) -> Iterator[VllmPool]:
+    pool = VllmPool(vllm_env, tiny_model, vllm_log_dir)
     try:
-        yield server
+        yield pool
     finally:
-        server.stop()
+        pool.stop()
 
 
 @pytest.fixture(scope="session")
-def vllm_pair(vllm_server: VllmServer, vllm_env: Venv, tiny_model: TinyModel,
-              vllm_log_dir: Path) -> Iterator[tuple[VllmServer, VllmServer]]:
+def vllm_server(vllm_pool: VllmPool) -> VllmServer:
+    return vllm_pool.get(1)[0]
+
+
+@pytest.fixture(scope="session")
+def vllm_pair(vllm_pool: VllmPool) -> tuple[VllmServer, VllmServer]:
     """Two servers on different ports; the first is `vllm_server` itself (one server less to pay for)."""
-    second = start_vllm_server(vllm_env, tiny_model, vllm_log_dir)
-    try:
-        yield (vllm_server, second)
-    finally:
-        second.stop()
+    first, second = vllm_pool.get(2)
+    return (first, second)
+
+
+def vllm_image(base_image: str, venv: Venv, model: TinyModel) -> TestbedImage:
+    env = {"HOME": "/root", "PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", **vllm_env_vars()}
+    return TestbedImage(name=base_image, mounts=host_mounts(venv.path, model.path), env=tuple(env.items()),
+                        vllm_python=str(venv.python), model=model)
 
 
 @pytest.fixture(scope="session")
 def testbed_image(testbed_base_image: str, vllm_env: Venv, tiny_model: TinyModel) -> TestbedImage:
     """The image plus the read-only mounts and env a vLLM container needs (see docs/TESTBED.md)."""
-    env = {"HOME": "/root", "PATH": f"{vllm_env.path / 'bin'}:/usr/bin:/bin", **vllm_env_vars()}
-    return TestbedImage(
-        name=testbed_base_image,
-        mounts=host_mounts(vllm_env.path, tiny_model.path),
-        env=tuple(env.items()),
-        vllm_python=str(vllm_env.python),
-        model=tiny_model,
-    )
+    return vllm_image(testbed_base_image, vllm_env, tiny_model)
 
 
 @pytest.fixture(scope="session")
@@ -294,3 +336,45 @@ def chat(url: str, model: str, content: str, *, max_tokens: int = 4, headers: di
     resp = httpx.post(f"{url}/v1/chat/completions", json=body, headers=headers or {}, timeout=timeout)
     resp.raise_for_status()
     return resp.json()
+
+
+# --- installs before the first test: pytest-timeout covers fixture set-up, a first install does not fit in it ---
+
+def _specs_by_fixture() -> dict[str, VenvSpec]:
+    # imported here: routers and benchy import this module
+    from tests.testbed.benchy import BENCHY_VENV
+    from tests.testbed.routers import LITELLM_VENV, VLLM_ROUTER_VENV
+
+    return {"vllm_env": VLLM_VENV, "vllm_router_env": VLLM_ROUTER_VENV, "litellm_env": LITELLM_VENV,
+            "benchy_env": BENCHY_VENV}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Build the venvs (in parallel) and the tiny model that the selected tests need, before any test runs."""
+    if session.config.option.collectonly:
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.testbed.model import ensure_tiny_model
+
+    specs = _specs_by_fixture()
+    needed = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in specs}
+    if not needed:
+        return
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    say = reporter.write_line if reporter else print
+    start = time.monotonic()
+    with ThreadPoolExecutor(len(needed)) as pool:
+        futures = {name: pool.submit(ensure_venv, specs[name]) for name in sorted(needed)}
+    for name, fut in futures.items():
+        try:
+            venv = fut.result()
+            say(f"testbed: {venv.name}: " + (f"installed in {venv.install_seconds} s" if venv.install_seconds
+                                              else "cached"))
+        except TestbedError as exc:  # the fixture raises it again, in the tests that need it
+            say(f"testbed: {specs[name].name}: install failed: {exc}")
+    if "vllm_env" in needed and "vllm_env" not in [n for n, f in futures.items() if f.exception()]:
+        with contextlib.suppress(TestbedError):
+            model = ensure_tiny_model(futures["vllm_env"].result())
+            say(f"testbed: tiny model: " + (f"built in {model.build_seconds} s" if model.build_seconds else "cached"))
+    say(f"testbed: ready in {time.monotonic() - start:.1f} s")

@@ -1,0 +1,25 @@
+"""llama-benchy runs offline against the test bed's vLLM and reports throughput the server agrees with."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.testbed.benchy import Benchy
+from tests.testbed.vllm import VllmServer, metric_samples
+
+pytestmark = pytest.mark.slow
+
+
+def generation_tokens(url: str) -> float:
+    return sum(s.value for s in metric_samples(url) if s.name == "vllm:generation_tokens_total")
+
+
+def test_benchy_measures_the_real_server(benchy: Benchy, vllm_server: VllmServer, tmp_path) -> None:
+    before = generation_tokens(vllm_server.url)
+    result = benchy.run(vllm_server.url, vllm_server.model, tmp_path, pp=(64,), tg=(8,), runs=1,
+                        extra=["--exact-tg", "--no-warmup"])
+    runs = result["benchmarks"]
+    assert runs, result
+    assert generation_tokens(vllm_server.url) - before >= 8
+    text = str(runs)
+    assert "pp64" in text.replace(" ", "") or "64" in text

@@ -1,0 +1,70 @@
+"""Routers of the test bed are real and spread requests over both vLLM servers, counted by each server."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+import httpx
+import pytest
+
+from tests.testbed.routers import RouterProcess
+from tests.testbed.vllm import VllmServer, chat, request_success_total
+
+pytestmark = pytest.mark.slow
+
+
+def per_backend(pair: tuple[VllmServer, VllmServer]) -> list[float]:
+    return [request_success_total(s.url) for s in pair]
+
+
+def send(router: RouterProcess, n: int, *, concurrency: int = 1, max_tokens: int = 2) -> None:
+    def one(i: int) -> None:
+        reply = chat(router.url, router.model, f"request {i} of {n}", max_tokens=max_tokens, headers=router.headers)
+        assert reply["usage"]["completion_tokens"] == max_tokens
+
+    with ThreadPoolExecutor(concurrency) as pool:
+        list(pool.map(one, range(n)))
+
+
+def spread(pair, router: RouterProcess, n: int, **kw) -> list[float]:
+    before = per_backend(pair)
+    send(router, n, **kw)
+    return [a - b for a, b in zip(per_backend(pair), before)]
+
+
+def test_vllm_router_round_robin_alternates(vllm_pair, vllm_router: RouterProcess) -> None:
+    assert httpx.get(f"{vllm_router.url}/health", timeout=5).status_code == 200
+    counts = spread(vllm_pair, vllm_router, 8)
+    assert sum(counts) == 8 and counts == [4, 4]
+
+
+@pytest.mark.parametrize("policy", ["random", "power_of_two"])
+def test_vllm_router_policies_use_both_servers(vllm_pair, vllm_router_factory, policy: str) -> None:
+    router = vllm_router_factory(policy)
+    counts = spread(vllm_pair, router, 16, concurrency=4)
+    assert sum(counts) == 16 and min(counts) >= 1
+
+
+def test_litellm_simple_shuffle_spreads(vllm_pair, litellm_router: Callable[[str], RouterProcess]) -> None:
+    router = litellm_router("simple-shuffle")
+    counts = spread(vllm_pair, router, 16)
+    assert sum(counts) == 16 and min(counts) >= 1  # all 16 on one side: p = 2 * 0.5**16
+
+
+def test_litellm_least_busy_spreads_under_load(vllm_pair, litellm_router: Callable[[str], RouterProcess]) -> None:
+    router = litellm_router("least-busy")
+    counts = spread(vllm_pair, router, 12, concurrency=6, max_tokens=24)
+    assert sum(counts) == 12 and min(counts) >= 1
+
+
+def test_litellm_needs_its_key_and_never_logs_it(vllm_pair, litellm_router: Callable[[str], RouterProcess]) -> None:
+    router = litellm_router("simple-shuffle")
+    body = {"model": router.model, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+    before = per_backend(vllm_pair)
+    # without a DB LiteLLM answers 500 (no key) or 400 (unknown key): either way nothing reaches a backend
+    for headers in ({}, {"Authorization": "Bearer sk-not-the-key"}):
+        assert httpx.post(f"{router.url}/v1/chat/completions", json=body, headers=headers, timeout=30).status_code >= 400
+    assert per_backend(vllm_pair) == before
+    assert router.api_key and router.api_key not in router.log_path.read_text(errors="replace")
+    assert router.api_key not in repr(router)

@@ -1,0 +1,163 @@
+"""The test bed by hand: `python -m tests.testbed install | up | down | status` (see docs/TESTBED.md).
+
+`up` starts what the slow tests start (Docker engine, two vLLM servers, vllm-router, optionally a LiteLLM proxy
+and a vLLM container), all on 127.0.0.1, and records their PIDs in the cache's up.json; `down` stops them
+by those PIDs. LiteLLM only starts when $LITELLM_MASTER_KEY is set: the key is the caller's, never stored here.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.testbed.benchy import BENCHY_VENV
+from tests.testbed.cache import (TestbedError, cache_root, dir_size_bytes, ensure_venv, read_marker)
+from tests.testbed.docker import DockerEngine, _mounts_under, _wait_pid_gone, docker_cli, import_base_image
+from tests.testbed.model import ensure_tiny_model
+from tests.testbed.routers import LITELLM_VENV, VLLM_ROUTER_VENV, start_litellm, start_vllm_router
+from tests.testbed.vllm import VLLM_VENV, start_vllm_container, start_vllm_servers
+from tests.testbed.vllm import vllm_image
+
+ALL_VENVS = (VLLM_VENV, VLLM_ROUTER_VENV, LITELLM_VENV, BENCHY_VENV)
+
+
+def state_file() -> Path:
+    return cache_root() / "up.json"
+
+
+def cmd_install(_args: argparse.Namespace) -> int:
+    for spec in ALL_VENVS:
+        start = time.monotonic()
+        venv = ensure_venv(spec)
+        how = f"installed in {venv.install_seconds} s" if venv.install_seconds else "cached"
+        print(f"{spec.name:24} {how:24} {dir_size_bytes(venv.path) / 2**30:.2f} GiB  ({time.monotonic() - start:.1f} s)")
+    model = ensure_tiny_model(ensure_venv(VLLM_VENV))
+    print(f"{'tiny model':24} {('built in %s s' % model.build_seconds) if model.build_seconds else 'cached':24} "
+          f"{dir_size_bytes(model.path) / 2**20:.1f} MiB  {model.path}")
+    return 0
+
+
+def cmd_status(_args: argparse.Namespace) -> int:
+    root = cache_root()
+    print(f"cache: {root}")
+    for spec in ALL_VENVS:
+        path = root / "venvs" / spec.name
+        marker = read_marker(path)
+        state = "ok" if marker and marker.get("spec") == spec.as_marker() else "missing or stale"
+        print(f"  {spec.name:24} {state:18} {dir_size_bytes(path) / 2**30:.2f} GiB" if path.exists()
+              else f"  {spec.name:24} {state}")
+    if state_file().exists():
+        print(f"up: {state_file().read_text()}")
+    return 0
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    if state_file().exists():
+        print(f"already up (see {state_file()}); run `python -m tests.testbed down` first", file=sys.stderr)
+        return 1
+    log_dir = Path(tempfile.mkdtemp(prefix="sc-testbed-logs-", dir="/tmp"))
+    state: dict = {"log_dir": str(log_dir), "groups": {}, "urls": {}}
+
+    def save() -> None:
+        state_file().write_text(json.dumps(state, indent=1))
+
+    vllm_env = ensure_venv(VLLM_VENV)
+    model = ensure_tiny_model(vllm_env)
+    engine = DockerEngine(Path(tempfile.mkdtemp(prefix="sc-docker-", dir="/tmp")))
+    engine.start()
+    # dockerd must outlive this command: forget the Popen, keep the PID
+    state["docker"] = {"root": str(engine.root), "pid": engine.pid, "host": engine.host}
+    save()
+    try:
+        servers = start_vllm_servers(vllm_env, model, log_dir, args.servers)
+        for i, s in enumerate(servers):
+            state["groups"][f"vllm-{i}"] = s.pid
+            state["urls"][f"vllm-{i}"] = s.url
+            save()
+        if args.routers:
+            router = start_vllm_router(ensure_venv(VLLM_ROUTER_VENV), [s.url for s in servers], model.name, log_dir)
+            state["groups"]["vllm-router"], state["urls"]["vllm-router"] = router.pid, router.url
+            save()
+            if os.environ.get("LITELLM_MASTER_KEY"):
+                lite = start_litellm(ensure_venv(LITELLM_VENV), [s.url for s in servers], model.name, log_dir,
+                                     strategy=args.litellm_strategy, api_key=os.environ["LITELLM_MASTER_KEY"])
+                state["groups"]["litellm"], state["urls"]["litellm"] = lite.pid, lite.url
+                save()
+            else:
+                print("LiteLLM not started: set LITELLM_MASTER_KEY to a key of your own to start it")
+        if args.container:
+            image = vllm_image(import_base_image(engine), vllm_env, model)
+            container = start_vllm_container(engine, image)
+            state["urls"][f"container {container.name}"] = container.url
+            save()
+    except (TestbedError, KeyboardInterrupt) as exc:
+        print(f"up failed: {exc}; stopping what started", file=sys.stderr)
+        cmd_down(args)
+        return 1
+    for name, url in state["urls"].items():
+        print(f"{name:28} {url}")
+    print(f"DOCKER_HOST={engine.host}\nlogs: {log_dir}\nstop with: python -m tests.testbed down")
+    return 0
+
+
+def cmd_down(_args: argparse.Namespace) -> int:
+    if not state_file().exists():
+        print("nothing is up")
+        return 0
+    state = json.loads(state_file().read_text())
+    for name, pgid in reversed(list(state.get("groups", {}).items())):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(pgid, signal.SIGTERM)
+        if not _wait_pid_gone(pgid, 20):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGKILL)
+        print(f"stopped {name} (pid {pgid})")
+    docker = state.get("docker")
+    if docker:
+        env = {**os.environ, "DOCKER_HOST": docker["host"]}
+        ids = subprocess.run([docker_cli(), "ps", "-aq"], env=env, capture_output=True, text=True).stdout.split()
+        if ids:
+            subprocess.run([docker_cli(), "rm", "-f", *ids], env=env, capture_output=True)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(docker["pid"], signal.SIGTERM)
+        if not _wait_pid_gone(docker["pid"], 20):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(docker["pid"], signal.SIGKILL)
+        for point in _mounts_under(Path(docker["root"])):
+            subprocess.run(["umount", "-l", point], capture_output=True)
+        subprocess.run(["rm", "-rf", docker["root"]], capture_output=True)
+        print(f"stopped dockerd (pid {docker['pid']})")
+    state_file().unlink()
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.testbed", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("install", help="build (or reuse) the cached venvs and the tiny model").set_defaults(func=cmd_install)
+    sub.add_parser("status", help="what the cache holds, and what is up").set_defaults(func=cmd_status)
+    up = sub.add_parser("up", help="start the test bed and leave it running")
+    up.add_argument("--servers", type=int, choices=(1, 2), default=2, help="bare vLLM servers (default 2)")
+    up.add_argument("--no-routers", dest="routers", action="store_false", help="skip vllm-router and LiteLLM")
+    up.add_argument("--litellm-strategy", default="simple-shuffle", choices=("simple-shuffle", "least-busy"))
+    up.add_argument("--container", action="store_true", help="also a vLLM container in the Docker engine (6 GiB cap)")
+    up.set_defaults(func=cmd_up)
+    sub.add_parser("down", help="stop everything `up` started, by PID").set_defaults(func=cmd_down)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except TestbedError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
