@@ -221,3 +221,30 @@ def test_backoff_grows_with_jitter_and_is_capped():
     assert 0.8 <= delays[0] <= 1.2
     assert delays[3] > delays[0] * 4
     assert max(delays) <= 30 * 1.2 and delays[-1] >= 30 * 0.8
+
+
+@pytest.mark.sshd
+async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
+    """No kill: the node just stops answering. Keepalives find out; when it answers again, it comes back."""
+    from sparkconsole.nodes.transport import SshTransport
+
+    cfg = sshd_live.cluster_config(interval_s=INTERVAL, nodes=[sshd_live[0]])
+    mon = ClusterMonitor(cfg, transport_factory=lambda n, p: SshTransport(n, p, keepalive_interval=0.5,
+                                                                           keepalive_count_max=2))
+    await mon.start()
+    nm = mon.nodes["node1"]
+    try:
+        await until(lambda: nm.state == NodeState.LIVE, 20, "LIVE")
+        sshd_live[0].freeze()
+        await until(lambda: nm.state == NodeState.STALE, 5, "STALE")
+        t_down = await until(lambda: nm.state == NodeState.DOWN, 10, "DOWN by keepalive")
+        assert t_down < 0.5 * 2 + 3.0
+        for pid in sshd_live[0].frozen:
+            import os
+            import signal
+            os.kill(pid, signal.SIGCONT)
+        sshd_live[0].frozen = []
+        await until(lambda: nm.state == NodeState.LIVE, 40, "LIVE again")
+    finally:
+        await mon.stop()
+    await until(lambda: not agent_pids_for(INTERVAL), 10, "no agent left")

@@ -178,20 +178,23 @@ class NodeMonitor:
         while True:
             try:
                 await self._session()
-                reason = "agent ended" + (f" (exit {self._stream.returncode})" if self._stream and
-                                          self._stream.returncode is not None else "")
+                rc = self._stream.returncode if self._stream else None
+                reason = "agent ended" + (f" (exit {rc})" if rc is not None else "")
             except asyncio.CancelledError:
+                await self._teardown()
                 raise
             except (TransportError, UserError) as exc:
                 reason = str(exc)
             except Exception as exc:  # noqa: BLE001 — keep watching whatever went wrong
                 log.exception("node %s", self.name)
                 reason = f"{type(exc).__name__}: {exc}"
-            finally:
-                await self._teardown()
             self._failures += 1
-            self._set_state(NodeState.DOWN, reason)
-            self._notify()
+            if self.state == NodeState.DOWN:
+                self.last_error = reason
+                self._notify()
+            else:
+                self._set_state(NodeState.DOWN, reason)   # said before the (bounded) teardown waits
+            await self._teardown()
             await asyncio.sleep(self.backoff())
 
     async def _session(self) -> None:
@@ -234,6 +237,7 @@ class NodeMonitor:
                 await task
             except (asyncio.CancelledError, Exception):  # noqa: BLE001
                 pass
+        await self._teardown()     # again: a cancel that landed inside the loop's own teardown cut it short
 
 
 class ClusterMonitor:
