@@ -290,9 +290,15 @@ async def test_serving_monitor_fans_out():
             snaps = await sm.poll()
         finally:
             await sm.stop()
-    assert snaps["a"].healthy is True and snaps["b"].healthy is False
-    assert sorted(got) == ["a", "b"]
-    assert set(sm.snapshots()) == {"a", "b"}
+        assert snaps["a"].healthy is True and snaps["b"].healthy is False
+        assert sorted(got) == ["a", "b"]
+        assert set(sm.snapshots()) == {"a", "b"}
+        try:                                   # stopped, then started again: polls still work
+            await sm.start()
+            await asyncio.sleep(0.3)
+        finally:
+            await sm.stop()
+    assert sm.endpoints["a"].latest.healthy is True and sm.endpoints["a"].latest.error is None
 
 
 async def test_a_failing_subscriber_does_not_stop_polling():

@@ -312,7 +312,7 @@ class ServingMonitor:
                  metrics_urls: dict[str, str] | None = None) -> None:
         self.config = config
         self.interval = interval
-        timeout = min(5.0, max(1.0, 2 * interval))
+        self._timeout = timeout = min(5.0, max(1.0, 2 * interval))
         self._client = make_client(timeout)
         self.endpoints: dict[str, EndpointMonitor] = {
             ep.name: EndpointMonitor(ep, interval, client=self._client, history=history, timeout=timeout,
@@ -347,6 +347,10 @@ class ServingMonitor:
         return dict(zip(self.endpoints, snaps))
 
     async def start(self) -> None:
+        if self._client.is_closed:      # started again after stop(): a fresh shared client
+            self._client = make_client(self._timeout)
+            for mon in self.endpoints.values():
+                mon._client, mon._own_client = self._client, False
         for mon in self.endpoints.values():
             await mon.start()
 
