@@ -16,6 +16,7 @@ from .errors import UserError
 MAX_BYTES = 1_000_000
 MAX_ALIASES = 64
 MAX_DEPTH = 32
+MAX_NODES = 50_000   # after alias expansion: few aliases can still multiply into billions of nodes
 
 Path_ = tuple[str | int, ...]
 
@@ -42,7 +43,16 @@ class Located:
         return UserError(problem, file=self.file, line=self.line(path), field=field or None, fix=fix)
 
 
-def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], depth: int, file: str) -> Any:
+class _Budget:
+    def __init__(self) -> None:
+        self.left = MAX_NODES
+
+
+def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], depth: int, file: str, budget: _Budget) -> Any:
+    budget.left -= 1
+    if budget.left < 0:
+        raise UserError(f"more than {MAX_NODES} values once aliases are expanded", file=file,
+                        line=node.start_mark.line + 1, fix="write the values out instead of using anchors")
     if depth > MAX_DEPTH:
         raise UserError("nesting too deep", file=file, line=node.start_mark.line + 1,
                         fix=f"keep the document under {MAX_DEPTH} levels")
@@ -59,10 +69,10 @@ def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], depth: int, fil
                                 fix="remove one of the two entries")
             kp = path + (str(key),)
             lines[kp] = knode.start_mark.line + 1
-            out[str(key) if not isinstance(key, str) else key] = _walk(vnode, kp, lines, depth + 1, file)
+            out[str(key) if not isinstance(key, str) else key] = _walk(vnode, kp, lines, depth + 1, file, budget)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_walk(v, path + (i,), lines, depth + 1, file) for i, v in enumerate(node.value)]
+        return [_walk(v, path + (i,), lines, depth + 1, file, budget) for i, v in enumerate(node.value)]
     return _scalar(node, file)
 
 
@@ -101,7 +111,7 @@ def load_text(text: str, file: str) -> Located:
     if node is None:
         return Located(None, {(): 1}, file)
     try:
-        data = _walk(node, (), lines, 0, file)
+        data = _walk(node, (), lines, 0, file, _Budget())
     except RecursionError:
         raise UserError("nesting too deep", file=file, fix="flatten the document") from None
     return Located(data, lines, file)
