@@ -363,16 +363,22 @@ def _secret_name(name: str) -> bool:
         return bool(re.search(r"(TOKEN|KEY|SECRET|PASSWORD|PASSWD)", name.upper()))
 
 
+_SHELL_OP = re.compile(r"^(\d?>>?|\d?<|&&|\|\||;|\||&|\d?>&\d)")
+
+
 def _vllm_args(cmd: list[str]) -> list[str] | None:
     """The vLLM arguments when a command starts a vLLM server, else None."""
     if len(cmd) >= 3 and cmd[0] in ("bash", "sh", "/bin/bash", "/bin/sh") and cmd[1] in ("-c", "-lc"):
-        words = shlex.split(cmd[2])
+        try:
+            words = shlex.split(re.sub(r"\\[ \t]*\r?\n", " ", cmd[2]))
+        except ValueError:
+            return None
         for i in range(len(words)):
-            if words[i] in ("&&", ";", "||", "|") or words[i].startswith("exec"):
+            if words[i] in ("exec", "env") or _SHELL_OP.match(words[i]) or "=" in words[i]:
                 continue
             inner = _vllm_args(words[i:])
             if inner is not None:
-                end = next((j for j, w in enumerate(inner) if w in ("&&", ";", "||", "|", ">", "2>&1")), len(inner))
+                end = next((j for j, w in enumerate(inner) if _SHELL_OP.match(w)), len(inner))
                 return inner[:end]
         return None
     if len(cmd) >= 2 and os.path.basename(cmd[0]) == "vllm" and cmd[1] == "serve":
@@ -386,7 +392,7 @@ def _vllm_args(cmd: list[str]) -> list[str] | None:
 def program_for(image: str, cmd: list[str], entrypoint: str | None) -> tuple[str, list[str]]:
     """(module, args) of the process that plays this container."""
     full = ([entrypoint] if entrypoint else []) + cmd
-    if not entrypoint and "vllm-openai" in image and (not cmd or cmd[0].startswith("-") or "/" in cmd[0]):
+    if entrypoint is None and "vllm-openai" in image and (not cmd or cmd[0].startswith("-") or "/" in cmd[0]):
         full = ["vllm", "serve", *cmd]       # the vllm/vllm-openai image's entrypoint is `vllm serve`
     args = _vllm_args(full)
     if args is not None:
@@ -405,7 +411,7 @@ def spawn(store: Store, rec: dict, module: str, args: list[str], *, exec_: bool 
         if not exec_:
             (d / stale).unlink(missing_ok=True)
     argv = [sys.executable, "-m", module, "--sim-node-dir", str(store.node_dir), "--sim-container", rec["name"],
-            "--sim-memory-limit", str(rec.get("memory_b", 0)), *args]
+            "--sim-memory-limit", str(rec.get("memory_b", 0)), *(["--sim-exec"] if exec_ else []), *args]
     with open(d / "log", "ab") as log:
         proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                 start_new_session=True, cwd=d, close_fds=True)

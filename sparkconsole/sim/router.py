@@ -6,8 +6,9 @@
 
 Requests are spread with the routing policies of sparkconsole/sim/routing.py (LiteLLM least-busy sees
 its in-flight counts late, as the real one does), and the proxy's own cost is added in simulated time:
-a first-token delay, a serial per-request intake and a per-chunk relay cost (the experiment's
-ProxyProfile for LiteLLM; near zero for the Rust vllm-router). Exposes /health, /health/liveliness,
+routing, forwarding, per-chunk relay and completion work queued on one event loop, and a cap on the
+requests held open per backend (the experiment's fitted ProxyProfile for LiteLLM; near zero for the
+Rust vllm-router). Exposes /health, /health/liveliness,
 /health/readiness, /v1/models, /metrics (the metric names each real router publishes) and /sim/clock.
 """
 
@@ -33,20 +34,28 @@ from .node import pid_alive, read_json
 from . import routing
 from .server import SimClock, log
 
-LITELLM = ProxyProfile()
-
-
 @dataclass(frozen=True)
 class Overhead:
-    first_token_s: float
-    request_s: float
-    chunk_s: float
+    """What the proxy's one event loop spends per request and per chunk (simulated seconds)."""
+    route_s: float = 0.0          # parse, auth, pick a backend
+    forward_s: float = 0.0        # count it in flight, call upstream
+    chunk_s: float = 0.0          # relay one streamed chunk
+    done_s: float = 0.0           # success callback
+    max_inflight_per_backend: int | None = None
+
+
+def _litellm() -> Overhead:
+    # The fitted LiteLLM profile of the headless experiment; read by name so either side can grow fields.
+    p = ProxyProfile()
+    return Overhead(route_s=getattr(p, "route_s", 0.001), forward_s=getattr(p, "forward_s", 0.001),
+                    chunk_s=getattr(p, "chunk_s", 1 / 1500), done_s=getattr(p, "done_s", 0.0005),
+                    max_inflight_per_backend=getattr(p, "max_inflight_per_backend", None))
 
 
 OVERHEADS = {
-    "litellm": Overhead(LITELLM.first_token_s, LITELLM.request_s, LITELLM.chunk_s),
+    "litellm": _litellm(),
     # vllm-router (Rust): +0.5 ms to the first token, ~95k chunks/s (testbed notes)
-    "vllm-router": Overhead(0.0005, 0.0, 1 / 95000),
+    "vllm-router": Overhead(route_s=0.0005, chunk_s=1 / 95000),
 }
 VLLM_ROUTER_POLICIES = {"random": "simple-shuffle", "round_robin": "round-robin", "power_of_two": "least-busy",
                         "cache_aware": "least-busy", "consistent_hash": "simple-shuffle"}
@@ -78,6 +87,8 @@ class SimRouter:
         make_tracker = getattr(routing, "make_tracker", None)
         self.tracker = make_tracker(policy, len(backends)) if make_tracker else routing.InflightTracker(len(backends))
         self._busy_until = 0.0          # the proxy's single event loop, in simulated time
+        cap = self.cost.max_inflight_per_backend
+        self._slots = [asyncio.Semaphore(cap) if cap else None for _ in backends]
         self._session: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
         self._metrics()
@@ -124,7 +135,12 @@ class SimRouter:
                 try:
                     async with self._session.get(b.url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                         b.healthy = r.status == 200
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    if b.healthy and b.model is None:
+                        # vllm-router learns the served model from its workers
+                        async with self._session.get(b.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)) as r:
+                            data = (await r.json()).get("data") or []
+                            b.model = data[0]["id"] if data else None
+                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
                     b.healthy = False
                 if self.flavor == "vllm-router":
                     self.m_health.labels(b.url).set(1 if b.healthy else 0)
@@ -201,23 +217,28 @@ class SimRouter:
         if not cand:
             return web.json_response({"error": {"message": f"Invalid model name passed in model={model}", "type":
                                                 "invalid_request_error", "param": "model", "code": "400"}}, status=400)
-        await self._spend(self.cost.request_s)
+        await self._spend(self.cost.route_s)
         now = self.clock.now()
         view = self.tracker.view(now)
         pick = cand[self.policy.choose([view[i] for i in cand])]
         b = self.backends[pick]
-        self.tracker.started(pick, now)
-        self.m_requests.labels(b.url).inc()
         t0 = now
+        sem = self._slots[pick]
+        if sem is not None:
+            await sem.acquire()       # the proxy holds extra requests until a connection to that backend frees
+        self.tracker.started(pick, self.clock.now())
+        self.m_requests.labels(b.url).inc()
         try:
-            # routing, upstream connect: before the request reaches the backend
-            await asyncio.sleep(self.cost.first_token_s / self.speed)
+            await self._spend(self.cost.forward_s)
             return await self._relay(request, b, raw, t0)
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.m_errors.labels(b.url).inc()
             return web.json_response({"error": {"message": f"backend {b.url} failed: {str(exc)[:120]}",
                                                 "type": "APIConnectionError", "code": "500"}}, status=500)
         finally:
+            if sem is not None:
+                sem.release()
+            await self._spend(self.cost.done_s)
             self.tracker.finished(pick, self.clock.now())
             self.m_latency.observe(self.clock.now() - t0)
 
@@ -314,6 +335,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--worker-urls", nargs="+", default=[])
     p.add_argument("--policy", default=None)
     p.add_argument("--config")
+    # vllm-router prefill/decode disaggregation: the simulated engines have no KV transfer, so requests
+    # go to the decode servers, which prefill themselves.
+    p.add_argument("--vllm-pd-disaggregation", action="store_true")
+    p.add_argument("--prefill", nargs="+", default=[])
+    p.add_argument("--decode", nargs="+", default=[])
+    p.add_argument("--sim-exec", action="store_true")
     p.add_argument("--seed", type=int)
     p.add_argument("--sim-speed", type=float)
     p.add_argument("--sim-node-dir")
@@ -327,8 +354,8 @@ def main(argv: list[str] | None = None) -> int:
     speed = float(ns.sim_speed or sim.get("speed") or 1.0)
     host = sim.get("address") if sim.get("address") and ns.host in ("0.0.0.0", "::") else ns.host
     try:
-        if ns.flavor == "vllm-router" and ns.worker_urls:
-            backends = [Backend(_base(u), ns.model) for u in ns.worker_urls]
+        if ns.flavor == "vllm-router" and (ns.worker_urls or ns.decode):
+            backends = [Backend(_base(u), ns.model) for u in (ns.worker_urls or ns.decode)]
             policy = VLLM_ROUTER_POLICIES.get(ns.policy or "random", ns.policy or "simple-shuffle")
             port = ns.port or 30000
         elif ns.config:

@@ -127,6 +127,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     p.add_argument("--sim-container")
     p.add_argument("--sim-memory-limit", type=int, default=0)
     p.add_argument("--sim-idle", action="store_true")
+    p.add_argument("--sim-exec", action="store_true", help="started by docker exec: not the container's main process")
     p.add_argument("--sim-load-speedup", type=float)
     return p
 
@@ -929,7 +930,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _write_exit(ns: argparse.Namespace, code: int) -> None:
-    if ns.sim_node_dir and ns.sim_container:
+    if ns.sim_node_dir and ns.sim_container and not ns.sim_exec:
         d = Path(ns.sim_node_dir) / "containers" / ns.sim_container
         try:
             if d.is_dir():
