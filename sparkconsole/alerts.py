@@ -3,7 +3,7 @@
 Node rules (thresholds from the cluster file): GPU within temp_margin_c of its slowdown temperature; thermal
 or power-brake throttling (samples.THROTTLING); MemAvailable under headroom_floor_gib; an OOM guard that is
 bad; the vLLM container not running or OOM-killed; the node STALE or DOWN.
-Endpoint rules: unhealthy; router backends down; the silent stall — requests running but no token produced
+Endpoint rules: unhealthy (warn on the first failed poll, bad from the second); router backends down; the silent stall — requests running but no token produced
 (neither generated nor prefilled) for stall_seconds while the GPU draws less than stall_power_w.
 
 observe_node/observe_endpoint return the events that observation caused (a raise, a severity change, or a
@@ -168,7 +168,10 @@ class AlertEngine:
         if snap.healthy is None:       # not polled yet: nothing to say
             return []
         if snap.healthy is False:
-            found[prefix + "down"] = ("bad", f"{name} unhealthy: {snap.error or 'no answer'}")
+            # One failed poll is a warning (a busy server can miss one timeout); the second in a row is bad.
+            failures = getattr(snap, "failures", None)
+            sev = "warn" if failures == 1 else "bad"
+            found[prefix + "down"] = (sev, f"{name} unhealthy: {snap.error or 'no answer'}")
             self._stall.pop(name, None)
             return self._settle(prefix, name, now, found)
 

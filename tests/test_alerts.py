@@ -206,11 +206,20 @@ LOAD_POWER = HOT.gpus[0].power_w           # recorded under load: ~700 W
 
 def test_endpoint_down_and_back():
     eng, _ = engine()
-    out = eng.observe_endpoint(snap(0, healthy=False, error="connection refused"))
-    assert [(e.key, e.severity) for e in out] == [("endpoint:spark1:down", "bad")]
+    out = eng.observe_endpoint(snap(0, healthy=False, error="connection refused", failures=1))
+    assert [(e.key, e.severity) for e in out] == [("endpoint:spark1:down", "warn")]    # one miss: a warning
     assert "connection refused" in out[0].message
-    assert eng.observe_endpoint(snap(1, healthy=False, error="connection refused")) == []
-    assert [e.active for e in eng.observe_endpoint(snap(2))] == [False]
+    out = eng.observe_endpoint(snap(5, healthy=False, error="connection refused", failures=2))
+    assert [(e.key, e.severity, e.active) for e in out] == [("endpoint:spark1:down", "bad", True)]
+    assert eng.observe_endpoint(snap(10, healthy=False, error="connection refused", failures=3)) == []
+    assert [e.active for e in eng.observe_endpoint(snap(15))] == [False]
+
+
+def test_one_missed_poll_then_back_never_goes_bad():
+    eng, events = engine()
+    eng.observe_endpoint(snap(0, healthy=False, error="timed out after 2 s", failures=1))
+    eng.observe_endpoint(snap(5))
+    assert [(e.severity, e.active) for e in events] == [("warn", True), ("warn", False)]
 
 
 def test_silent_stall_needs_time_running_requests_and_low_power():
@@ -259,7 +268,7 @@ def test_unpolled_endpoint_says_nothing_and_node_and_endpoint_keys_do_not_collid
     eng, events = engine(temp_margin_c=40)
     assert eng.observe_endpoint(snap(0, healthy=None)) == []
     eng.observe_node(RecordedNode(last=HOT))
-    eng.observe_endpoint(snap(1, healthy=False, error="x"))
+    eng.observe_endpoint(snap(1, healthy=False, error="x", failures=2))
     eng.observe_endpoint(snap(2))                     # endpoint back: the node's alert stays
     assert list(eng.active) == ["node:spark1:temp:gpu0"]
     assert [e.source for e in events] == ["spark1"] * 3

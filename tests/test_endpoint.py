@@ -221,6 +221,7 @@ async def test_recovery_after_restart_with_counter_reset():
         await runner.cleanup()
         down = await mon.poll()
         assert down.healthy is False and down.failures == 1
+        assert down.model == MODEL and down.version == "0.32.0"     # what it served last, for context
         fresh, rng = VllmExporter("v1"), random.Random(9)     # restarted server: counters from zero
         fresh.serve(rng, 2, gen_tokens=30)
         runner = await serve(fresh)

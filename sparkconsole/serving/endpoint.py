@@ -235,7 +235,9 @@ class EndpointMonitor:
             healthy, error, latency = await self._health(client)
         except FetchError as exc:
             self._info_at = -INFO_REFRESH_S      # re-read models/version once it is back
-            return _empty(ep, healthy=False, error=str(exc), t=time.time())
+            model, models, max_len, version = self._info   # what it served last: context for the DOWN row
+            return replace(_empty(ep, healthy=False, error=str(exc), t=time.time()), model=model, models=models,
+                           max_model_len=max_len, version=version)
 
         warning = None
         need_info = time.monotonic() - self._info_at >= INFO_REFRESH_S or (healthy and self._failures)
