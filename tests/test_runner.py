@@ -232,6 +232,25 @@ async def test_launch_never_replaces_a_running_container(tmp_path, docker_engine
     docker_engine.run(["rm", "-f", squatter])
 
 
+async def test_interrupted_launch_stops_what_it_started(tmp_path, docker_engine, testbed_base_image,
+                                                        local_cluster, state):
+    recipe = fake_recipe(tmp_path, testbed_base_image)
+    plan = make_plan(recipe, "2x-solo", local_cluster, {"delay": 120, "router": "vllm-router"})
+    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
+                   services=tuple(s for s in plan.services if s.role != "router"))
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3)
+    task = asyncio.ensure_future(runner.launch(plan))
+    for _ in range(200):
+        if containers(docker_engine) == ["sc_run_1", "sc_run_2"]:
+            break
+        await asyncio.sleep(0.1)
+    assert containers(docker_engine) == ["sc_run_1", "sc_run_2"]
+    task.cancel()                                  # Ctrl-C, or the console closing, while waiting for ready
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert containers(docker_engine) == []
+
+
 def test_error_line_picks_the_exception():
     lines = ["INFO loading", "Traceback (most recent call last):", '  File "x.py", line 3', "ValueError: too long",
              "INFO shutting down"]
@@ -266,13 +285,14 @@ async def ssh_transports(cluster: ClusterConfig) -> dict:
     return ts
 
 
+@pytest.mark.timeout(1200)     # two vLLM start-ups; on a loaded 2-core box each can take minutes
 async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_engine, testbed_base_image,
                                                             vllm_env, tiny_model, state):
     recipe = find_recipe("tiny-testbed")
     assert recipe.container == testbed_base_image
     plan = make_plan(recipe, "solo", ssh_cluster, tiny_overrides(vllm_env, tiny_model))
     transports = await ssh_transports(ssh_cluster)
-    runner = Runner(ssh_cluster, transports, ready_timeout=300)
+    runner = Runner(ssh_cluster, transports, ready_timeout=540)
     try:
         ready = await runner.launch(plan)
         assert list(ready) == ["node1/server"]
@@ -292,6 +312,7 @@ async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_
             await t.close()
 
 
+@pytest.mark.timeout(900)
 async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ssh_cluster, docker_engine,
                                                                                testbed_base_image, vllm_env,
                                                                                tiny_model, state):

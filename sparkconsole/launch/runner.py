@@ -200,18 +200,12 @@ class Runner:
         """Run every step in order; wait until every service is ready. Returns seconds to ready per service."""
         emit = self._emitter(on_progress)
         started: list[Service] = []
-        for step in plan.steps:
-            why = await self.run_step(step, f"launch {plan.recipe} ({plan.topology})", emit)
-            svc = plan.service(step.service) if step.service else None
-            if why is not None:
-                emit(step.node, "failed", f"{step.what}: {why}", step.service)
-                # A failed `docker run` can leave a created container behind: clean it too.
-                await self._cleanup(plan, started + ([svc] if svc else []), emit)
-                raise LaunchError(f"launch failed on node {step.node}: {step.what}: {why}"
-                                  + self._cleanup_note(started), node=step.node,
-                                  fix=_fix_for(why, plan))
-            if svc is not None:
-                started.append(svc)
+        try:
+            await self._start_all(plan, started, emit)
+        except asyncio.CancelledError:
+            # Interrupted (Ctrl-C, the console closing): take down what this launch had started.
+            await self._cleanup(plan, started, emit)
+            raise
         if not wait:
             return {}
         try:
@@ -223,6 +217,20 @@ class Runner:
         except BaseException:
             await self._cleanup(plan, started, emit)
             raise
+
+    async def _start_all(self, plan: Plan, started: list[Service], emit: Callable[..., None]) -> None:
+        for step in plan.steps:
+            if step.service:
+                # Counted as started before its `docker run` returns: a failed or interrupted run can still
+                # leave a created container behind, and the cleanup must take it too.
+                started.append(plan.service(step.service))
+            why = await self.run_step(step, f"launch {plan.recipe} ({plan.topology})", emit)
+            if why is not None:
+                emit(step.node, "failed", f"{step.what}: {why}", step.service)
+                await self._cleanup(plan, started, emit)
+                raise LaunchError(f"launch failed on node {step.node}: {step.what}: {why}"
+                                  + self._cleanup_note(started), node=step.node,
+                                  fix=_fix_for(why, plan))
 
     @staticmethod
     def _cleanup_note(started: Sequence[Service]) -> str:
