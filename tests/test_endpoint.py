@@ -6,11 +6,13 @@ import asyncio
 import random
 import socket
 import time
+from pathlib import Path
 
 import pytest
 from aiohttp import web
 
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
+from sparkconsole.serving import metrics as m
 from sparkconsole.serving.endpoint import EndpointMonitor, ServingMonitor, backoff_s
 from tests.test_serving_metrics import VllmExporter, fixture, seeded_workload
 
@@ -337,3 +339,23 @@ async def test_real_vllm_server(vllm_server):
     assert after.gen_tps > 0 and after.prompt_tps > 0
     assert after.ttft_p50_s is not None and after.ttft_p50_s <= after.ttft_p95_s
     assert after.itl_p50_s is not None
+
+
+async def test_recorded_vllm_page_served_over_http():
+    """The /metrics page recorded from a real vLLM 0.32, served as it was: the snapshot carries its figures."""
+    text = next(p for p in (Path(__file__).parent / "fixtures").glob("metrics-vllm-0.32*-recorded.txt")).read_text()
+
+    async def page(_):
+        return web.Response(text=text, content_type="text/plain")
+    exp = VllmExporter("v1")
+    async with Server(vllm_routes(exp, metrics=page)) as srv:
+        mon = EndpointMonitor(ep(srv.url), interval=0.2)
+        try:
+            s = await mon.poll()
+        finally:
+            await mon.stop()
+    want = m.engine_metrics(m.parse(text))
+    assert s.healthy and s.warning is None
+    assert (s.running, s.waiting, s.kv_usage, s.generation_tokens) == (
+        want.running, want.waiting, want.kv_usage, want.generation_tokens)
+    assert s.generation_tokens > 0
