@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .config import Thresholds
-from .nodes.samples import REASON_WORDS, THROTTLING, NodeState
+from .nodes.samples import REASON_WORDS, NodeState
 
 log = logging.getLogger(__name__)
 

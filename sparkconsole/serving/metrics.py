@@ -62,10 +62,11 @@ CONSOLE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(
 INF = float("inf")
 
 
+# --- parsing -----------------------------------------------------------------------------------------------
+# Any line that could be a sample: a metric name followed by labels or a space.
 _SAMPLE_LINE = re.compile(r"[A-Za-z_:][A-Za-z0-9_:]*(\{|\s)")
 
 
-# --- parsing -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Scrape:
     """One /metrics body: sample name → {labels: value}, and when it was read (console clock, seconds)."""
