@@ -5,6 +5,7 @@ published reference can be overlaid."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,7 +14,6 @@ from textual.containers import Grid
 from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
-from ... import paths
 from ...nodes.samples import THROTTLING
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
@@ -36,11 +36,21 @@ def throttled(level) -> bool:
     return bool(note is not None and THROTTLING.intersection(note.throttle_reasons or ()))
 
 
-def store_path():
-    return paths.state_dir() / "bench.sqlite"
+def store_path() -> Path:
+    """The same results file the `sparkconsole bench` command writes by default, so past runs show here."""
+    try:
+        from ...commands.bench import DEFAULT_RESULTS
+    except ImportError:
+        DEFAULT_RESULTS = "runs/bench.sqlite"
+    return Path(DEFAULT_RESULTS)
 
 
 PAST_RUNS = 4
+# (plotext colour, the same colour for Rich): one per series, the same on all three charts; red marks throttling.
+COLOURS = (("cyan+", "bright_cyan"), ("magenta+", "bright_magenta"), ("green+", "bright_green"), ("yellow", "yellow"),
+           ("blue+", "bright_blue"), ("orange", "dark_orange"), ("gray+", "grey70"), ("cyan", "cyan"),
+           ("magenta", "magenta"), ("green", "green"))
+_STYLE_WORD = {"line": "", "reference": " (published)", "past": " (past)"}
 
 
 class BenchScreen(Screen):
@@ -55,6 +65,8 @@ class BenchScreen(Screen):
     def __init__(self) -> None:
         super().__init__(id="bench")
         self.sweep_worker = None
+        self.colours: dict[str, tuple[str, str]] = {}
+        self.legend: dict[str, str] = {}           # label -> style
         self.runs = 3
         self.levels: list = []
         self.show_past = False
@@ -64,8 +76,9 @@ class BenchScreen(Screen):
         yield Header()
         if self.app.simulated:
             yield SimBadge()
-        yield Static(Text("b starts a sweep against the first endpoint; levels appear as they land", style="dim"),
-                     id="bench-status")
+        yield Static(Text("b starts a sweep against the router (else the first endpoint); levels appear as they "
+                          "land; f overlays the published reference, p past runs", style="dim"), id="bench-status")
+        yield Static("", id="bench-legend")
         with Grid(id="bench-charts"):
             for cid, title, unit, _ in METRICS:
                 yield CurveChart(title, unit, id=f"chart-{cid}")
@@ -84,11 +97,36 @@ class BenchScreen(Screen):
             self.levels.append(level)
         label = label or level.label
         hot = throttled(level)
+        if label not in self.colours:
+            self.colours[label] = COLOURS[len(self.colours) % len(COLOURS)]
+            self.legend[label] = style
+            self._draw_legend()
         for cid, _, _, name in METRICS:
-            self.charts()[cid].put(label, level.key.concurrency, level_value(level, name), throttled=hot, style=style)
+            self.charts()[cid].put(label, level.key.concurrency, level_value(level, name), throttled=hot, style=style,
+                                   colour=self.colours[label][0])
         if style == "line":
             self.status(f"{label}: c{level.key.concurrency} landed"
                         + ("  (a node throttled during this level)" if hot else ""), "yellow" if hot else "cyan")
+
+    def _draw_legend(self) -> None:
+        t = Text(no_wrap=True, overflow="ellipsis")
+        for label, style in self.legend.items():
+            t.append("━━ " if style == "line" else "•• ", style=self.colours[label][1])
+            t.append(label + _STYLE_WORD.get(style, ""), style="bold" if style == "line" else "")
+            t.append("   ")
+        if self.legend:
+            t.append("x ", style="bold red")
+            t.append("a node throttled during the level", style="dim")
+        if self.is_mounted:
+            self.query_one("#bench-legend", Static).update(t)
+
+    def _forget(self, style: str) -> None:
+        for c in self.charts().values():
+            c.drop(style)
+        for label in [k for k, v in self.legend.items() if v == style]:
+            del self.legend[label]
+            self.colours.pop(label, None)
+        self._draw_legend()
 
     def action_start(self) -> None:
         if self.sweep_worker is not None and self.sweep_worker.is_running:
@@ -127,8 +165,7 @@ class BenchScreen(Screen):
 
     def action_past(self) -> None:
         self.show_past = not self.show_past
-        for c in self.charts().values():
-            c.drop("past")
+        self._forget("past")
         if self.show_past:
             from ...bench.results import ResultsStore
             if not store_path().exists():
@@ -146,7 +183,14 @@ class BenchScreen(Screen):
 
     def action_reference(self) -> None:
         self.show_reference = not self.show_reference
+        self._forget("reference")
         if not self.show_reference:
-            for c in self.charts().values():
-                c.drop("reference")
-        self.notify("published reference " + ("shown" if self.show_reference else "hidden"))
+            self.notify("published reference hidden")
+            return
+        from ...bench.benchy_io import bundled_published_csv, import_published_csv
+        from ...bench.results import ResultsStore
+        with ResultsStore(":memory:") as store:     # the bench layer reads the table; nothing is written
+            for run_id in import_published_csv(store, bundled_published_csv()):
+                for lv in store.levels(run_id):
+                    self.add_level(lv, f"published {lv.label}", style="reference")
+        self.notify("published reference shown (gpt-oss-120b, 2x DGX Spark)")

@@ -14,7 +14,7 @@ class AlertLog(RichLog):
     DEFAULT_CSS = "AlertLog { height: 8; }"
 
     def __init__(self, **kwargs) -> None:
-        super().__init__(max_lines=1000, wrap=False, markup=False, **kwargs)
+        super().__init__(max_lines=1000, wrap=True, markup=False, **kwargs)
         self.border_title = "Events"
         self.count = 0
 

@@ -15,6 +15,7 @@ class Series:
     points: dict[int, float] = field(default_factory=dict)   # concurrency -> value
     throttled: set[int] = field(default_factory=set)
     style: str = "line"                                        # line | reference | past
+    colour: str | None = None                                  # a plotext colour name
 
 
 class CurveChart(PlotextPlot):
@@ -29,10 +30,10 @@ class CurveChart(PlotextPlot):
         self.replot()
 
     def put(self, label: str, concurrency: int, value: float | None, *, throttled: bool = False,
-            style: str = "line") -> None:
+            style: str = "line", colour: str | None = None) -> None:
         if value is None or concurrency <= 0:
             return
-        s = self.series.setdefault(label, Series(label, style=style))
+        s = self.series.setdefault(label, Series(label, style=style, colour=colour))
         s.points[concurrency] = value
         if throttled:
             s.throttled.add(concurrency)
@@ -56,7 +57,7 @@ class CurveChart(PlotextPlot):
             lx = [math.log2(c) for c in xs]
             ys = [s.points[c] for c in xs]
             marker = "dot" if s.style == "reference" else ("braille" if s.style == "past" else "hd")
-            plt.plot(lx, ys, label=s.label, marker=marker)
+            plt.plot(lx, ys, label=s.label, marker=marker, color=s.colour or "default")
             hot = sorted(s.throttled)
             if hot:
                 plt.scatter([math.log2(c) for c in hot], [s.points[c] for c in hot], marker="x", color="red")

@@ -1,0 +1,153 @@
+"""Console figures, measured on the real `sparkconsole console` in a real terminal (tmux, 200x60).
+
+    .venv/bin/python benchmarks/console.py [--runs 5] [--seconds 15] [--nodes 2,8,32]
+
+1. Launch to first full frame: from spawning the command until the terminal shows the whole dashboard (the nodes
+   box and the footer), and until the first node reads LIVE (target: first full frame <= 1.0 s).
+2. Console CPU while N nodes stream at 2 Hz: every node replays a real agent recording (tests/fixtures/
+   agent-h100-load.jsonl) through the real ClusterMonitor and its line parsing; the console process's CPU time
+   over a window, as a share of one core (target: 32 nodes under 20%).
+3. Key latency under that load: `?` sent to the terminal until the help screen is on it, then `escape`
+   (target: within 100 ms). Includes tmux's own capture round trip, so it is an upper bound.
+
+Prints one JSON object of figures. The machine is shared: figures are medians of several runs taken in one go.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
+SPARKCONSOLE = ROOT / ".venv" / "bin" / "sparkconsole"
+POLL_S = 0.005
+
+
+def cluster_file(directory: Path, n: int) -> Path:
+    p = directory / f"cluster-{n}.yaml"
+    nodes = "\n".join(f"  - {{name: spark{i + 1:02d}, address: 127.0.0.1}}" for i in range(n))
+    p.write_text(f"nodes:\n{nodes}\nendpoints: []\n")
+    return p
+
+
+class Session:
+    """One console in its own tmux session; `exec` makes the pane's process the console itself."""
+
+    def __init__(self, cluster: Path, state: Path, interval: float) -> None:
+        self.name = f"scb-{uuid.uuid4().hex[:8]}"
+        cmd = (f"SPARKCONSOLE_STATE_DIR={shlex.quote(str(state))} exec {shlex.quote(str(SPARKCONSOLE))} "
+               f"--cluster {shlex.quote(str(cluster))} console --replay {shlex.quote(str(RECORDING))} "
+               f"--replay-interval {interval}")
+        self.started = time.perf_counter()
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
+                       env={**os.environ, "TERM": "xterm-256color"})
+        pid = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_pid}"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+        self.proc = psutil.Process(int(pid))
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+
+    def wait(self, pred, timeout: float = 30.0, *, since_start: bool = False) -> float:
+        """Seconds until pred(screen) holds, from now (or from the spawn)."""
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < timeout:
+            if pred(self.screen()):
+                return time.perf_counter() - (self.started if since_start else t0)
+            time.sleep(POLL_S)
+        raise TimeoutError(f"screen never matched; it shows:\n{self.screen()}")
+
+    def send(self, *keys: str) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+
+    def close(self) -> None:
+        try:
+            self.send("q")
+            self.proc.wait(10)
+        except (psutil.TimeoutExpired, psutil.NoSuchProcess, subprocess.CalledProcessError):
+            pass
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+def full_frame(screen: str) -> bool:
+    return "Nodes" in screen and "Quit" in screen and "╰" in screen
+
+
+def launch_figures(tmp: Path, runs: int) -> dict:
+    cluster = cluster_file(tmp, 2)
+    frame, live = [], []
+    for _ in range(runs):
+        s = Session(cluster, tmp / "state", 0.5)
+        try:
+            frame.append(s.wait(full_frame, since_start=True))
+            live.append(s.wait(lambda sc: "LIVE" in sc, since_start=True))
+        finally:
+            s.close()
+    return {"first_full_frame_s": {"median": round(statistics.median(frame), 3), "max": round(max(frame), 3),
+                                   "runs": [round(x, 3) for x in frame]},
+            "first_live_node_s": {"median": round(statistics.median(live), 3), "runs": [round(x, 3) for x in live]},
+            "target_first_frame_s": 1.0}
+
+
+def load_figures(tmp: Path, n: int, seconds: float, keys: int) -> dict:
+    s = Session(cluster_file(tmp, n), tmp / "state", 0.5)     # 2 Hz per node
+    try:
+        s.wait(lambda sc: sc.count("LIVE") >= min(n, 2), timeout=60)
+        time.sleep(3.0)                                        # every node streaming, panels drawn
+        c0, t0 = s.proc.cpu_times(), time.perf_counter()
+        time.sleep(seconds)
+        c1, t1 = s.proc.cpu_times(), time.perf_counter()
+        cpu = (c1.user - c0.user + c1.system - c0.system) / (t1 - t0)
+        lat = []
+        for _ in range(keys):
+            time.sleep(0.5)
+            t = time.perf_counter()
+            s.send("?")
+            s.wait(lambda sc: "tail the node's vLLM container log" in sc, timeout=10)
+            lat.append(time.perf_counter() - t)
+            s.send("Escape")
+            s.wait(lambda sc: "tail the node's vLLM container log" not in sc, timeout=10)
+        rss = s.proc.memory_info().rss
+        return {"nodes": n, "ticks_per_s": 2 * n, "cpu_share_of_one_core": round(cpu, 4),
+                "key_latency_ms": {"median": round(statistics.median(lat) * 1000, 1),
+                                   "max": round(max(lat) * 1000, 1)},
+                "rss_mib": round(rss / 2**20, 1)}
+    finally:
+        s.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=5, help="launches to time (default 5)")
+    ap.add_argument("--seconds", type=float, default=15.0, help="CPU window per node count (default 15)")
+    ap.add_argument("--nodes", default="2,8,32", help="node counts (default 2,8,32)")
+    ap.add_argument("--keys", type=int, default=5, help="key presses timed per node count (default 5)")
+    args = ap.parse_args()
+    if not SPARKCONSOLE.exists():
+        print(f"no {SPARKCONSOLE}: install the project first (scripts/test)", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="sc-console-bench-") as d:
+        tmp = Path(d)
+        out = {"machine": {"cpus": os.cpu_count(), "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
+               "launch": launch_figures(tmp, args.runs),
+               "streaming": [load_figures(tmp, int(n), args.seconds, args.keys) for n in args.nodes.split(",")],
+               "targets": {"first_full_frame_s": 1.0, "cpu_share_32_nodes": 0.20, "key_latency_ms": 100}}
+        out["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
+    print(json.dumps(out, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
