@@ -138,3 +138,39 @@ async def test_simcluster_through_the_monitor_and_tp2_across_nodes():
     finally:
         await sim.stop()
     assert not os.path.exists(root) and sim_processes(root) == []
+
+
+@pytest.mark.parametrize("topology,options", [("2x-solo", {"router": "simple-shuffle"}),
+                                               ("cluster-tp2", {"backend": "ray"})])
+async def test_recipe_plan_launches_through_the_shims(topology, options):
+    """The bundled gpt-oss-120b recipe, planned and run by the real launch runner over the local transport:
+    every docker command it sends is answered by the sim nodes' shims, and the endpoint serves."""
+    from sparkconsole.launch.plan import make_plan
+    from sparkconsole.launch.recipe import bundled_recipes
+    from sparkconsole.launch.runner import Runner
+    from sparkconsole.nodes.transport import make_transport
+
+    # Loopback addresses of their own: the recipe's fixed router port must not meet a demo running on .2/.3.
+    base = f"127.{os.getpid() % 200 + 20}.{len(topology)}"
+    sim = SimCluster(speed=5, load_speedup=100, serving=Serving(topology="none"),
+                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    await sim.start()
+    transports = {}
+    try:
+        recipe = next(r for r in bundled_recipes() if r.model == "openai/gpt-oss-120b")
+        plan = make_plan(recipe, topology, sim.cluster, {**options, "router_dir": str(sim.root / "routers")})
+        transports = {n.name: make_transport(n, sim.cluster.ssh) for n in sim.cluster.nodes}
+        for t in transports.values():
+            await t.connect()
+        runner = Runner(sim.cluster, transports, ready_timeout=90, poll_interval=0.5)
+        ready = await runner.launch(plan)
+        assert set(ready) == {s.key for s in plan.services}
+        stats = await sim.run_load(plan.endpoint, concurrency=4, seconds=1.5, max_tokens=(8, 16))
+        assert stats["requests"] > 0 and stats["errors"] == 0
+        await runner.stop(plan)
+        for n in sim.nodes:
+            assert (await sim.docker(n, "ps", "-aq"))[1].strip() == ""
+    finally:
+        for t in transports.values():
+            await t.close()
+        await sim.stop()
