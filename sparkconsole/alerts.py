@@ -198,7 +198,9 @@ class AlertEngine:
         if running <= 0 or clock.tokens is None or tokens != clock.tokens:
             clock.tokens, clock.since = tokens, now
             return None
-        idle_for = now - (clock.since if clock.since is not None else now)
+        # A simulated server running N× real time: its stall lasts N× the console's seconds.
+        scale = getattr(snap, "time_scale", 1.0) or 1.0
+        idle_for = (now - (clock.since if clock.since is not None else now)) * scale
         if idle_for < t.stall_seconds:
             return None
         if power is not None and power >= t.stall_power_w:

@@ -246,6 +246,14 @@ def test_no_stall_when_gpu_is_busy_or_nothing_runs_or_prefill_moves():
         assert eng.observe_endpoint(snap(t, prompt=5000.0 + 2048 * i), IDLE_POWER) == []
 
 
+def test_stall_time_counts_in_a_simulated_servers_seconds():
+    eng, _ = engine(stall_seconds=30, stall_power_w=IDLE_POWER + 10)
+    eng.observe_endpoint(snap(0, time_scale=10.0), IDLE_POWER)
+    assert eng.observe_endpoint(snap(2, time_scale=10.0), IDLE_POWER) == []       # 20 simulated seconds
+    out = eng.observe_endpoint(snap(3, time_scale=10.0), IDLE_POWER)               # 30
+    assert [e.key for e in out] == ["endpoint:spark1:stall"]
+
+
 def test_stall_with_unknown_power_is_a_warning():
     eng, _ = engine(stall_seconds=10)
     eng.observe_endpoint(snap(0))

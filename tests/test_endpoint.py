@@ -116,6 +116,29 @@ async def test_rates_and_window_percentiles_from_changing_counters():
     assert 0.05 <= s.itl_p50_s <= 0.075
 
 
+async def test_simulated_server_rates_are_in_its_own_seconds():
+    """A simulated server running 4× real time says so in X-Sim-Speed; rates are per simulated second."""
+    exp, rng = VllmExporter("v1"), random.Random(6)
+
+    async def metrics(_):
+        return web.Response(text=exp.text(), headers={"X-Sim-Speed": "4.0"})
+    async with Server(vllm_routes(exp, metrics=metrics)) as srv:
+        mon = EndpointMonitor(ep(srv.url), interval=0.2)
+        try:
+            t0 = time.monotonic()
+            await mon.poll()
+            t1 = time.monotonic()
+            exp.serve(rng, 4, gen_tokens=100)
+            await asyncio.sleep(0.3)
+            t2 = time.monotonic()
+            s = await mon.poll()
+            t3 = time.monotonic()
+        finally:
+            await mon.stop()
+    assert s.time_scale == 4.0
+    assert 400 / (t3 - t0) / 4 <= s.gen_tps <= 400 / (t2 - t1) / 4
+
+
 async def test_down_endpoint_is_one_line_and_backs_off():
     url = f"http://127.0.0.1:{free_port()}"
     mon = EndpointMonitor(ep(url), interval=0.05)

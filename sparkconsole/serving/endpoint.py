@@ -65,6 +65,7 @@ class EndpointSnapshot:
     backend_requests: tuple[tuple[str, float], ...] = ()  # routers: (backend, requests since start)
     latency_p50_s: float | None = None     # routers: request duration
     latency_p95_s: float | None = None
+    time_scale: float = 1.0                # a simulated server running N× real time (its X-Sim-Speed header)
 
     @property
     def state(self) -> str:
@@ -80,6 +81,18 @@ def _empty(ep: EndpointConfig, *, healthy: bool | None, error: str | None, t: fl
     return EndpointSnapshot(name=ep.name, url=ep.url, kind=ep.kind, time=t, healthy=healthy, model=None, version=None,
                             running=None, waiting=None, kv_usage=None, prefix_hit_rate=None, prompt_tps=None,
                             gen_tps=None, ttft_p50_s=None, ttft_p95_s=None, itl_p50_s=None, itl_p95_s=None, error=error)
+
+
+def _sim_speed(headers) -> float:
+    try:
+        speed = float(headers.get("x-sim-speed", 1.0))
+    except (TypeError, ValueError):
+        return 1.0
+    return speed if 0 < speed < 1e6 else 1.0
+
+
+def _per(rate: float | None, scale: float) -> float | None:
+    return None if rate is None else rate / scale
 
 
 def _q(h: m.Histogram | None, q: float) -> float | None:
@@ -242,11 +255,12 @@ class EndpointMonitor:
         warning = None
         need_info = time.monotonic() - self._info_at >= INFO_REFRESH_S or (healthy and self._failures)
         info_task = asyncio.ensure_future(self._refresh_info(client)) if need_info else None
-        scrape, metrics_warn = None, None
+        scrape, metrics_warn, scale = None, None, 1.0
         try:
             reply = await fetch(client, self.metrics_url, timeout=self.timeout)
             if reply.ok:
                 scrape = m.parse(reply.text, time=time.monotonic(), only=m.CONSOLE_NAMES)
+                scale = _sim_speed(reply.headers)
                 if scrape.bad_lines:
                     metrics_warn = f"/metrics: {scrape.bad_lines} unreadable line(s) skipped"
             else:
@@ -276,7 +290,8 @@ class EndpointMonitor:
         ttft = itl = None
         if rate_base is not None:
             rw = m.engine_window(rate_base, scrape)
-            prompt_tps, gen_tps = rw.prompt_tps, rw.gen_tps
+            # A simulated server's counters run `scale`× faster than the console's clock: rates in its seconds.
+            prompt_tps, gen_tps = _per(rw.prompt_tps, scale), _per(rw.gen_tps, scale)
         if lat_base is not None:
             lw = m.engine_window(lat_base, scrape)
             ttft, itl = lw.ttft, lw.itl
@@ -285,7 +300,7 @@ class EndpointMonitor:
         snap = replace(snap, model=model or (em.models[0] if em.models else None), running=em.running,
                        waiting=em.waiting, kv_usage=em.kv_usage, prefix_hit_rate=hit_rate, prompt_tps=prompt_tps,
                        gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
-                       itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens,
+                       itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens, time_scale=scale,
                        prompt_tokens=em.prompt_tokens)
 
         rm = m.router_metrics(scrape)
@@ -294,7 +309,7 @@ class EndpointMonitor:
             rps = eps = None
             if rate_base is not None:
                 rwin = m.router_window(rate_base, scrape)
-                rps, eps = rwin.requests_per_s, rwin.errors_per_s
+                rps, eps = _per(rwin.requests_per_s, scale), _per(rwin.errors_per_s, scale)
             if lat_base is not None:
                 lat = m.router_window(lat_base, scrape).latency
             snap = replace(snap, requests_per_s=rps, errors_per_s=eps, backends_up=rm.backends_up,

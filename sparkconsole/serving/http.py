@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -28,6 +29,7 @@ class Reply:
     status: int
     text: str
     seconds: float
+    headers: Mapping[str, str] = field(default_factory=dict)   # names lower-cased
 
     @property
     def ok(self) -> bool:
@@ -82,7 +84,8 @@ async def fetch(client: httpx.AsyncClient, url: str, *, limit: int = MAX_BODY, t
                 chunks.append(chunk)
             body = b"".join(chunks)
             text = body.decode(r.encoding or "utf-8", errors="replace")
-            return Reply(r.status_code, text, time.monotonic() - t0)
+            return Reply(r.status_code, text, time.monotonic() - t0,
+                         {k.lower(): v for k, v in r.headers.items()})
     except FetchError:
         raise
     except (httpx.HTTPError, OSError, ValueError) as exc:
