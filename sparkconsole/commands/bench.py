@@ -8,7 +8,8 @@
     sparkconsole bench import --published                       # the bundled gpt-oss-120b topology study
     sparkconsole bench advise runs/bench.sqlite                 # which topology wins which concurrency band
 
-Results go to a SQLite file (default runs/bench.sqlite) as each level finishes. An API key, if the endpoint needs
+Results go to a SQLite file (default runs/bench.sqlite) as each level finishes. With the global `--cluster FILE`,
+the nodes are watched during the sweep and each level records the hottest GPU and any power/thermal throttling. An API key, if the endpoint needs
 one, is read from $SPARKCONSOLE_API_KEY or $OPENAI_API_KEY and never stored.
 """
 
@@ -150,6 +151,42 @@ class _ProgressLine:
         sys.stderr.flush()
 
 
+# Clock-event reasons worth noting beside a benchmark figure: the power cap and every real throttle.
+NOTED_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
+FRESH_TICK_S = 10.0
+
+
+def thermal_note(ticks, now: float | None = None):
+    """(node name, last Tick) pairs -> ThermalNote: the hottest GPU and 'node:reason' for each noted reason.
+    Ticks older than FRESH_TICK_S are ignored (a node that stopped answering says nothing about this level)."""
+    import time
+    from ..bench.results import ThermalNote
+    now = time.time() if now is None else now
+    temps, reasons = [], []
+    for name, tick in ticks:
+        if tick is None or now - tick.received > FRESH_TICK_S:
+            continue
+        for g in tick.gpus:
+            if g.temp_c is not None:
+                temps.append(g.temp_c)
+            reasons += [f"{name}:{r}" for r in g.reasons if r in NOTED_REASONS]
+    if not temps and not reasons:
+        return None
+    return ThermalNote(max(temps) if temps else None, tuple(dict.fromkeys(reasons)))
+
+
+async def _cluster_probe(args: argparse.Namespace):
+    """With an explicit --cluster, watch its nodes during the sweep; returns (probe, monitor) or (None, None)."""
+    if not getattr(args, "cluster", None):
+        return None, None
+    from ..config import find_config, load_cluster
+    from ..nodes.monitor import ClusterMonitor
+    monitor = ClusterMonitor(load_cluster(find_config(args.cluster)))
+    await monitor.start()
+    await monitor.wait_first_ticks(10.0)
+    return (lambda: thermal_note((n, nm.last) for n, nm in monitor.nodes.items())), monitor
+
+
 async def _run(args: argparse.Namespace) -> int:
     from ..bench.results import ResultsStore
     from ..bench.sweep import run_sweep
@@ -157,11 +194,17 @@ async def _run(args: argparse.Namespace) -> int:
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
                  recipe_hash=recipe_hash(args.recipe) if args.recipe else None)
     line = _ProgressLine(args.quiet)
-    with ResultsStore(args.results) as store:
-        out = await run_sweep(spec, store, resume=args.resume, on_level=line.level, on_progress=line)
-        skipped = f", {len(out.skipped)} already done" if out.skipped else ""
-        print(f"run {out.run_id}: {len(out.levels)} level(s) measured{skipped}; results in {args.results}"
-              + (" (SIMULATED)" if out.provenance.get("simulated") else ""))
+    probe, monitor = await _cluster_probe(args)
+    try:
+        with ResultsStore(args.results) as store:
+            out = await run_sweep(spec, store, resume=args.resume, on_level=line.level, on_progress=line,
+                                  thermal_probe=probe)
+    finally:
+        if monitor is not None:
+            await monitor.stop()
+    skipped = f", {len(out.skipped)} already done" if out.skipped else ""
+    print(f"run {out.run_id}: {len(out.levels)} level(s) measured{skipped}; results in {args.results}"
+          + (" (SIMULATED)" if out.provenance.get("simulated") else ""))
     return 0
 
 
@@ -186,9 +229,14 @@ async def _matrix(args: argparse.Namespace) -> int:
                         fix="launch each topology with `sparkconsole recipe launch` and pass --endpoints topo=URL,…")
     template = _spec(args, "http://unset.invalid")
     line = _ProgressLine(args.quiet)
-    with ResultsStore(args.results) as store:
-        out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
-                               on_level=line.level, on_progress=line, on_status=line.text)
+    probe, monitor = await _cluster_probe(args)
+    try:
+        with ResultsStore(args.results) as store:
+            out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
+                                   thermal_probe=probe, on_level=line.level, on_progress=line, on_status=line.text)
+    finally:
+        if monitor is not None:
+            await monitor.stop()
     print(f"measured {len(out.measured)}, skipped {len(out.skipped)}, failed {len(out.failed)}; "
           f"results in {args.results}")
     for topo, why in out.failed.items():
