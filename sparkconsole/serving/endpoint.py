@@ -178,8 +178,8 @@ class EndpointMonitor:
             snap = await self._poll(self._client)
         except Exception as exc:  # never let a surprise kill the poller; show it instead
             log.exception("endpoint poll failed")
-            snap = _empty(self.config, healthy=False, error=f"internal error: {type(exc).__name__}: {exc}"[:200],
-                          t=time.time())
+            text = " ".join(f"internal error: {type(exc).__name__}: {exc}".split())[:200]
+            snap = _empty(self.config, healthy=False, error=text, t=time.time())
         self._failures = 0 if snap.healthy else self._failures + 1
         snap = replace(snap, failures=self._failures)
         self._publish(snap)
