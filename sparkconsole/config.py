@@ -61,6 +61,7 @@ class EndpointConfig:
     url: str
     kind: str = "vllm"               # vllm | router
     node: str | None = None          # the node that hosts it, if any
+    metrics_url: str | None = None   # where /metrics lives when not on `url` (vllm-router: its own port)
 
 
 @dataclass(frozen=True)
@@ -222,22 +223,23 @@ def parse_cluster(doc: Located) -> ClusterConfig:
             p = ("endpoints", i)
             if not isinstance(re_, dict):
                 raise doc.error(p, "each endpoint must be a mapping", "write '{name: NAME, url: http://IP:PORT}'")
-            _unknown(doc, re_, p, {"name", "url", "kind", "node"})
+            _unknown(doc, re_, p, {"name", "url", "kind", "node", "metrics_url"})
             name = _get(doc, re_, p, "name", str, None, "name the endpoint")
             url = _get(doc, re_, p, "url", str, None, "write http://IP:PORT")
             if not name or not url:
                 raise doc.error(p, "an endpoint needs a name and a url", "write '{name: NAME, url: http://IP:PORT}'")
-            if not re.match(r"^https?://[^\s/]+(:\d+)?(/\S*)?$", url):
-                raise doc.error(p + ("url",), f"bad url {url[:60]!r}", "write http://IP:PORT")
-            host = re.sub(r"^https?://", "", url).split("/")[0].rsplit(":", 1)[0].strip("[]")
-            check_address(host, doc, p + ("url",))
+            _check_url(doc, p + ("url",), url)
+            metrics_url = _get(doc, re_, p, "metrics_url", str, None, "write http://IP:PORT/metrics")
+            if metrics_url is not None:
+                _check_url(doc, p + ("metrics_url",), metrics_url)
             kind = _get(doc, re_, p, "kind", str, "vllm", "write vllm or router")
             if kind not in ("vllm", "router"):
                 raise doc.error(p + ("kind",), f"unknown kind {kind[:20]!r}", "write vllm or router")
             node = _get(doc, re_, p, "node", str, None, "name one of the nodes")
             if node is not None and node not in seen:
                 raise doc.error(p + ("node",), f"no node named {node[:40]!r}", "name one of: " + ", ".join(sorted(seen)))
-            endpoints.append(EndpointConfig(name=name, url=url.rstrip("/"), kind=kind, node=node))
+            endpoints.append(EndpointConfig(name=name, url=url.rstrip("/"), kind=kind, node=node,
+                                            metrics_url=metrics_url.rstrip("/") if metrics_url else None))
 
     rt = data.get("thresholds") or {}
     if not isinstance(rt, dict):
@@ -266,6 +268,14 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     interval = _number(doc, ra, ("agent",), "interval_s", 0.5, 0.05, 60)
     return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
                          agent_interval_s=interval, source=doc.file)
+
+
+def _check_url(doc: Located, path: tuple, url: str) -> None:
+    if not re.match(r"^https?://[^\s/]+(:\d+)?(/\S*)?$", url):
+        raise doc.error(path, f"bad url {url[:60]!r}", "write http://IP:PORT")
+    host = re.sub(r"^https?://", "", url).split("/")[0]
+    host = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
+    check_address(host, doc, path)
 
 
 def _url_host(address: str) -> str:

@@ -325,15 +325,14 @@ class EndpointMonitor:
 class ServingMonitor:
     """Every endpoint of the cluster file, polled concurrently over one shared HTTP client."""
 
-    def __init__(self, config: ClusterConfig, interval: float = 1.0, *, history: int = 600,
-                 metrics_urls: dict[str, str] | None = None) -> None:
+    def __init__(self, config: ClusterConfig, interval: float = 1.0, *, history: int = 600) -> None:
         self.config = config
         self.interval = interval
         self._timeout = timeout = min(5.0, max(1.0, 2 * interval))
         self._client = make_client(timeout)
         self.endpoints: dict[str, EndpointMonitor] = {
             ep.name: EndpointMonitor(ep, interval, client=self._client, history=history, timeout=timeout,
-                                     metrics_url=(metrics_urls or {}).get(ep.name))
+                                     metrics_url=ep.metrics_url)
             for ep in config.endpoints}
         self._subs: list[Callable[[EndpointMonitor], None]] = []
         for mon in self.endpoints.values():
