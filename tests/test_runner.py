@@ -335,3 +335,32 @@ async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ss
     finally:
         for t in transports.values():
             await t.close()
+
+
+async def test_cli_launch_and_stop_end_to_end(tmp_path, docker_engine, testbed_base_image, state, monkeypatch, capsys):
+    """`sparkconsole recipe launch … --yes --force` then `recipe stop`: the real monitor reads the node for
+    preflight facts, the runner launches over the local transport, the endpoint answers."""
+    from sparkconsole.cli import main
+    recipe = fake_recipe(tmp_path, testbed_base_image)
+    port = free_port("127.0.0.2")
+    (tmp_path / "sparkconsole.yaml").write_text(
+        f"nodes:\n  - {{name: node1, address: 127.0.0.2, local: true, container: sc_cli_1, vllm_port: {port}}}\n")
+    for k, v in docker_env(docker_engine):
+        monkeypatch.setenv(k, v)
+    base = ["--cluster", str(tmp_path / "sparkconsole.yaml"), "recipe"]
+    try:
+        # --force: this CI machine's own OOM guards (swap, overcommit) are not a GB10's
+        rc = await asyncio.to_thread(main, [*base, "launch", recipe.source, "-T", "solo", "--yes", "--force"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert f"ready: http://127.0.0.2:{port}" in out
+        # preflight read this machine through the agent: its min_free_kbytes is reported when below 1.5 GiB
+        low_reserve = int(Path("/proc/sys/vm/min_free_kbytes").read_text()) < 1572864
+        assert ("REFUSE oom_guards: [node1] vm.min_free_kbytes" in out) == low_reserve
+        assert containers(docker_engine) == ["sc_cli_1"]
+        async with httpx.AsyncClient(trust_env=False) as client:
+            assert (await client.get(f"http://127.0.0.2:{port}/v1/models")).json()["data"][0]["id"] == "fake-model"
+        rc = await asyncio.to_thread(main, [*base, "stop", recipe.source, "-T", "solo", "--yes"])
+        assert rc == 0 and containers(docker_engine) == []
+    finally:
+        docker_engine.run(["rm", "-f", "sc_cli_1"], check=False)
