@@ -239,6 +239,14 @@ async def two_backends_and_router():
         for u in urls:
             await wait_http(u + "/health")
         await wait_http(router + "/health", 30)
+        async with aiohttp.ClientSession() as s:     # until the router's own probe has seen both backends
+            deadline = time.monotonic() + 30
+            while True:
+                async with s.get(router + "/health") as r:
+                    if (await r.json())["healthy_count"] == 2:
+                        break
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.2)
         yield router, urls
     finally:
         for p in procs:

@@ -90,8 +90,9 @@ async def test_agent_reads_a_gb10_that_heats_throttles_and_cools(hot_node):
         assert "idle" in g["reasons"] and g["temp_c"] < 45
         avail0 = t0["mem"]["available_kb"]
 
-        # a model resident (80 GiB) and the GPU fully busy: memory drops, the GPU heats past the slowdown point
-        write_load(node.dir, "bench", pid=os.getpid(), reserved_b=80 << 30, gpu_busy=1.0, loaded=True)
+        # a model resident (80 GiB) and the GPU fully busy, half of it in matmuls (a c64 prefill/decode mix): memory drops, the GPU heats past the slowdown point
+        write_load(node.dir, "bench", pid=os.getpid(), reserved_b=80 << 30, gpu_busy=1.0, compute_frac=0.5,
+                   loaded=True)
         hot, heating = await agent.until(lambda t: "sw_thermal" in t["gpus"][0]["reasons"], 30)
         hg = hot["gpus"][0]
         assert hg["temp_c"] >= hg["slowdown_c"] == GB10.slowdown_c

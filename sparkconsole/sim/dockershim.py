@@ -28,7 +28,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .node import pid_alive, read_json, write_atomic
 
@@ -654,7 +654,7 @@ def cmd_ps(store: Store, args: list[str]) -> int:
                              {"-a", "--all", "-q", "--quiet", "--no-trunc", "-s", "--size", "-l", "--latest"},
                              stop_at_positional=False)
     if pos:
-        raise DockerError(f'"docker ps" accepts no arguments.', 1)
+        raise DockerError('"docker ps" accepts no arguments.', 1)
     now = time.time()
     recs = store.all()
     if _get(flags, "-a", "--all") is None:

@@ -44,9 +44,13 @@ class GB10Spec:
     sm_clock_min_mhz: int = 1200                   # floor the thermal controller drops to
     idle_power_w: float = 3.0                      # nvidia-smi on an idle GB10: 3 W at P8
     loaded_idle_power_w: float = 11.0              # a model resident, no requests
-    max_power_w: float = 105.0                     # GPU share of the SoC at full busy and full clock
+    # Dynamic power: streaming weights/KV (memory-bound decode) costs far less than matmul work (prefill,
+    # large batches). Fitted so a c1 decode settles near 67 °C and a sustained c64 pp1024/tg128 run
+    # (about half its GPU time in matmuls) near 90 °C.
+    mem_power_w: float = 42.0                      # at 100% memory-bound busy time
+    compute_power_w: float = 147.0                 # at 100% compute-bound busy time
     ambient_c: float = 34.0
-    r_c_per_w: float = 0.56                        # thermal resistance: 105 W -> 34 + 58.8 ≈ 92.8 °C steady
+    r_c_per_w: float = 0.56                        # thermal resistance: 100 W -> 34 + 56 = 90 °C steady
     tau_s: float = 90.0                            # time constant (simulated seconds)
     slowdown_c: float = 90.0                       # SW thermal slowdown threshold
     shutdown_c: float = 97.0
@@ -118,7 +122,8 @@ def pid_alive(pid: int | None) -> bool:
 class Load:
     """One workload's draw, as read from <dir>/load/*.json."""
     reserved_b: int = 0
-    gpu_busy: float = 0.0
+    gpu_busy: float = 0.0        # fraction of time the GPU works (utilization)
+    compute_frac: float = 0.0    # the part of it spent in compute-bound work (the rest streams memory)
     loaded: bool = False         # a model is resident (raises idle power)
 
 
@@ -136,18 +141,19 @@ def read_loads(node_dir: Path) -> list[Load]:
                 pass
             continue
         out.append(Load(reserved_b=int(d.get("reserved_b") or 0), gpu_busy=float(d.get("gpu_busy") or 0.0),
-                        loaded=bool(d.get("loaded"))))
+                        compute_frac=float(d.get("compute_frac") or 0.0), loaded=bool(d.get("loaded"))))
     return out
 
 
 def write_load(node_dir: Path, key: str, *, pid: int, reserved_b: int, gpu_busy: float, loaded: bool,
-               phase: str = "") -> Path:
+               compute_frac: float = 0.0, phase: str = "", **extra: Any) -> Path:
     """Publish a workload's draw on a node (used by the simulated servers, and by tests as a plain load)."""
     d = node_dir / "load"
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"{key}.json"
     write_atomic(p, json.dumps({"pid": pid, "reserved_b": int(reserved_b), "gpu_busy": round(float(gpu_busy), 4),
-                                "loaded": loaded, "phase": phase, "time": time.time()}))
+                                "compute_frac": round(float(compute_frac), 4), "loaded": loaded, "phase": phase,
+                                "time": time.time(), **extra}))
     return p
 
 
@@ -161,13 +167,15 @@ class ThermalState:
     throttled: bool = False
 
 
-def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt: float) -> ThermalState:
-    """Advance the GPU by dt simulated seconds at a given busy fraction (0..1)."""
+def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt: float,
+                 compute: float = 0.0) -> ThermalState:
+    """Advance the GPU by dt simulated seconds at a busy fraction and its compute-bound part (0..1 each)."""
     busy = max(0.0, min(1.0, busy))
+    compute = max(0.0, min(busy, compute))
     clock_ratio = st.clock_mhz / spec.sm_clock_max_mhz
     base = spec.loaded_idle_power_w if loaded else spec.idle_power_w
-    # Dynamic power scales with work and with the clock it runs at.
-    power = base + (spec.max_power_w - base) * busy * clock_ratio
+    # Dynamic power scales with the kind of work and with the clock it runs at.
+    power = base + (spec.mem_power_w * (busy - compute) + spec.compute_power_w * compute) * clock_ratio
     target = spec.ambient_c + power * spec.r_c_per_w
     # Exact solution of the first-order ODE over dt (stable for any dt).
     temp = target + (st.temp_c - target) * math.exp(-dt / spec.tau_s)
@@ -268,10 +276,11 @@ class SimNode:
     def update(self, dt_sim: float) -> None:
         loads = read_loads(self.dir)
         busy = min(1.0, sum(ld.gpu_busy for ld in loads))
+        compute = min(busy, sum(ld.compute_frac for ld in loads))
         loaded = any(ld.loaded for ld in loads)
         self.reserved_b = sum(ld.reserved_b for ld in loads)
         if dt_sim > 0:
-            self.thermal = thermal_step(self.spec, self.thermal, busy, loaded, dt_sim)
+            self.thermal = thermal_step(self.spec, self.thermal, busy, loaded, dt_sim, compute)
         else:
             self.thermal = ThermalState(**{**self.thermal.__dict__, "busy": busy})
         self._write_gpu()

@@ -32,7 +32,6 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -40,7 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..errors import UserError
 from .engine import EngineArgs, RequestRejected, SimEngine
-from .node import pid_alive, read_json, write_atomic, write_load
+from .node import pid_alive, read_json, write_load
 from .profiles import GB10, MODELS, ModelProfile
 
 VLLM_VERSION = "0.11.0"
@@ -304,6 +303,7 @@ class SimVllmServer:
         self._engine_t = 0.0
         self._wake = asyncio.Event()
         self._busy_acc = 0.0
+        self._compute_acc = 0.0
         self._slow = 1.0
         self._stop = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -318,14 +318,11 @@ class SimVllmServer:
     def load_key(self) -> str | None:
         return self.ns.sim_container if self.node_dir and self.ns.sim_container else None
 
-    def publish(self, busy: float = 0.0) -> None:
+    def publish(self, busy: float = 0.0, compute: float = 0.0) -> None:
         if self.load_key:
             write_load(self.node_dir, self.load_key, pid=os.getpid(), reserved_b=self.reserved_b, gpu_busy=busy,
-                       loaded=self.reserved_b > 0, phase=self.phase)
-            d = self.node_dir / "load" / f"{self.load_key}.json"
-            info = read_json(d) or {}
-            info.update({"address": self.host, "port": self.ns.port, "tp_nodes": self.nodes})
-            write_atomic(d, json.dumps(info))
+                       compute_frac=compute, loaded=self.reserved_b > 0, phase=self.phase, address=self.host,
+                       port=self.ns.port, tp_nodes=self.nodes)
 
     def _read_throttle(self) -> None:
         if not self.node_dir:
@@ -370,10 +367,11 @@ class SimVllmServer:
             window = (now - last) * self.speed
             last = now
             busy = min(1.0, self._busy_acc / window) if window > 0 else 0.0
-            self._busy_acc = 0.0
+            compute = min(busy, self._compute_acc / window) if window > 0 else 0.0
+            self._busy_acc = self._compute_acc = 0.0
             self._read_throttle()
             try:
-                self.publish(busy)
+                self.publish(busy, compute)
             except OSError:
                 pass
             if self.node_dir and (not self.node_dir.is_dir() or (owner and not pid_alive(owner))):
@@ -495,6 +493,9 @@ class SimVllmServer:
             end = start + dur
             self._engine_t = end
             self._busy_acc += busy_s * self._slow
+            # matmul time of the step (prefill and batched decode are compute-bound; the rest streams memory)
+            flops = 2.0 * self.profile.active_params * (res.prefill_tokens + res.decode_tokens)
+            self._compute_acc += min(busy_s, flops / self.args.tensor_parallel_size / GB10.compute_flops_s) * self._slow
             await asyncio.sleep(max(0.0, (end - self.clock.now()) / self.speed))
             if res.preempted:
                 self.metrics.preemptions.inc(res.preempted)
@@ -867,12 +868,9 @@ async def mirror_head(node_dir: Path | None, key: str | None, head_addr: str | N
                         best = d
                 reserved = int(best.get("reserved_b", 0)) if best else 0
                 busy = float(best.get("gpu_busy", 0.0)) if best else 0.0
-                write_load(node_dir, key, pid=os.getpid(), reserved_b=reserved, gpu_busy=busy, loaded=reserved > 0,
-                           phase="worker")
-                p = node_dir / "load" / f"{key}.json"
-                d = read_json(p) or {}
-                d["mirror_of"] = head_addr
-                write_atomic(p, json.dumps(d))
+                compute = float(best.get("compute_frac", 0.0)) if best else 0.0
+                write_load(node_dir, key, pid=os.getpid(), reserved_b=reserved, gpu_busy=busy, compute_frac=compute,
+                           loaded=reserved > 0, phase="worker", mirror_of=head_addr)
                 if best and not joined:
                     joined = True
                     log(f"{what}: joined head at {head_addr}", "multiproc_executor.py")
