@@ -4,6 +4,7 @@ simulated-clock scaling, and the topology matrix."""
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
@@ -159,3 +160,30 @@ def test_spec_rejects_bad_values_with_one_line_errors():
         SweepSpec(url="localhost:8000")
     with pytest.raises(UserError, match="latency"):
         SweepSpec(url="http://x", latency_mode="ping")
+
+
+@pytest.mark.parametrize("pp, depth", [(16, 0), (37, 0), (512, 0), (100, 64), (2048, 300)])
+async def test_prompt_fit_is_exact_when_words_cost_several_tokens(pp, depth):
+    """A server whose tokenizer splits words into 1–4 pieces (as the test bed's 1,536-token vocabulary does)."""
+    import random
+
+    from sparkconsole.bench.prompts import fit_shape, messages
+
+    def cost(word: str) -> int:
+        return 1 if word in ("the", "a", "of", "Text:") else 1 + len(word) // 3
+
+    calls = []
+
+    async def count(msgs):
+        calls.append(1)
+        return 7 + sum(4 + sum(cost(w) for w in m["content"].split()) for m in msgs)
+
+    shape = await fit_shape(count, pp, depth, source="test")
+    assert shape.measured == shape.target == pp + depth
+    assert len(calls) <= 30
+    rng = random.Random(1)
+    variants = [messages(shape, rng) for _ in range(20)]
+    assert {await count(v) for v in variants} == {pp + depth}           # every order has the same length
+    if len(shape.prompt_words) >= 10:
+        assert len({json.dumps(v) for v in variants}) == 20             # and no two requests share it
+    assert (shape.context_words is not None) == bool(depth)

@@ -1,17 +1,22 @@
 """Prompts of an exact token count, unique per request so prefix caching cannot shorten prefill.
 
-Text is made of common English words that are one token each (with their leading space) in the usual
-BPE tokenizers, so a prompt's length moves one token per word and shuffling the words (the per-request
-uniqueness) keeps its length. The count is taken from the server: its /tokenize endpoint (vLLM) when it
-answers, else `usage.prompt_tokens` of a one-token request. The target is the whole prompt as the server
-counts it, chat template included (llama-benchy's adapted prompt), i.e. pp + depth tokens.
+A prompt is a fixed sequence of common English words, fitted on the server to the exact count; each request
+gets the same words in its own random order. Byte-level BPE, SentencePiece and tiktoken-style tokenizers split
+text at the spaces before words, so a word costs the same tokens wherever it stands and every order has the
+same length. The count is taken from the server: its /tokenize endpoint (vLLM) when it answers, else
+`usage.prompt_tokens` of a one-token request. The target is the whole prompt as the server counts it, chat
+template included (llama-benchy's adapted prompt): pp + depth tokens, depth in a system message.
+
+Fitting: the token count grows with the number of words taken from the sequence; a bracketing search (secant
+steps inside the bracket) finds the most words that stay within the target, and the rest is filled with a word
+the server counts as one token.
 """
 
 from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Awaitable, Callable, Sequence
 
 import aiohttp
 
@@ -30,64 +35,101 @@ mother answer found study still learn should world high every near add food betw
 school father keep tree never start city earth eye light thought head under story saw left few while along might
 close something seem next hard open example begin life always those both paper together got group often run""".split())
 
-MAX_ROUNDS = 8
+MAX_PROBES = 40
+HEAD = "Text:"          # a fixed first word: the first word of a text tokenizes differently (no leading space)
+FILLERS = ("the", "a", "of", "and", "to", "in", "is", "it", "on", "be")
 
 Counter = Callable[[list[dict]], Awaitable[int]]
 
 
 @dataclass(frozen=True)
 class PromptShape:
-    """Words in the context (system) and prompt (user) messages that give `target` tokens on this server."""
+    """The words of the context (system) and prompt (user) messages; shuffled per request, same length."""
 
-    context_words: int
-    prompt_words: int
+    context_words: tuple[str, ...] | None     # None: no system message (depth 0)
+    prompt_words: tuple[str, ...]
     target: int
-    measured: int          # the count the server gave for this shape (== target unless unreachable)
-    source: str            # "tokenize" | "usage"
+    measured: int          # the server's count for this shape (== target unless it cannot be reached)
+    source: str            # "tokenize" | "usage" | "none"
 
 
-def _text(n: int, rng: random.Random) -> str:
-    words = [WORDS[rng.randrange(len(WORDS))] for _ in range(n)]
-    return " ".join(words)
+def word_sequence(n: int, seed: int) -> list[str]:
+    rng = random.Random(seed)
+    return [WORDS[rng.randrange(len(WORDS))] for _ in range(n)]
 
 
-def messages(shape: PromptShape, rng: random.Random) -> list[dict]:
+def _msgs(context: Sequence[str] | None, prompt: Sequence[str]) -> list[dict]:
     msgs = []
-    if shape.context_words:
-        msgs.append({"role": "system", "content": _text(shape.context_words, rng)})
-    msgs.append({"role": "user", "content": _text(max(1, shape.prompt_words), rng)})
+    if context is not None:
+        msgs.append({"role": "system", "content": " ".join((HEAD, *context))})
+    msgs.append({"role": "user", "content": " ".join((HEAD, *prompt))})
     return msgs
 
 
-async def fit_shape(count: Counter, pp: int, depth: int, *, source: str) -> PromptShape:
-    """Find word counts whose prompt the server counts as pp + depth tokens (secant steps, then ±1)."""
-    target = pp + depth
-    rng = random.Random(0)
-    ctx = depth
-    words = max(1, pp)
+def messages(shape: PromptShape, rng: random.Random) -> list[dict]:
+    ctx = None if shape.context_words is None else list(shape.context_words)
+    prm = list(shape.prompt_words)
+    if ctx:
+        rng.shuffle(ctx)
+    rng.shuffle(prm)
+    return _msgs(ctx, prm)
 
-    async def measure(w: int) -> int:
-        probe = PromptShape(ctx, w, target, 0, source)
-        return await count(messages(probe, random.Random(rng.random())))
 
-    got = await measure(words)
-    best = (abs(got - target), words, got)
-    seen = {words: got}
-    for _ in range(MAX_ROUNDS):
-        if got == target:
-            break
-        step = target - got
-        nxt = max(1, words + step)
-        if nxt in seen:
-            nxt = max(1, words + (1 if step > 0 else -1))
-            if nxt in seen:
+async def _most_words_within(f: Callable[[int], Awaitable[int]], target: int, first_hi: int) -> tuple[int, int]:
+    """Largest n with f(n) <= target, for f nondecreasing with f(n) >= n (every word costs a token or more).
+    Returns (n, f(n)). Bracketing search with secant guesses: a few probes when f is near linear."""
+    lo, f_lo = 0, await f(0)
+    if f_lo >= target:
+        return 0, f_lo
+    hi = max(1, min(first_hi, target + 1))
+    f_hi = await f(hi)
+    if f_hi <= target:
+        lo, f_lo = hi, f_hi
+        if f_lo == target:
+            return lo, f_lo
+        hi = target + 1                       # f(target + 1) > target: always a bracket
+        f_hi = await f(hi)
+    probes = 3
+    while hi - lo > 1 and probes < MAX_PROBES:
+        guess = lo + round((target - f_lo) * (hi - lo) / max(1, f_hi - f_lo))
+        guess = min(max(guess, lo + 1), hi - 1)
+        got = await f(guess)
+        probes += 1
+        if got <= target:
+            lo, f_lo = guess, got
+            if got == target:
                 break
-        words = nxt
-        got = await measure(words)
-        seen[words] = got
-        best = min(best, (abs(got - target), words, got))
-    _, words, got = best
-    return PromptShape(ctx, words, target, got, source)
+        else:
+            hi, f_hi = guess, got
+    return lo, f_lo
+
+
+async def fit_shape(count: Counter, pp: int, depth: int, *, source: str, seed: int = 0) -> PromptShape:
+    """Fit word lists whose prompt the server counts as exactly pp + depth tokens (template included)."""
+    target = pp + depth
+    context: list[str] | None = None
+    if depth:
+        ctx_seq = word_sequence(depth + 1, seed)
+        empty = await count(_msgs([], []))
+
+        async def f_ctx(n: int) -> int:
+            return await count(_msgs(ctx_seq[:n], [])) - empty
+        n, _ = await _most_words_within(f_ctx, depth, depth)
+        context = ctx_seq[:n]
+    prm_seq = word_sequence(target + 1, seed + 1)
+
+    async def f_prm(n: int) -> int:
+        return await count(_msgs(context, prm_seq[:n]))
+    n, got = await _most_words_within(f_prm, target, max(1, pp))
+    words = prm_seq[:n]
+    if got < target:
+        # Fill the rest with a word this server counts as one token (order-independent like the others).
+        for filler in FILLERS:
+            if await count(_msgs(context, [*words, filler])) == got + 1:
+                words += [filler] * (target - got)
+                got = await count(_msgs(context, words))
+                break
+    return PromptShape(None if context is None else tuple(context), tuple(words), target, got, source)
 
 
 def tokenize_counter(session: aiohttp.ClientSession, url: str, model: str,
@@ -131,5 +173,6 @@ async def calibrate(session: aiohttp.ClientSession, url: str, model: str, pp: in
         return await fit_shape(usage_counter(session, url, model, headers, token_ids=token_ids), pp, depth,
                                source="usage")
     except LookupError:
-        # No way to count on this server: send pp words and let the metrics use what usage reports.
-        return PromptShape(depth, max(1, pp), pp + depth, 0, "none")
+        # No way to count on this server: one word per token, and the metrics use what usage reports.
+        return PromptShape(tuple(word_sequence(depth, 0)) if depth else None, tuple(word_sequence(max(1, pp), 1)),
+                           pp + depth, 0, "none")
