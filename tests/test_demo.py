@@ -174,3 +174,24 @@ async def test_recipe_plan_launches_through_the_shims(topology, options):
         for t in transports.values():
             await t.close()
         await sim.stop()
+
+
+async def test_killed_demo_leaves_no_processes():
+    """Even a SIGKILLed demo (no cleanup ran) leaves no simulator running: each process watches its owner."""
+    proc = start_demo("--load", "0")
+    try:
+        info = first_line(proc)
+        state_dir = info["state_dir"]
+        assert sim_processes(state_dir)
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 15
+        while sim_processes(state_dir):
+            assert time.monotonic() < deadline, [p.cmdline()[:6] for p in sim_processes(state_dir)]
+            await asyncio.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        import shutil
+        shutil.rmtree(info["state_dir"], ignore_errors=True)

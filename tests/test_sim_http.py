@@ -19,6 +19,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.profiles import GB10, MODELS
+from sparkconsole.sim.server import ENGINE_WAKEUP_S
 
 HOST = "127.0.0.1"
 MODEL = "openai/gpt-oss-120b"
@@ -119,7 +120,8 @@ def engine_expectation(prompt_tokens: int, max_tokens: int, concurrency: int) ->
             if ev.finished:
                 done[ev.req_id] = t
     ids = sorted(first)
-    return [first[i] for i in ids], [done[i] for i in ids]
+    # the served engine also waits its wake-up before the first step
+    return [first[i] + ENGINE_WAKEUP_S for i in ids], [done[i] + ENGINE_WAKEUP_S for i in ids]
 
 
 async def tokenize_count(s: aiohttp.ClientSession, url: str, text: str) -> int:
@@ -288,3 +290,36 @@ async def test_router_spreads_requests_and_reports(two_backends_and_router):
         assert states == [0.0, 0.0]
         async with s.get(router + "/sim/clock") as r:
             assert (await r.json())["speed"] == 1.0
+
+
+async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
+    """--sim-speed 4: a request takes a quarter of the engine's time in real time; every figure the server
+    reports (histograms, /sim/clock) stays in simulated seconds."""
+    port = free_port()
+    proc = start(["sparkconsole.sim.server", MODEL, "--host", HOST, "--port", str(port), *ARGS,
+                  "--sim-speed", "4", "--sim-load-speedup", "200", "--no-enable-prefix-caching"])
+    url = f"http://{HOST}:{port}"
+    try:
+        await wait_http(url + "/health")
+        text = " ".join(f"tok{i % 50}" for i in range(1000))
+        tg = 200
+        async with aiohttp.ClientSession() as s:
+            async with s.get(url + "/sim/clock") as r:
+                clock = await r.json()
+                assert clock["speed"] == 4.0 and clock["simulated"] is True
+                assert r.headers["X-Sim-Speed"] == "4.0"
+            prompt = await tokenize_count(s, url, text)
+            t0 = time.perf_counter()
+            res = await stream_chat(s, url, text, tg, ignore_eos=True)
+            wall = time.perf_counter() - t0
+            async with s.get(url + "/metrics") as r:
+                fams = families(await r.text())
+        exp_ttft, exp_end = engine_expectation(prompt, tg, 1)
+        assert wall == pytest.approx(exp_end[0] / 4, rel=0.25)
+        e2e = next(x.value for x in fams["vllm:e2e_request_latency_seconds"].samples if x.name.endswith("_sum"))
+        ttft = next(x.value for x in fams["vllm:time_to_first_token_seconds"].samples if x.name.endswith("_sum"))
+        assert e2e == pytest.approx(exp_end[0], rel=0.05)        # the server's own figures: simulated seconds
+        assert ttft == pytest.approx(exp_ttft[0], rel=0.05, abs=0.01)
+        assert res["decode_s"] * 4 == pytest.approx(exp_end[0] - exp_ttft[0], rel=0.25)
+    finally:
+        end(proc)

@@ -227,3 +227,30 @@ def _meminfo(node: SimNode) -> dict[str, int]:
         k, _, v = line.partition(":")
         out[k] = int(v.split()[0])
     return out
+
+
+async def test_second_model_without_free_memory_fails_like_vllm(tmp_path):
+    node = SimNode("spark1", "127.0.0.2", tmp_path, speed=1, load_speedup=500, update_interval=0.05)
+    await node.start()
+    try:
+        base = ["run", "-d", "--gpus", "all", "--network", "host", "vllm-node", "vllm", "serve",
+                "meta-llama/Llama-3.1-8B-Instruct", "--gpu-memory-utilization", "0.7", "--max-model-len", "4096"]
+        first = docker(node, *base[:2], "--name", "first", *base[2:], "--port", str(free_port(node.address)))
+        assert first.returncode == 0
+        deadline = time.monotonic() + 30
+        while not (node.dir / "containers" / "first" / "ready").exists():
+            assert time.monotonic() < deadline, docker(node, "logs", "first").stdout
+            await asyncio.sleep(0.1)
+        await asyncio.sleep(0.2)
+        second = docker(node, *base[:2], "--name", "second", *base[2:], "--port", str(free_port(node.address)))
+        assert second.returncode == 0
+        while docker(node, "inspect", "-f", "{{.State.Status}}", "second").stdout.strip() == "running":
+            assert time.monotonic() < deadline + 30
+            await asyncio.sleep(0.2)
+        state = docker(node, "inspect", "-f", "{{.State.ExitCode}} {{.State.OOMKilled}}", "second").stdout.split()
+        assert state == ["1", "false"]       # vLLM's own startup check, not an OOM kill
+        assert "less than desired GPU memory utilization" in docker(node, "logs", "second").stdout
+        assert docker(node, "inspect", "-f", "{{.State.Status}}", "first").stdout.strip() == "running"
+    finally:
+        docker(node, "rm", "-f", "first", "second")
+        await node.stop()

@@ -39,6 +39,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..errors import UserError
 from .engine import EngineArgs, RequestRejected, SimEngine
+from .experiment import ProxyProfile
 from .node import pid_alive, read_json, write_load
 from .profiles import GB10, MODELS, ModelProfile
 
@@ -49,6 +50,9 @@ WEIGHT_LOAD_BPS = 2.0e9          # simulated weight loading from local NVMe into
 STARTUP_S = 4.0                  # process start, config, tokenizer (simulated seconds)
 KV_ALLOC_S = 2.0
 MAX_LAG_WALL_S = 0.25            # beyond this much real time behind its clock, the engine resyncs
+# vLLM's engine core polls for work: an idle one starts its first step this long after a request arrives
+# (the same constant the headless experiment uses, so served and headless figures agree).
+ENGINE_WAKEUP_S = getattr(ProxyProfile(), "engine_wakeup_s", 0.0)
 
 # ---------------------------------------------------------------------------------------------------
 # A deterministic word tokenizer: a word or a punctuation mark is one token. /tokenize, usage and the
@@ -304,6 +308,7 @@ class SimVllmServer:
         self._wake = asyncio.Event()
         self._busy_acc = 0.0
         self._compute_acc = 0.0
+        self._woke_by: float | None = None   # arrival of the request that woke the idle engine
         self._slow = 1.0
         self._stop = asyncio.Event()
         self._runner: web.AppRunner | None = None
@@ -478,8 +483,14 @@ class SimVllmServer:
             # Busy steps follow each other back to back in simulated time, whatever the real scheduling
             # jitter (a late wake-up shortens the next sleep). After idling, or when the host fell far
             # behind the clock, the engine restarts from "now".
-            if idle or now - self._engine_t > MAX_LAG_WALL_S * self.speed:
-                start = max(self._engine_t, now)
+            if idle:
+                # An idle engine core starts its first step a fixed wake-up after the request that woke it
+                # (not after this process got scheduled): served timings stay independent of host load.
+                woke = self._woke_by if self._woke_by is not None else now
+                start = max(self._engine_t, woke + ENGINE_WAKEUP_S)
+                self._woke_by = None
+            elif now - self._engine_t > MAX_LAG_WALL_S * self.speed:
+                start = now
             else:
                 start = self._engine_t
             idle = False
@@ -575,6 +586,8 @@ class SimVllmServer:
         # the engine's "now", so served latencies never include host scheduling lag.
         now = self.clock.now()
         arrival = min(now, self._engine_t) if eng.running or eng.waiting > 1 else now
+        if self._woke_by is None and not (eng.running or eng.waiting > 1):
+            self._woke_by = arrival
         req = Req(rid=rid, key=key, prompt_tokens=prompt, max_tokens=mt, target=target,
                   arrival=arrival, cached_tokens=cached)
         self.reqs[rid] = req
@@ -874,8 +887,9 @@ async def mirror_head(node_dir: Path | None, key: str | None, head_addr: str | N
                 if best and not joined:
                     joined = True
                     log(f"{what}: joined head at {head_addr}", "multiproc_executor.py")
-                if not node_dir.is_dir() or (owner and not pid_alive(owner)):
-                    break
+            # the simulated cluster that owns this node is gone: nothing will ever stop us otherwise
+            if (node_dir and not node_dir.is_dir()) or (owner and not pid_alive(owner)):
+                break
             try:
                 await asyncio.wait_for(stop.wait(), 0.25)
             except asyncio.TimeoutError:
