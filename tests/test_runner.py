@@ -257,6 +257,12 @@ def test_error_line_picks_the_exception():
     assert error_line(lines) == "ValueError: too long"
     assert error_line(["INFO a", "ERROR 05-01 engine core failed", "INFO b"]) == "ERROR 05-01 engine core failed"
     assert error_line(["just this"]) == "just this" and error_line([]) is None
+    # pydantic (vLLM's config validation) puts the reason on the indented line after the exception
+    pyd = ["(APIServer pid=7) pydantic_core._pydantic_core.ValidationError: 1 validation error for ModelConfig",
+           "(APIServer pid=7)   Value error, User-specified max_model_len (999999) is greater than the derived "
+           "max_model_len (max_position_embeddings=2048) [type=value_error]",
+           "(APIServer pid=7)     For further information visit https://errors.pydantic.dev/2.11/v/value_error"]
+    assert "ValidationError" in error_line(pyd) and "max_model_len (999999)" in error_line(pyd)
 
 
 # --- real vLLM, over real SSH --------------------------------------------------------------------------------

@@ -59,15 +59,21 @@ class LaunchError(UserError):
 
 
 def error_line(lines: Sequence[str]) -> str | None:
-    """The line that says why a server died: the last exception line, else the last error-looking line."""
-    clean = [ln.strip() for ln in lines if ln.strip()]
-    for ln in reversed(clean):
+    """The line that says why a server died: the last exception line (with the indented detail line that
+    follows it, as pydantic writes its validation errors), else the last error-looking line."""
+    raw = [ln.rstrip() for ln in lines if ln.strip()]
+    for i in range(len(raw) - 1, -1, -1):
+        ln = raw[i].strip()
         if re.search(r"\b[A-Za-z_.]*(Error|Exception)\b:", ln) and "most recent call last" not in ln:
-            return ln
-    for ln in reversed(clean):
+            # vLLM prefixes each line with its process, e.g. "(APIServer pid=7) "
+            nxt = re.sub(r"^\([\w:]+ pid=\d+\) ?", "", raw[i + 1]) if i + 1 < len(raw) else ""
+            if nxt[:1].isspace() and not nxt.strip().startswith(("File ", "For further information")):
+                ln = f"{ln} — {nxt.strip()}"
+            return ln[:500]
+    for ln in reversed(raw):
         if _ERROR_LINE.search(ln) and "most recent call last" not in ln:
-            return ln
-    return clean[-1] if clean else None
+            return ln.strip()[:500]
+    return raw[-1].strip()[:500] if raw else None
 
 
 class _Follower:
