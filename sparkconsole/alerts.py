@@ -2,7 +2,7 @@
 
 Node rules (thresholds from the cluster file): GPU within temp_margin_c of its slowdown temperature; thermal
 or power-brake throttling (samples.THROTTLING); MemAvailable under headroom_floor_gib; an OOM guard that is
-bad; the vLLM container not running or OOM-killed; the node STALE or DOWN.
+bad; the vLLM container not running or OOM-killed; the node STALE or DOWN; the node rebooted (a new boot id after a reconnect).
 Endpoint rules: unhealthy (warn on the first failed poll, bad from the second); router backends down; the silent stall — requests running but no token produced
 (neither generated nor prefilled) for stall_seconds while the GPU draws less than stall_power_w.
 
@@ -113,6 +113,12 @@ class AlertEngine:
         if state in (NodeState.DOWN.value, NodeState.STALE.value):
             # The last samples are old: keep their alerts as they are until fresh data says otherwise.
             return self._settle(prefix, name, now, found, hold=lambda k: k != prefix + "state")
+
+        reboots = getattr(node, "reboots", 0)
+        if isinstance(reboots, int) and reboots > 0:
+            # A new boot id after reconnecting: whatever ran there (containers, caches) started over unseen.
+            found[prefix + "reboot"] = ("warn", f"{name} rebooted while watched (new boot id, {reboots}×): "
+                                                "check its containers and the OOM guards")
 
         tick = getattr(node, "last", None)
         for g in (tick.gpus if tick is not None else ()):
