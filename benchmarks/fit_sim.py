@@ -96,7 +96,7 @@ def nelder_mead(f, x0, scale, iters=250):
     return pts[best], vals[best]
 
 
-def fit_engine(runs: int):
+def fit_engine(runs: int, proxy=LITELLM, start=None):
     model = MODELS["gpt-oss-120b"]
     topologies = ["solo", "cluster-tp2"]
     levels = [c for c in LEVELS if c <= 32]
@@ -123,13 +123,38 @@ def fit_engine(runs: int):
 
     def f(u):
         hw, m = apply(decode(u), GB10, model)
-        sim = simulate(hw, m, LITELLM, topologies, levels, runs)
+        sim = simulate(hw, m, proxy, topologies, levels, runs)
         return sq_log_error(sim, topologies, levels)
 
-    x0 = encode([p[2] for p in ENGINE_PARAMS])
+    x0 = encode(start or [p[2] for p in ENGINE_PARAMS])
     best, err = nelder_mead(f, x0, [0.15] * len(x0))
     best, err = nelder_mead(f, best, [0.05] * len(x0))
     return decode(best), err
+
+
+# proxy constants searched one at a time (coordinate descent, two passes) on all 84 points
+ROUTER_GRID = [
+    ("route_s", (0.0003, 0.0006, 0.001, 0.002, 0.004)),
+    ("forward_s", (0.0003, 0.0006, 0.001, 0.002, 0.004)),
+    ("client_jitter_s", (0.0, 0.001, 0.002, 0.004, 0.008)),
+    ("engine_wakeup_s", (0.0, 0.004, 0.008, 0.016, 0.03)),
+    ("max_inflight_per_backend", (None, 40, 44, 48)),
+]
+
+
+def fit_router(hw, model, proxy, runs):
+    def f(px):
+        return sq_log_error(simulate(hw, model, px, TABLE.topologies, LEVELS, runs), TABLE.topologies, LEVELS)
+
+    best = f(proxy)
+    for _ in range(2):
+        for name, values in ROUTER_GRID:
+            for v in values:
+                cand = replace(proxy, **{name: v})
+                err = f(cand)
+                if err < best:
+                    best, proxy = err, cand
+    return proxy, best
 
 
 def main(argv=None) -> int:
@@ -140,27 +165,24 @@ def main(argv=None) -> int:
     t0 = time.time()
     hw, model, proxy = GB10, MODELS["gpt-oss-120b"], LITELLM
     if ns.stage in ("engine", "all"):
-        vals, err = fit_engine(ns.runs)
+        vals, err = fit_engine(ns.runs, proxy, start=[getattr(hw if w == "hw" else model, n)
+                                                      for n, w, *_ in ENGINE_PARAMS])
         print(f"engine fit: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
         for (name, where, *_), v in zip(ENGINE_PARAMS, vals):
             print(f"  {where}.{name} = {v:.6g}")
         hw, model = apply(vals, hw, model)
     if ns.stage in ("router", "all"):
-        best = None
-        for cap in (None, 40, 44, 48):
-            for lag in (0.0, 0.005, 0.02, 0.05, 0.1):
-                for rel in (0.0, 0.1):
-                    routing.LEAST_BUSY_UPDATE_LAG_S, routing.LEAST_BUSY_RELEASE_LAG_S = lag, rel
-                    px = replace(proxy, max_inflight_per_backend=cap)
-                    sim = simulate(hw, model, px, TABLE.topologies, LEVELS, max(ns.runs, 8))
-                    err = sq_log_error(sim, TABLE.topologies, LEVELS)
-                    if best is None or err < best[0]:
-                        best = (err, cap, lag, rel)
-        err, cap, lag, rel = best
-        print(f"router fit: sum sq log error {err:.4f}: max_inflight_per_backend={cap} "
-              f"least-busy update lag={lag}s release lag={rel}s")
-        routing.LEAST_BUSY_UPDATE_LAG_S, routing.LEAST_BUSY_RELEASE_LAG_S = lag, rel
-        proxy = replace(proxy, max_inflight_per_backend=cap)
+        proxy, err = fit_router(hw, model, proxy, max(ns.runs, 8))
+        print(f"router fit: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
+        for name, _ in ROUTER_GRID:
+            print(f"  proxy.{name} = {getattr(proxy, name)}")
+    if ns.stage == "all":
+        vals, err = fit_engine(ns.runs, proxy, start=[getattr(hw if w == "hw" else model, n)
+                                                      for n, w, *_ in ENGINE_PARAMS])
+        print(f"engine refit: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
+        for (name, where, *_), v in zip(ENGINE_PARAMS, vals):
+            print(f"  {where}.{name} = {v:.6g}")
+        hw, model = apply(vals, GB10, model)
     sim = simulate(hw, model, proxy, TABLE.topologies, LEVELS, max(ns.runs, 10))
     card = score(sim, TABLE)
     print(f"{'topology':24} {'c':>3} | {'decode sim/pub':>15} | {'prefill sim/pub':>15} | {'ttft ms sim/pub':>15}")

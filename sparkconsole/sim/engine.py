@@ -7,8 +7,8 @@ step, the newest running request preempted and recomputed when blocks run out) a
 simulated seconds that batch takes on the hardware profile, with the tokens it produced.
 
 Step time is a small roofline built from the profiles (docs/SIMULATION.md):
-    overhead + per-sequence overhead
-  + bytes streamed (dense weights + the routed experts the batch touches + KV read) / effective bandwidth
+    overhead + per-sequence overhead + max(CPU launch time, GPU time), GPU time =
+    bytes streamed (dense weights + the routed experts the batch touches + KV read) / effective bandwidth
   + FLOPs (2 x active params per token + attention) / effective FLOP/s
   + tensor parallel: two all-reduces per layer over the link (latency + bytes / bandwidth).
 """
@@ -91,7 +91,8 @@ class EngineCounters:
 
 
 def step_time(model: ModelProfile, hw: HardwareProfile, *, tp: int, decode_ctx: list[int],
-              prefill_chunks: list[tuple[int, int]], kv_cache_dtype: str = "auto") -> tuple[float, float]:
+              prefill_chunks: list[tuple[int, int]], kv_cache_dtype: str = "auto",
+              eager: bool = True) -> tuple[float, float]:
     """Seconds one batch takes, and the part of it the GPU is busy.
 
     decode_ctx: context length of each decoding sequence; prefill_chunks: (new tokens, tokens already
@@ -124,7 +125,8 @@ def step_time(model: ModelProfile, hw: HardwareProfile, *, tp: int, decode_ctx: 
         ring = 2.0 * (tp - 1) / tp * msg / (hw.link_bytes_s * hw.link_efficiency)
         t_comm = 2 * model.layers * (hw.allreduce_latency_s + ring)
     busy = t_mem + t_comp + t_comm
-    total = hw.step_overhead_s + hw.seq_overhead_s * n_seqs + busy
+    cpu = hw.cpu_step_s + hw.launch_s_per_layer * model.layers * (1.0 if eager else 0.1)
+    total = hw.step_overhead_s + hw.seq_overhead_s * n_seqs + max(busy, cpu)
     return total, busy
 
 
@@ -298,7 +300,8 @@ class SimEngine:
             else:
                 decode_ctx.append(req.computed + 1)
         duration, busy = step_time(self.model, self.hw, tp=self.tp, decode_ctx=decode_ctx,
-                                   prefill_chunks=prefill_chunks, kv_cache_dtype=self.kv_dtype)
+                                   prefill_chunks=prefill_chunks, kv_cache_dtype=self.kv_dtype,
+                                   eager=self.args.enforce_eager)
 
         events: list[TokenEvent] = []
         prefill_tokens = 0

@@ -60,18 +60,18 @@ class ProxyProfile:
     that do not yet include its own first requests: that is least-busy's pile-on, not a constant.
     """
 
-    route_s: float = 0.001
-    forward_s: float = 0.001
+    route_s: float = 0.002
+    forward_s: float = 0.002
     chunk_s: float = 1 / 1500            # ~1,500 chunks/s per core
     done_s: float = 0.0005
     upstream_s: float = 0.002            # network + vLLM front end (tokenize, hand to the engine core)
     client_gap_s: float = 0.0001         # llama-benchy starting one request after another (asyncio.gather)
-    client_jitter_s: float = 0.002       # random extra delay before a request reaches the proxy
-    engine_wakeup_s: float = 0.008       # an idle engine core starts its first step this long after a request
+    client_jitter_s: float = 0.004       # random extra delay before a request reaches the proxy
+    engine_wakeup_s: float = 0.004       # an idle engine core starts its first step this long after a request
     latency_probe_s: float = 0.020       # what llama-benchy's latency probe measures and subtracts
     # requests the proxy keeps open to one backend; more wait in the proxy until one finishes
     # (inferred from the published c64 rows, docs/SIMULATION.md); None = unlimited
-    max_inflight_per_backend: int | None = 44
+    max_inflight_per_backend: int | None = 48
 
 
 LITELLM = ProxyProfile()

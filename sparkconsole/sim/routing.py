@@ -24,7 +24,7 @@ from sparkconsole.errors import UserError
 # to the next routing decision (fitted, docs/SIMULATION.md).
 LEAST_BUSY_UPDATE_LAG_S = 0.05
 # ... and from the end of a stream until the success callback's decrement is visible.
-LEAST_BUSY_RELEASE_LAG_S = 0.1
+LEAST_BUSY_RELEASE_LAG_S = 0.0
 
 
 class RoutingPolicy(abc.ABC):
