@@ -7,6 +7,7 @@ served timings are compared with what a fresh SimEngine computes for the same in
 from __future__ import annotations
 
 import asyncio
+import os
 import json
 import socket
 import subprocess
@@ -323,3 +324,27 @@ async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
         assert res["decode_s"] * 4 == pytest.approx(exp_end[0] - exp_ttft[0], rel=0.25)
     finally:
         end(proc)
+
+
+async def test_bench_sweep_through_the_simulated_router_agrees_with_the_headless_experiment():
+    """The bench's own sweep (real client, /sim/clock scaling) against a simulated 2x-solo cluster behind the
+    simulated LiteLLM router gives what the headless experiment computes for that topology."""
+    from sparkconsole.bench.sweep import SweepSpec, run_sweep
+    from sparkconsole.sim import experiment
+    from sparkconsole.sim.cluster import SimCluster
+
+    base = f"127.{os.getpid() % 200 + 20}.99"
+    sim = SimCluster(speed=2, load_speedup=200, nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    await sim.start()
+    try:
+        out = await run_sweep(SweepSpec(url=sim.router_url, pp=(512,), tg=(64,), concurrency=(1, 2), runs=3))
+    finally:
+        await sim.stop()
+    assert out.provenance["simulated"] is True and out.provenance["speed"] == 2.0
+    args = EngineArgs(max_num_batched_tokens=32768, gpu_memory_utilization=0.7, max_model_len=4096, kv_cache_dtype="fp8")
+    headless = {r.concurrency: r for r in experiment.run_sweep("2x-solo-simple-shuffle", "gpt-oss-120b", args,
+                                                               (1, 2), 512, 64, 3)}
+    for lv in out.levels:
+        c = lv.key.concurrency
+        assert lv.decode_tps == pytest.approx(headless[c].decode_tps, rel=0.15), (c, lv.decode_tps)
+        assert lv.prefill_tps == pytest.approx(headless[c].prefill_tps, rel=0.3), (c, lv.prefill_tps)

@@ -775,11 +775,12 @@ class SimVllmServer:
 
         produced = 0
         try:
-            if chat:
-                await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
-                                         "finish_reason": None}], usage(0) if continuous else None))
             while True:
                 n, finished, _ = await req.queue.get()
+                if chat and produced == 0:
+                    # vLLM sends the role chunk with the first engine output, not before the prefill
+                    await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
+                                             "logprobs": None, "finish_reason": None}], usage(0) if continuous else None))
                 text = text_of(produced, n)
                 produced += n
                 fr = req.finish_reason if finished else None
