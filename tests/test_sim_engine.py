@@ -135,3 +135,106 @@ def test_tracker_counts_land_late():
     assert t.view(1.06) == [1, 0]
     t.finished(0, now=2.0)
     assert t.view(2.0) == [0, 0] and t.true == [0, 0]
+
+
+def test_a_burst_beyond_the_budget_is_prefilled_over_two_steps():
+    e = SimEngine(GPT, EngineArgs(max_num_batched_tokens=32768, max_model_len=4096, kv_cache_dtype="fp8"))
+    for i in range(64):
+        e.add_request(f"r{i}", 1024, 8)
+    firsts = []
+    for _ in range(3):
+        st = e.step()
+        assert st.prefill_tokens + st.decode_tokens <= 32768
+        firsts.append(sum(ev.first for ev in st.events))
+    # 32 prompts fill the first step; the second decodes those and prefills 31.97 more; the last one after
+    assert firsts == [32, 31, 1]
+
+
+def test_fp8_kv_cache_holds_twice_the_tokens():
+    auto = SimEngine(MODELS["llama-3.1-8b"], EngineArgs(kv_cache_dtype="auto"))
+    fp8 = SimEngine(MODELS["llama-3.1-8b"], EngineArgs(kv_cache_dtype="fp8"))
+    assert fp8.kv_bytes_per_token * 2 == auto.kv_bytes_per_token
+    assert abs(fp8.kv_capacity_tokens - 2 * auto.kv_capacity_tokens) <= 2 * 16
+
+
+def test_decode_is_bandwidth_bound_and_prefill_compute_bound():
+    # one decode token streams the weights; doubling bandwidth almost halves it, doubling FLOP/s barely matters
+    base, _ = step_time(GPT, GB10, tp=1, decode_ctx=[1100], prefill_chunks=[])
+    bw2, _ = step_time(GPT, GB10.with_(mem_bw_bytes_s=2 * GB10.mem_bw_bytes_s), tp=1, decode_ctx=[1100],
+                       prefill_chunks=[])
+    fl2, _ = step_time(GPT, GB10.with_(compute_flops_s=2 * GB10.compute_flops_s), tp=1, decode_ctx=[1100],
+                       prefill_chunks=[])
+    assert bw2 < 0.6 * base and fl2 > 0.9 * base
+    big = [(1024, 0)] * 32
+    p_base, _ = step_time(GPT, GB10, tp=1, decode_ctx=[], prefill_chunks=big)
+    p_fl2, _ = step_time(GPT, GB10.with_(compute_flops_s=2 * GB10.compute_flops_s), tp=1, decode_ctx=[],
+                         prefill_chunks=big)
+    assert p_fl2 < 0.6 * p_base
+
+
+def test_moe_decode_reads_more_experts_as_the_batch_grows_but_saturates():
+    t = [step_time(GPT, GB10, tp=1, decode_ctx=[1100] * n, prefill_chunks=[])[0] for n in (1, 8, 64, 256)]
+    assert t[0] < t[1] < t[2] < t[3]
+    assert (t[3] - t[2]) / 192 < (t[1] - t[0]) / 7     # per extra sequence it gets cheaper
+
+
+def test_tiny_model_steps_are_bounded_by_cpu_overhead():
+    d, busy = step_time(MODELS["tiny"], GB10, tp=1, decode_ctx=[10], prefill_chunks=[])
+    assert busy < d and d >= GB10.cpu_step_s
+
+
+# ---- the headless experiment -------------------------------------------------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from sparkconsole.sim.experiment import LITELLM, RequestTiming, benchy_metrics, run_level, run_sweep  # noqa: E402
+
+BENCH_ARGS = EngineArgs(max_num_batched_tokens=32768, gpu_memory_utilization=0.70, max_model_len=4096,
+                        kv_cache_dtype="fp8")
+
+
+def test_benchy_metrics_follow_llama_benchy_formulas():
+    one = [RequestTiming(start=0.0, backend=0, first=0.5, end=2.5, tokens=101)]
+    pp, tg, ttft = benchy_metrics(one, 1000, latency=0.1)
+    assert pp == pytest.approx(1000 / 0.4) and tg == pytest.approx(100 / 2.0) and ttft == pytest.approx(0.5)
+    two = [RequestTiming(0.0, 0, 0.5, 2.5, 101), RequestTiming(0.1, 1, 1.0, 4.0, 101)]
+    pp, tg, ttft = benchy_metrics(two, 1000, latency=0.1)
+    assert pp == pytest.approx(2000 / 1.0)            # latest first token - earliest start
+    assert tg == pytest.approx(200 / 3.5)             # (tokens - requests) / (latest end - earliest first)
+    assert ttft == pytest.approx((0.5 + 0.9) / 2)
+
+
+def test_least_busy_pile_on_comes_from_the_proxy_event_loop():
+    # the fitted proxy routes a c16 burst before counting it: lopsided; an instant proxy alternates
+    slow = run_level("2x-solo-least-busy", "gpt-oss-120b", BENCH_ARGS, 16, 256, 8, runs=4)
+    instant = run_level("2x-solo-least-busy", "gpt-oss-120b", BENCH_ARGS, 16, 256, 8, runs=4,
+                        proxy=replace(LITELLM, route_s=1e-6, forward_s=1e-6, client_gap_s=1e-3,
+                                      client_jitter_s=0.0))
+    assert instant.imbalance == pytest.approx(1.0)
+    assert slow.imbalance > 1.3
+    shuffle = run_level("2x-solo-simple-shuffle", "gpt-oss-120b", BENCH_ARGS, 64, 64, 4, runs=10)
+    assert 0.4 < shuffle.backend_requests[0] / sum(shuffle.backend_requests) < 0.6
+
+
+def test_without_a_per_backend_limit_the_c64_collapse_is_only_a_dip():
+    # the engine alone spills the overflow into the next step; the published collapse needs the limit
+    unlimited = replace(LITELLM, max_inflight_per_backend=None)
+    c32, c64 = run_sweep("solo", "gpt-oss-120b", BENCH_ARGS, [32, 64], 1024, 128, 1, proxy=unlimited)
+    assert c64.prefill_tps > 0.85 * c32.prefill_tps
+    _, limited = run_sweep("solo", "gpt-oss-120b", BENCH_ARGS, [32, 64], 1024, 128, 1)
+    assert limited.prefill_tps < 0.6 * c32.prefill_tps
+
+
+def test_tp2_beats_solo_for_a_single_request_as_published():
+    solo = run_level("solo", "gpt-oss-120b", BENCH_ARGS, 1, 1024, 128, runs=1)
+    tp2 = run_level("cluster-tp2", "gpt-oss-120b", BENCH_ARGS, 1, 1024, 128, runs=1)
+    assert tp2.decode_tps > 1.1 * solo.decode_tps and tp2.ttft_ms < 0.8 * solo.ttft_ms
+
+
+def test_bad_sweep_input_is_a_user_error():
+    with pytest.raises(UserError, match="unknown topology"):
+        run_sweep("3x-solo", "gpt-oss-120b", BENCH_ARGS, [1], 10, 10, 1)
+    with pytest.raises(UserError, match="unknown model"):
+        run_sweep("solo", "gpt-5", BENCH_ARGS, [1], 10, 10, 1)
+    with pytest.raises(UserError):
+        run_sweep("solo", "gpt-oss-120b", BENCH_ARGS, [0], 10, 10, 1)

@@ -184,7 +184,7 @@ def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int
     return list(timings.values())
 
 
-def _metrics(timings: list[RequestTiming], pp: int, latency: float) -> tuple[float, float, float]:
+def benchy_metrics(timings: list[RequestTiming], pp: int, latency: float) -> tuple[float, float, float]:
     """(prefill t/s, decode t/s, mean e2e ttft s) of one run, the way llama-benchy computes them."""
     ttft = statistics.fmean(r.first - r.start for r in timings)
     if len(timings) == 1:
@@ -228,6 +228,9 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
               runs: int, seed: int = 0, *, hw: HardwareProfile = GB10, proxy: ProxyProfile = LITELLM) -> LevelResult:
     topo = resolve_topology(topology)
     prof = resolve_model(model)
+    if pp + tg > args.max_model_len:
+        raise UserError(f"pp {pp} + tg {tg} exceeds max_model_len {args.max_model_len}", field="max_model_len",
+                        fix=f"raise max_model_len to at least {pp + tg} or shorten the prompt")
     targs = EngineArgs(**{**args.__dict__, "tensor_parallel_size": topo.tp})
     engines = [SimEngine(prof, targs, hw, nodes=topo.tp) for _ in range(topo.engines)]
     rng = random.Random(f"{seed}:{topo.name}:{c}")
@@ -239,7 +242,7 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
     shares = []
     for r in range(runs):
         timings = _run_once(engines, topo, c, pp, tg, rng, proxy, policy, tracker)
-        p, d, t = _metrics(timings, pp, proxy.latency_probe_s)
+        p, d, t = benchy_metrics(timings, pp, proxy.latency_probe_s)
         pre.append(p)
         dec.append(d)
         ttf.append(t)
