@@ -22,7 +22,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_app(args: argparse.Namespace):
-    from ..nodes.monitor import ClusterMonitor
     from ..tui.app import SparkConsoleApp
 
     path = find_config(getattr(args, "cluster", None))
@@ -31,7 +30,7 @@ def build_app(args: argparse.Namespace):
     cluster = load_cluster(path) if path is not None else local_cluster()
     replay = getattr(args, "replay", None)
     if replay:
-        from ..tui.replay import read_recording, replay_factory, split_recording
+        from ..tui.recording import read_recording, split_recording
         rp = Path(replay).expanduser()
         if not rp.is_file():
             raise UserError("recording not found", file=str(rp), field="--replay", fix="give a JSON-lines agent recording")
@@ -42,10 +41,14 @@ def build_app(args: argparse.Namespace):
         interval = getattr(args, "replay_interval", None)
         if interval is not None and not 0.01 <= interval <= 60:
             raise UserError(f"{interval} out of range", field="--replay-interval", fix="give 0.01 to 60 seconds")
-        monitor = ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
-    else:
-        monitor = ClusterMonitor(cluster)
-    return SparkConsoleApp(cluster, monitor=monitor)
+
+        def replayed(cluster):
+            from ..nodes.monitor import ClusterMonitor
+            from ..tui.replay import replay_factory
+            return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
+        return SparkConsoleApp(cluster, monitor_factory=replayed)
+    # The monitor (and the SSH stack under it) is built after the first frame.
+    return SparkConsoleApp(cluster)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -7,6 +7,7 @@ mark a panel dirty; a timer redraws dirty panels a few times a second, so a burs
 
 from __future__ import annotations
 
+import asyncio
 import shlex
 import time
 from collections.abc import Callable
@@ -17,7 +18,6 @@ from textual.binding import Binding
 from .. import audit
 from ..config import ClusterConfig
 from .palette import ConsoleCommands
-from .screens.bench import BenchScreen
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
@@ -26,6 +26,14 @@ from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
 AGE_REFRESH_S = 1.0     # panels show "tick Ns ago" and STALE even when no tick arrives
+
+
+def _import_layers(serving: bool) -> None:
+    """Runs in a thread: the modules the monitors need, imported while the event loop keeps drawing."""
+    import importlib
+    importlib.import_module("sparkconsole.nodes.monitor")
+    if serving:
+        importlib.import_module("sparkconsole.serving.endpoint")
 
 
 def _evaluate_guards():
@@ -52,10 +60,13 @@ class SparkConsoleApp(App):
     ]
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
-                 serving=None, alerts=None) -> None:
+                 serving=None, alerts=None, monitor_factory: Callable | None = None) -> None:
+        """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
+        called once the first frame is up (the SSH stack's import costs more than the first frame)."""
         super().__init__()
         self.cluster = cluster
         self.monitor = monitor
+        self._monitor_factory = monitor_factory
         self.serving = serving
         self.alerts = alerts
         self.simulated = simulated or cluster.simulated
@@ -63,11 +74,11 @@ class SparkConsoleApp(App):
         self.sub_title = ("SIMULATED · " if self.simulated else "") + cluster.source
         self.dashboard = DashboardScreen()
         self.recipes_screen = RecipesScreen()
-        self.bench_screen = BenchScreen()
         self.logs_screen = LogsScreen()
-        for mode, screen in (("dashboard", self.dashboard), ("recipes", self.recipes_screen),
-                             ("bench", self.bench_screen), ("logs", self.logs_screen)):
-            self.add_mode(mode, lambda screen=screen: screen)   # one instance per mode: the app feeds it
+        self._bench_screen = None
+        for mode, make in (("dashboard", lambda: self.dashboard), ("recipes", lambda: self.recipes_screen),
+                           ("bench", lambda: self.bench_screen), ("logs", lambda: self.logs_screen)):
+            self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
         self._dirty_eps: set[str] = set()
         self._unsubscribe: list[Callable[[], None]] = []
@@ -75,32 +86,23 @@ class SparkConsoleApp(App):
         self._stopped = False
         self.first_frame_at: float | None = None
 
+    @property
+    def bench_screen(self):
+        # Built on first use: its charts pull in plotext, which the first frame does not need.
+        if self._bench_screen is None:
+            from .screens.bench import BenchScreen
+            self._bench_screen = BenchScreen()
+        return self._bench_screen
+
     # --- lifecycle -------------------------------------------------------------------------------------------
     async def on_mount(self) -> None:
-        if self.monitor is None:
-            from ..nodes.monitor import ClusterMonitor
-            self.monitor = ClusterMonitor(self.cluster)
-        if self.serving is None and self.cluster.endpoints:
-            try:
-                from ..serving.endpoint import ServingMonitor
-            except ImportError:     # lands separately; until then the serving panels wait
-                ServingMonitor = None
-            if ServingMonitor is not None:
-                self.serving = ServingMonitor(self.cluster)
         if self.alerts is None:
-            try:
-                from ..alerts import AlertEngine
-            except ImportError:
-                AlertEngine = None
-            if AlertEngine is not None:
-                self.alerts = AlertEngine(self.cluster.thresholds)
-        self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
-        if self.serving is not None:
-            self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
+            from ..alerts import AlertEngine
+            self.alerts = AlertEngine(self.cluster.thresholds)
         await self.switch_mode("dashboard")
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
-        # Connecting can take seconds per node: never before the first frame.
+        # Importing the SSH and HTTP stacks and connecting take longer than a frame: never before the first one.
         self.run_worker(self._start_monitors(), name="start-monitors", exit_on_error=False)
 
     def _first_frame(self) -> None:
@@ -108,6 +110,21 @@ class SparkConsoleApp(App):
 
     async def _start_monitors(self) -> None:
         try:
+            await asyncio.to_thread(_import_layers, bool(self.cluster.endpoints and self.serving is None))
+            if self._stopped:
+                return
+            if self.monitor is None:
+                if self._monitor_factory is not None:
+                    self.monitor = self._monitor_factory(self.cluster)
+                else:
+                    from ..nodes.monitor import ClusterMonitor
+                    self.monitor = ClusterMonitor(self.cluster)
+            if self.serving is None and self.cluster.endpoints:
+                from ..serving.endpoint import ServingMonitor
+                self.serving = ServingMonitor(self.cluster)
+            self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
+            if self.serving is not None:
+                self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
             await self.monitor.start()
             if self.serving is not None:
                 await self.serving.start()
@@ -181,19 +198,25 @@ class SparkConsoleApp(App):
             return None
         return ThermalNote(max_temp_c=max(temps) if temps else None, throttle_reasons=tuple(sorted(reasons)))
 
+    def mark_all_dirty(self) -> None:
+        self._dirty.update(self.dashboard.panels)
+
     def _redraw(self) -> None:
         now = time.time()
         if now - self._last_age_refresh >= AGE_REFRESH_S:
             self._last_age_refresh = now
-            self._dirty.update(self.dashboard.panels)
+            self.mark_all_dirty()
         dirty, self._dirty = self._dirty, set()
+        # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
+        visible = self.dashboard.visible_panels() if dirty else set()
         for name in dirty:
             nm = self.node_monitor(name)
             panel = self.dashboard.panels.get(name)
             if nm is None or panel is None:
                 continue
             guards = self.guards_for(nm)
-            panel.show(nm, guards, now, self.cluster.thresholds)
+            if name in visible:
+                panel.show(nm, guards, now, self.cluster.thresholds)
             if self.alerts is not None:
                 self._take_alerts(self.alerts.observe_node(nm, guards))
         eps, self._dirty_eps = self._dirty_eps, set()
@@ -292,8 +315,8 @@ class SparkConsoleApp(App):
             ("Show logs", lambda: self.action_show("logs"), "4"),
             ("Help: keys", self.action_help, "?"),
             ("Quit", self.action_quit, "q: agents end, connections close"),
-            ("Bench: start sweep", self.bench_screen.action_start, "b on the bench screen"),
-            ("Bench: stop sweep", self.bench_screen.action_stop, "x on the bench screen"),
+            ("Bench: start sweep", lambda: self.bench_screen.action_start(), "b on the bench screen"),
+            ("Bench: stop sweep", lambda: self.bench_screen.action_stop(), "x on the bench screen"),
             ("Recipe: restart running", self.recipes_screen.action_restart, "asks first"),
             ("Recipe: stop running", self.recipes_screen.action_stop, "asks first"),
         ]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from ..config import NodeConfig, SshPolicy
 from ..nodes.transport import CommandResult, LineStream, Transport, TransportError
+from .recording import read_recording, split_recording  # noqa: F401  (re-exported for tests and scripts)
 
 
 def _text(argv: Sequence[str] | str) -> str:
@@ -143,29 +144,6 @@ class ReplayTransport(Transport):
             await s.close()
         self._streams.clear()
         self._connected = False
-
-
-def split_recording(lines: Sequence[str]) -> tuple[dict, list[dict]]:
-    """The hello object and the tick objects of a recording (other lines are skipped, as the agent's are)."""
-    hello: dict = {}
-    ticks: list[dict] = []
-    for line in lines:
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("type") == "hello" and not hello:
-            hello = obj
-        elif isinstance(obj, dict) and obj.get("type") == "tick":
-            ticks.append(obj)
-    return hello, ticks
-
-
-def read_recording(path: str | Path) -> list[str]:
-    return Path(path).read_text().splitlines()
 
 
 def replay_factory(recordings: dict[str, Sequence[str]] | Callable[[NodeConfig], Sequence[str]], **kwargs

@@ -80,6 +80,19 @@ class DashboardScreen(Screen):
         if panel is not None:
             self.app.confirm_guard_fix(panel.node_name, event.result)
 
+    def visible_panels(self) -> set[str]:
+        """Panels worth drawing now: on the current screen and inside the scrolled nodes area."""
+        if not self.is_current:
+            return set()
+        shown = self._compositor.visible_widgets     # the compositor's cached map of what the last frame drew
+        return {name for name, p in self.panels.items() if p in shown}
+
+    def on_screen_resume(self) -> None:
+        self.app.mark_all_dirty()
+
+    def on_descendant_focus(self) -> None:
+        self.app.mark_all_dirty()     # focus may scroll other panels into view
+
     @property
     def events(self) -> AlertLog:
         return self.query_one(AlertLog)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import time
 
 from rich.text import Text
@@ -17,6 +18,7 @@ class AlertLog(RichLog):
         super().__init__(max_lines=1000, wrap=True, markup=False, **kwargs)
         self.border_title = "Events"
         self.count = 0
+        self.history: collections.deque[str] = collections.deque(maxlen=1000)   # plain text, newest last
 
     def add(self, alert) -> None:
         self.count += 1
@@ -31,6 +33,7 @@ class AlertLog(RichLog):
         if message.startswith(alert.source + " "):
             message = message[len(alert.source) + 1:]
         line.append(message, style="" if alert.active else "dim")
+        self.history.append(line.plain)
         self.write(line)
 
     def note(self, message: str, style: str = "") -> None:
@@ -39,4 +42,5 @@ class AlertLog(RichLog):
         line = Text(no_wrap=True)
         line.append(time.strftime("%H:%M:%S ", time.localtime()), style="dim")
         line.append(message, style=style)
+        self.history.append(line.plain)
         self.write(line)

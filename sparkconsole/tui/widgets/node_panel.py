@@ -4,6 +4,7 @@ A STALE or DOWN node says so and keeps its last values, greyed."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Sequence
 
@@ -55,6 +56,7 @@ class NodePanel(Vertical, can_focus=True):
         self.container_name = container_name
         self.border_title = node_name
         self.state: str = "CONNECTING"
+        self._lines: dict[str, Text] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(Text("waiting for the agent…", style="dim"), classes="temp-line")
@@ -64,6 +66,12 @@ class NodePanel(Vertical, can_focus=True):
         yield MemoryBar()
         yield GuardList()
         yield Static("", classes="container")
+
+    def _put(self, selector: str, text: Text) -> None:
+        """Update a one-row line only when it changed; its height is fixed, so no layout pass is needed."""
+        if self._lines.get(selector) != text:
+            self._lines[selector] = text
+            self.query_one(selector, Static).update(text, layout=False)
 
     def show(self, nm, guards: Sequence, now: float | None = None, thresholds: Thresholds | None = None) -> None:
         """Draw a NodeMonitor's latest state (nothing here blocks; cheap enough for 32 nodes at a few Hz)."""
@@ -84,14 +92,16 @@ class NodePanel(Vertical, can_focus=True):
                 sub.append(f" · {nm.last_error[:60]}", style="red")
         if last is not None:
             sub.append(f" · tick {duration(now - last.received)} ago", style="dim")
-        self.border_subtitle = sub
+        if sub != self.border_subtitle:
+            self.border_subtitle = sub
         gname = info.gpu_names[0] if info and info.gpu_names else None
         title = Text(self.node_name, style="bold")
         if gname:
             title.append(f" · {gname}", style="dim")
         if info and info.simulated:
             title.append(" · sim", style="magenta")
-        self.border_title = title
+        if title != self.border_title:
+            self.border_title = title
 
         grey = "grey50" if stale else None
         gpu = last.gpus[0] if last and last.gpus else None
@@ -110,14 +120,15 @@ class NodePanel(Vertical, can_focus=True):
                 temp_line.append(f"  shutdown {num(gpu.shutdown_c, '°C')}", style=grey or "dim")
             if last and len(last.gpus) > 1:
                 temp_line.append(f"  GPU 0 of {len(last.gpus)}", style="dim")
-        self.query_one(".temp-line", Static).update(temp_line)
+        self._put(".temp-line", temp_line)
 
         graph = self.query_one(TempGraph)
         temps: list[float] = []
         if nm.history:
-            want = graph.wanted
-            hist = list(nm.history)[-want:]
+            want = min(graph.wanted, len(nm.history))
+            hist = itertools.islice(reversed(nm.history), want)      # newest first, no copy of the whole ring
             temps = [t.gpus[0].temp_c for t in hist if t.gpus and t.gpus[0].temp_c is not None]
+            temps.reverse()
         graph.set_data(temps, gpu.slowdown_c if gpu else None, stale)
 
         reasons = Text(no_wrap=True, overflow="ellipsis")
@@ -134,7 +145,7 @@ class NodePanel(Vertical, can_focus=True):
                     reasons.append(" · ", style="dim")
                 reasons.append(REASON_WORDS.get(r, r), style=grey or _SEVERITY_STYLE.get(REASON_SEVERITY.get(r, ""), ""))
                 reasons.append(f" {duration(spans.get(r))}", style="dim")
-        self.query_one(".reasons", Static).update(reasons)
+        self._put(".reasons", reasons)
 
         power = Text(no_wrap=True, overflow="ellipsis")
         if gpu is not None:
@@ -148,13 +159,13 @@ class NodePanel(Vertical, can_focus=True):
                 power.append(f" / {gpu.sm_clock_max_mhz:.0f}", style="dim")
             power.append("  Util ", style="bold")
             power.append(num(gpu.util_pct, "%"), style=grey or "")
-        self.query_one(".power", Static).update(power)
+        self._put(".power", power)
 
         bar = self.query_one(MemoryBar)
         bar.floor_gib = thresholds.headroom_floor_gib
         bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
         self.query_one(GuardList).set_results(guards, stale)
-        self.query_one(".container", Static).update(self._container_line(nm.containers, now, grey))
+        self._put(".container", self._container_line(nm.containers, now, grey))
 
     def _container_line(self, containers, now: float, grey: str | None) -> Text:
         line = Text(no_wrap=True, overflow="ellipsis")

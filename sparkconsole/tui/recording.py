@@ -1,0 +1,31 @@
+"""Recorded agent sessions: JSON lines exactly as the agent printed them on a node (tests/fixtures/agent-*.jsonl).
+Kept apart from the replay transport so the console can check a recording before the SSH stack is imported."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+
+def split_recording(lines: Sequence[str]) -> tuple[dict, list[dict]]:
+    """The hello object and the tick objects of a recording (other lines are skipped, as the agent's are)."""
+    hello: dict = {}
+    ticks: list[dict] = []
+    for line in lines:
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "hello" and not hello:
+            hello = obj
+        elif isinstance(obj, dict) and obj.get("type") == "tick":
+            ticks.append(obj)
+    return hello, ticks
+
+
+def read_recording(path: str | Path) -> list[str]:
+    return Path(path).read_text().splitlines()
