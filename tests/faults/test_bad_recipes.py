@@ -1,0 +1,172 @@
+"""Thousands of malformed recipes through sparkconsole.launch.recipe (and, when one is accepted, through plan).
+
+Each document is either accepted, and then plans for every topology it lists or refuses with a one-line UserError,
+or refused with one line naming the file, the line, the field and the fix. Never another exception (a traceback),
+never a hang (each document well under a second), never half-applied (reading a recipe writes nothing, and the
+bundled files stay byte-for-byte what they were). A secret's value written into a recipe is never echoed.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import time
+from pathlib import Path
+
+import yaml
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from sparkconsole.config import ClusterConfig, NodeConfig
+from sparkconsole.errors import UserError
+from sparkconsole.launch.plan import make_plan
+from sparkconsole.launch.recipe import Recipe, bundled_dir, load_recipe, parse_recipe
+from sparkconsole.yamlsrc import load_text
+
+FILE = "fuzz-recipe.yaml"
+BUNDLED = sorted(bundled_dir().glob("*.yaml"))
+BASES = [yaml.safe_load(p.read_text()) for p in BUNDLED]
+DIGEST = {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in BUNDLED}
+CLUSTER = ClusterConfig(nodes=(
+    NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a"),
+    NodeConfig(name="spark2", address="192.168.100.11", role="worker", container="vllm_b", vllm_port=8001)),
+    endpoints=(), source="cluster.yaml")
+
+weird_scalars = st.one_of(
+    st.none(), st.booleans(), st.integers(min_value=-(10**30), max_value=10**30),
+    st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=200),
+    st.sampled_from(["", " ", "$(reboot)", "a;b", "`id`", "\n", "é" * 80, "{", "}", "{port", "{0}", "{__class__}",
+                     "{port.__class__}", "{port!r:>{9999999}}", "{{}}", "0" * 5000, "1e309", "solo", "cluster-tp2",
+                     "1.82.7", "ghcr.io/berriai/litellm:v1.82.8", "file:", "file:/etc/shadow", "env", "100g",
+                     "-1g", "x" * 300, "\x00", "ＶＬＬＭ", "--help", "../../etc/passwd", "vllm serve {model"]),
+)
+weird_values = st.recursive(weird_scalars, lambda inner: st.one_of(
+    st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)), max_leaves=10)
+
+PATHS = [
+    ("name",), ("container",), ("command",), ("model",), ("recipe_version",), ("defaults",), ("defaults", "port"),
+    ("defaults", "tensor_parallel"), ("defaults", "max_model_len"), ("defaults", "served_model_name"), ("env",),
+    ("env", "HF_TOKEN"), ("env", "ROUTER_API_KEY"), ("env", "VLLM_X"), ("mods",), ("build_args",), ("cluster_only",),
+    ("solo_only",), ("description",), ("sparkconsole",), ("sparkconsole", "topologies"),
+    ("sparkconsole", "topology_defaults"), ("sparkconsole", "container"), ("sparkconsole", "container", "memory"),
+    ("sparkconsole", "container", "name"), ("sparkconsole", "container", "volumes"),
+    ("sparkconsole", "container", "gpus"), ("sparkconsole", "secrets"), ("sparkconsole", "cluster"),
+    ("sparkconsole", "cluster", "backend"), ("sparkconsole", "cluster", "master_port"),
+    ("sparkconsole", "cluster", "eth_if"), ("sparkconsole", "router"), ("sparkconsole", "router", "default"),
+    ("sparkconsole", "router", "port"), ("sparkconsole", "router", "litellm"),
+    ("sparkconsole", "router", "litellm", "version"), ("sparkconsole", "router", "litellm", "image"),
+    ("sparkconsole", "router", "vllm_router", "command"), ("sparkconsole", "disagg"), ("extra_fork_key",),
+]
+
+
+def mutate(doc, path, value, delete):
+    d = copy.deepcopy(doc)
+    cur = d
+    for key in path[:-1]:
+        if not isinstance(cur.get(key), dict):
+            cur[key] = {}
+        cur = cur[key]
+    if delete:
+        cur.pop(path[-1], None)
+    else:
+        cur[path[-1]] = value
+    return d
+
+
+def check_error(err: UserError, file: str = FILE) -> str:
+    msg = str(err)
+    assert "\n" not in msg and "\r" not in msg, msg
+    assert msg.startswith(file), msg
+    assert "fix:" in msg, msg
+    assert len(msg) < 700, msg
+    return msg
+
+
+def check(text: str, secret: str | None = None) -> Recipe | None:
+    t0 = time.monotonic()
+    try:
+        recipe = parse_recipe(load_text(text, FILE), "fuzz")
+    except UserError as err:
+        msg = check_error(err)
+        assert secret is None or secret not in msg, msg
+        assert time.monotonic() - t0 < 2.0
+        return None
+    assert isinstance(recipe, Recipe) and recipe.name and recipe.container and recipe.command
+    for topology in recipe.topologies:
+        try:
+            plan = make_plan(recipe, topology, CLUSTER, {})
+        except UserError as err:
+            msg = str(err)
+            assert "\n" not in msg and "fix:" in msg, msg
+            continue
+        rendered = plan.render()
+        assert secret is None or secret not in rendered
+        for step in plan.steps:
+            assert all(isinstance(a, str) for a in step.argv)
+    assert time.monotonic() - t0 < 5.0
+    return recipe
+
+
+@settings(max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(range(len(BASES))), st.sampled_from(PATHS), weird_values, st.booleans())
+def test_mutated_bundled_recipes(base, path, value, delete):
+    doc = mutate(BASES[base], path, value, delete)
+    try:
+        text = yaml.safe_dump(doc, allow_unicode=True)
+    except yaml.YAMLError:
+        return
+    check(text)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.sampled_from(range(len(BASES))), st.sampled_from(["HF_TOKEN", "ROUTER_API_KEY", "MY_SECRET", "PASSWORD"]),
+       st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-", min_size=12, max_size=40))
+def test_secret_values_in_recipes_are_refused_without_echo(base, name, value):
+    secret = "hf_" + value
+    doc = copy.deepcopy(BASES[base])
+    doc.setdefault("env", {})[name] = secret
+    assert check(yaml.safe_dump(doc), secret=secret) is None
+
+
+@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.text(max_size=400))
+def test_arbitrary_text(text):
+    check(text)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.integers(min_value=1, max_value=12), st.integers(min_value=2, max_value=12))
+def test_anchor_bombs_refused_quickly(depth, width):
+    lines = ['recipe_version: "1"', "name: bomb", "container: vllm-node", "command: vllm serve x", "b0: &b0 [x]"]
+    for i in range(1, depth + 1):
+        lines.append(f"b{i}: &b{i} [" + ", ".join([f"*b{i - 1}"] * width) + "]")
+    lines.append(f"defaults: {{port: 8000}}\nmods: *b{depth}")
+    check("\n".join(lines) + "\n")
+
+
+def test_files_on_disk_one_line_each_and_nothing_written(tmp_path, ledger):
+    cases = {
+        "empty.yaml": b"",
+        "binary.yaml": bytes(range(256)),
+        "bom.yaml": b"\xef\xbb\xbfname: x\n",
+        "latin1.yaml": "name: caf\xe9\n".encode("latin-1"),
+        "huge.yaml": b"name: x\nmods:\n" + b"  - m\n" * 300000,
+        "tabs.yaml": b"name:\n\t- x\n",
+        "deep.yaml": b"name: " + b"[" * 5000 + b"]" * 5000 + b"\n",
+        "list.yaml": b"- a\n- b\n",
+    }
+    (tmp_path / "dir.yaml").mkdir()
+    for name, data in cases.items():
+        (tmp_path / name).write_bytes(data)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    for name in [*cases, "dir.yaml", "absent.yaml"]:
+        ledger.bad_inputs()
+        path = tmp_path / name
+        try:
+            load_recipe(path)
+        except UserError as err:
+            check_error(err, str(path))
+        else:
+            raise AssertionError(f"{name} was accepted")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in BUNDLED} == DIGEST
