@@ -202,7 +202,9 @@ class SimEngine:
         return req_id in self._by_id
 
     # ---- requests -----------------------------------------------------------------------------
-    def add_request(self, req_id: str, prompt_tokens: int, max_tokens: int) -> None:
+    def add_request(self, req_id: str, prompt_tokens: int, max_tokens: int, *, prefilled_tokens: int = 0) -> None:
+        """Queue a request. `prefilled_tokens`: prompt KV already computed elsewhere and transferred in
+        (disaggregated prefill); as vLLM's KV connectors do, the last prompt token is recomputed here."""
         if req_id in self._by_id:
             raise RequestRejected(f"request id {req_id!r} is already in the engine")
         if prompt_tokens < 1 or max_tokens < 1:
@@ -217,7 +219,7 @@ class SimEngine:
         if need > self.kv_capacity_blocks:
             raise RequestRejected(f"request needs {need * KV_BLOCK_TOKENS} KV tokens; the cache holds "
                                   f"{self.kv_capacity_tokens}")
-        req = _Request(req_id, prompt_tokens, max_tokens)
+        req = _Request(req_id, prompt_tokens, max_tokens, computed=max(0, min(prefilled_tokens, prompt_tokens - 1)))
         self._by_id[req_id] = req
         self._waiting.append(req)
 

@@ -45,6 +45,8 @@ TOPOLOGIES: dict[str, Topology] = {t.name: t for t in (
     Topology("2x-solo-simple-shuffle", 2, 1, "simple-shuffle"),
     Topology("2x-solo-least-busy", 2, 1, "least-busy"),
     Topology("2x-solo-round-robin", 2, 1, "round-robin"),
+    # one prefill engine, one decode engine; the prompt's KV crosses the link (NIXL-style)
+    Topology("disagg", 2, 1, "disagg"),
 )}
 
 
@@ -135,6 +137,19 @@ def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int
         upstream[k] += 1
         push(t + proxy.upstream_s, "arrive", rid)
 
+    def wake(k: int, now: float) -> None:
+        if not busy[k]:
+            busy[k] = True
+            push(now + proxy.engine_wakeup_s, "wake", k)
+
+    disagg = topo.routing == "disagg"
+    kv_link_s = 0.0
+    if disagg:
+        # prompt KV over the link: NIXL over ConnectX-7, same bandwidth as the all-reduces
+        hw = engines[0].hw
+        kv_link_s = (pp * engines[0].kv_bytes_per_token / (hw.link_bytes_s * hw.link_efficiency)
+                     + hw.allreduce_latency_s)
+
     while heap:
         now, _, kind, payload = heapq.heappop(heap)
         if kind == "request":
@@ -153,15 +168,23 @@ def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int
                 queued[k].append(payload)
         elif kind == "arrive":
             k = timings[payload].backend
-            engines[k].add_request(payload, pp, tg)
-            if not busy[k]:
-                busy[k] = True
-                push(now + proxy.engine_wakeup_s, "wake", k)
+            engines[k].add_request(payload, pp, 1 if disagg else tg)
+            wake(k, now)
+        elif kind == "kv_ready":
+            engines[1].add_request(payload, pp, tg, prefilled_tokens=pp)
+            wake(1, now)
         elif kind == "wake":
             start_step(payload, now)
         elif kind == "step_end":
             k, res = payload
             for ev in res.events:
+                if disagg and k == 0:
+                    # the prefill instance's one token is not streamed; hand the KV to the decode side
+                    upstream[0] -= 1
+                    if queued[0]:
+                        forward(queued[0].popleft(), 0, now)
+                    push(now + kv_link_s, "kv_ready", ev.req_id)
+                    continue
                 on_loop(now, proxy.chunk_s, "chunk", (k, ev))
             if engines[k].has_work():
                 start_step(k, now)
@@ -175,7 +198,7 @@ def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int
                 rt.first = now
             if ev.finished:
                 rt.end = now
-                upstream[k] -= 1
+                upstream[k] -= 0 if disagg else 1
                 if queued[k]:
                     forward(queued[k].popleft(), k, now)
                 on_loop(now, proxy.done_s, "done", k)
@@ -235,7 +258,8 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
     engines = [SimEngine(prof, targs, hw, nodes=topo.tp) for _ in range(topo.engines)]
     rng = random.Random(f"{seed}:{topo.name}:{c}")
     # one router for the whole level, as in the published runs: its state carries over between runs
-    policy = make_policy(topo.routing, seed=rng.randrange(1 << 30)) if topo.engines > 1 else None
+    policy = (make_policy(topo.routing, seed=rng.randrange(1 << 30))
+              if topo.engines > 1 and topo.routing != "disagg" else None)
     tracker = InflightTracker(topo.engines)   # lateness comes from the proxy's event loop here
     pre, dec, ttf = [], [], []
     per_backend = [0] * topo.engines
