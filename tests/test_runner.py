@@ -4,7 +4,7 @@ that must leave nothing running on any node.
 
 Two kinds of server run here: a small stdlib HTTP server in a container (answers /health and /v1/models like
 vLLM, starts in a second, can be told to die with an error line) for the runner's mechanics, and vLLM itself
-for the end-to-end path. All need the Docker engine, hence `slow`.
+for the end-to-end path. Those need the Docker engine, hence `slow`.
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import find_recipe, load_recipe
 from sparkconsole.launch.runner import LaunchError, Runner, error_line
 from sparkconsole.nodes.transport import LocalTransport, make_transport
-
-pytestmark = pytest.mark.slow
 
 PY_HOME = str(Path(sys.base_prefix).resolve())
 
@@ -149,6 +147,7 @@ def started_at(engine, name: str) -> str:
     return engine.inspect(name)["State"]["StartedAt"]
 
 
+@pytest.mark.slow
 async def test_launch_2x_solo_behind_vllm_router_then_restart_and_stop(tmp_path, docker_engine, testbed_base_image,
                                                                       vllm_router_env, local_cluster, state):
     recipe = fake_recipe(tmp_path, testbed_base_image, router_venv=vllm_router_env.path)
@@ -185,6 +184,7 @@ async def test_launch_2x_solo_behind_vllm_router_then_restart_and_stop(tmp_path,
     await runner.stop(plan)
 
 
+@pytest.mark.slow
 async def test_failing_server_stops_everything_on_both_nodes(tmp_path, docker_engine, testbed_base_image,
                                                              local_cluster, state):
     recipe = fake_recipe(tmp_path, testbed_base_image)
@@ -204,6 +204,7 @@ async def test_failing_server_stops_everything_on_both_nodes(tmp_path, docker_en
     assert {e.node for e in events if e.stage == "stopped"} == {"node1", "node2"}
 
 
+@pytest.mark.slow
 async def test_failed_docker_run_cleans_up_what_started_before_it(tmp_path, docker_engine, testbed_base_image,
                                                                   vllm_router_env, local_cluster, state):
     recipe = fake_recipe(tmp_path, testbed_base_image, router_venv=vllm_router_env.path,
@@ -217,6 +218,7 @@ async def test_failed_docker_run_cleans_up_what_started_before_it(tmp_path, dock
     assert containers(docker_engine) == []
 
 
+@pytest.mark.slow
 async def test_launch_never_replaces_a_running_container(tmp_path, docker_engine, testbed_base_image,
                                                          local_cluster, state):
     squatter = local_cluster.nodes[0].container
@@ -232,6 +234,7 @@ async def test_launch_never_replaces_a_running_container(tmp_path, docker_engine
     docker_engine.run(["rm", "-f", squatter])
 
 
+@pytest.mark.slow
 async def test_interrupted_launch_stops_what_it_started(tmp_path, docker_engine, testbed_base_image,
                                                         local_cluster, state):
     recipe = fake_recipe(tmp_path, testbed_base_image)
@@ -291,6 +294,7 @@ async def ssh_transports(cluster: ClusterConfig) -> dict:
     return ts
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(1200)     # two vLLM start-ups; on a loaded 2-core box each can take minutes
 async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_engine, testbed_base_image,
                                                             vllm_env, tiny_model, state):
@@ -318,6 +322,7 @@ async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_
             await t.close()
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(900)
 async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ssh_cluster, docker_engine,
                                                                                testbed_base_image, vllm_env,
@@ -343,6 +348,7 @@ async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ss
             await t.close()
 
 
+@pytest.mark.slow
 async def test_cli_launch_and_stop_end_to_end(tmp_path, docker_engine, testbed_base_image, state, monkeypatch, capsys):
     """`sparkconsole recipe launch … --yes --force` then `recipe stop`: the real monitor reads the node for
     preflight facts, the runner launches over the local transport, the endpoint answers."""
