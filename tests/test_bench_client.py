@@ -159,3 +159,25 @@ def test_payload_asks_for_exact_length_usage_and_token_ids():
     assert p["stream"] is True and p["stream_options"] == {"include_usage": True} and p["return_token_ids"]
     q = chat_payload("m", MSGS, 8, exact_tg=False, token_ids=False)
     assert "min_tokens" not in q and "ignore_eos" not in q and "return_token_ids" not in q
+
+
+async def _watched(b: Behaviour, watch, max_tokens: int = 12):
+    from sparkconsole.bench.client import StallWatch  # noqa: F401  (the type under test)
+    srv = await FakeVllm(b).start()
+    try:
+        async with aiohttp.ClientSession() as s:
+            return await stream_chat(s, srv.url + "/v1/chat/completions", chat_payload(srv.model, MSGS, max_tokens),
+                                     watch=watch)
+    finally:
+        watch.close()
+        await srv.stop()
+
+
+async def test_shared_stall_watch_allows_a_long_prefill_but_ends_a_silent_stream():
+    from sparkconsole.bench.client import StallWatch
+    slow_prefill = await _watched(Behaviour(first_delay=1.0), StallWatch(stall_timeout=0.3, first_timeout=5))
+    assert slow_prefill.ok and slow_prefill.first_token - slow_prefill.start >= 1.0
+    stalled = await _watched(Behaviour(stall_after=4), StallWatch(stall_timeout=0.3, first_timeout=5))
+    assert stalled.error == "stalled: no data for 0.3 s" and stalled.end - stalled.start < 3
+    never = await _watched(Behaviour(first_delay=30), StallWatch(stall_timeout=5, first_timeout=0.4))
+    assert never.error == "no response within 0.4 s" and never.end - never.start < 3

@@ -11,7 +11,7 @@ from sparkconsole.bench.sweep import SweepSpec, run_sweep
 
 pytestmark = pytest.mark.slow
 
-PP, TG, CONC, RUNS = 96, 24, (1, 2), 2
+PP, TG, CONC, RUNS = 96, 64, (1, 2), 2
 
 
 async def test_sweep_on_real_vllm_matches_llama_benchy(vllm_server, benchy, tmp_path):
@@ -32,11 +32,18 @@ async def test_sweep_on_real_vllm_matches_llama_benchy(vllm_server, benchy, tmp_
     theirs = await asyncio.to_thread(benchy.run, vllm_server.url, vllm_server.model, tmp_path, pp=(PP,), tg=(TG,),
                                      concurrency=CONC, runs=RUNS, extra=("--exact-tg",))
     by_c = {b["concurrency"]: b for b in theirs["benchmarks"]}
+    compared = 0
     for lv in levels:
         b = by_c[lv.key.concurrency]
-        ours_decode, their_decode = lv.mean("tg_req_throughput"), b["tg_req_throughput"]["mean"]
         ours_ttft, their_ttft = lv.mean("e2e_ttft"), b["e2e_ttft"]["mean"]
         # Same definitions, same server, minutes apart on a shared machine: same order of magnitude.
-        # llama-benchy drops empty-content (partial UTF-8) chunks, so its decode can only read lower.
-        assert 0.5 * their_decode <= ours_decode <= 3 * their_decode, (lv.key, ours_decode, their_decode)
         assert 0.33 * their_ttft <= ours_ttft <= 3 * their_ttft, (lv.key, ours_ttft, their_ttft)
+        # On a CPU-starved machine a whole answer can reach the client in one read: then neither tool has a
+        # decode rate for that request. Compare where both have one; llama-benchy drops empty-content
+        # (partial UTF-8) chunks, so its figure can only read lower.
+        ours_decode = lv.mean("tg_req_throughput")
+        their_decode = (b.get("tg_req_throughput") or {}).get("mean")
+        if ours_decode and their_decode:
+            assert 0.5 * their_decode <= ours_decode <= 3 * their_decode, (lv.key, ours_decode, their_decode)
+            compared += 1
+    assert compared, "no level where both tools measured a decode rate"

@@ -44,6 +44,7 @@ class RequestResult:
     tokens_estimated: bool = False        # no usage and no token_ids: counted one per content event
     error: str | None = None
     status: int | None = None
+    last_read: float = 0.0                # arrival of the latest read (the stall watch reads it)
 
     @property
     def ok(self) -> bool:
@@ -89,13 +90,54 @@ def _one_line(text: str, limit: int = 200) -> str:
     return " ".join(text.split())[:limit]
 
 
+class StallWatch:
+    """One task for every request in flight: ends a stream that went silent, without a timer per read.
+
+    Before its first response chunk a request may wait `first_timeout` (queueing and prefill at high load
+    take long); once streaming, `stall_timeout` of silence ends it as stalled.
+    """
+
+    def __init__(self, stall_timeout: float = 60.0, first_timeout: float = 600.0) -> None:
+        self.stall_timeout, self.first_timeout = stall_timeout, first_timeout
+        self._live: dict[int, tuple[RequestResult, aiohttp.ClientResponse]] = {}
+        self._task: asyncio.Task | None = None
+
+    def watch(self, res: RequestResult, resp: aiohttp.ClientResponse) -> None:
+        self._live[id(res)] = (res, resp)
+        if self._task is None:
+            self._task = asyncio.ensure_future(self._loop())
+
+    def forget(self, res: RequestResult) -> None:
+        self._live.pop(id(res), None)
+
+    async def _loop(self) -> None:
+        period = max(0.05, min(1.0, self.stall_timeout / 4, self.first_timeout / 4))
+        while True:
+            await asyncio.sleep(period)
+            now = perf()
+            for key, (res, resp) in list(self._live.items()):
+                waiting = res.first_response is None
+                limit = self.first_timeout if waiting else self.stall_timeout
+                if now - (res.start if waiting else res.last_read) > limit:
+                    res.error = (f"no response within {limit:g} s" if waiting
+                                 else f"stalled: no data for {limit:g} s")
+                    del self._live[key]
+                    resp.close()       # the pending read fails; stream_chat keeps the error set here
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None
+
+
 async def stream_chat(session: aiohttp.ClientSession, url: str, body: bytes | dict[str, Any], *,
                       headers: dict[str, str] | None = None, stall_timeout: float | None = 60.0,
-                      timeout: float | None = 3600.0) -> RequestResult:
+                      timeout: float | None = 3600.0, watch: StallWatch | None = None) -> RequestResult:
     """POST one streaming chat completion to `url` (…/v1/chat/completions) and time every token.
 
     Never raises for a failed request: the error is on the result, so a sweep records it and goes on.
-    `stall_timeout` bounds the silence between two reads (a stall mid-stream), `timeout` the whole request.
+    `timeout` bounds the whole request. Silence is bounded by `watch` (a sweep's shared StallWatch, which
+    allows a long wait for the first chunk) or, without one, by `stall_timeout` between any two reads.
     """
     if isinstance(body, dict):
         body = json.dumps(body).encode()
@@ -103,26 +145,34 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: bytes | di
     if headers:
         hdrs.update(headers)
     res = RequestResult(start=perf())
-    ct = aiohttp.ClientTimeout(total=timeout, sock_read=stall_timeout)
+    res.last_read = res.start
+    ct = aiohttp.ClientTimeout(total=timeout, sock_connect=30, sock_read=None if watch else stall_timeout)
     try:
         async with session.post(url, data=body, headers=hdrs, timeout=ct) as resp:
             res.status = resp.status
             if resp.status != 200:
                 text = (await resp.content.read(4000)).decode("utf-8", "replace")
                 res.error = f"HTTP {resp.status}: {_one_line(text)}"
-            else:
+            elif watch is None:
                 await _consume(resp.content, res)
+            else:
+                watch.watch(res, resp)
+                try:
+                    await _consume(resp.content, res)
+                finally:
+                    watch.forget(res)
     except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
-        res.error = (f"stalled: no data for {stall_timeout:g} s" if res.first_response is not None or res.token_times
-                     else f"timed out waiting for the server (stall limit {stall_timeout:g} s, total {timeout:g} s)")
+        if res.error is None:
+            res.error = (f"stalled: no data for {stall_timeout:g} s" if res.first_response is not None
+                         else f"timed out waiting for the server ({timeout:g} s)")
     except aiohttp.ClientPayloadError as exc:
-        res.error = f"connection lost mid-stream ({_one_line(str(exc), 120)})"
+        res.error = res.error or f"connection lost mid-stream ({_one_line(str(exc), 120)})"
     except aiohttp.ClientError as exc:
-        res.error = f"{type(exc).__name__}: {_one_line(str(exc), 160)}"
+        res.error = res.error or f"{type(exc).__name__}: {_one_line(str(exc), 160)}"
     except StreamError as exc:
-        res.error = str(exc)
+        res.error = res.error or str(exc)
     except ConnectionError as exc:
-        res.error = f"connection lost ({type(exc).__name__})"
+        res.error = res.error or f"connection lost ({type(exc).__name__})"
     res.end = perf()
     return res
 
@@ -142,7 +192,7 @@ async def _consume(content: aiohttp.StreamReader, res: RequestResult) -> None:
         block = await readany()
         if not block:
             break
-        t = perf()
+        t = res.last_read = perf()
         if tail:
             block = tail + block
         if keys is None and b"\r\n" in block:

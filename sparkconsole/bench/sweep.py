@@ -22,7 +22,7 @@ import aiohttp
 
 from .. import __version__
 from ..errors import UserError
-from .client import RequestResult, api_base, chat_payload, server_root, stream_chat
+from .client import RequestResult, StallWatch, api_base, chat_payload, server_root, stream_chat
 from .metrics import level_metrics, request_figures
 from .prompts import PromptShape, calibrate, messages
 from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
@@ -44,7 +44,8 @@ class SweepSpec:
     latency_mode: str = "api"
     exact_tg: bool = True
     token_ids: bool = True
-    stall_timeout: float = 60.0
+    stall_timeout: float = 60.0           # silence mid-stream that fails a request
+    first_timeout: float = 600.0          # wait for the first chunk (queueing + prefill at high load)
     request_timeout: float = 3600.0
     topology: str | None = None
     recipe: str | None = None
@@ -77,7 +78,7 @@ class SweepSpec:
     def identity(self) -> dict:
         """What makes two sweeps the same measurement (for --resume); the URL only when no topology names it."""
         d = asdict(self)
-        for k in ("stall_timeout", "request_timeout", "label"):
+        for k in ("stall_timeout", "first_timeout", "request_timeout", "label"):
             d.pop(k)
         if self.topology:
             d.pop("url")
@@ -280,46 +281,50 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
             bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=spec.exact_tg,
                                               token_ids=spec.token_ids)).encode() for _ in range(key.concurrency)]
             return list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
-                                                           stall_timeout=spec.stall_timeout,
-                                                           timeout=spec.request_timeout) for b in bodies)))
+                                                           timeout=spec.request_timeout, watch=watch)
+                                               for b in bodies)))
 
-        for key in todo:
-            idx = levels.index(key) + 1
-            if (key.pp, key.depth) not in shapes:
-                shapes[(key.pp, key.depth)] = await calibrate(session, spec.url, facts.model, key.pp, key.depth,
-                                                              headers, token_ids=spec.token_ids)
-            shape = shapes[(key.pp, key.depth)]
-            expected = shape.target
-            if store is not None:
-                store.clear_level(run_id, key)
-            started = time.time()
-            batches: list[list[RequestResult]] = []
-            with _ThermalWatch(thermal_probe, thermal_interval) as watch:
-                if spec.warmup:
-                    progress(idx, key, 0)
-                    await batch(key, shape)
-                for run_index in range(1, spec.runs + 1):
-                    progress(idx, key, run_index)
-                    t0 = time.perf_counter()
-                    results = await batch(key, shape)
-                    busy += time.perf_counter() - t0
-                    work_done += key.concurrency
-                    failed += sum(1 for r in results if not r.ok)
-                    batches.append(results)
-                    if store is not None:
-                        store.record_requests(run_id, key, run_index, [
-                            request_row(r, expected_prompt=expected, latency_s=latency * facts.speed,
-                                        scale=facts.speed) for r in results])
-            metrics = level_metrics(batches, expected_prompt=expected, latency_s=latency * facts.speed,
-                                    scale=facts.speed)
-            metrics["prompt_source"] = shape.source
-            level = LevelResult(run_id=run_id, label=spec.run_label, key=key, runs=spec.runs, metrics=metrics,
-                                thermal=watch.note, started=started, finished=time.time())
-            if store is not None:
-                store.record_level(level)
-            outcome.levels.append(level)
-            if on_level:
-                on_level(level)
+        watch = StallWatch(spec.stall_timeout, spec.first_timeout)    # one timer task for every stream
+        try:
+            for key in todo:
+                idx = levels.index(key) + 1
+                if (key.pp, key.depth) not in shapes:
+                    shapes[(key.pp, key.depth)] = await calibrate(session, spec.url, facts.model, key.pp, key.depth,
+                                                                  headers, token_ids=spec.token_ids)
+                shape = shapes[(key.pp, key.depth)]
+                expected = shape.target
+                if store is not None:
+                    store.clear_level(run_id, key)
+                started = time.time()
+                batches: list[list[RequestResult]] = []
+                with _ThermalWatch(thermal_probe, thermal_interval) as thermal:
+                    if spec.warmup:
+                        progress(idx, key, 0)
+                        await batch(key, shape)
+                    for run_index in range(1, spec.runs + 1):
+                        progress(idx, key, run_index)
+                        t0 = time.perf_counter()
+                        results = await batch(key, shape)
+                        busy += time.perf_counter() - t0
+                        work_done += key.concurrency
+                        failed += sum(1 for r in results if not r.ok)
+                        batches.append(results)
+                        if store is not None:
+                            store.record_requests(run_id, key, run_index, [
+                                request_row(r, expected_prompt=expected, latency_s=latency * facts.speed,
+                                            scale=facts.speed) for r in results])
+                metrics = level_metrics(batches, expected_prompt=expected, latency_s=latency * facts.speed,
+                                        scale=facts.speed)
+                metrics["prompt_source"] = shape.source
+                level = LevelResult(run_id=run_id, label=spec.run_label, key=key, runs=spec.runs, metrics=metrics,
+                                    thermal=thermal.note, started=started, finished=time.time())
+                if store is not None:
+                    store.record_level(level)
+                outcome.levels.append(level)
+                if on_level:
+                    on_level(level)
+        finally:
+            watch.close()
         if store is not None:
             store.finish_run(run_id)
         return outcome

@@ -54,7 +54,10 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
                    help="latency subtracted from TTFR for the prefill estimate (llama-benchy's modes)")
     p.add_argument("--no-exact-tg", action="store_true", help="do not send min_tokens/ignore_eos")
     p.add_argument("--no-token-ids", action="store_true", help="do not ask for return_token_ids")
-    p.add_argument("--stall-timeout", type=float, default=60.0, help="seconds without data before a request fails")
+    p.add_argument("--stall-timeout", type=float, default=60.0,
+                   help="seconds without data mid-stream before a request fails (default 60)")
+    p.add_argument("--first-timeout", type=float, default=600.0,
+                   help="seconds a request may wait for its first chunk: queueing and prefill (default 600)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results file (default {DEFAULT_RESULTS})")
     p.add_argument("--resume", action="store_true", help="continue the newest run of the same sweep in --results")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line")
@@ -113,7 +116,7 @@ def _spec(args: argparse.Namespace, url: str, **extra: object):
     return SweepSpec(url=url, model=args.model, pp=args.pp, tg=args.tg, depth=args.depth,
                      concurrency=args.concurrency, runs=args.runs, warmup=not args.no_warmup,
                      latency_mode=args.latency_mode, exact_tg=not args.no_exact_tg, token_ids=not args.no_token_ids,
-                     stall_timeout=args.stall_timeout, **extra)
+                     stall_timeout=args.stall_timeout, first_timeout=args.first_timeout, **extra)
 
 
 class _ProgressLine:
