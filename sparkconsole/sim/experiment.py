@@ -15,11 +15,11 @@ and each level reports the mean and standard deviation of those over its runs.
 from __future__ import annotations
 
 import heapq
-from collections import deque
 import random
 import statistics
+from collections import deque
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from collections.abc import Sequence
 
 from sparkconsole.errors import UserError
 from sparkconsole.sim.engine import EngineArgs, SimEngine
@@ -98,7 +98,8 @@ class LevelResult:
     ttft_ms: float
     ttft_std: float
     runs: int
-    # requests each backend received over the level's runs, and the mean per-run max/min share
+    # requests each backend received over the level's runs, and the mean over runs of the busiest
+    # backend's count divided by the idlest's (at least 1); 1.0 for a single engine or disagg
     backend_requests: list[int] = field(default_factory=list)
     imbalance: float = 1.0
 
@@ -264,7 +265,7 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
     pre, dec, ttf = [], [], []
     per_backend = [0] * topo.engines
     shares = []
-    for r in range(runs):
+    for _ in range(runs):
         timings = _run_once(engines, topo, c, pp, tg, rng, proxy, policy, tracker)
         p, d, t = benchy_metrics(timings, pp, proxy.latency_probe_s)
         pre.append(p)
@@ -275,7 +276,7 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
             counts[rt.backend] += 1
         for k, n in enumerate(counts):
             per_backend[k] += n
-        shares.append(max(counts) / max(1, min(counts)) if topo.engines > 1 else 1.0)
+        shares.append(max(counts) / max(1, min(counts)) if policy else 1.0)
     return LevelResult(
         concurrency=c, decode_tps=statistics.fmean(dec), decode_std=_std(dec),
         prefill_tps=statistics.fmean(pre), prefill_std=_std(pre),
@@ -285,9 +286,15 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
 
 def run_sweep(topology: str | Topology, model: str | ModelProfile, args: EngineArgs,
               concurrency: Sequence[int], pp: int, tg: int, runs: int, seed: int = 0, *,
-              hw: HardwareProfile = GB10, proxy: ProxyProfile = LITELLM) -> list[LevelResult]:
-    """One LevelResult per concurrency level, in the order given."""
+              hw: HardwareProfile = GB10, proxy: ProxyProfile = LITELLM,
+              on_level: Callable[[LevelResult], None] | None = None) -> list[LevelResult]:
+    """One LevelResult per concurrency level, in the order given (`on_level` sees each as it lands)."""
     if runs < 1 or pp < 1 or tg < 1 or any(c < 1 for c in concurrency):
         raise UserError("runs, pp, tg and every concurrency level must be at least 1", field="sweep",
                         fix="use positive integers")
-    return [run_level(topology, model, args, c, pp, tg, runs, seed, hw=hw, proxy=proxy) for c in concurrency]
+    out = []
+    for c in concurrency:
+        out.append(run_level(topology, model, args, c, pp, tg, runs, seed, hw=hw, proxy=proxy))
+        if on_level:
+            on_level(out[-1])
+    return out
