@@ -248,3 +248,40 @@ async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
     finally:
         await mon.stop()
     await until(lambda: not agent_pids_for(INTERVAL), 10, "no agent left")
+
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+async def test_replayed_recording_feeds_the_monitor_like_a_live_node():
+    from sparkconsole.nodes.replay import replay_factory
+    rec = FIX / "agent-h100-load.jsonl"
+    recorded = [json.loads(x) for x in rec.read_text().splitlines()]
+    cfg = ClusterConfig(nodes=(NodeConfig(name="h100", address="127.0.0.1"),), endpoints=())
+    mon = ClusterMonitor(cfg, transport_factory=replay_factory({"h100": rec}, speed=0), history=1000)
+    await mon.start()
+    nm = mon.nodes["h100"]
+    try:
+        await until(lambda: nm.state == NodeState.DOWN, 10, "DOWN when the recording ends")
+        assert nm.last_error.startswith("agent ended") and nm.connects == 1
+        assert nm.info.gpu_names == (recorded[0]["gpus"][0]["name"],) and nm.bad_lines == 0
+        assert [t.gpus[0].temp_c for t in nm.history] == [t["gpus"][0]["temp_c"] for t in recorded[1:]]
+        assert any("sw_power_cap" in t.gpus[0].reasons for t in nm.history)
+    finally:
+        await mon.stop()
+
+
+async def test_replay_paces_by_recorded_time_and_loops():
+    from sparkconsole.nodes.replay import ReplayTransport
+    lines = (FIX / "agent-h100-idle.jsonl").read_text().splitlines()[:4]     # hello + 3 ticks, 0.5 s apart
+    t = ReplayTransport(NodeConfig(name="n", address="127.0.0.1"), lines, speed=10, loop=True)
+    s = t.stream([])
+    t0 = time.monotonic()
+    got = [json.loads(await s.__anext__()) for _ in range(7)]
+    elapsed = time.monotonic() - t0
+    await s.close()
+    assert [d["type"] for d in got] == ["hello"] + ["tick"] * 6                 # hello once, ticks loop
+    assert [d["seq"] for d in got[1:]] == list(range(6))
+    assert 0.05 * 4 <= elapsed < 1.0                                          # ~0.05 s per tick at 10x
+    with pytest.raises(Exception, match="runs no commands"):
+        await t.run(["true"])
