@@ -162,7 +162,6 @@ def test_payload_asks_for_exact_length_usage_and_token_ids():
 
 
 async def _watched(b: Behaviour, watch, max_tokens: int = 12):
-    from sparkconsole.bench.client import StallWatch  # noqa: F401  (the type under test)
     srv = await FakeVllm(b).start()
     try:
         async with aiohttp.ClientSession() as s:

@@ -9,7 +9,6 @@ caller injects `thermal_probe`, and the TUI draws curves from `on_level`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import os
 import random
@@ -51,7 +50,6 @@ class SweepSpec:
     recipe: str | None = None
     recipe_hash: str | None = None
     label: str | None = None              # what reports compare by (default: topology, else the URL)
-    seed: int = 0
 
     def __post_init__(self) -> None:
         for name in ("pp", "tg", "concurrency", "depth"):
@@ -264,10 +262,13 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                         on_level(lv)
         todo = [k for k in levels if k not in done]
         shapes: dict[tuple[int, int], PromptShape] = {}
-        rng = random.Random(spec.seed ^ hash(run_id) & 0xFFFF)
+        # Fresh orders every time, also when a level is measured again after an interruption: a repeated
+        # prompt would find its prefix in the server's cache.
+        rng = random.Random()
         chat_url = api_base(spec.url) + "/chat/completions"
         # ETA weights a batch by its concurrency: a crude but monotone model of batch time.
-        work_total = sum(k.concurrency * spec.runs for k in todo)
+        batches_per_level = spec.runs + (1 if spec.warmup else 0)
+        work_total = sum(k.concurrency * batches_per_level for k in todo)
         work_done = 0.0
         busy = 0.0
         failed = 0
@@ -278,11 +279,16 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                 on_progress(Progress(key, idx, len(levels), run_index, spec.runs, eta, failed))
 
         async def batch(key: LevelKey, shape: PromptShape) -> list[RequestResult]:
+            nonlocal busy, work_done
             bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=spec.exact_tg,
                                               token_ids=spec.token_ids)).encode() for _ in range(key.concurrency)]
-            return list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
-                                                           timeout=spec.request_timeout, watch=watch)
-                                               for b in bodies)))
+            t0 = time.perf_counter()
+            results = list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
+                                                              timeout=spec.request_timeout, watch=watch)
+                                                  for b in bodies)))
+            busy += time.perf_counter() - t0
+            work_done += key.concurrency
+            return results
 
         watch = StallWatch(spec.stall_timeout, spec.first_timeout)    # one timer task for every stream
         try:
@@ -303,10 +309,7 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                         await batch(key, shape)
                     for run_index in range(1, spec.runs + 1):
                         progress(idx, key, run_index)
-                        t0 = time.perf_counter()
                         results = await batch(key, shape)
-                        busy += time.perf_counter() - t0
-                        work_done += key.concurrency
                         failed += sum(1 for r in results if not r.ok)
                         batches.append(results)
                         if store is not None:
