@@ -259,3 +259,30 @@ def test_disagg_splits_prefill_and_decode_over_two_engines():
     solo16 = run_level("solo", "gpt-oss-120b", BENCH_ARGS, 64, 1024, 128, runs=1)
     disagg16 = run_level("disagg", "gpt-oss-120b", BENCH_ARGS, 64, 1024, 128, runs=1)
     assert disagg16.decode_tps > solo16.decode_tps
+
+
+# ---- other published figures the profiles are checked against -------------------------------------
+
+from sparkconsole.sim.reference import load_rows  # noqa: E402
+
+
+def test_deepseek_profile_reproduces_the_published_kv_capacities_and_baseline_itl():
+    _, rows = load_rows("deepseek-v4-flash-tuning.csv")
+    pub = {r["metric"]: r for r in rows}
+    m = MODELS["deepseek-v4-flash"]
+    for util, col in ((0.70, "baseline"), (0.78, "optimized")):
+        e = SimEngine(m, EngineArgs(gpu_memory_utilization=util, tensor_parallel_size=2, max_model_len=8192),
+                      nodes=2)
+        assert e.kv_capacity_tokens == pytest.approx(float(pub["kv_cache_tokens"][col]), rel=0.02)
+    itl, _ = step_time(m, GB10, tp=2, decode_ctx=[2000], prefill_chunks=[])
+    assert 1000 * itl == pytest.approx(float(pub["itl_ms_per_token"]["baseline"]), rel=0.1)
+
+
+def test_llama_8b_single_node_matches_the_published_rates_out_of_sample():
+    _, rows = load_rows("llama-3.1-8b-disaggregation.csv")
+    pub = {int(r["concurrency"]): float(r["throughput_tps"]) for r in rows if r["architecture"] == "single-node"}
+    direct = replace(LITELLM, route_s=2e-4, forward_s=2e-4, chunk_s=1e-5, done_s=0.0)   # a thin proxy
+    args = EngineArgs(gpu_memory_utilization=0.3, max_model_len=4096)
+    for c in (1, 8):
+        r = run_level("solo", "llama-3.1-8b", args, c, 512, 100, runs=2, proxy=direct)
+        assert r.decode_tps == pytest.approx(pub[c], rel=0.15), c

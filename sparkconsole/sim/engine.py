@@ -111,13 +111,14 @@ def step_time(model: ModelProfile, hw: HardwareProfile, *, tp: int, decode_ctx: 
     kv_per_token = model.kv_bytes_per_token(kv_cache_dtype)
     ctx_total = sum(decode_ctx) + sum(n + past for n, past in prefill_chunks)
     kv_bytes = kv_per_token * ctx_total
-    t_mem = (weight_bytes + kv_bytes) / tp / (hw.mem_bw_bytes_s * hw.mem_bw_efficiency)
+    eff = model.kernel_efficiency
+    t_mem = (weight_bytes + kv_bytes) / tp / (hw.mem_bw_bytes_s * hw.mem_bw_efficiency * eff)
     # math
     attn_layers = model.layers if model.full_attn_layers is None else model.full_attn_layers
     attn_flops = 4.0 * attn_layers * model.hidden_size * (
         sum(decode_ctx) + sum(n * (past + n / 2) for n, past in prefill_chunks))
     flops = 2.0 * model.active_params * tokens + attn_flops
-    t_comp = flops / tp / hw.compute_flops_s
+    t_comp = flops / tp / (hw.compute_flops_s * eff)
     # tensor parallel: an all-reduce after attention and after the MLP, in every layer
     t_comm = 0.0
     if tp > 1:

@@ -97,3 +97,12 @@ def score(simulated: dict[str, dict[int, dict[str, float]]], table: PublishedTab
             if abs(err) <= tolerance:
                 card.points_within += 1
     return card
+
+
+def load_rows(name: str) -> tuple[tuple[str, ...], list[dict[str, str]]]:
+    """Any other bundled CSV (deepseek-v4-flash-tuning.csv, llama-3.1-8b-disaggregation.csv):
+    (its leading comment lines, its rows as dicts of strings)."""
+    text = resources.files("sparkconsole.sim").joinpath("data", name).read_text(encoding="utf-8")
+    notes = tuple(line[1:].strip() for line in text.splitlines() if line.startswith("#"))
+    body = "\n".join(line for line in text.splitlines() if line and not line.startswith("#"))
+    return notes, list(csv.DictReader(io.StringIO(body)))
