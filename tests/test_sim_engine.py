@@ -286,3 +286,58 @@ def test_llama_8b_single_node_matches_the_published_rates_out_of_sample():
     for c in (1, 8):
         r = run_level("solo", "llama-3.1-8b", args, c, 512, 100, runs=2, proxy=direct)
         assert r.decode_tps == pytest.approx(pub[c], rel=0.15), c
+
+
+# ---- invariants under arbitrary load (property test) ----------------------------------------------
+
+from hypothesis import given, settings, strategies as st  # noqa: E402
+
+
+@settings(max_examples=40, deadline=None)
+@given(reqs=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 300)), min_size=1, max_size=40),
+       budget=st.sampled_from([256, 2048, 8192]), seqs=st.integers(1, 16), abort_every=st.integers(0, 7))
+def test_engine_invariants_hold_under_any_load(reqs, budget, seqs, abort_every):
+    # a KV cache of ~13k tokens: long requests crowd it and force preemptions
+    e = SimEngine(MODELS["llama-3.1-8b"], EngineArgs(max_num_batched_tokens=budget, max_num_seqs=seqs,
+                                                     gpu_memory_utilization=0.16, max_model_len=4096))
+    want = {}
+    for i, (p, m) in enumerate(reqs):
+        e.add_request(f"r{i}", p, m)
+        want[f"r{i}"] = m
+    aborted = {f"r{i}" for i in range(len(reqs)) if abort_every and i % abort_every == 1}
+    got: dict[str, int] = {}
+    firsts: set[str] = set()
+    steps = 0
+    while e.has_work():
+        st_ = e.step()
+        steps += 1
+        assert steps < 200000
+        assert st_.prefill_tokens + st_.decode_tokens <= budget
+        assert e.running <= seqs and 0.0 <= e.kv_usage <= 1.0
+        for ev in st_.events:
+            assert ev.first == (ev.req_id not in firsts)
+            firsts.add(ev.req_id)
+            got[ev.req_id] = got.get(ev.req_id, 0) + ev.new_tokens
+            assert got[ev.req_id] <= want[ev.req_id]
+            assert ev.finished == (got[ev.req_id] == want[ev.req_id])
+        if steps == 3:
+            for rid in aborted:
+                e.abort(rid)
+    for rid, m in want.items():
+        if rid not in aborted:
+            assert got.get(rid) == m
+    assert e.kv_usage == 0.0
+
+
+def test_decode_growth_beyond_the_kv_cache_preempts_and_recomputes():
+    e = SimEngine(MODELS["llama-3.1-8b"], EngineArgs(max_num_batched_tokens=8192, max_num_seqs=16,
+                                                     gpu_memory_utilization=0.16, max_model_len=4096))
+    n = 16
+    assert n * 600 < e.kv_capacity_tokens < n * 1400     # all prompts fit; all finished sequences do not
+    for i in range(n):
+        e.add_request(f"r{i}", 600, 800)
+    tokens = drain(e)
+    assert e.counters.preemptions > 0
+    assert e.counters.requests_finished == n
+    assert sum(len(s.events) for s in tokens) == n * 800
+    assert e.counters.prompt_tokens > n * 600          # preempted requests were recomputed
