@@ -119,7 +119,7 @@ def test_bundled_plan_field_by_field(key, topology, opts):
         assert plan.steps.index(start) == len(plan.steps) - 1          # the router starts after its backends
         _check_router(r, plan, routers[0], start, topology, opts)
     else:
-        assert not routers and plan.endpoint == f"http://192.168.100.10:8000"
+        assert not routers and plan.endpoint == "http://192.168.100.10:8000"
     # every step survives the trip through a shell unchanged
     for s in plan.steps:
         assert shlex.split(s.shell()) == list(s.argv)

@@ -17,7 +17,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
-from .plan import COMPROMISED_LITELLM, Plan, compromised_versions, flag_value, has_flag, make_plan
+from .plan import Plan, compromised_versions, flag_value, has_flag, make_plan
 from .recipe import Recipe
 
 GIB = 1024 ** 3

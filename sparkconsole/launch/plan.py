@@ -268,6 +268,11 @@ def _iface(value: Any, node: str) -> str | None:
     return value
 
 
+def _node_iface(options: Mapping[str, Any], recipe_value: str | None, node: NodeConfig, key: str) -> str | None:
+    """--eth-if/--ib-if, else the node's own setting in the cluster file (when it has one), else the recipe's."""
+    return (_iface(options.get(key), node.name) or getattr(node, key, None) or recipe_value)
+
+
 def _docker_run(recipe: Recipe, topology: str, role: str, name: str, env: Sequence[tuple[str, str]],
                 params: Mapping[str, Any], image: str, secrets: Sequence[SecretRef]) -> list[str]:
     cs = recipe.container_settings
@@ -398,7 +403,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                                  (decode, "decode", recipe.disagg.decode_port)):
             env = [("VLLM_NIXL_SIDE_CHANNEL_HOST", node.address),
                    ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(recipe.disagg.side_channel_port))]
-            eth = _iface(options.get("eth_if") or recipe.cluster.eth_if, node.name)
+            eth = _node_iface(options, recipe.cluster.eth_if, node, "eth_if")
             if eth:
                 env.append(("UCX_NET_DEVICES", eth))
             probe, _ = command_argv(recipe, server_params(node, node_port(node, port)), extra_args)
@@ -415,12 +420,12 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
             notes.append(f"tensor_parallel {tp} × pipeline_parallel {pp} ≠ {len(nodes)} nodes of one GPU each")
         ifaces = {}
         for n in nodes:
-            eth = _iface(options.get("eth_if") or recipe.cluster.eth_if, n.name)
+            eth = _node_iface(options, recipe.cluster.eth_if, n, "eth_if")
             if not eth:
                 raise UserError("a cluster launch needs the network interface that links the nodes", file=recipe.source,
                                 field="sparkconsole.cluster.eth_if",
                                 fix="set sparkconsole.cluster.eth_if in the recipe (e.g. enp1s0f0np0) or pass --eth-if")
-            ifaces[n.name] = (eth, _iface(options.get("ib_if") or recipe.cluster.ib_if, n.name))
+            ifaces[n.name] = (eth, _node_iface(options, recipe.cluster.ib_if, n, "ib_if"))
 
         def node_env(n: NodeConfig) -> list[tuple[str, str]]:
             eth, ib = ifaces[n.name]

@@ -370,7 +370,7 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
         raise doc.error(p + ("secrets",), "secrets must be a list or a mapping", "write 'secrets: {HF_TOKEN: env}'")
     for s in secret_refs:
         if s.name in env:
-            raise doc.error(("env", s.name), f"{s.name} is both in env and in secrets", f"remove it from env")
+            raise doc.error(("env", s.name), f"{s.name} is both in env and in secrets", "remove it from env")
 
     cl = r.mapping(sc, p, "cluster", "write 'cluster: {backend: mp, master_port: 29501}'")
     clp = p + ("cluster",)
