@@ -8,7 +8,11 @@
    agent-h100-load.jsonl) through the real ClusterMonitor and its line parsing; the console process's CPU time
    over a window, as a share of one core (target: 32 nodes under 20%).
 3. Key latency under that load: `?` sent to the terminal until the help screen is on it, then `escape`
-   (target: within 100 ms). Includes tmux's own capture round trip, so it is an upper bound.
+   (target: within 100 ms). Includes tmux's own send-keys and capture-pane round trips (measured alone and
+   printed as tmux_round_trip_ms), so it is an upper bound. The same key is also timed in-process (headless,
+   same replayed load).
+   In-process time runs from the key event posted to the help screen's first paint.
+4. Import cost: `python -c "import sparkconsole.tui.app"` wall time, the floor under the first frame.
 
 Prints one JSON object of figures. The machine is shared: figures are medians of several runs taken in one go.
 """
@@ -128,6 +132,73 @@ def load_figures(tmp: Path, n: int, seconds: float, keys: int) -> dict:
         s.close()
 
 
+def tmux_round_trip(tmp: Path) -> float:
+    """send-keys + capture-pane on an idle pane: what every end-to-end key figure includes."""
+    name = f"scb-{uuid.uuid4().hex[:8]}"
+    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "60", "cat"], check=True)
+    try:
+        times = []
+        for i in range(10):
+            t = time.perf_counter()
+            subprocess.run(["tmux", "send-keys", "-t", name, f"x{i}"], check=True)
+            while f"x{i}" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", name],
+                                                capture_output=True, text=True).stdout:
+                time.sleep(POLL_S)
+            times.append(time.perf_counter() - t)
+        return round(statistics.median(times) * 1000, 1)
+    finally:
+        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+
+
+def import_cost(runs: int) -> dict:
+    times = []
+    for _ in range(runs):
+        t = time.perf_counter()
+        subprocess.run([sys.executable, "-c", "import sparkconsole.commands.console, sparkconsole.tui.app"], check=True)
+        times.append(time.perf_counter() - t)
+    return {"median_s": round(statistics.median(times), 3), "runs": [round(x, 3) for x in times]}
+
+
+def in_process_keys(n: int, presses: int) -> dict:
+    """The same `?` in-process (headless) while n nodes stream at 2 Hz through the real monitor: from the key
+    event posted to the help screen's first paint."""
+    import asyncio
+    sys.path.insert(0, str(ROOT))
+    from sparkconsole.config import ClusterConfig, NodeConfig
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.tui.app import SparkConsoleApp
+    from sparkconsole.tui.replay import read_recording, replay_factory
+    from sparkconsole.tui.screens.help import HelpScreen
+    from textual import events
+
+    async def go() -> list[float]:
+        lines = read_recording(RECORDING)
+        cfg = ClusterConfig(nodes=tuple(NodeConfig(f"spark{i + 1:02d}", "127.0.0.1") for i in range(n)), endpoints=())
+        mon = ClusterMonitor(cfg, transport_factory=replay_factory(lambda node: lines, interval=0.5))
+        app = SparkConsoleApp(cfg, monitor=mon)
+        out = []
+        async with app.run_test(size=(200, 60)) as pilot:
+            await pilot.pause(4.0)
+            for _ in range(presses):
+                await asyncio.sleep(0.5)
+                painted = asyncio.Event()
+                t = time.perf_counter()
+                app.post_message(events.Key("question_mark", "?"))
+                while not isinstance(app.screen, HelpScreen):
+                    await asyncio.sleep(0.001)
+                app.screen.call_after_refresh(painted.set)      # after the help screen's first paint
+                await painted.wait()
+                out.append(time.perf_counter() - t)
+                app.post_message(events.Key("escape", None))
+                while isinstance(app.screen, HelpScreen):
+                    await asyncio.sleep(0.001)
+            await pilot.press("q")
+        return out
+
+    lat = asyncio.run(go())
+    return {"nodes": n, "median_ms": round(statistics.median(lat) * 1000, 1), "max_ms": round(max(lat) * 1000, 1)}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=5, help="launches to time (default 5)")
@@ -140,9 +211,13 @@ def main() -> int:
         return 2
     with tempfile.TemporaryDirectory(prefix="sc-console-bench-") as d:
         tmp = Path(d)
+        counts = [int(n) for n in args.nodes.split(",")]
         out = {"machine": {"cpus": os.cpu_count(), "loadavg_1m_at_start": round(os.getloadavg()[0], 2)},
+               "import_cost": import_cost(args.runs),
                "launch": launch_figures(tmp, args.runs),
-               "streaming": [load_figures(tmp, int(n), args.seconds, args.keys) for n in args.nodes.split(",")],
+               "tmux_round_trip_ms": tmux_round_trip(tmp),
+               "streaming": [load_figures(tmp, n, args.seconds, args.keys) for n in counts],
+               "key_in_process": [in_process_keys(n, args.keys) for n in counts],
                "targets": {"first_full_frame_s": 1.0, "cpu_share_32_nodes": 0.20, "key_latency_ms": 100}}
         out["machine"]["loadavg_1m_at_end"] = round(os.getloadavg()[0], 2)
     print(json.dumps(out, indent=2))

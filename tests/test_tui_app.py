@@ -336,5 +336,6 @@ async def test_alerts_reach_the_event_log_and_a_toast(recording):
         assert active
         log = "\n".join(app.dashboard.events.history)
         assert any(a.source in log and a.message.split(": ", 1)[-1][:40] in log for a in active)
-        assert any(n.message in {a.message for a in active} for n in app._notifications)
+        await wait_for(pilot, lambda: any(n.message in {a.message for a in active} for n in app._notifications),
+                       what="a toast")
         await pilot.press("q")

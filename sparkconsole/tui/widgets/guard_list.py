@@ -46,6 +46,8 @@ class GuardList(OptionList):
             if tail:
                 line.append(tail, style="dim")
             options.append(Option(line, id=r.key))
+        if self.styles.height is None or self.styles.height.value != max(len(options), 1):
+            self.styles.height = max(len(options), 1)   # a fixed height: new reasons repaint, never re-layout
         self.set_options(options)
         if keep is not None and keep < len(options):
             self.highlighted = keep

@@ -15,15 +15,21 @@ class MemoryBar(Widget):
     def __init__(self, *, id: str | None = None, classes: str | None = None) -> None:
         super().__init__(id=id, classes=classes)
         self._key: tuple | None = None
+        self._shown: Text | None = None
         self.floor_gib = 8.0
 
     def set_data(self, mem: HostMemory | None, pressure: Pressure | None, stale: bool = False) -> None:
-        key = (mem, pressure, stale)
-        if key != self._key:
-            self._key = key
+        self._key = (mem, pressure, stale)
+        text = self._text(self.size.width)
+        if text != self._shown:          # readings move every tick; the drawn bar changes far less often
+            self._shown = text
             self.refresh()
 
     def render(self) -> Text:
+        self._shown = self._text(self.size.width)
+        return self._shown
+
+    def _text(self, cols: int) -> Text:
         mem, pressure, stale = self._key or (None, None, False)
         text = Text(no_wrap=True, overflow="crop")
         text.append("Mem ", style="bold")
@@ -36,7 +42,7 @@ class MemoryBar(Widget):
         tail = f" {head:.1f} of {total:.1f} GiB free"
         if pressure and pressure.some_avg10 is not None:
             tail += f"  PSI {pressure.some_avg10:.1f}/{(pressure.full_avg10 or 0):.1f}"
-        width = max(self.size.width - 4 - len(tail), 4)
+        width = max(cols - 4 - len(tail), 4)
         used = int(round((1 - frac) * width))
         style = "grey50" if stale else ("red" if head < self.floor_gib else ("yellow" if frac < 0.25 else "green"))
         text.append("█" * used, style=style)

@@ -90,8 +90,9 @@ class NodePanel(Vertical, can_focus=True):
             sub.append(f" {duration(now - nm.since)}")
             if nm.last_error and state == "DOWN":
                 sub.append(f" · {nm.last_error[:60]}", style="red")
-        if last is not None:
-            sub.append(f" · tick {duration(now - last.received)} ago", style="dim")
+        if last is not None and state != "LIVE":
+            # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
+            sub.append(f" · last tick {duration(now - last.received)} ago", style="dim")
         if sub != self.border_subtitle:
             self.border_subtitle = sub
         gname = info.gpu_names[0] if info and info.gpu_names else None
