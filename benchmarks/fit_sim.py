@@ -17,7 +17,6 @@ import sys
 import time
 from dataclasses import replace
 
-from sparkconsole.sim import routing
 from sparkconsole.sim.engine import EngineArgs
 from sparkconsole.sim.experiment import LITELLM, run_sweep
 from sparkconsole.sim.profiles import GB10, MODELS

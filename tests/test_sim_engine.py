@@ -290,12 +290,12 @@ def test_llama_8b_single_node_matches_the_published_rates_out_of_sample():
 
 # ---- invariants under arbitrary load (property test) ----------------------------------------------
 
-from hypothesis import given, settings, strategies as st  # noqa: E402
+from hypothesis import given, settings, strategies as hst  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)
-@given(reqs=st.lists(st.tuples(st.integers(1, 3000), st.integers(1, 300)), min_size=1, max_size=40),
-       budget=st.sampled_from([256, 2048, 8192]), seqs=st.integers(1, 16), abort_every=st.integers(0, 7))
+@given(reqs=hst.lists(hst.tuples(hst.integers(1, 3000), hst.integers(1, 300)), min_size=1, max_size=40),
+       budget=hst.sampled_from([256, 2048, 8192]), seqs=hst.integers(1, 16), abort_every=hst.integers(0, 7))
 def test_engine_invariants_hold_under_any_load(reqs, budget, seqs, abort_every):
     # a KV cache of ~13k tokens: long requests crowd it and force preemptions
     e = SimEngine(MODELS["llama-3.1-8b"], EngineArgs(max_num_batched_tokens=budget, max_num_seqs=seqs,

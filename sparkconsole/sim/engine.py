@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sparkconsole.errors import UserError
 from sparkconsole.sim.profiles import GB10, HardwareProfile, ModelProfile
