@@ -52,7 +52,7 @@ async def get(url: str) -> tuple[int, str]:
 
 
 async def test_headless_demo_serves_then_exits_cleanly():
-    proc = start_demo("--duration", "6", "--speed", "5", "--load", "2")
+    proc = start_demo("--duration", "12", "--speed", "5", "--load", "2")
     try:
         info = first_line(proc)
         assert info["simulated"] is True and info["topology"] == "2x-solo"
@@ -64,12 +64,16 @@ async def test_headless_demo_serves_then_exits_cleanly():
             assert status == 200
         status, body = await get(eps["router"]["url"] + "/v1/models")
         assert json.loads(body)["data"][0]["id"] == "openai/gpt-oss-120b"
-        # the background load reaches both replicas through the router
-        await asyncio.sleep(2)
+        # the background load reaches both replicas through the router (randomly spread: give it a few requests)
+        deadline = time.monotonic() + 9
         for n in ("spark1", "spark2"):
-            _, metrics = await get(eps[n]["url"] + "/metrics")
-            gen = [ln for ln in metrics.splitlines() if ln.startswith("vllm:generation_tokens_total")]
-            assert gen and float(gen[0].rsplit(" ", 1)[1]) > 0
+            while True:
+                _, metrics = await get(eps[n]["url"] + "/metrics")
+                gen = [ln for ln in metrics.splitlines() if ln.startswith("vllm:generation_tokens_total")]
+                if gen and float(gen[0].rsplit(" ", 1)[1]) > 0:
+                    break
+                assert time.monotonic() < deadline, f"no tokens generated on {n}"
+                await asyncio.sleep(0.5)
         state_dir = info["state_dir"]
         assert sim_processes(state_dir)
         rc = proc.wait(timeout=60)

@@ -347,4 +347,4 @@ async def test_bench_sweep_through_the_simulated_router_agrees_with_the_headless
     for lv in out.levels:
         c = lv.key.concurrency
         assert lv.decode_tps == pytest.approx(headless[c].decode_tps, rel=0.15), (c, lv.decode_tps)
-        assert lv.prefill_tps == pytest.approx(headless[c].prefill_tps, rel=0.3), (c, lv.prefill_tps)
+        assert lv.prefill_tps == pytest.approx(headless[c].prefill_tps, rel=0.35), (c, lv.prefill_tps)
