@@ -56,10 +56,10 @@ class SweepSpec:
             vals = getattr(self, name)
             low = 0 if name == "depth" else 1
             if not vals or any((not isinstance(v, int)) or v < low for v in vals):
-                raise UserError(f"--{name} needs whole numbers ≥ {low}", field=f"--{name}",
+                raise UserError(f"needs whole numbers ≥ {low}", field=f"--{name}",
                                 fix=f"e.g. --{name} {'0,4096' if name == 'depth' else '1,2,4'}")
         if self.runs < 1:
-            raise UserError("--runs must be at least 1", field="--runs", fix="e.g. --runs 3")
+            raise UserError("must be at least 1", field="--runs", fix="e.g. --runs 3")
         if self.latency_mode not in LATENCY_MODES:
             raise UserError(f"unknown latency mode {self.latency_mode!r}", field="--latency-mode",
                             fix="use one of " + ", ".join(LATENCY_MODES))

@@ -111,8 +111,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _spec(args: argparse.Namespace, url: str, **extra: object):
     from ..bench.sweep import SweepSpec
-    if args.runs < 1:
-        raise UserError("--runs must be at least 1", field="--runs", fix="e.g. --runs 3")
     return SweepSpec(url=url, model=args.model, pp=args.pp, tg=args.tg, depth=args.depth,
                      concurrency=args.concurrency, runs=args.runs, warmup=not args.no_warmup,
                      latency_mode=args.latency_mode, exact_tg=not args.no_exact_tg, token_ids=not args.no_token_ids,
@@ -284,7 +282,8 @@ def run(args: argparse.Namespace):
     if cmd == "advise":
         from ..bench.advisor import advise, markdown
         with _existing(args.file) as store:
-            levels = [lv for r in (args.run or [x.run_id for x in store.runs()]) for lv in store.levels(store.run(r).run_id)]
+            levels = ([lv for r in args.run for lv in store.levels(store.run(r).run_id)] if args.run
+                      else store.levels())
         sys.stdout.write(markdown(advise(levels)))
         return 0
     if cmd == "list":
