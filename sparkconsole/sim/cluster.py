@@ -223,7 +223,7 @@ class SimCluster:
     async def stop(self) -> None:
         for t in list(self._load_tasks):
             t.cancel()
-        for name in list(self.nodes):
+        async def clear(name: str) -> None:
             try:
                 rc, out = await self.docker(name, "ps", "-aq", check=False)
                 ids = out.split()
@@ -231,6 +231,7 @@ class SimCluster:
                     await self.docker(name, "rm", "-f", *ids, check=False)
             except OSError:
                 pass
+        await asyncio.gather(*(clear(n) for n in list(self.nodes)))
         for node in self.nodes.values():
             await node.stop()
         if self.root is not None:

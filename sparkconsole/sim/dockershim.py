@@ -342,7 +342,7 @@ def inspect_obj(store: Store, rec: dict) -> dict:
 def ps_obj(store: Store, rec: dict, now: float) -> dict:
     cmd = shlex.join(rec.get("cmd") or [])
     return {
-        "Command": json.dumps(cmd[:20] + ("…" if len(cmd) > 20 else "")), "CreatedAt":
+        "Command": json.dumps(cmd[:20] + ("…" if len(cmd) > 20 else ""), ensure_ascii=False), "CreatedAt":
         datetime.fromtimestamp(rec["created"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S +0000 UTC"),
         "ID": rec["id"][:12], "Image": rec["image"],
         "Labels": ",".join(f"{k}={v}" for k, v in rec.get("labels", {}).items()), "LocalVolumes": "0",
