@@ -169,3 +169,23 @@ def test_results_file_that_is_not_one_is_refused(tmp_path):
     bad.write_text("hello, not a database " * 100)
     with pytest.raises(UserError, match="not a results file"):
         ResultsStore(bad)
+
+
+def test_advisor_keeps_one_row_per_band_when_a_level_lacks_a_figure(store):
+    from sparkconsole.bench.results import LevelKey, LevelResult
+
+    one = lambda v: {"mean": v, "std": 0.0, "values": [v]}  # noqa: E731
+    for label, rows in {"a": {1: (10, None), 2: (20, 200), 4: (30, 300)},
+                        "b": {1: (12, 150), 2: (18, 100), 4: (25, 100)}}.items():
+        run_id, _ = store.begin_run(source="sparkconsole", label=label, spec={"l": label})
+        for c, (dec, pre) in rows.items():
+            metrics = {"tg_throughput": one(dec), "pp_throughput": one(pre) if pre else None}
+            store.record_level(LevelResult(run_id, label, LevelKey(64, 16, 0, c), 1, metrics, finished=1.0))
+    verdicts = advisor.advise(store.levels())
+    decode = next(v for v in verdicts if v.criterion == "decode")
+    prefill = next(v for v in verdicts if v.criterion == "prefill")
+    assert decode.winner == "a" and decode.band == (1, 4) and decode.margin == pytest.approx(20 / (55 / 3) - 1)
+    assert prefill.winner == "a" and prefill.band == (2, 4)          # compared where both measured it
+    rows = [line for line in advisor.markdown(verdicts).splitlines() if line.startswith("| c")]
+    assert len(rows) == 1 and rows[0].startswith("| c1–c4 |") and "[c2–c4]" in rows[0]
+    assert "TTFT" in advisor.markdown(verdicts) and "—" in rows[0]  # no TTFT measured: an empty cell

@@ -22,7 +22,8 @@ BAND_EDGES = ((1, 4), (5, 16), (17, 64), (65, 1 << 30))
 @dataclass(frozen=True)
 class Verdict:
     shape: tuple[int, int, int]       # pp, tg, depth
-    band: tuple[int, int]             # lowest and highest concurrency measured in the band
+    edges: tuple[int, int]            # the band's limits (one of BAND_EDGES)
+    band: tuple[int, int]             # lowest and highest concurrency compared in the band
     criterion: str                    # decode | prefill | TTFT
     unit: str
     winner: str
@@ -39,8 +40,15 @@ class Verdict:
 
     def cell(self) -> str:
         v = f"{self.value:.1f}" if self.unit == "t/s" and self.value < 1000 else f"{self.value:.0f}"
-        m = "" if self.margin is None else f" ({self.margin * 100:+.0f}%)"
-        return f"{self.winner} {v} {self.unit}{m}"
+        return f"{self.winner} {v} {self.unit}{margin_text(self.margin)}"
+
+
+def margin_text(margin: float | None) -> str:
+    """' (+20%)'; a margin under 1% keeps a decimal, so a near tie does not read as '+0%'."""
+    if margin is None:
+        return ""
+    pct = margin * 100
+    return f" ({pct:+.1f}%)" if abs(pct) < 1 else f" ({pct:+.0f}%)"
 
 
 def advise(levels: Sequence[LevelResult]) -> list[Verdict]:
@@ -65,8 +73,8 @@ def advise(levels: Sequence[LevelResult]) -> list[Verdict]:
                 (win, (val, used)), rest = ranked[0], ranked[1:]
                 ru, ru_val = (rest[0][0], rest[0][1][0]) if rest else (None, None)
                 margin = (val / ru_val - 1.0) if ru_val else None
-                out.append(Verdict(shape, (min(used), max(used)), title, unit, win, val, ru, ru_val, margin,
-                                   tuple(label for label, _ in ranked)))
+                out.append(Verdict(shape, (lo_edge, hi_edge), (min(used), max(used)), title, unit, win, val, ru,
+                                   ru_val, margin, tuple(label for label, _ in ranked)))
     return out
 
 
@@ -100,14 +108,14 @@ def markdown(verdicts: Sequence[Verdict]) -> str:
         titles = [t for _, t, _, _ in CRITERIA]
         parts.append("| concurrency | " + " | ".join(f"best {t}" for t in titles) + " |")
         parts.append("|---|" + "---|" * len(titles))
-        bands = sorted({v.band for v in vs})
-        for band in bands:
+        for edges in sorted({v.edges for v in vs}):
+            row = [x for x in vs if x.edges == edges]
+            lo, hi = min(x.band[0] for x in row), max(x.band[1] for x in row)
             cells = []
-            label = None
             for t in titles:
-                v = next((x for x in vs if x.band == band and x.criterion == t), None)
-                cells.append(v.cell() if v else "—")
-                label = label or (v.band_label if v else None)
-            parts.append(f"| {label} | " + " | ".join(cells) + " |")
+                v = next((x for x in row if x.criterion == t), None)
+                # A criterion compared on fewer levels than the band holds says which.
+                cells.append("—" if v is None else v.cell() + ("" if v.band == (lo, hi) else f" [{v.band_label}]"))
+            parts.append(f"| {'c%d' % lo if lo == hi else f'c{lo}–c{hi}'} | " + " | ".join(cells) + " |")
         parts.append("")
     return "\n".join(parts) + "\n"

@@ -9,6 +9,7 @@ import json
 from datetime import datetime, timezone
 from typing import Sequence
 
+from .advisor import margin_text
 from .benchy_io import export_benchy
 from .results import LevelResult, ResultsStore, RunInfo
 
@@ -90,8 +91,7 @@ def winner_cell(values: dict[str, float], unit: str, higher: bool, fmt: str) -> 
     label, best = ranked[0]
     if len(ranked) < 2 or not ranked[1][1]:
         return f"{label} {fmt.format(best)} {unit}"
-    margin = best / ranked[1][1] - 1.0
-    return f"{label} {fmt.format(best)} {unit} ({margin * 100:+.0f}%)"
+    return f"{label} {fmt.format(best)} {unit}{margin_text(best / ranked[1][1] - 1.0)}"
 
 
 def comparison_markdown(levels: Sequence[LevelResult]) -> str:
