@@ -10,13 +10,16 @@ import socket
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import aiohttp
 import pytest
 
 import sparkconsole
+from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.node import GB10, NodeTuning, SimNode, write_load
+from sparkconsole.sim.profiles import GB10 as GB10_HW, MODELS
 
 AGENT = Path(sparkconsole.__file__).parent / "agent.py"
 GIB_KB = 1024 * 1024
@@ -140,6 +143,10 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
             assert c["state"] == "running" and c["memory_limit_b"] == 2 << 30 and c["oom_killed"] is False
             assert t["guards"]["swaps"] == [] and t["guards"]["min_free_kbytes"] == 1572864
 
+            pid = docker(node, "inspect", "-f", "{{.State.Pid}}", "idle").stdout.strip()
+            assert docker(node, "restart", "-t", "5", "idle").returncode == 0
+            again = docker(node, "inspect", "-f", "{{.State.Status}} {{.State.Pid}}", "idle").stdout.split()
+            assert again[0] == "running" and again[1] != pid
             assert docker(node, "stop", "idle").stdout.strip() == "idle"
             t, _ = await agent.until(lambda t: any(c["name"] == "idle" and c["state"] == "exited"
                                                    for c in t.get("containers") or []), 15)
@@ -253,4 +260,49 @@ async def test_second_model_without_free_memory_fails_like_vllm(tmp_path):
         assert docker(node, "inspect", "-f", "{{.State.Status}}", "first").stdout.strip() == "running"
     finally:
         docker(node, "rm", "-f", "first", "second")
+        await node.stop()
+
+
+async def test_thermal_slowdown_slows_the_served_engine(tmp_path):
+    """A GPU held past its slowdown threshold (here: a threshold below ambient) runs the engine's GPU work at
+    the reduced SM clock, and the node reports sw_thermal."""
+    spec = replace(GB10, slowdown_c=30.0)
+    node = SimNode("spark1", "127.0.0.2", tmp_path, speed=1, load_speedup=500, update_interval=0.1, spec=spec)
+    await node.start()
+    port = free_port(node.address)
+    url = f"http://{node.address}:{port}"
+    try:
+        r = docker(node, "run", "-d", "--name", "vllm_node", "vllm-node", "vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct",
+                   "--port", str(port), "--gpu-memory-utilization", "0.3", "--max-model-len", "4096")
+        assert r.returncode == 0
+        deadline = time.monotonic() + 30
+        while not (node.dir / "containers" / "vllm_node" / "ready").exists():
+            assert time.monotonic() < deadline, docker(node, "logs", "vllm_node").stdout
+            await asyncio.sleep(0.1)
+        while True:
+            gpu = json.loads(node.gpu_json.read_text())["gpus"][0]
+            if gpu["sm_clock_mhz"] < 0.6 * gpu["sm_clock_max_mhz"]:
+                break
+            assert time.monotonic() < deadline + 10, gpu
+            await asyncio.sleep(0.2)
+        assert "sw_thermal" in gpu["reasons"]
+        await asyncio.sleep(0.6)        # the server reads the clock every 0.25 s
+        tg = 100
+        async with aiohttp.ClientSession() as s:
+            body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": tg, "ignore_eos": True, "stream": True,
+                    "messages": [{"role": "user", "content": "hot"}]}
+            stamps = []
+            async with s.post(url + "/v1/chat/completions", json=body) as resp:
+                async for line in resp.content:
+                    if line.startswith(b"data: {") and b'"content":" ' in line:
+                        stamps.append(time.perf_counter())
+        measured = (len(stamps) - 1) / (stamps[-1] - stamps[0])
+        eng = SimEngine(MODELS["llama-3.1-8b"], EngineArgs(gpu_memory_utilization=0.3, max_model_len=4096), GB10_HW)
+        eng.add_request("x", 10, tg)
+        steps = [eng.step() for _ in range(tg)]
+        cool_tps = (tg - 1) / sum(st.duration_s for st in steps[1:])
+        assert len(stamps) == tg
+        assert measured < 0.75 * cool_tps, (measured, cool_tps)
+    finally:
+        docker(node, "rm", "-f", "vllm_node")
         await node.stop()
