@@ -68,6 +68,7 @@ class BenchScreen(Screen):
         self.colours: dict[str, tuple[str, str]] = {}
         self.legend: dict[str, str] = {}           # label -> style
         self.runs = 3
+        self.concurrency: tuple[int, ...] = (1, 2, 4, 8, 16, 32, 64)
         self.levels: list = []
         self.show_past = False
         self.show_reference = False
@@ -153,13 +154,18 @@ class BenchScreen(Screen):
             return
         ep = next((e for e in app.cluster.endpoints if e.kind == "router"), app.cluster.endpoints[0])
         from ...bench.results import ResultsStore
+        plan = getattr(app.recipes_screen, "running_plan", None)    # launched from this console: name its topology
+        topology = plan.topology if plan is not None else None
+        url = plan.endpoint if plan is not None and plan.endpoint else ep.url
         try:
-            spec = sweep_mod.SweepSpec(url=ep.url, label=ep.name, runs=self.runs)
-            self.status(f"sweeping {ep.name} ({ep.url})…", "cyan")
+            spec = sweep_mod.SweepSpec(url=url, label=topology or ep.name, runs=self.runs, topology=topology,
+                                       concurrency=self.concurrency,
+                                       recipe=plan.recipe if plan is not None else None)
+            self.status(f"sweeping {spec.run_label} ({url})…", "cyan")
             with ResultsStore(store_path()) as store:
                 out = await sweep_mod.run_sweep(spec, store, on_level=self.add_level, thermal_probe=app.thermal_note,
-                                                on_progress=lambda p: self.status(f"{ep.name}: {p.line()}", "cyan"))
-            self.status(f"sweep of {ep.name} done: {len(out.levels)} levels (run {out.run_id})", "green")
+                                                on_progress=lambda p: self.status(f"{spec.run_label}: {p.line()}", "cyan"))
+            self.status(f"sweep of {spec.run_label} done: {len(out.levels)} levels (run {out.run_id})", "green")
         except Exception as exc:
             self.status(" ".join(str(exc).split())[:200], "red")
 
