@@ -339,3 +339,60 @@ async def test_alerts_reach_the_event_log_and_a_toast(recording):
         await wait_for(pilot, lambda: any(n.message in {a.message for a in active} for n in app._notifications),
                        what="a toast")
         await pilot.press("q")
+
+
+async def test_recipe_refused_by_preflight_runs_nothing(recording):
+    app, factory, mon = make_app(recording)     # the recorded node has vm.overcommit_memory=1: a refusal
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        await pilot.press("2")
+        await pilot.pause(0.3)
+        rs = app.recipes_screen
+        rs.choose(rs._recipe("tiny-testbed"))
+        await pilot.pause(0.3)
+        assert "✗" in widget_text(rs.query_one("#recipe-head")) and "overcommit" in widget_text(rs.query_one("#recipe-head"))
+        await pilot.press("enter")
+        await pilot.pause(0.3)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert any("preflight refuses" in n.message for n in app._notifications)
+        assert not any("docker" in c for t in factory.made.values() for c in t.commands)
+        await pilot.press("q")
+
+
+def fixed_guards(recording: list[str]) -> list[str]:
+    """The same recording as it reads after the guard fixes were applied (overcommit 0, 1.5 GiB reserve)."""
+    out = []
+    for line in recording:
+        d = json.loads(line)
+        if d.get("type") == "tick":
+            d["guards"] = {**d["guards"], "overcommit_memory": 0, "min_free_kbytes": 1572864}
+        out.append(json.dumps(d))
+    return out
+
+
+async def test_recipe_enter_asks_then_launches_with_a_progress_line_per_node(recording, state_dir):
+    app, factory, mon = make_app(fixed_guards(recording))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        await pilot.press("2")
+        await pilot.pause(0.3)
+        rs = app.recipes_screen
+        rs.choose(rs._recipe("tiny-testbed"))
+        await pilot.pause(0.3)
+        assert rs.plan is not None and rs.selected == "tiny-testbed"
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "docker run" in screen_text(app)
+        await pilot.press("n")
+        await pilot.pause(0.2)
+        assert not any("docker run" in c for t in factory.made.values() for c in t.commands)
+        await pilot.press("enter")
+        await pilot.pause(0.2)
+        await pilot.press("y")
+        node = rs.plan.nodes[0]
+        await wait_for(pilot, lambda: any("docker run" in c for c in factory.made[node].commands), what="docker run")
+        await wait_for(pilot, lambda: rs.progress.get(node, "queued") != "queued", what="progress line")
+        await pilot.pause(0.3)
+        assert node in widget_text(rs.query_one("#launch-progress"))
+        await pilot.press("q")
