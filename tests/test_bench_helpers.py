@@ -39,6 +39,7 @@ class Behaviour:
     tokenize: bool = True             # expose /tokenize
     sim_speed: float | None = None    # expose /sim/clock {"speed": F}
     fail_every: int | None = None     # every Nth request fails with HTTP 500
+    refuse_fields: tuple[str, ...] = ()   # answer HTTP 400 to requests carrying these fields (a strict proxy)
 
 
 @dataclass
@@ -97,6 +98,9 @@ class FakeVllm:
         b = self.behaviour
         body = await request.json()
         self.requests.append(body)
+        refused = [f for f in b.refuse_fields if f in body]
+        if refused:
+            return web.json_response({"error": {"message": f"unsupported parameter: {refused[0]}"}}, status=400)
         if b.http_status != 200 or (b.fail_every and len(self.requests) % b.fail_every == 0):
             return web.json_response({"error": {"message": "boom: engine dead"}}, status=b.http_status
                                      if b.http_status != 200 else 500)

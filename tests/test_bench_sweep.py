@@ -187,3 +187,22 @@ async def test_prompt_fit_is_exact_when_words_cost_several_tokens(pp, depth):
     if len(shape.prompt_words) >= 10:
         assert len({json.dumps(v) for v in variants}) == 20             # and no two requests share it
     assert (shape.context_words is not None) == bool(depth)
+
+
+@pytest.mark.parametrize("refused, want_ids, want_exact", [
+    (("return_token_ids",), False, True),
+    (("return_token_ids", "min_tokens"), False, False),
+])
+async def test_fields_a_strict_proxy_refuses_are_dropped(tmp_path, refused, want_ids, want_exact):
+    srv = await FakeVllm(Behaviour(token_delay=0.001, refuse_fields=refused)).start()
+    try:
+        with ResultsStore(tmp_path / "r.sqlite") as store:
+            out = await run_sweep(_spec(srv.url, concurrency=(2,), runs=1), store)
+            rows = store.requests(out.run_id)
+            level = store.levels(out.run_id)[0]
+    finally:
+        await srv.stop()
+    assert rows and all(r["ok"] for r in rows)
+    assert level.metrics["request_options"] == {"return_token_ids": want_ids, "exact_tg": want_exact}
+    # Without min_tokens/ignore_eos the fake server stops early (its "EOS"); usage still counts exactly.
+    assert {r["completion_tokens"] for r in rows} == {8}

@@ -180,6 +180,25 @@ async def probe_latency(session: aiohttp.ClientSession, spec: SweepSpec, model: 
     return sum(vals) / len(vals) if vals else 0.0
 
 
+async def accepted_options(session: aiohttp.ClientSession, spec: SweepSpec, model: str,
+                           headers: dict[str, str]) -> tuple[bool, bool]:
+    """(token_ids, exact_tg) this endpoint accepts. vLLM takes both; a router or proxy may refuse a field it does
+    not know with HTTP 400: drop return_token_ids first (usage still counts tokens), then min_tokens/ignore_eos.
+    Doubles as the sweep's first warm-up request."""
+    tries = [(spec.token_ids, spec.exact_tg)]
+    if spec.token_ids:
+        tries.append((False, spec.exact_tg))
+    if spec.exact_tg:
+        tries.append((False, False))
+    for token_ids, exact in tries:
+        body = chat_payload(model, [{"role": "user", "content": "hello"}], 2, exact_tg=exact, token_ids=token_ids)
+        r = await stream_chat(session, api_base(spec.url) + "/chat/completions", body, headers=headers,
+                              stall_timeout=spec.stall_timeout, timeout=spec.first_timeout)
+        if r.status != 400:
+            return token_ids, exact        # accepted, or failing for another reason the sweep will record
+    return spec.token_ids, spec.exact_tg
+
+
 def request_row(r: RequestResult, *, expected_prompt: int, latency_s: float, scale: float) -> dict:
     f = request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale)
     ms = lambda v: None if v is None else v * 1000  # noqa: E731
@@ -239,6 +258,7 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
     connector = aiohttp.TCPConnector(limit=max_c + 8, force_close=False, keepalive_timeout=600)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
         facts = await discover(session, spec, headers)
+        token_ids, exact_tg = await accepted_options(session, spec, facts.model, headers)
         latency = await probe_latency(session, spec, facts.model, headers)
         prov = {"topology": spec.topology, "recipe": spec.recipe, "recipe_hash": spec.recipe_hash,
                 "endpoint": spec.url, "model": facts.model, "vllm_version": facts.vllm_version,
@@ -280,8 +300,8 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
 
         async def batch(key: LevelKey, shape: PromptShape) -> list[RequestResult]:
             nonlocal busy, work_done
-            bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=spec.exact_tg,
-                                              token_ids=spec.token_ids)).encode() for _ in range(key.concurrency)]
+            bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=exact_tg,
+                                              token_ids=token_ids)).encode() for _ in range(key.concurrency)]
             t0 = time.perf_counter()
             results = list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
                                                               timeout=spec.request_timeout, watch=watch)
@@ -296,7 +316,7 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                 idx = levels.index(key) + 1
                 if (key.pp, key.depth) not in shapes:
                     shapes[(key.pp, key.depth)] = await calibrate(session, spec.url, facts.model, key.pp, key.depth,
-                                                                  headers, token_ids=spec.token_ids)
+                                                                  headers, token_ids=token_ids)
                 shape = shapes[(key.pp, key.depth)]
                 expected = shape.target
                 if store is not None:
@@ -319,6 +339,7 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                 metrics = level_metrics(batches, expected_prompt=expected, latency_s=latency * facts.speed,
                                         scale=facts.speed)
                 metrics["prompt_source"] = shape.source
+                metrics["request_options"] = {"return_token_ids": token_ids, "exact_tg": exact_tg}
                 level = LevelResult(run_id=run_id, label=spec.run_label, key=key, runs=spec.runs, metrics=metrics,
                                     thermal=thermal.note, started=started, finished=time.time())
                 if store is not None:
