@@ -30,6 +30,17 @@ def sim_processes(state_dir: str) -> list[psutil.Process]:
     return out
 
 
+def finish(proc: subprocess.Popen) -> None:
+    """A demo still running after a failed assertion gets Ctrl-C (its own cleanup), then SIGKILL."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def start_demo(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "sparkconsole", "demo", "--headless", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -78,9 +89,7 @@ async def test_headless_demo_serves_then_exits_cleanly():
         assert sim_processes(state_dir)
         rc = proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        finish(proc)
     assert rc == 0, proc.stderr.read()
     assert not Path(state_dir).exists()
     assert sim_processes(state_dir) == []
@@ -95,9 +104,7 @@ async def test_headless_demo_stops_on_ctrl_c():
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        finish(proc)
     assert rc == 0
     assert not Path(state_dir).exists() and sim_processes(state_dir) == []
 
