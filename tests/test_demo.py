@@ -206,3 +206,21 @@ async def test_killed_demo_leaves_no_processes():
             proc.wait()
         import shutil
         shutil.rmtree(info["state_dir"], ignore_errors=True)
+
+
+def test_stale_state_dirs_of_dead_owners_are_swept(tmp_path):
+    from sparkconsole.sim.cluster import sweep_stale
+
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    old = time.time() - 60
+    dirs = {}
+    for name, owner in (("dead", dead.pid), ("alive", os.getpid())):
+        d = tmp_path / f"sparkconsole-sim-{name}"
+        (d / "spark1").mkdir(parents=True)
+        (d / "spark1" / "sim.json").write_text(json.dumps({"owner_pid": owner}))
+        os.utime(d, (old, old))
+        dirs[name] = d
+    (tmp_path / "sparkconsole-sim-other").mkdir()      # not a sim state dir: no sim.json
+    assert sweep_stale(tmp_path) == [dirs["dead"]]
+    assert not dirs["dead"].exists() and dirs["alive"].exists() and (tmp_path / "sparkconsole-sim-other").exists()

@@ -35,6 +35,7 @@ DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
 CONTAINER = "vllm_node"
 ROUTER_CONTAINER = "router"
 IMAGE = "vllm-node-mxfp4"
+STATE_PREFIX = "sparkconsole-sim-"
 
 
 @dataclass(frozen=True)
@@ -115,7 +116,8 @@ class SimCluster:
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self, *, wait: bool = True, timeout: float = 300.0) -> None:
         if self.root is None:
-            self.root = Path(tempfile.mkdtemp(prefix="sparkconsole-sim-"))
+            sweep_stale(Path(tempfile.gettempdir()))
+            self.root = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
         try:
             for i, (name, addr) in enumerate(self.node_specs):
                 tuning = self.tunings.get(name) or (NodeTuning.hardened() if i == 0 else NodeTuning.stock())
@@ -296,6 +298,24 @@ class SimCluster:
             finally:
                 self._load_tasks.difference_update(tasks)
         return stats
+
+
+def sweep_stale(tmp: Path) -> list[Path]:
+    """Remove state directories of simulated clusters whose owner died without cleaning up (SIGKILL):
+    their processes end by themselves once the owner is gone, their files would stay forever."""
+    removed = []
+    for d in tmp.glob(STATE_PREFIX + "*"):
+        owners = set()
+        for sim_json in d.glob("*/sim.json"):
+            try:
+                owners.add(int(json.loads(sim_json.read_text()).get("owner_pid") or 0))
+            except (OSError, ValueError, TypeError, AttributeError):
+                owners.add(-1)     # unreadable: leave it alone
+        if owners and not any(o <= 0 or pid_alive(o) for o in owners) and time.time() - d.stat().st_mtime > 10:
+            kill_leftovers(d)
+            shutil.rmtree(d, ignore_errors=True)
+            removed.append(d)
+    return removed
 
 
 def kill_leftovers(root: Path) -> list[int]:
