@@ -189,3 +189,22 @@ def test_advisor_keeps_one_row_per_band_when_a_level_lacks_a_figure(store):
     rows = [line for line in advisor.markdown(verdicts).splitlines() if line.startswith("| c") and "concurrency" not in line]
     assert len(rows) == 1 and rows[0].startswith("| c1–c4 |") and "[c2–c4]" in rows[0]
     assert "TTFT" in advisor.markdown(verdicts) and "—" in rows[0]  # no TTFT measured: an empty cell
+
+
+def test_results_file_from_before_the_itl_columns_is_upgraded_on_open(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE requests (run_id TEXT NOT NULL, pp INTEGER NOT NULL, tg INTEGER NOT NULL, depth INTEGER"
+               " NOT NULL, concurrency INTEGER NOT NULL, run_index INTEGER NOT NULL, req_index INTEGER NOT NULL,"
+               " ok INTEGER NOT NULL, error TEXT, status INTEGER, prompt_tokens INTEGER, completion_tokens INTEGER,"
+               " tokens_estimated INTEGER NOT NULL DEFAULT 0, ttfr_ms REAL, ttft_ms REAL, est_ppt_ms REAL,"
+               " prefill_tps REAL, decode_tps REAL, tpot_ms REAL,"
+               " PRIMARY KEY (run_id, pp, tg, depth, concurrency, run_index, req_index))")
+    db.commit()
+    db.close()
+    from sparkconsole.bench.results import LevelKey
+    with ResultsStore(path) as store:
+        store.record_requests("r1", LevelKey(1, 2, 0, 1), 1, [{"ok": True, "itl_max_ms": 7.5}])
+        assert store.requests("r1")[0]["itl_max_ms"] == 7.5

@@ -46,6 +46,7 @@ async def test_sweep_records_levels_with_exact_prompts(tmp_path, tokenize):
     # The server counted exactly pp + depth prompt tokens for every measured request, template included.
     assert {(r["depth"], r["prompt_tokens"]) for r in rows} == {(0, 40), (20, 60)}
     assert all(r["completion_tokens"] == 8 for r in rows)
+    assert all(0 <= r["itl_p50_ms"] <= r["itl_p99_ms"] <= r["itl_max_ms"] for r in rows)
     assert levels[1].metrics["prompt_source"] == ("tokenize" if tokenize else "usage")
     measured = [r for r in srv.requests if r.get("min_tokens") == 8]
     assert all(r["ignore_eos"] and r["stream_options"]["include_usage"] for r in measured)

@@ -48,9 +48,16 @@ CREATE TABLE IF NOT EXISTS requests (
     ok INTEGER NOT NULL, error TEXT, status INTEGER,
     prompt_tokens INTEGER, completion_tokens INTEGER, tokens_estimated INTEGER NOT NULL DEFAULT 0,
     ttfr_ms REAL, ttft_ms REAL, est_ppt_ms REAL, prefill_tps REAL, decode_tps REAL, tpot_ms REAL,
+    itl_p50_ms REAL, itl_p99_ms REAL, itl_max_ms REAL,
     PRIMARY KEY (run_id, pp, tg, depth, concurrency, run_index, req_index)
 );
 """
+# Columns added after files were first written: (table, column, type), added to older files on open.
+_ADDED_COLUMNS = (("requests", "itl_p50_ms", "REAL"), ("requests", "itl_p99_ms", "REAL"),
+                  ("requests", "itl_max_ms", "REAL"))
+_REQUEST_FIELDS = ("ok", "error", "status", "prompt_tokens", "completion_tokens", "tokens_estimated", "ttfr_ms",
+                   "ttft_ms", "est_ppt_ms", "prefill_tps", "decode_tps", "tpot_ms", "itl_p50_ms", "itl_p99_ms",
+                   "itl_max_ms")
 
 
 @dataclass(frozen=True)
@@ -150,6 +157,9 @@ class ResultsStore:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.executescript(_SCHEMA)
+            for table, col, typ in _ADDED_COLUMNS:
+                if col not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
             row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
             if row is None:
                 self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
@@ -206,15 +216,12 @@ class ResultsStore:
                             (run_id, key.pp, key.tg, key.depth, key.concurrency))
 
     def record_requests(self, run_id: str, key: LevelKey, run_index: int, rows: Sequence[dict]) -> None:
+        cols = ("run_id", "pp", "tg", "depth", "concurrency", "run_index", "req_index") + _REQUEST_FIELDS
         with self._tx():
             self.db.executemany(
-                "INSERT OR REPLACE INTO requests (run_id, pp, tg, depth, concurrency, run_index, req_index, ok, error,"
-                " status, prompt_tokens, completion_tokens, tokens_estimated, ttfr_ms, ttft_ms, est_ppt_ms,"
-                " prefill_tps, decode_tps, tpot_ms) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                [(run_id, key.pp, key.tg, key.depth, key.concurrency, run_index, i, int(r.get("ok", True)),
-                  r.get("error"), r.get("status"), r.get("prompt_tokens"), r.get("completion_tokens"),
-                  int(bool(r.get("tokens_estimated"))), r.get("ttfr_ms"), r.get("ttft_ms"), r.get("est_ppt_ms"),
-                  r.get("prefill_tps"), r.get("decode_tps"), r.get("tpot_ms")) for i, r in enumerate(rows)])
+                f"INSERT OR REPLACE INTO requests ({', '.join(cols)}) VALUES ({', '.join('?' * len(cols))})",
+                [(run_id, key.pp, key.tg, key.depth, key.concurrency, run_index, i, *_request_values(r))
+                 for i, r in enumerate(rows)])
 
     def record_level(self, level: LevelResult) -> None:
         k, th = level.key, level.thermal or ThermalNote()
@@ -275,6 +282,11 @@ class _Tx:
 
     def __exit__(self, exc_type, *_: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _request_values(row: dict) -> tuple:
+    flags = {"ok": int(row.get("ok", True)), "tokens_estimated": int(bool(row.get("tokens_estimated")))}
+    return tuple(flags[f] if f in flags else row.get(f) for f in _REQUEST_FIELDS)
 
 
 def _sql(values: Iterable[Any]) -> list[Any]:

@@ -22,7 +22,7 @@ import aiohttp
 from .. import __version__
 from ..errors import UserError
 from .client import RequestResult, StallWatch, api_base, chat_payload, server_root, stream_chat
-from .metrics import level_metrics, request_figures
+from .metrics import level_metrics, percentiles, request_figures
 from .prompts import PromptShape, calibrate, messages
 from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
 
@@ -202,10 +202,15 @@ async def accepted_options(session: aiohttp.ClientSession, spec: SweepSpec, mode
 def request_row(r: RequestResult, *, expected_prompt: int, latency_s: float, scale: float) -> dict:
     f = request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale)
     ms = lambda v: None if v is None else v * 1000  # noqa: E731
+    tt = r.token_times
+    itl = [(tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt))]
+    gaps = percentiles(itl) or {}
     return {"ok": r.ok, "error": r.error, "status": r.status, "prompt_tokens": r.prompt_tokens,
             "completion_tokens": r.completion_tokens if r.ok else None, "tokens_estimated": r.tokens_estimated,
             "ttfr_ms": ms(f.ttfr_s), "ttft_ms": ms(f.ttft_s), "est_ppt_ms": ms(f.est_ppt_s),
-            "prefill_tps": f.prefill_tps, "decode_tps": f.decode_tps, "tpot_ms": ms(f.tpot_s)}
+            "prefill_tps": f.prefill_tps, "decode_tps": f.decode_tps, "tpot_ms": ms(f.tpot_s),
+            "itl_p50_ms": gaps.get("p50"), "itl_p99_ms": gaps.get("p99"),
+            "itl_max_ms": max(itl, default=None)}
 
 
 class _ThermalWatch:
