@@ -176,6 +176,14 @@ def _server_cpu(url: str) -> float:
         return json.loads(r.read())["cpu_s"]
 
 
+def _default_benchy_python() -> str:
+    if os.environ.get("BENCHY_PYTHON"):
+        return os.environ["BENCHY_PYTHON"]
+    root = os.environ.get("SPARKCONSOLE_TESTBED_CACHE") or os.path.expanduser("~/.cache/sparkconsole-testbed")
+    testbed = os.path.join(root, "venvs", "llama-benchy-0.4.0", "bin", "python")
+    return testbed if os.access(testbed, os.X_OK) else "/tmp/benchy-venv/bin/python"
+
+
 def _free_port() -> int:
     s = socket.socket()
     s.bind(("127.0.0.1", 0))
@@ -201,8 +209,9 @@ def main() -> int:
     ap.add_argument("--duration", type=float, default=4.0)
     ap.add_argument("--tokens", type=int, default=TOKENS)
     ap.add_argument("--repeat", type=int, default=2, help="runs per client and level; the best is reported")
-    ap.add_argument("--benchy-python", default=os.environ.get("BENCHY_PYTHON", "/tmp/benchy-venv/bin/python"),
-                    help="python of a venv with llama-benchy==0.4.0")
+    ap.add_argument("--benchy-python", default=_default_benchy_python(),
+                    help="python of a venv with llama-benchy==0.4.0 (default: $BENCHY_PYTHON, else the test bed's "
+                         "venv, else /tmp/benchy-venv)")
     ap.add_argument("--clients", default="sparkconsole,llama-benchy,aiohttp-lines")
     ap.add_argument("--paced", action="store_true", help="server writes one event per loop iteration")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
