@@ -42,6 +42,9 @@ SERVER = textwrap.dedent('''\
         sys.exit(1)
 
     class H(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"     # keep-alive, as vLLM's server does
+        disable_nagle_algorithm = True    # headers and body go out in two writes: no 40 ms delayed-ACK stall
+
         def do_GET(self):
             if self.path == "/health":
                 body = b""
@@ -49,6 +52,16 @@ SERVER = textwrap.dedent('''\
                 body = json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode()
             else:
                 self.send_response(404); self.end_headers(); return
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_POST(self):          # a one-token completion, for the router's latency probe
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = json.dumps({"object": "text_completion", "model": model,
+                               "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -164,6 +177,7 @@ async def test_launch_2x_solo_behind_vllm_router_then_restart_and_stop(tmp_path,
     assert any(e.stage == "ready" and e.node == "node2" for e in events)
     assert any(e.stage == "log" and "starting fake-model" in e.message for e in events)
     assert runner.router_overhead_ms is not None and any("router adds" in e.message for e in events)
+    print(next(e.message for e in events if "router adds" in e.message))
     # every node-changing command is in the audit log, with its node
     logged = audit.read()
     runs = [e for e in logged if " run -d " in e.command]

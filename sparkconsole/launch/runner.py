@@ -136,12 +136,13 @@ class _Follower:
 class Runner:
     def __init__(self, cluster: ClusterConfig, transports: Mapping[str, Transport], *,
                  ready_timeout: float = READY_TIMEOUT_S, poll_interval: float = 1.0,
-                 step_timeout: float = STEP_TIMEOUT_S) -> None:
+                 step_timeout: float = STEP_TIMEOUT_S, measure_router: bool = True) -> None:
         self.cluster = cluster
         self.transports = dict(transports)
         self.ready_timeout = ready_timeout
         self.poll_interval = poll_interval
         self.step_timeout = step_timeout
+        self.measure_router = measure_router
         self.router_overhead_ms: float | None = None
 
     # --- helpers ------------------------------------------------------------------------------------------
@@ -318,31 +319,34 @@ class Runner:
 
     async def _measure_router(self, client: httpx.AsyncClient, plan: Plan, services: Sequence[Service],
                               emit: Callable[..., None]) -> None:
-        """The router's added latency on a control request (median of 7), router vs. a backend directly."""
+        """The router's added latency: one-token completions through the router and straight to a backend,
+        alternated (so load drifts hit both alike), median of 5 each. Routers that need a key are skipped."""
         routers = [s for s in services if s.role == "router" and s.models_path]
-        backends = [s for s in services if s.role != "router" and s.url and s.models_path]
-        if not routers or not backends:
+        backends = [s for s in services if s.role not in ("router", "worker", "prefill", "decode")
+                    and s.url and s.models_path]
+        if not routers or not backends or not self.measure_router:
             return
+        body = {"model": routers[0].model, "prompt": "hi", "max_tokens": 1}
 
-        async def median_ms(url: str) -> float | None:
-            times = []
-            for _ in range(7):
-                t = time.perf_counter()
-                try:
-                    r = await client.get(url)
-                except httpx.HTTPError:
-                    return None
-                if r.status_code != 200:
-                    return None
-                times.append((time.perf_counter() - t) * 1000)
-            return statistics.median(times)
+        async def once(url: str) -> float | None:
+            t = time.perf_counter()
+            try:
+                r = await client.post(url + "/v1/completions", json=body)
+            except httpx.HTTPError:
+                return None
+            return (time.perf_counter() - t) * 1000 if r.status_code == 200 else None
 
-        via = await median_ms(routers[0].url + "/v1/models")
-        direct = await median_ms(backends[0].url + "/v1/models")
-        if via is not None and direct is not None:
-            self.router_overhead_ms = round(via - direct, 2)
-            emit(routers[0].node, "info", f"router adds {via - direct:+.2f} ms on GET /v1/models "
-                                          f"(router {via:.2f} ms, backend {direct:.2f} ms, median of 7)", routers[0].key)
+        via, direct = [], []
+        for _ in range(5):
+            a, b = await once(routers[0].url), await once(backends[0].url)
+            if a is None or b is None:
+                return
+            via.append(a)
+            direct.append(b)
+        v, d = statistics.median(via), statistics.median(direct)
+        self.router_overhead_ms = round(v - d, 2)
+        emit(routers[0].node, "info", f"router adds {v - d:+.2f} ms per request (completion, max_tokens=1: "
+                                      f"router {v:.2f} ms, backend {d:.2f} ms, median of 5)", routers[0].key)
 
     # --- stop / restart -----------------------------------------------------------------------------------
     async def stop(self, plan: Plan, on_progress: ProgressCallback | None = None) -> None:
