@@ -216,3 +216,33 @@ def test_plan_argument_skips_replanning():
                      {"router": "least-busy"})
     assert rules(preflight(find_recipe("gpt-oss-120b"), "2x-solo", NODES, None, plan=plan)) == ["least_busy_identical"]
     assert lint.MAX_UNIFIED_GPU_MEM == 0.78
+
+
+def test_model_probe_reads_config_and_weights_with_a_real_shell(tmp_path):
+    import subprocess
+
+    from sparkconsole.launch.lint import model_probe_command, model_source, parse_model_probe
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128}
+    # a local model directory (path with a space: the snippet quotes it)
+    local = tmp_path / "my model"
+    local.mkdir()
+    (local / "config.json").write_text(json.dumps(cfg))
+    (local / "model.safetensors").write_bytes(b"\0" * 5000)
+    out = subprocess.run(["sh", "-c", model_probe_command(str(local))], capture_output=True, text=True)
+    assert out.returncode == 0 and parse_model_probe(out.stdout) == (cfg, 5000)
+    # a Hugging Face cache snapshot: files are symlinks into blobs
+    hub = tmp_path / "hf" / "hub" / "models--org--Model-1B"
+    (hub / "blobs").mkdir(parents=True)
+    (hub / "blobs" / "abc").write_bytes(b"\0" * 7000)
+    snap = hub / "snapshots" / "0123"
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(cfg))
+    (snap / "model-00001.safetensors").symlink_to(hub / "blobs" / "abc")
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
+    out = subprocess.run(["sh", "-c", model_probe_command("org/Model-1B")], capture_output=True, text=True, env=env)
+    assert parse_model_probe(out.stdout) == (cfg, 7000)
+    # not on the node: exit 3, nothing parsed
+    out = subprocess.run(["sh", "-c", model_probe_command("org/Absent")], capture_output=True, text=True, env=env)
+    assert out.returncode == 3 and parse_model_probe(out.stdout) == (None, None)
+    assert model_source(("vllm", "serve", "org/Model-1B", "--port", "1")) == "org/Model-1B"
+    assert model_source(("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m")) == "/m"

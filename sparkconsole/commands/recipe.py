@@ -166,7 +166,18 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
             image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
         except Exception:  # noqa: BLE001 — an unreadable node shows up as an unknown guard, not a crash
             continue
-    return replace(facts, image_ids=image_ids), monitor
+    # The model's config.json and weight size, read on the head where it is reachable (memory_fit rule).
+    model_config, weights = None, None
+    head = monitor.nodes.get(plan.nodes[0])
+    source = lint_mod.model_source(next(iter(plan.server_args.values()), ()))
+    if head is not None and head.transport is not None and source:
+        try:
+            res = await head.transport.run(lint_mod.model_probe_command(source), timeout=30)
+            if res.rc == 0:
+                model_config, weights = lint_mod.parse_model_probe(res.stdout)
+        except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
+            pass
+    return replace(facts, image_ids=image_ids, model_config=model_config, weights_bytes=weights), monitor
 
 
 def _confirm(args: argparse.Namespace, question: str) -> None:

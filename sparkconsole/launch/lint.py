@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 import json
 import re
+import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -353,6 +354,42 @@ def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
         out.append(Finding("image_mismatch", "refuse", f"image {plan.image} differs between nodes ({detail})",
                            SRC_IMAGE, "copy the head's image to every node (docker save | docker load)"))
     return out
+
+
+_WEIGHTS_MARK = "---sparkconsole-weights---"
+
+
+def model_source(argv: Sequence[str]) -> str | None:
+    """What vLLM loads: the word after `serve`, else --model."""
+    for i, a in enumerate(argv[:-1]):
+        if a == "serve" and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return flag_value(argv, "--model")
+
+
+def model_probe_command(source: str) -> str:
+    """Shell snippet (values quoted) printing the model's config.json and the size of its weight files, from
+    a local path or the node's Hugging Face cache; exits 3 when the model is not on the node."""
+    if source.startswith(("/", "~/")):
+        where = ('"$HOME"/' + shlex.quote(source[2:])) if source.startswith("~/") else shlex.quote(source)
+        find = f"d={where}"
+    else:
+        cache = shlex.quote("models--" + source.replace("/", "--"))
+        find = ('d=$(ls -d "${HF_HOME:-$HOME/.cache/huggingface}"/hub/' + cache +
+                "/snapshots/*/ 2>/dev/null | head -n 1)")
+    return (f'{find}; [ -n "$d" ] && [ -f "$d/config.json" ] || exit 3; head -c 200000 "$d/config.json"; echo; '
+            f'echo {_WEIGHTS_MARK}; du -cbL "$d"/*.safetensors 2>/dev/null | tail -n 1')
+
+
+def parse_model_probe(stdout: str) -> tuple[dict | None, int | None]:
+    head, _, tail = stdout.partition(_WEIGHTS_MARK)
+    try:
+        cfg = json.loads(head)
+    except ValueError:
+        cfg = None
+    words = tail.split()
+    weights = int(words[0]) if words and words[0].isdigit() and int(words[0]) > 0 else None
+    return (cfg if isinstance(cfg, dict) else None), weights
 
 
 def model_size(recipe: Recipe, facts: Facts) -> ModelSize | None:
