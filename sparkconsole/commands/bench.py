@@ -2,11 +2,17 @@
 
     sparkconsole bench run --url http://127.0.0.1:8000 --pp 1024 --tg 128 --concurrency 1,2,4,8,16,32,64 --runs 3
     sparkconsole bench run --url URL … --results runs/bench.sqlite --resume      # continue an interrupted sweep
+    sparkconsole bench matrix --recipe gpt-oss-120b --topologies solo,cluster-tp2,2x-solo-shuffle,2x-solo-least-busy
+    sparkconsole bench matrix --recipe gpt-oss-120b --demo --speed 20      # the same on a simulated cluster
     sparkconsole bench matrix --recipe gpt-oss-120b --topologies solo,cluster-tp2 --endpoints solo=URL,cluster-tp2=URL
     sparkconsole bench report runs/bench.sqlite [--format md|csv|json] [--run ID]
     sparkconsole bench import results.json [--results FILE]     # llama-benchy JSON (or a published-table CSV)
     sparkconsole bench import --published                       # the bundled gpt-oss-120b topology study
     sparkconsole bench advise runs/bench.sqlite                 # which topology wins which concurrency band
+
+`bench matrix` launches each topology through the recipe runner on the nodes of the cluster file (plan, preflight,
+run, wait until ready), sweeps it, records it and stops it; `--demo` does that on a simulated two-node cluster
+started for the run (every figure in simulated time, `--speed F` runs its clock F times faster).
 
 Results go to a SQLite file (default runs/bench.sqlite) as each level finishes. With the global `--cluster FILE`,
 the nodes are watched during the sweep and each level records the hottest GPU and any power/thermal throttling. An API key, if the endpoint needs
@@ -24,9 +30,10 @@ from ..errors import UserError
 
 DEFAULT_RESULTS = "runs/bench.sqlite"
 
-# The lead wires this to the launch engineer's runner: (args) -> bench.matrix.Launcher. Without it (and
-# without --endpoints) `bench matrix` explains what to pass.
+# (args) -> bench.matrix.Launcher: replaces the recipe runner's launcher (tests, embedding); None: RecipeLauncher.
 launcher_factory: Callable[[argparse.Namespace], object] | None = None
+DEMO_SPEED = 20.0
+DEMO_LOAD_SPEEDUP = 1000.0      # the demo's weights "load" in a moment: the matrix is about serving
 
 
 def _ints(name: str, low: int = 1) -> Callable[[str], tuple[int, ...]]:
@@ -80,8 +87,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     m = sub.add_parser("matrix", help="launch, sweep and stop each topology in turn")
     m.add_argument("--recipe", required=True, help="recipe name or file")
     m.add_argument("--topologies", default="solo,cluster-tp2,2x-solo-shuffle,2x-solo-least-busy,disagg",
-                   help="comma-separated topologies")
+                   help="comma-separated: solo, cluster-tp2, 2x-solo[-shuffle|-least-busy|-vllm-router], disagg")
     m.add_argument("--endpoints", help="already-running endpoints instead of launching: topo=URL,topo=URL")
+    m.add_argument("--demo", action="store_true",
+                   help="start a simulated two-node GB10 cluster and run the matrix on it (figures in simulated time)")
+    m.add_argument("--speed", type=float, metavar="F",
+                   help=f"with --demo: simulated clock speed relative to real time (default {DEMO_SPEED:g})")
+    m.add_argument("--force", action="store_true", help="launch although preflight refuses (never a blocking rule)")
+    m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                   help="recipe placeholder value for every launch, e.g. --set max_num_batched_tokens=16384")
+    m.add_argument("--verbose", "-v", action="store_true", help="print every launch step, not only readiness")
     _sweep_options(m)
     m.set_defaults(func=run)
 
@@ -209,37 +224,142 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-async def _matrix(args: argparse.Namespace) -> int:
-    from ..bench.matrix import StaticLauncher, run_matrix
-    from ..bench.results import ResultsStore
+def _topologies(args: argparse.Namespace) -> list[str]:
     topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
     if not topologies:
         raise UserError("no topologies", field="--topologies", fix="e.g. --topologies solo,cluster-tp2")
-    if args.endpoints:
-        urls = {}
-        for item in args.endpoints.split(","):
-            topo, sep, url = item.partition("=")
-            if not sep or not url.strip():
-                raise UserError(f"bad entry {item!r}", field="--endpoints", fix="use topo=URL,topo=URL")
-            urls[topo.strip()] = url.strip()
-        launcher = StaticLauncher(urls)
-    elif launcher_factory is not None:
-        launcher = launcher_factory(args)
-    else:
-        raise UserError("launching topologies from here is not wired to the recipe runner yet", field="--endpoints",
-                        fix="launch each topology with `sparkconsole recipe launch` and pass --endpoints topo=URL,…")
-    template = _spec(args, "http://unset.invalid")
+    if len(set(topologies)) != len(topologies):
+        raise UserError("a topology is named twice", field="--topologies", fix="name each topology once")
+    return topologies
+
+
+def _static_launcher(text: str):
+    from ..bench.matrix import StaticLauncher
+    urls = {}
+    for item in text.split(","):
+        topo, sep, url = item.partition("=")
+        if not sep or not url.strip():
+            raise UserError(f"bad entry {item!r}", field="--endpoints", fix="use topo=URL,topo=URL")
+        urls[topo.strip()] = url.strip()
+    return StaticLauncher(urls)
+
+
+def _launch_printer(args: argparse.Namespace, line: "_ProgressLine"):
+    """Runner progress and preflight findings as progress lines: readiness and failures, every step with -v."""
+    shown = {"ready", "failed", "info"} | ({"step", "stopped"} if args.verbose else set())
+
+    def progress(ev) -> None:
+        if ev.stage in shown:
+            line.text(f"  {ev.node}: {ev.message}")
+
+    def finding(f) -> None:
+        if f.severity != "warn" or args.verbose or f.rule == "least_busy_identical":
+            line.text("  " + f.line())
+    return progress, finding
+
+
+def _set_overrides(items: list[str]) -> dict:
+    """`--set key=value` items as plan overrides; values read as YAML scalars (8192 is a number)."""
+    import yaml
+    out: dict = {}
+    for item in items:
+        key, sep, val = item.partition("=")
+        if not sep or not key.strip().isidentifier():
+            raise UserError(f"bad --set {item[:40]!r}", field="--set", fix="write --set name=value")
+        try:
+            v = yaml.safe_load(val)
+        except yaml.YAMLError:
+            v = val
+        out[key.strip()] = v if isinstance(v, (str, int, float, bool)) else val
+    return out
+
+
+def _demo_nodes() -> tuple[tuple[str, str], ...]:
+    """Two loopback addresses whose router and server ports are free (a demo may already run on .2/.3)."""
+    import socket
+    for third in range(0, 250):
+        base = f"127.0.{third}"
+        ok = True
+        for host in (base + ".2", base + ".3"):
+            for port in (4000, 8000):
+                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sk:
+                    try:
+                        sk.bind((host, port))
+                    except OSError:
+                        ok = False
+        if ok:
+            return (("spark1", base + ".2"), ("spark2", base + ".3"))
+    raise UserError("no free loopback address pair for the simulated cluster", field="--demo",
+                    fix="stop other demos (ports 4000 and 8000 on 127.0.x.2/.3)")
+
+
+async def _matrix(args: argparse.Namespace) -> int:
+    from ..bench.matrix import run_matrix
+    from ..bench.results import ResultsStore
+    topologies = _topologies(args)
+    if args.speed is not None and not args.demo:
+        raise UserError("--speed sets the simulated clock", field="--speed", fix="use it with --demo")
+    if args.demo and (args.endpoints or getattr(args, "cluster", None)):
+        raise UserError("--demo runs on its own simulated cluster", field="--demo",
+                        fix="drop --endpoints/--cluster, or drop --demo")
+    speed = DEMO_SPEED if args.speed is None else args.speed
+    if args.demo and not 0.01 <= speed <= 1000:
+        raise UserError(f"speed {speed:g} out of range", field="--speed", fix="give 0.01 to 1000 (1 = real time)")
     line = _ProgressLine(args.quiet)
-    probe, monitor = await _cluster_probe(args)
+    template = _spec(args, "http://unset.invalid")
+    sim = monitor = launcher = None
+    probe = None
     try:
+        if args.endpoints:
+            launcher = _static_launcher(args.endpoints)
+            probe, monitor = await _cluster_probe(args)
+        elif launcher_factory is not None:
+            launcher = launcher_factory(args)
+            probe, monitor = await _cluster_probe(args)
+        else:
+            from .recipe import load_cluster_for
+            from ..launch.launcher import RecipeLauncher
+            from ..launch.recipe import find_recipe
+            from ..nodes.monitor import ClusterMonitor
+            find_recipe(args.recipe)                      # a wrong name fails before anything starts
+            overrides = _set_overrides(args.sets)
+            if args.demo:
+                from ..sim.cluster import Serving, SimCluster
+                from ..sim.node import NodeTuning
+                nodes = _demo_nodes()
+                line.text(f"starting a simulated cluster: {nodes[0][0]} {nodes[0][1]}, {nodes[1][0]} {nodes[1][1]} "
+                          f"(speed ×{speed:g}, figures in simulated time)")
+                # Both nodes carry the published OOM guards: a cluster prepared for benchmarking.
+                sim = SimCluster(speed=speed, serving=Serving(topology="none"), nodes=nodes,
+                                 load_speedup=DEMO_LOAD_SPEEDUP,
+                                 tunings={name: NodeTuning.hardened() for name, _ in nodes})
+                await sim.start()
+                cluster = sim.cluster
+                overrides.setdefault("router_dir", str(sim.root / "routers"))
+            else:
+                cluster = load_cluster_for(args)
+            monitor = ClusterMonitor(cluster, history=4)
+            await monitor.start()
+            await monitor.wait_first_ticks(10.0)
+            probe = lambda: thermal_note((n, nm.last) for n, nm in monitor.nodes.items())  # noqa: E731
+            on_progress, on_finding = _launch_printer(args, line)
+            launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
+                                      poll_interval=0.5 if args.demo else 1.0, on_progress=on_progress,
+                                      on_finding=on_finding)
         with ResultsStore(args.results) as store:
             out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
                                    thermal_probe=probe, on_level=line.level, on_progress=line, on_status=line.text)
     finally:
-        if monitor is not None:
-            await monitor.stop()
+        try:
+            if launcher is not None and hasattr(launcher, "close"):
+                await launcher.close()
+        finally:
+            if monitor is not None:
+                await monitor.stop()
+            if sim is not None:
+                await sim.stop()
     print(f"measured {len(out.measured)}, skipped {len(out.skipped)}, failed {len(out.failed)}; "
-          f"results in {args.results}")
+          f"results in {args.results}" + (" (SIMULATED)" if args.demo else ""))
     for topo, why in out.failed.items():
         print(f"  {topo}: {why}")
     return 1 if out.failed else 0

@@ -1,0 +1,220 @@
+"""RecipeLauncher: launch a recipe in a topology through the recipe runner, hand back the URL to benchmark, stop it.
+
+    launcher = RecipeLauncher(cluster)                 # a ClusterConfig (a cluster file, or a simulated cluster)
+    url = await launcher.launch("gpt-oss-120b", "2x-solo-least-busy")   # plan, preflight, run, wait until ready
+    await launcher.stop()                              # stop what that launch started
+    await launcher.close()                             # end the node monitor and connections it opened
+
+It is `bench.matrix.Launcher` by shape (duck-typed: launch knows nothing of the bench). Each launch is the same
+path an operator's `sparkconsole recipe launch` takes: load the recipe, make_plan(recipe, topology, cluster,
+overrides), preflight with facts read from the nodes (one telemetry tick each, image IDs), then Runner.launch
+over the nodes' transports and readiness of every service. The URL is the router for 2x-solo and disagg, the
+head's server for solo and cluster-tp2 (the plan's endpoint).
+
+Matrix topology names carry the router: `2x-solo-shuffle` / `2x-solo-simple-shuffle`, `2x-solo-least-busy` and
+`2x-solo-vllm-router` are the launch topology "2x-solo" with that router; `2x-solo` alone takes the recipe's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shlex
+import time
+from dataclasses import replace
+from typing import Any, Callable, Mapping
+
+from ..config import ClusterConfig
+from ..errors import UserError
+from . import lint
+from .plan import Plan, make_plan
+from .recipe import Recipe, find_recipe
+from .runner import READY_TIMEOUT_S, Progress, Runner
+
+FACTS_TIMEOUT_S = 15.0
+
+# matrix name -> (launch topology, plan options)
+TOPOLOGY_NAMES: dict[str, tuple[str, dict[str, Any]]] = {
+    "solo": ("solo", {}),
+    "cluster-tp2": ("cluster-tp2", {}),
+    "2x-solo": ("2x-solo", {}),
+    "2x-solo-shuffle": ("2x-solo", {"router": "simple-shuffle"}),
+    "2x-solo-simple-shuffle": ("2x-solo", {"router": "simple-shuffle"}),
+    "2x-solo-least-busy": ("2x-solo", {"router": "least-busy"}),
+    "2x-solo-vllm-router": ("2x-solo", {"router": "vllm-router"}),
+    "disagg": ("disagg", {}),
+}
+# Preflight rules a matrix topology asks for by its very name: measuring least-busy over identical backends is
+# the point of `2x-solo-least-busy` (the published study), so that refusal is shown as a warning there.
+CHOSEN_BY_NAME: dict[str, frozenset[str]] = {"2x-solo-least-busy": frozenset({"least_busy_identical"})}
+
+
+def resolve_topology(name: str) -> tuple[str, dict[str, Any]]:
+    """A matrix topology name -> (launch topology, plan options such as the router)."""
+    try:
+        topo, opts = TOPOLOGY_NAMES[name]
+    except KeyError:
+        raise UserError(f"unknown topology {name[:40]!r}", field="--topologies",
+                        fix="use any of: " + ", ".join(TOPOLOGY_NAMES)) from None
+    return topo, dict(opts)
+
+
+class RecipeLauncher:
+    """Launches one recipe × topology at a time on `cluster` through the real runner; see the module doc.
+
+    `monitor`: a started ClusterMonitor over the same cluster (bench's thermal probe), reused for facts and its
+    connections; without one the launcher starts its own on the first launch and ends it in close().
+    `overrides`: plan overrides for every launch (placeholders, `nodes`, `router_dir`, …); a topology's own
+    router choice wins over an override's. `force`: launch although preflight refuses (never a blocking rule).
+    """
+
+    def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, overrides: Mapping[str, Any] | None = None,
+                 force: bool = False, preflight: bool = True, ready_timeout: float = READY_TIMEOUT_S,
+                 poll_interval: float = 1.0, on_progress: Callable[[Progress], Any] | None = None,
+                 on_finding: Callable[[lint.Finding], Any] | None = None,
+                 transport_factory: Callable[..., Any] | None = None) -> None:
+        self.cluster = cluster
+        self.overrides = dict(overrides or {})
+        self.force = force
+        self.preflight = preflight
+        self.ready_timeout = ready_timeout
+        self.poll_interval = poll_interval
+        self.on_progress = on_progress
+        self.on_finding = on_finding
+        self._factory = transport_factory
+        self._monitor = monitor
+        self._own_monitor = False
+        self._own_transports: dict[str, Any] = {}
+        self._recipes: dict[str, Recipe] = {}
+        self._running: tuple[Runner, Plan] | None = None
+        self.plan: Plan | None = None               # the last plan launched (kept after stop, for reports)
+        self.findings: list[lint.Finding] = []      # the last preflight's findings
+
+    # --- Launcher protocol -------------------------------------------------------------------------------
+    async def launch(self, recipe: str, topology: str) -> str:
+        r = self._recipe(recipe)
+        topo, opts = resolve_topology(topology)
+        plan = make_plan(r, topo, self.cluster, {**self.overrides, **opts})
+        if plan.endpoint is None:
+            raise UserError(f"the {topology} plan of {r.key} has no endpoint to benchmark",
+                            fix="use a topology whose plan serves HTTP")
+        monitor = await self._ensure_monitor() if self.preflight else None
+        if self.preflight:
+            await self._check(r, plan, topology, monitor)
+        runner = Runner(self.cluster, await self._transports(plan, monitor), ready_timeout=self.ready_timeout,
+                        poll_interval=self.poll_interval)
+        self.plan = plan
+        await runner.launch(plan, self.on_progress)          # cleans up after itself when it fails
+        self._running = (runner, plan)
+        return plan.endpoint
+
+    async def stop(self) -> None:
+        if self._running is None:
+            return
+        runner, plan = self._running
+        self._running = None
+        await runner.stop(plan, self.on_progress)
+
+    async def close(self) -> None:
+        """Stop a launch still running, then end the monitor and the connections this launcher opened."""
+        try:
+            await self.stop()
+        finally:
+            for t in self._own_transports.values():
+                try:
+                    await t.close()
+                except Exception:  # noqa: BLE001 — closing is best effort
+                    pass
+            self._own_transports.clear()
+            if self._own_monitor and self._monitor is not None:
+                await self._monitor.stop()
+                self._monitor = None
+
+    async def __aenter__(self) -> "RecipeLauncher":
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    # --- steps -------------------------------------------------------------------------------------------
+    def _recipe(self, name: str) -> Recipe:
+        if name not in self._recipes:
+            self._recipes[name] = find_recipe(name)
+        return self._recipes[name]
+
+    async def _ensure_monitor(self):
+        if self._monitor is None:
+            from ..nodes.monitor import ClusterMonitor
+            kwargs = {"transport_factory": self._factory} if self._factory else {}
+            self._monitor = ClusterMonitor(self.cluster, history=4, **kwargs)
+            self._own_monitor = True
+            await self._monitor.start()
+        await self._monitor.wait_first_ticks(FACTS_TIMEOUT_S)
+        return self._monitor
+
+    async def _fresh_ticks(self, monitor, names: list[str], since: float) -> None:
+        """Until each node has ticked after `since` (or is down): memory read before the previous topology's
+        stop would still count its server."""
+        deadline = time.monotonic() + FACTS_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if all(nm.last is not None and nm.last.received > since or nm.state.value == "DOWN"
+                   for n, nm in monitor.nodes.items() if n in names):
+                return
+            await asyncio.sleep(0.05)
+
+    async def _facts(self, plan: Plan, monitor) -> lint.Facts:
+        await self._fresh_ticks(monitor, list(plan.nodes), time.time())
+        used = {n: nm for n, nm in monitor.nodes.items() if n in plan.nodes}
+        facts = lint.facts_from_monitors(used, headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
+        image_ids: dict[str, str | None] = {}
+        for name, nm in used.items():
+            if nm.transport is None or not nm.transport.connected:
+                continue
+            env = "".join(f"{k}={shlex.quote(v)} " for k, v in nm.config.env)
+            try:
+                res = await nm.transport.run(env + shlex.join(["docker", "image", "inspect", "-f", "{{.Id}}",
+                                                               plan.image]), timeout=30)
+            except Exception:  # noqa: BLE001 — an unreadable node leaves the image rule unchecked for it
+                continue
+            image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
+        return replace(facts, image_ids=image_ids)
+
+    async def _check(self, recipe: Recipe, plan: Plan, topology: str, monitor) -> None:
+        facts = await self._facts(plan, monitor)
+        chosen = CHOSEN_BY_NAME.get(topology, frozenset())
+        findings = [replace(f, severity="warn", message=f"{f.message} (measured on purpose: {topology})")
+                    if f.rule in chosen and f.severity == "refuse" else f
+                    for f in lint.preflight(recipe, plan.topology, self.cluster.nodes, facts, plan=plan)]
+        self.findings = findings
+        if self.on_finding is not None:
+            for f in findings:
+                self.on_finding(f)
+        blocking = lint.refusals(findings, force=self.force)
+        if blocking:
+            first = blocking[0]
+            where = f" on {first.node}" if first.node else ""
+            raise UserError(f"preflight refuses {recipe.key} as {topology}{where}: {first.rule}: {first.message}"
+                            + (f" (+{len(blocking) - 1} more)" if len(blocking) > 1 else ""),
+                            fix=(first.fix or "see `sparkconsole recipe lint`")
+                            + ("" if first.severity == "block" else "; or pass --force"))
+
+    async def _transports(self, plan: Plan, monitor) -> dict[str, Any]:
+        """The monitor's live connections where it has them; otherwise one of our own per node."""
+        out: dict[str, Any] = {}
+        for name in plan.nodes:
+            nm = monitor.nodes.get(name) if monitor is not None else None
+            t = getattr(nm, "transport", None)
+            if t is not None and t.connected:
+                out[name] = t
+                continue
+            own = self._own_transports.get(name)
+            if own is None or not own.connected:
+                from ..nodes.transport import make_transport
+                factory = self._factory or make_transport
+                own = factory(self.cluster.node(name), self.cluster.ssh)
+                await own.connect()
+                self._own_transports[name] = own
+            out[name] = own
+        return out
+
+
+__all__ = ["RecipeLauncher", "TOPOLOGY_NAMES", "resolve_topology"]
