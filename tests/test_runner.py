@@ -364,7 +364,7 @@ async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ss
 
 @pytest.mark.slow
 async def test_cli_launch_and_stop_end_to_end(tmp_path, docker_engine, testbed_base_image, state, monkeypatch, capsys):
-    """`sparkconsole recipe launch … --yes --force` then `recipe stop`: the real monitor reads the node for
+    """`sparkconsole recipe launch … --yes --force`, `restart`, `stop`: the real monitor reads the node for
     preflight facts, the runner launches over the local transport, the endpoint answers."""
     from sparkconsole.cli import main
     recipe = fake_recipe(tmp_path, testbed_base_image)
@@ -386,6 +386,10 @@ async def test_cli_launch_and_stop_end_to_end(tmp_path, docker_engine, testbed_b
         assert containers(docker_engine) == ["sc_cli_1"]
         async with httpx.AsyncClient(trust_env=False) as client:
             assert (await client.get(f"http://127.0.0.2:{port}/v1/models")).json()["data"][0]["id"] == "fake-model"
+        before = started_at(docker_engine, "sc_cli_1")
+        rc = await asyncio.to_thread(main, [*base, "restart", recipe.source, "-T", "solo", "--yes"])
+        assert rc == 0 and started_at(docker_engine, "sc_cli_1") != before
+        assert "ready again" in capsys.readouterr().out
         rc = await asyncio.to_thread(main, [*base, "stop", recipe.source, "-T", "solo", "--yes"])
         assert rc == 0 and containers(docker_engine) == []
     finally:
