@@ -37,7 +37,8 @@ def test_import_published_then_advise_and_report(tmp_path):
     (("import", "nothing.json", "--results", "x.sqlite"), "nothing.json: file not found"),
     (("import", "--results", "x.sqlite"), "nothing to import"),
     (("matrix", "--recipe", "r", "--topologies", "solo", "--endpoints", "solo"), "--endpoints: bad entry"),
-    (("matrix", "--recipe", "r", "--topologies", "solo"), "--endpoints"),
+    (("matrix", "--recipe", "r", "--topologies", "solo"), "recipe: no recipe named 'r'"),
+    (("matrix", "--recipe", "gpt-oss-120b", "--speed", "3"), "--speed: --speed sets the simulated clock"),
     (("run", "--url", "http://127.0.0.1:9", "--results", "x.sqlite", "--latency-mode", "none"), "--model"),
 ])
 def test_mistakes_are_one_line_errors(tmp_path, args, needle):
