@@ -17,6 +17,7 @@ from textual.binding import Binding
 
 from .. import audit
 from ..config import ClusterConfig
+from ..nodes.guard import evaluate_guards
 from .palette import ConsoleCommands
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
@@ -25,7 +26,7 @@ from .screens.logs import LogsScreen
 from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
-AGE_REFRESH_S = 1.0     # panels show "tick Ns ago" and STALE even when no tick arrives
+AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
 
 
 def _import_layers(serving: bool) -> None:
@@ -34,14 +35,6 @@ def _import_layers(serving: bool) -> None:
     importlib.import_module("sparkconsole.nodes.monitor")
     if serving:
         importlib.import_module("sparkconsole.serving.endpoint")
-
-
-def _evaluate_guards():
-    try:
-        from ..nodes.guard import evaluate_guards
-    except ImportError:     # the guard rules land separately; until then the checklist stays empty
-        return None
-    return evaluate_guards
 
 
 class SparkConsoleApp(App):
@@ -165,9 +158,9 @@ class SparkConsoleApp(App):
 
     def guards_for(self, nm) -> list:
         last = nm.last
-        if last is None or _evaluate_guards() is None:
+        if last is None:
             return []
-        return _evaluate_guards()(last.guards, last.mem, nm.containers, nm.config.container)
+        return evaluate_guards(last.guards, last.mem, nm.containers, nm.config.container)
 
     def node_facts(self):
         """What preflight learns from the live nodes: guard results, host memory, unified memory."""
@@ -192,10 +185,7 @@ class SparkConsoleApp(App):
                 if g.temp_c is not None:
                     temps.append(g.temp_c)
                 reasons.update(g.throttling)
-        try:
-            from ..bench.sweep import ThermalNote
-        except ImportError:
-            return None
+        from ..bench.results import ThermalNote
         return ThermalNote(max_temp_c=max(temps) if temps else None, throttle_reasons=tuple(sorted(reasons)))
 
     def mark_all_dirty(self) -> None:
@@ -254,7 +244,9 @@ class SparkConsoleApp(App):
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
-            self.push_screen(HelpScreen())
+            if not self.is_screen_installed("help"):
+                self.install_screen(HelpScreen(), "help")     # composed once; later opens only repaint
+            self.push_screen("help")
 
     def open_logs(self, node_name: str) -> None:
         self.logs_screen.follow(node_name)

@@ -22,7 +22,7 @@ class AlertLog(RichLog):
 
     def add(self, alert) -> None:
         self.count += 1
-        line = Text(no_wrap=True)
+        line = Text()
         line.append(time.strftime("%H:%M:%S ", time.localtime(alert.time)), style="dim")
         if alert.active:
             line.append(f"{alert.severity.upper():5} ", style=_STYLE.get(alert.severity, ""))
@@ -39,7 +39,7 @@ class AlertLog(RichLog):
     def note(self, message: str, style: str = "") -> None:
         """A console event that is not an alert (a command sent, a launch step)."""
         self.count += 1
-        line = Text(no_wrap=True)
+        line = Text()
         line.append(time.strftime("%H:%M:%S ", time.localtime()), style="dim")
         line.append(message, style=style)
         self.history.append(line.plain)
