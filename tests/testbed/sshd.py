@@ -42,6 +42,12 @@ def _ensure_sshd() -> str | None:
     return None
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the test process dies, even by SIGKILL (no orphan sshd)."""
+    import ctypes
+    ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
+
+
 def _free_port(address: str) -> int:
     with socket.socket() as s:
         s.bind((address, 0))
@@ -88,7 +94,7 @@ class SshdNode:
     def start(self) -> None:
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_path)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "ab"),
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=_die_with_parent)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
