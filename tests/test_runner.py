@@ -58,10 +58,17 @@ SERVER = textwrap.dedent('''\
             self.end_headers()
             self.wfile.write(body)
 
-        def do_POST(self):          # a one-token completion, for the router's latency probe
+        def do_POST(self):          # one-token completions: the router's latency probe, requests via LiteLLM
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            body = json.dumps({"object": "text_completion", "model": model,
-                               "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}).encode()
+            usage = {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
+            if self.path.endswith("/chat/completions"):
+                body = {"id": "c1", "object": "chat.completion", "created": 0, "model": model, "usage": usage,
+                        "choices": [{"index": 0, "message": {"role": "assistant", "content": "x"},
+                                     "finish_reason": "length"}]}
+            else:
+                body = {"id": "c1", "object": "text_completion", "created": 0, "model": model, "usage": usage,
+                        "choices": [{"index": 0, "text": "x", "finish_reason": "length"}]}
+            body = json.dumps(body).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -109,11 +116,23 @@ def local_cluster(docker_engine) -> ClusterConfig:
         docker_engine.run(["rm", "-f", n.container, f"{n.container}_router"], check=False)
 
 
-def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, router_image: str | None = None):
+def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, router_image: str | None = None,
+                litellm_venv: Path | None = None):
     script = tmp_path / "server.py"
     script.write_text(SERVER)
     router = ""
-    if router_venv is not None:
+    if litellm_venv is not None:
+        router = f"""
+          router:
+            port: {free_port()}
+            litellm:
+              image: {image}
+              version: "1.106.2"
+              command: ["{litellm_venv}/bin/litellm"]
+              volumes: ["/usr:/usr:ro", "{PY_HOME}:{PY_HOME}:ro", "{litellm_venv}:{litellm_venv}:ro",
+                        "/etc/passwd:/etc/passwd:ro", "/etc/ssl:/etc/ssl:ro"]
+        """
+    elif router_venv is not None:
         router = f"""
           router:
             port: {free_port()}
@@ -129,6 +148,7 @@ def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, rou
     path.write_text(textwrap.dedent(f"""\
         recipe_version: "1"
         name: stdlib stand-in server
+        model: fake-model
         container: {image}
         defaults: {{served_model_name: fake-model, delay: 0.5, fail_host: none}}
         command: |
@@ -196,6 +216,41 @@ async def test_launch_2x_solo_behind_vllm_router_then_restart_and_stop(tmp_path,
     assert {e.node for e in stops} == {"node1", "node2"}
     # stopping again is harmless: nothing left is not an error
     await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_launch_2x_solo_behind_litellm_with_the_key_by_reference(tmp_path, docker_engine, testbed_base_image,
+                                                                      litellm_env, local_cluster, state,
+                                                                      monkeypatch):
+    import secrets as pysecrets
+    key = "sk-" + pysecrets.token_hex(16)
+    monkeypatch.setenv("LITELLM_MASTER_KEY", key)        # the node's environment (local transport inherits it)
+    recipe = fake_recipe(tmp_path, testbed_base_image, litellm_venv=litellm_env.path)
+    plan = make_plan(recipe, "2x-solo", local_cluster, {"router": "simple-shuffle",
+                                                         "router_dir": str(tmp_path / "routers")})
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.5, ready_timeout=300)
+    events = []
+    try:
+        ready = await runner.launch(plan, events.append)
+        assert set(ready) == {"node1/server", "node2/server", "node1/router"}
+        cfg = (tmp_path / "routers" / "sc_run_1_router.yaml")
+        assert oct(cfg.stat().st_mode & 0o777) == "0o600" and "simple-shuffle" in cfg.read_text()
+        assert key not in cfg.read_text()
+        async with httpx.AsyncClient(trust_env=False, timeout=60) as client:
+            body = {"model": "fake-model", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+            assert (await client.post(plan.endpoint + "/v1/chat/completions", json=body)).status_code != 200
+            r = await client.post(plan.endpoint + "/v1/chat/completions", json=body,
+                                  headers={"Authorization": f"Bearer {key}"})
+            assert r.status_code == 200, r.text[:300]
+            assert r.json()["choices"][0]["message"]["content"] == "x"
+        # the key went by reference: not in any planned command, audit entry or progress message
+        assert all(key not in s.shell() for s in plan.steps)
+        assert all(key not in e.command for e in audit.read()) and all(key not in e.message for e in events)
+        assert "-e LITELLM_MASTER_KEY " in next(s.shell() for s in plan.steps if s.service == "node1/router")
+    finally:
+        await runner.stop(plan)
+    assert containers(docker_engine) == []
 
 
 @pytest.mark.slow
