@@ -246,3 +246,13 @@ def test_model_probe_reads_config_and_weights_with_a_real_shell(tmp_path):
     assert out.returncode == 3 and parse_model_probe(out.stdout) == (None, None)
     assert model_source(("vllm", "serve", "org/Model-1B", "--port", "1")) == "org/Model-1B"
     assert model_source(("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m")) == "/m"
+
+
+def test_preflight_on_a_bigger_cluster_uses_the_nodes_a_launch_would():
+    three = (*NODES, NodeConfig(name="spark3", address="192.168.100.12"))
+    guards = {"spark3": evaluate_guards(GuardInputs(swaps=("/swap.img",), overcommit_memory=0,
+                                                    min_free_kbytes=1572864), GB10_MEM, (), "vllm_node")}
+    # spark3 is not used by 2x-solo (head first, then file order): its swap does not refuse the launch
+    assert rules(check("gpt-oss-120b", "2x-solo", facts=Facts(guards=guards), nodes=three)) == []
+    assert rules(check("gpt-oss-120b", "2x-solo", {"nodes": ["spark1", "spark3"]}, Facts(guards=guards),
+                       nodes=three)) == ["oom_guards"]

@@ -127,10 +127,9 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts:
     findings += _compromised(recipe)
     if plan is None:
         cluster = ClusterConfig(nodes=tuple(nodes), endpoints=(), source="<preflight>")
-        ov = dict(overrides or {})
-        ov.setdefault("nodes", [n.name for n in nodes][: {"solo": 1}.get(topology, len(nodes))])
         try:
-            plan = make_plan(recipe, topology, cluster, ov)
+            # the plan picks its nodes from these (head first), as a launch on this cluster would
+            plan = make_plan(recipe, topology, cluster, dict(overrides or {}))
         except UserError as err:
             if any(f.rule == "router_compromised" for f in findings):
                 return findings          # the plan refused for the same reason
