@@ -202,3 +202,19 @@ async def test_local_transport_adds_node_env_and_runs_argv_without_a_shell():
 def test_to_command_quotes_lists_and_keeps_snippets():
     assert to_command(["echo", "a b", "$X"]) == "echo 'a b' '$X'"
     assert to_command("echo $X | wc -c") == "echo $X | wc -c"
+
+
+@pytest.mark.parametrize("split_at", [1, 3, 7, 64])
+async def test_line_stream_splits_lines_across_any_chunking(split_at):
+    from sparkconsole.nodes.transport import LineStream
+    data = b"one\n\ntwo\xff\n" + b"x" * 40 + b"\nthree\n" + b"y" * 25 + b"\nfour"
+    chunks = [data[i:i + split_at] for i in range(0, len(data), split_at)] + [b""]
+
+    async def read():
+        return chunks.pop(0) if chunks else b""
+
+    async def close():
+        pass
+    s = LineStream(read, close, lambda: 0, max_line=20)
+    assert [line async for line in s] == ["one", "", "two\ufffd", "three", "four"]
+    assert s.overlong == 2

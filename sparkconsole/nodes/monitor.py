@@ -35,6 +35,7 @@ from .transport import LineStream, Transport, TransportError, make_transport
 log = logging.getLogger(__name__)
 
 STALE_TICKS = 3
+FLOOD_BAD_LINES = 1000      # this many bad lines since the last good tick: the node is flooding, drop its stream
 BACKOFF_CAP_S = 30.0
 MAX_LINE = 1 << 20
 
@@ -90,6 +91,7 @@ class NodeMonitor:
         self._task: asyncio.Task | None = None
         self._stream: LineStream | None = None
         self._failures = 0
+        self._bad_at_last_tick = 0
 
     # -------- publishing
     def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
@@ -143,6 +145,7 @@ class NodeMonitor:
                 self.containers = tick.containers
             self.last_rx = time.monotonic()
             self._failures = 0
+            self._bad_at_last_tick = self.bad_lines
             if self.state != NodeState.LIVE:
                 self.last_error = None
                 self.state = NodeState.LIVE
@@ -212,6 +215,11 @@ class NodeMonitor:
                 self.bad_lines += stream.overlong - seen_overlong
                 seen_overlong = stream.overlong
             self.handle_line(line)
+            if self.bad_lines - self._bad_at_last_tick > FLOOD_BAD_LINES:
+                # A real agent prints one line per tick; reading a flood only fills memory (asyncssh re-opens
+                # the window as it buffers): drop the stream and come back after the back-off.
+                self._bad_at_last_tick = self.bad_lines
+                raise TransportError(f"{self.name}: more than {FLOOD_BAD_LINES} bad lines in a row; stream dropped")
             n += 1
             if n % 64 == 0:
                 # A flooding node's buffered lines come back without suspending: let the other nodes run.

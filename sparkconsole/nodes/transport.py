@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import abc
 import asyncio
+import collections
 import inspect
 import os
 import shlex
@@ -71,7 +72,7 @@ class LineStream:
         self._closer = closer
         self._returncode = returncode
         self._buf = bytearray()
-        self._lines: list[str] = []
+        self._lines: collections.deque[str] = collections.deque()
         self._eof = False
         self._skipping = False      # inside an overlong line: drop bytes until its newline
         self._closed = False
@@ -101,30 +102,25 @@ class LineStream:
                 self._eof = True
                 continue
             self._feed(chunk)
-        return self._lines.pop(0)
+        return self._lines.popleft()
 
     def _feed(self, chunk: bytes) -> None:
-        start = 0
-        while True:
-            nl = chunk.find(b"\n", start)
-            if nl < 0:
-                if not self._skipping:
-                    self._buf += chunk[start:]
-                    if len(self._buf) > self.max_line:
-                        self._buf.clear()
-                        self._skipping = True
-                        self.overlong += 1
-                return
+        parts = chunk.split(b"\n")
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
             if self._skipping:
-                self._skipping = False
-            else:
-                self._buf += chunk[start:nl]
-                if len(self._buf) > self.max_line:
-                    self.overlong += 1
-                else:
-                    self._lines.append(self._buf.decode("utf-8", "replace"))
+                if not last:
+                    self._skipping = False      # the overlong line ended here
+                continue
+            self._buf += part
+            if len(self._buf) > self.max_line:
                 self._buf = bytearray()
-            start = nl + 1
+                self.overlong += 1
+                self._skipping = last           # still inside it: drop bytes until its newline
+                continue
+            if not last:
+                self._lines.append(self._buf.decode("utf-8", "replace"))
+                self._buf = bytearray()
 
     async def close(self) -> None:
         if self._closed:
