@@ -108,7 +108,14 @@ class NodePanel(Vertical, can_focus=True):
         gpu = last.gpus[0] if last and last.gpus else None
         temp_line = Text(no_wrap=True, overflow="ellipsis")
         if gpu is None:
-            temp_line.append("GPU " + (DASH if last else "waiting for the agent…"), style="dim")
+            temp_line.append("GPU ", style="bold")
+            if last is None:
+                temp_line.append("waiting for the agent…", style="dim")
+            else:
+                source = info.gpu_source if info and info.gpu_source else "?"
+                temp_line.append(f"{DASH} no GPU readings (source: {source})", style="dim")
+                if last.errors:
+                    temp_line.append(f"  {last.errors[0][:80]}", style="red")
         else:
             margin = gpu.slowdown_margin_c
             t_style = grey or ("bold red" if margin is not None and margin <= thresholds.temp_margin_c else "bold")

@@ -53,7 +53,7 @@ class TempGraph(Widget):
         cols = thin(self._temps[-2 * w:], w)
         text = Text(no_wrap=True, overflow="crop")
         if not cols:
-            text.append("no temperature readings yet", style="dim")
+            text.append("no temperature readings", style="dim")
             return text
         top_v = max(hi for _, hi in cols)
         thr = self._slowdown
