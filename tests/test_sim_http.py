@@ -326,25 +326,51 @@ async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
         end(proc)
 
 
-async def test_bench_sweep_through_the_simulated_router_agrees_with_the_headless_experiment():
+async def test_bench_sweep_through_the_simulated_router_agrees_with_the_headless_experiment(monkeypatch):
     """The bench's own sweep (real client, /sim/clock scaling) against a simulated 2x-solo cluster behind the
-    simulated LiteLLM router gives what the headless experiment computes for that topology."""
+    simulated LiteLLM router gives what the headless experiment computes for that topology *with the same
+    spread*: simple-shuffle is random, and whether a c2 batch lands on one backend or on both changes its
+    figures by a third, so the headless model replays the router's own decisions (GET /sim/routes)."""
     from sparkconsole.bench.sweep import SweepSpec, run_sweep
     from sparkconsole.sim import experiment
     from sparkconsole.sim.cluster import SimCluster
+    from sparkconsole.sim.routing import RoutingPolicy
 
+    pp, tg, runs, levels = 512, 64, 3, (1, 2)
     base = f"127.{os.getpid() % 200 + 20}.99"
     sim = SimCluster(speed=2, load_speedup=200, nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
     await sim.start()
     try:
-        out = await run_sweep(SweepSpec(url=sim.router_url, pp=(512,), tg=(64,), concurrency=(1, 2), runs=3))
+        out = await run_sweep(SweepSpec(url=sim.router_url, pp=(pp,), tg=(tg,), concurrency=levels, runs=runs))
+        async with aiohttp.ClientSession() as s:
+            async with s.get(sim.router_url + "/sim/routes") as r:
+                routes = (await r.json())["routes"]
     finally:
         await sim.stop()
     assert out.provenance["simulated"] is True and out.provenance["speed"] == 2.0
+    # The sweep's measured requests ask for exactly tg tokens (prompt fitting asks for 1): per level a warm-up
+    # batch, then `runs` batches, one after the other.
+    picks = [r["backend"] for r in routes if r["max_tokens"] == tg]
+    assert len(picks) == sum((1 + runs) * c for c in levels), routes
+
+    class Replay(RoutingPolicy):
+        name = "replay"
+
+        def __init__(self, choices: list[int]) -> None:
+            self.choices = list(choices)
+
+        def choose(self, backends_inflight):
+            return self.choices.pop(0)
+
     args = EngineArgs(max_num_batched_tokens=32768, gpu_memory_utilization=0.7, max_model_len=4096, kv_cache_dtype="fp8")
-    headless = {r.concurrency: r for r in experiment.run_sweep("2x-solo-simple-shuffle", "gpt-oss-120b", args,
-                                                               (1, 2), 512, 64, 3)}
-    for lv in out.levels:
-        c = lv.key.concurrency
-        assert lv.decode_tps == pytest.approx(headless[c].decode_tps, rel=0.15), (c, lv.decode_tps)
-        assert lv.prefill_tps == pytest.approx(headless[c].prefill_tps, rel=0.35), (c, lv.prefill_tps)
+    served = {lv.key.concurrency: lv for lv in out.levels}
+    at = 0
+    for c in levels:
+        measured = picks[at + c: at + (1 + runs) * c]          # the warm-up batch is not recorded
+        at += (1 + runs) * c
+        monkeypatch.setattr(experiment, "make_policy", lambda name, seed=None, m=measured: Replay(m))
+        want = experiment.run_level("2x-solo-simple-shuffle", "gpt-oss-120b", args, c, pp, tg, runs)
+        lv = served[c]
+        assert lv.decode_tps == pytest.approx(want.decode_tps, rel=0.15), (c, measured, lv.decode_tps, want)
+        assert lv.prefill_tps == pytest.approx(want.prefill_tps, rel=0.3), (c, measured, lv.prefill_tps, want)
+        assert lv.ttft_ms == pytest.approx(want.ttft_ms, rel=0.3), (c, measured, lv.ttft_ms, want)

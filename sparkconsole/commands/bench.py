@@ -3,7 +3,7 @@
     sparkconsole bench run --url http://127.0.0.1:8000 --pp 1024 --tg 128 --concurrency 1,2,4,8,16,32,64 --runs 3
     sparkconsole bench run --url URL … --results runs/bench.sqlite --resume      # continue an interrupted sweep
     sparkconsole bench matrix --recipe gpt-oss-120b --topologies solo,cluster-tp2,2x-solo-shuffle,2x-solo-least-busy
-    sparkconsole bench matrix --recipe gpt-oss-120b --demo --speed 20      # the same on a simulated cluster
+    sparkconsole bench matrix --recipe gpt-oss-120b --demo --speed 10      # the same on a simulated cluster
     sparkconsole bench matrix --recipe gpt-oss-120b --topologies solo,cluster-tp2 --endpoints solo=URL,cluster-tp2=URL
     sparkconsole bench report runs/bench.sqlite [--format md|csv|json] [--run ID]
     sparkconsole bench import results.json [--results FILE]     # llama-benchy JSON (or a published-table CSV)
@@ -32,7 +32,7 @@ DEFAULT_RESULTS = "runs/bench.sqlite"
 
 # (args) -> bench.matrix.Launcher: replaces the recipe runner's launcher (tests, embedding); None: RecipeLauncher.
 launcher_factory: Callable[[argparse.Namespace], object] | None = None
-DEMO_SPEED = 20.0
+DEMO_SPEED = 10.0
 DEMO_LOAD_SPEEDUP = 1000.0      # the demo's weights "load" in a moment: the matrix is about serving
 
 
@@ -334,6 +334,7 @@ async def _matrix(args: argparse.Namespace) -> int:
                                  load_speedup=DEMO_LOAD_SPEEDUP,
                                  tunings={name: NodeTuning.hardened() for name, _ in nodes})
                 await sim.start()
+                line.text(f"simulated cluster up (state in {sim.root}; removed at the end)")
                 cluster = sim.cluster
                 overrides.setdefault("router_dir", str(sim.root / "routers"))
             else:

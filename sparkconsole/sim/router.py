@@ -20,6 +20,7 @@ import json
 import signal
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -91,6 +92,9 @@ class SimRouter:
         self._slots = [asyncio.Semaphore(cap) if cap else None for _ in backends]
         self._session: aiohttp.ClientSession | None = None
         self._stop = asyncio.Event()
+        # Routing decisions in order (backend index, max_tokens), for /sim/routes: a test can replay exactly
+        # the spread this router drew instead of hoping the headless model draws the same.
+        self.routes: deque[tuple[int, int | None]] = deque(maxlen=100_000)
         self._metrics()
 
     def _metrics(self) -> None:
@@ -165,6 +169,7 @@ class SimRouter:
         r.add_get("/v1/models", self.h_models)
         r.add_get("/metrics", self.h_metrics)
         r.add_get("/sim/clock", self.h_clock)
+        r.add_get("/sim/routes", self.h_routes)
         r.add_get("/version", self.h_version)
         r.add_post("/v1/chat/completions", self.h_forward)
         r.add_post("/v1/completions", self.h_forward)
@@ -188,6 +193,10 @@ class SimRouter:
 
     async def h_clock(self, request: web.Request) -> web.Response:
         return web.json_response({"speed": self.speed, "sim_time": self.clock.now(), "simulated": True})
+
+    async def h_routes(self, request: web.Request) -> web.Response:
+        return web.json_response({"simulated": True, "backends": [b.url for b in self.backends],
+                                  "routes": [{"backend": b, "max_tokens": mt} for b, mt in self.routes]})
 
     async def h_models(self, request: web.Request) -> web.Response:
         names = sorted({b.model for b in self.backends if b.model})
@@ -222,6 +231,8 @@ class SimRouter:
         view = self.tracker.view(now)
         pick = cand[self.policy.choose([view[i] for i in cand])]
         b = self.backends[pick]
+        mt = body.get("max_completion_tokens", body.get("max_tokens")) if isinstance(body, dict) else None
+        self.routes.append((pick, mt if isinstance(mt, int) else None))
         t0 = now
         sem = self._slots[pick]
         if sem is not None:

@@ -1,0 +1,82 @@
+"""`sparkconsole bench matrix --demo` end to end: a simulated two-node cluster, each topology launched by the real
+recipe runner through the nodes' docker shims, swept by the real client, recorded in a real SQLite file, stopped;
+the report names a winner per level. A short matrix (2 topologies, c1 and c4, 1 run) at a high clock speed."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from sparkconsole.bench.results import ResultsStore
+
+TOPOLOGIES = ("solo", "cluster-tp2")
+
+
+def sc(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparkconsole", "bench", *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def sim_processes(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in p.info["cmdline"] or []):
+                out.append(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+@pytest.mark.timeout(120)
+def test_demo_matrix_through_the_recipe_runner(tmp_path):
+    env = dict(os.environ, SPARKCONSOLE_STATE_DIR=str(tmp_path / "state"))
+    results = tmp_path / "matrix.sqlite"
+    r = sc("matrix", "--recipe", "gpt-oss-120b", "--demo", "--speed", "20", "--topologies", ",".join(TOPOLOGIES),
+           "--pp", "1024", "--tg", "128", "-c", "1,4", "--runs", "1", "--results", str(results), env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "measured 2, skipped 0, failed 0" in r.stdout and "SIMULATED" in r.stdout
+    # The runner's readiness lines: the head's server and, for the TP group, the headless worker on spark2.
+    assert re.search(r"spark1: server ready after [\d.]+ s at http://127\.\d+\.\d+\.2:\d+", r.stderr)
+    assert "spark2: worker ready" in r.stderr
+
+    # Every node-changing command went through the runner, which writes each to the audit log before it runs.
+    audit = [json.loads(line) for line in (tmp_path / "state" / "audit.log").read_text().splitlines()]
+    runs = [a for a in audit if "docker run" in a["command"] and "vllm serve openai/gpt-oss-120b" in a["command"]]
+    assert [a["node"] for a in runs] == ["spark1", "spark1", "spark2"]                 # solo, then TP=2 head + worker
+    assert "--tensor-parallel-size 2" in runs[1]["command"] and "--headless" in runs[2]["command"]
+    stops = [a for a in audit if a["command"].startswith("docker stop") or " docker stop " in a["command"]]
+    assert len(stops) == 3                                                              # each launch stopped
+
+    with ResultsStore(results) as store:
+        found = {r.topology: r for r in store.runs()}
+        assert set(found) == set(TOPOLOGIES)
+        for topo, run in found.items():
+            assert run.simulated and run.speed == 20.0 and run.recipe == "gpt-oss-120b" and run.finished
+            levels = store.levels(run.run_id)
+            assert [lv.key.concurrency for lv in levels] == [1, 4]
+            for lv in levels:
+                assert lv.metrics["requests_ok"] == lv.key.concurrency and not lv.metrics.get("requests_failed")
+                assert lv.thermal is not None and lv.thermal.max_temp_c is not None      # the nodes were watched
+            # Simulated time, not wall time: a c1 prefill of 1,024 tokens on a GB10 is hundreds of ms, not tens.
+            assert 150 < levels[0].ttft_ms < 1500, (topo, levels[0].ttft_ms)
+
+    report = sc("report", str(results), env=env)
+    assert report.returncode == 0, report.stderr
+    decode = report.stdout.split("### Decode throughput")[1].split("###")[0]
+    rows = [line for line in decode.splitlines() if re.match(r"\| \d+ \|", line)]
+    assert [int(row.split("|")[1]) for row in rows] == [1, 4]
+    for row in rows:
+        winner = row.rstrip(" |").split("|")[-1].strip()
+        assert winner.split()[0] in TOPOLOGIES, row
+    # TP=2 streams half the weights per GPU: it wins single-request decode (published +19%, simulated +28%).
+    assert rows[0].rstrip(" |").split("|")[-1].strip().startswith("cluster-tp2"), rows[0]
+    # The simulated cluster is gone: no process names its state directory, and the directory is removed.
+    state = re.search(r"state in (\S+);", r.stderr).group(1)
+    assert sim_processes(state) == [] and not os.path.exists(state)
