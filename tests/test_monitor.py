@@ -285,3 +285,24 @@ async def test_replay_paces_by_recorded_time_and_loops():
     assert 0.05 * 4 <= elapsed < 1.0                                          # ~0.05 s per tick at 10x
     with pytest.raises(Exception, match="runs no commands"):
         await t.run(["true"])
+
+
+@pytest.mark.sshd
+async def test_agent_killed_is_restarted_over_the_same_connection(sshd_live):
+    cfg = sshd_live.cluster_config(interval_s=0.23, nodes=[sshd_live[1]])
+    mon = ClusterMonitor(cfg)
+    await mon.start()
+    nm = mon.nodes["node2"]
+    try:
+        await until(lambda: nm.state == NodeState.LIVE, 20, "LIVE")
+        conn = nm.transport._conn
+        (pid,) = agent_pids_for(0.23)
+        psutil.Process(pid).kill()
+        await until(lambda: nm.state == NodeState.DOWN, 5, "DOWN")
+        assert nm.last_error.startswith("agent ended")
+        await until(lambda: nm.state == NodeState.LIVE, 20, "LIVE again")
+        assert nm.transport._conn is conn and nm.connects == 2      # a new agent, the same SSH connection
+        assert agent_pids_for(0.23) != [pid]
+    finally:
+        await mon.stop()
+    await until(lambda: not agent_pids_for(0.23), 5, "no agent left")

@@ -197,7 +197,7 @@ class NodeMonitor:
                 self._notify()
             else:
                 self._set_state(NodeState.DOWN, reason)   # said before the (bounded) teardown waits
-            await self._teardown()
+            await self._teardown(keep_connection=True)
             await asyncio.sleep(self.backoff())
 
     async def _session(self) -> None:
@@ -225,14 +225,16 @@ class NodeMonitor:
                 # A flooding node's buffered lines come back without suspending: let the other nodes run.
                 await asyncio.sleep(0)
 
-    async def _teardown(self) -> None:
+    async def _teardown(self, *, keep_connection: bool = False) -> None:
+        """End the agent's stream; close the connection too unless it is still up and may be reused (the
+        transport is shared: commands others run over it should not die because the agent did)."""
         stream, self._stream = self._stream, None
         if stream is not None:
             try:
                 await asyncio.wait_for(stream.close(), 5)
             except (asyncio.TimeoutError, TransportError, OSError):
                 pass
-        if self.transport is not None:
+        if self.transport is not None and not (keep_connection and self.transport.connected):
             try:
                 await asyncio.wait_for(self.transport.close(), 5)
             except (asyncio.TimeoutError, TransportError, OSError):
