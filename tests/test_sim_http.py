@@ -293,6 +293,29 @@ async def test_router_spreads_requests_and_reports(two_backends_and_router):
             assert (await r.json())["speed"] == 1.0
 
 
+async def test_role_chunk_comes_with_the_first_token_after_prefill(server):
+    """vLLM sends the first chunk (role, empty content) with the first engine output, after the prefill: a
+    client's time to first response is then the prefill, as against the real server. A 3,000-token prompt
+    takes the simulated GB10 about a second to prefill (real time at --sim-speed 1)."""
+    text = " ".join(f"tok{i % 50}" for i in range(3000))
+    body = {"model": MODEL, "messages": [{"role": "user", "content": text}], "max_tokens": 4, "stream": True}
+    async with aiohttp.ClientSession() as s:
+        prompt = await tokenize_count(s, server, text)
+        t0 = time.perf_counter()
+        stamps = []          # (seconds since send, has role, has content) per chunk with choices
+        async with s.post(server + "/v1/chat/completions", json=body) as r:
+            async for line in r.content:
+                if line.startswith(b"data: {"):
+                    d = json.loads(line[6:])
+                    for ch in d["choices"]:
+                        stamps.append((time.perf_counter() - t0, "role" in ch["delta"], bool(ch["delta"].get("content"))))
+    exp_ttft, _ = engine_expectation(prompt, 4, 1)
+    assert stamps[0][1] and not stamps[0][2]                     # the role chunk is first …
+    first_token = next(t for t, _, content in stamps if content)
+    assert stamps[0][0] == pytest.approx(exp_ttft[0], rel=0.25)  # … and it waits for the prefill
+    assert first_token - stamps[0][0] < 0.05                     # it arrives with the first token
+
+
 async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
     """--sim-speed 4: a request takes a quarter of the engine's time in real time; every figure the server
     reports (histograms, /sim/clock) stays in simulated seconds."""
