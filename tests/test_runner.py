@@ -364,6 +364,40 @@ async def ssh_transports(cluster: ClusterConfig) -> dict:
 
 
 @pytest.mark.slow
+async def test_node_lost_mid_launch_is_reported_and_the_rest_stopped(tmp_path, sshd_live, docker_engine,
+                                                                     testbed_base_image, state):
+    base = sshd_live.cluster_config(connect_timeout_s=3)
+    nodes = tuple(replace(n, container=f"sc_lost_{i + 1}", vllm_port=free_port(n.address),
+                          env=docker_env(docker_engine)) for i, n in enumerate(base.nodes))
+    cluster = replace(base, nodes=nodes)
+    recipe = fake_recipe(tmp_path, testbed_base_image)
+    plan = make_plan(recipe, "2x-solo", cluster, {"delay": 120})
+    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
+                   services=tuple(s for s in plan.services if s.role != "router"))
+    transports = await ssh_transports(cluster)
+    runner = Runner(cluster, transports, poll_interval=0.3)
+    events = []
+    try:
+        task = asyncio.ensure_future(runner.launch(plan, events.append))
+        for _ in range(600):
+            if any(e.stage == "log" and e.node == "node2" for e in events):     # waiting for readiness now
+                break
+            await asyncio.sleep(0.1)
+        assert containers(docker_engine) == ["sc_lost_1", "sc_lost_2"]
+        sshd_live[1].kill()                               # node2's SSH goes away while the launch waits
+        with pytest.raises(LaunchError) as ei:
+            await asyncio.wait_for(task, 120)
+        msg = str(ei.value)
+        assert "lost node node2" in msg and ei.value.node == "node2"
+        assert "stopped what it had started on node1" in msg and "COULD NOT STOP sc_lost_2 on node2" in msg
+        assert containers(docker_engine) == ["sc_lost_2"]     # node1 cleaned; node2 unreachable, said so
+    finally:
+        for t in transports.values():
+            await t.close()
+        docker_engine.run(["rm", "-f", "sc_lost_1", "sc_lost_2"], check=False)
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(1200)     # two vLLM start-ups; on a loaded 2-core box each can take minutes
 async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_engine, testbed_base_image,
                                                             vllm_env, tiny_model, state):

@@ -122,9 +122,16 @@ class _Follower:
 
     async def state(self) -> tuple[str, str]:
         """(status, detail) of the container: running / exited / … plus exit code and OOM flag."""
-        res = await self.runner._run(self.svc.node, self.svc.state_argv, timeout=30)
+        try:
+            res = await self.runner._run(self.svc.node, self.svc.state_argv, timeout=30)
+        except TransportError as exc:
+            return "unreachable", str(exc)
         if res.rc != 0:
-            return "missing", (res.stderr.strip().splitlines() or ["no such container"])[-1]
+            err = " ".join(res.stderr.split())
+            if "No such" in err:
+                return "missing", "no such container"
+            # a dropped session or a Docker daemon that does not answer: the node is out of reach
+            return "unreachable", err[-300:] or f"the state query ended with exit code {res.rc}"
         parts = res.stdout.split()
         status = parts[0] if parts else "unknown"
         detail = f"exit code {parts[1]}" if len(parts) > 1 else ""
@@ -218,8 +225,8 @@ class Runner:
         try:
             return await self.wait_ready(plan, on_progress, services=started)
         except LaunchError as err:
-            await self._cleanup(plan, started, emit)
-            raise LaunchError(str(err.problem) + self._cleanup_note(started), node=err.node, fix=err.fix,
+            left = await self._cleanup(plan, started, emit)
+            raise LaunchError(str(err.problem) + self._cleanup_note(started, left), node=err.node, fix=err.fix,
                               log_line=err.log_line) from None
         except BaseException:
             await self._cleanup(plan, started, emit)
@@ -234,23 +241,36 @@ class Runner:
             why = await self.run_step(step, f"launch {plan.recipe} ({plan.topology})", emit)
             if why is not None:
                 emit(step.node, "failed", f"{step.what}: {why}", step.service)
-                await self._cleanup(plan, started, emit)
+                left = await self._cleanup(plan, started, emit)
                 raise LaunchError(f"launch failed on node {step.node}: {step.what}: {why}"
-                                  + self._cleanup_note(started), node=step.node,
+                                  + self._cleanup_note(started, left), node=step.node,
                                   fix=_fix_for(why, plan))
 
     @staticmethod
-    def _cleanup_note(started: Sequence[Service]) -> str:
-        nodes = sorted({s.node for s in started})
-        return f"; stopped what it had started on {', '.join(nodes)}" if nodes else ""
+    def _cleanup_note(started: Sequence[Service], left: Sequence[Service] = ()) -> str:
+        stopped = sorted({s.node for s in started} - {s.node for s in left})
+        note = f"; stopped what it had started on {', '.join(stopped)}" if stopped else ""
+        if left:
+            note += ("; COULD NOT STOP " + ", ".join(f"{s.container} on {s.node}" for s in left)
+                     + " (run the recipe's stop once the node is back)")
+        return note
 
-    async def _cleanup(self, plan: Plan, services: Sequence[Service], emit: Callable[..., None]) -> None:
+    async def _cleanup(self, plan: Plan, services: Sequence[Service], emit: Callable[..., None]) -> list[Service]:
+        """Stop and remove `services` (last started first); returns those that could not be stopped."""
+        left: list[Service] = []
         for svc in reversed(services):
+            ok = True
             for st in svc.stop_steps():
                 why = await self.run_step(st, f"cleanup {plan.recipe} after a failed launch", emit)
                 if why is not None:
                     emit(st.node, "failed", f"{st.what}: {why}", svc.key)
-            emit(svc.node, "stopped", f"{svc.role} {svc.container} stopped", svc.key)
+                    ok = False
+                    break
+            if ok:
+                emit(svc.node, "stopped", f"{svc.role} {svc.container} stopped", svc.key)
+            elif svc not in left:
+                left.append(svc)
+        return left
 
     # --- readiness ----------------------------------------------------------------------------------------
     async def wait_ready(self, plan: Plan, on_progress: ProgressCallback | None = None, *,
@@ -274,6 +294,9 @@ class Runner:
                             continue
                         fol = followers[svc.key]
                         status, detail = await fol.state()
+                        if status == "unreachable":
+                            raise LaunchError(f"lost node {svc.node} while waiting for its {svc.role}: {detail}",
+                                              node=svc.node, fix="check the node and its network, then launch again")
                         if status not in ("running", "created", "restarting"):
                             await asyncio.sleep(0.3)          # let the follower catch the last lines
                             line = error_line(list(fol.lines))
@@ -382,15 +405,15 @@ class Runner:
             why = await self.run_step(svc.restart_step(), f"restart {plan.recipe}", emit)
             if why is not None:
                 emit(svc.node, "failed", f"restart: {why}", svc.key)
-                await self._cleanup(plan, list(plan.services), emit)
-                raise LaunchError(f"restart failed on node {svc.node}: {why}" + self._cleanup_note(plan.services),
-                                  node=svc.node, fix=_fix_for(why, plan))
+                left = await self._cleanup(plan, list(plan.services), emit)
+                raise LaunchError(f"restart failed on node {svc.node}: {why}"
+                                  + self._cleanup_note(plan.services, left), node=svc.node, fix=_fix_for(why, plan))
         try:
             return await self.wait_ready(plan, on_progress)
         except LaunchError as err:
-            await self._cleanup(plan, list(plan.services), emit)
-            raise LaunchError(str(err.problem) + self._cleanup_note(plan.services), node=err.node, fix=err.fix,
-                              log_line=err.log_line) from None
+            left = await self._cleanup(plan, list(plan.services), emit)
+            raise LaunchError(str(err.problem) + self._cleanup_note(plan.services, left), node=err.node,
+                              fix=err.fix, log_line=err.log_line) from None
 
 
 def _fix_for(why: str, plan: Plan) -> str:
