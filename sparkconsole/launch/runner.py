@@ -204,7 +204,8 @@ class Runner:
             emit(step.node, "ok", f"{step.what} (nothing to do)", step.service)
             return None
         # docker ends with "Run 'docker run --help'": the error itself is the line that says so
-        why = error_line(text.splitlines()) or f"exit code {res.rc}"
+        why = (error_line(res.stderr.splitlines())
+               or f"exit code {res.rc} and no error output (was the connection to {step.node} lost?)")
         if "Unable to find image" in text:
             why = f"image not on the node, and pulling it failed ({why})"
         return secrets.redact(why)
