@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from tests.testbed.routers import RouterProcess
-from tests.testbed.vllm import VllmServer, chat, request_success_total
+from tests.testbed.vllm import VllmServer, chat, metric_samples, request_success_total
 
 pytestmark = pytest.mark.slow
 
@@ -68,3 +68,18 @@ def test_litellm_needs_its_key_and_never_logs_it(vllm_pair, litellm_router: Call
     assert per_backend(vllm_pair) == before
     assert router.api_key and router.api_key not in router.log_path.read_text(errors="replace")
     assert router.api_key not in repr(router)
+
+
+def test_vllm_router_prefill_decode_mode_uses_each_server_for_its_step(vllm_pair, vllm_pd_router) -> None:
+    prefill, decode = vllm_pair
+
+    def generated(server: VllmServer) -> float:
+        return sum(s.value for s in metric_samples(server.url) if s.name == "vllm:generation_tokens_total")
+
+    before = per_backend(vllm_pair), generated(prefill), generated(decode)
+    reply = chat(vllm_pd_router.url, vllm_pd_router.model, "split me", max_tokens=6)
+    after = per_backend(vllm_pair), generated(prefill), generated(decode)
+    assert reply["usage"]["completion_tokens"] == 6
+    assert [a - b for a, b in zip(after[0], before[0])] == [1, 1]  # one request on each side
+    assert after[1] - before[1] == 1  # the prefill step makes a single token
+    assert after[2] - before[2] == 6  # the decode step makes the answer

@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+import httpx
 import pytest
 import yaml
 
 from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv
 from tests.testbed.vllm import VllmServer, free_port, log_tail, stop_process_group
-
-import httpx
 
 VLLM_ROUTER_VERSION = "0.1.17"
 LITELLM_VERSION = "1.106.2"
@@ -212,3 +211,17 @@ def litellm_router(litellm_env: Venv, vllm_pair: tuple[VllmServer, VllmServer],
     finally:
         for router in started.values():
             router.stop()
+
+
+@pytest.fixture(scope="session")
+def vllm_pd_router(vllm_router_env: Venv, vllm_pair: tuple[VllmServer, VllmServer],
+                   router_log_dir: Path) -> Iterator[RouterProcess]:
+    """vllm-router in prefill/decode mode: vllm_pair[0] prefills, vllm_pair[1] decodes. Without a KV connector the
+    decode server recomputes the prompt, but the router's two-step flow is the real one."""
+    prefill, decode = vllm_pair
+    router = start_vllm_router(vllm_router_env, [], prefill.model.name, router_log_dir, policy="round_robin",
+                               extra=["--vllm-pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url])
+    try:
+        yield router
+    finally:
+        router.stop()
