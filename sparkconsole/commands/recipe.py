@@ -58,7 +58,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            ("launch", "lint, confirm, run the plan and wait until it serves"),
                            ("stop", "stop and remove the recipe's containers on every node"),
                            ("restart", "restart the recipe's servers and wait until they serve")):
-        sp = sub.add_parser(name, help=helptext)
+        sp = sub.add_parser(name, help=helptext, description=helptext,
+                            epilog="Arguments after -- are appended to the vLLM command verbatim, as with "
+                                   "run-recipe.sh: sparkconsole recipe plan NAME -- --seed 42")
         sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file")
         sp.add_argument("--topology", "-T", choices=TOPOLOGIES, help="default: the recipe's first topology")
         sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
