@@ -80,3 +80,45 @@ def test_demo_matrix_through_the_recipe_runner(tmp_path):
     # The simulated cluster is gone: no process names its state directory, and the directory is removed.
     state = re.search(r"state in (\S+);", r.stderr).group(1)
     assert sim_processes(state) == [] and not os.path.exists(state)
+
+
+async def test_a_refused_topology_is_reported_and_the_matrix_goes_on(tmp_path, monkeypatch):
+    """spark2 of a stock simulated cluster has a swap file: preflight refuses every topology that uses it (the
+    OOM guards), the matrix records why and goes on with solo on the hardened spark1; nothing is left running."""
+    from sparkconsole.bench.matrix import run_matrix
+    from sparkconsole.bench.sweep import SweepSpec
+    from sparkconsole.launch.launcher import RecipeLauncher
+    from sparkconsole.sim.cluster import Serving, SimCluster
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    base = f"127.{os.getpid() % 200 + 20}.77"
+    sim = SimCluster(speed=20, load_speedup=1000, serving=Serving(topology="none"),
+                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    await sim.start()
+    launcher = RecipeLauncher(sim.cluster, overrides={"router_dir": str(sim.root / "routers")}, poll_interval=0.3)
+    try:
+        template = SweepSpec(url="http://unset.invalid", pp=(256,), tg=(16,), concurrency=(1,), runs=1, warmup=False)
+        with ResultsStore(tmp_path / "m.sqlite") as store:
+            out = await run_matrix("gpt-oss-120b", ["2x-solo-shuffle", "solo"], launcher, template, store)
+            assert out.measured == ["solo"] and list(out.failed) == ["2x-solo-shuffle"]
+            why = out.failed["2x-solo-shuffle"]
+            assert "preflight refuses gpt-oss-120b as 2x-solo-shuffle on spark2: oom_guards" in why
+            assert "swapoff" in why and "--force" in why                  # the guard's own fix, then the override
+            assert [r.topology for r in store.runs()] == ["solo"]
+        assert launcher.plan is not None and launcher.plan.topology == "solo"
+        for node in ("spark1", "spark2"):
+            assert (await sim.docker(node, "ps", "-aq"))[1].strip() == ""
+    finally:
+        await launcher.close()
+        await sim.stop()
+
+
+def test_matrix_topology_names():
+    from sparkconsole.errors import UserError
+    from sparkconsole.launch.launcher import resolve_topology
+
+    assert resolve_topology("2x-solo-shuffle") == ("2x-solo", {"router": "simple-shuffle"})
+    assert resolve_topology("2x-solo-least-busy") == ("2x-solo", {"router": "least-busy"})
+    assert resolve_topology("cluster-tp2") == ("cluster-tp2", {})
+    with pytest.raises(UserError, match="--topologies: unknown topology '2x-solo-random'"):
+        resolve_topology("2x-solo-random")

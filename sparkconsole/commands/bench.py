@@ -86,8 +86,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     m = sub.add_parser("matrix", help="launch, sweep and stop each topology in turn")
     m.add_argument("--recipe", required=True, help="recipe name or file")
-    m.add_argument("--topologies", default="solo,cluster-tp2,2x-solo-shuffle,2x-solo-least-busy,disagg",
-                   help="comma-separated: solo, cluster-tp2, 2x-solo[-shuffle|-least-busy|-vllm-router], disagg")
+    m.add_argument("--topologies",
+                   help="comma-separated: solo, cluster-tp2, 2x-solo[-shuffle|-least-busy|-vllm-router], disagg "
+                        "(default: those of solo,cluster-tp2,2x-solo-shuffle,2x-solo-least-busy,disagg the recipe "
+                        "supports; with --endpoints, the topologies it names)")
     m.add_argument("--endpoints", help="already-running endpoints instead of launching: topo=URL,topo=URL")
     m.add_argument("--demo", action="store_true",
                    help="start a simulated two-node GB10 cluster and run the matrix on it (figures in simulated time)")
@@ -225,6 +227,16 @@ async def _run(args: argparse.Namespace) -> int:
 
 
 def _topologies(args: argparse.Namespace) -> list[str]:
+    if args.topologies is None:
+        from ..bench.matrix import MATRIX_TOPOLOGIES
+        if args.endpoints:
+            return list(dict.fromkeys(item.partition("=")[0].strip() for item in args.endpoints.split(",")))
+        if launcher_factory is not None:
+            return list(MATRIX_TOPOLOGIES)
+        from ..launch.launcher import resolve_topology
+        from ..launch.recipe import find_recipe
+        supported = find_recipe(args.recipe).topologies
+        return [t for t in MATRIX_TOPOLOGIES if resolve_topology(t)[0] in supported]
     topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
     if not topologies:
         raise UserError("no topologies", field="--topologies", fix="e.g. --topologies solo,cluster-tp2")
@@ -321,7 +333,10 @@ async def _matrix(args: argparse.Namespace) -> int:
             from ..launch.launcher import RecipeLauncher
             from ..launch.recipe import find_recipe
             from ..nodes.monitor import ClusterMonitor
-            find_recipe(args.recipe)                      # a wrong name fails before anything starts
+            from ..launch.launcher import resolve_topology
+            find_recipe(args.recipe)                      # wrong names fail before anything starts
+            for topo in topologies:
+                resolve_topology(topo)
             overrides = _set_overrides(args.sets)
             if args.demo:
                 from ..sim.cluster import Serving, SimCluster
