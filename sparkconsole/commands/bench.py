@@ -29,6 +29,7 @@ from typing import Callable
 from ..errors import UserError
 
 DEFAULT_RESULTS = "runs/bench.sqlite"
+DEMO_RESULTS = "runs/demo.sqlite"      # simulated results never share the default file with real ones
 
 # (args) -> bench.matrix.Launcher: replaces the recipe runner's launcher (tests, embedding); None: RecipeLauncher.
 launcher_factory: Callable[[argparse.Namespace], object] | None = None
@@ -92,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "supports; with --endpoints, the topologies it names)")
     m.add_argument("--endpoints", help="already-running endpoints instead of launching: topo=URL,topo=URL")
     m.add_argument("--demo", action="store_true",
-                   help="start a simulated two-node GB10 cluster and run the matrix on it (figures in simulated time)")
+                   help="start a simulated two-node GB10 cluster and run the matrix on it (figures in simulated time; "
+                        f"results default to {DEMO_RESULTS})")
     m.add_argument("--speed", type=float, metavar="F",
                    help=f"with --demo: simulated clock speed relative to real time (default {DEMO_SPEED:g})")
     m.add_argument("--force", action="store_true", help="launch although preflight refuses (never a blocking rule)")
@@ -315,6 +317,8 @@ async def _matrix(args: argparse.Namespace) -> int:
         raise UserError("--demo runs on its own simulated cluster", field="--demo",
                         fix="drop --endpoints/--cluster, or drop --demo")
     speed = DEMO_SPEED if args.speed is None else args.speed
+    if args.demo and args.results == DEFAULT_RESULTS:
+        args.results = DEMO_RESULTS
     if args.demo and not 0.01 <= speed <= 1000:
         raise UserError(f"speed {speed:g} out of range", field="--speed", fix="give 0.01 to 1000 (1 = real time)")
     line = _ProgressLine(args.quiet)
