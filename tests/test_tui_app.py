@@ -395,4 +395,76 @@ async def test_recipe_enter_asks_then_launches_with_a_progress_line_per_node(rec
         await wait_for(pilot, lambda: rs.progress.get(node, "queued") != "queued", what="progress line")
         await pilot.pause(0.3)
         assert node in widget_text(rs.query_one("#launch-progress"))
+        # The launch waits for /health, which nothing answers here; once the plan runs, s asks before stopping it.
+        rs.running_plan = rs.plan
+        await pilot.press("s")
+        await pilot.pause(0.2)
+        assert isinstance(app.screen, ConfirmScreen)
+        assert "docker stop -t 30 vllm_node" in screen_text(app)
+        await pilot.press("y")
+        await wait_for(pilot, lambda: "docker stop -t 30 vllm_node" in factory.made[node].commands, what="stop sent")
+        assert any(e.command == "docker stop -t 30 vllm_node" for e in audit.read())
         await pilot.press("q")
+
+
+async def test_mouse_click_focuses_a_node_and_its_keys_act_on_it(recording):
+    app, factory, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        await pilot.click("#node-spark2", offset=(5, 1))
+        await pilot.pause(0.1)
+        assert app.focused is app.dashboard.panels["spark2"]
+        await pilot.press("r")
+        await pilot.pause(0.1)
+        assert "Restart the vLLM container on spark2?" in screen_text(app)
+        await pilot.click("#no")
+        await pilot.pause(0.2)
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert not any("restart" in c for t in factory.made.values() for c in t.commands)
+        await pilot.press("q")
+
+
+async def test_serving_panel_polls_a_real_endpoint_and_shows_it_down(recording):
+    """A loopback HTTP server answering with /metrics recorded from a real vLLM 0.32 (CPU)."""
+    from aiohttp import web
+    from sparkconsole.config import EndpointConfig
+    metrics = (Path(__file__).parent / "fixtures" / "metrics-vllm-0.32.0-cpu-recorded.txt").read_text()
+
+    async def health(_):
+        return web.Response(text="")
+
+    async def models(_):
+        return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 2048}]})
+
+    async def version(_):
+        return web.json_response({"version": "0.32.0"})
+
+    async def prom(_):
+        return web.Response(text=metrics, content_type="text/plain")
+
+    server = web.Application()
+    server.add_routes([web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
+                       web.get("/metrics", prom)])
+    runner = web.AppRunner(server, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    try:
+        cfg = ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1", role="head"),),
+                            endpoints=(EndpointConfig("spark1", url, kind="vllm", node="spark1"),))
+        mon = ClusterMonitor(cfg, transport_factory=replay_factory(lambda n: recording, interval=0.1))
+        app = SparkConsoleApp(cfg, monitor=mon)
+        async with app.run_test(size=SIZE) as pilot:
+            panel = app.dashboard.endpoint_panels["spark1"]
+            await wait_for(pilot, lambda: "tiny-llama" in widget_text(panel), what="the served model")
+            text = widget_text(panel)
+            assert "vLLM 0.32.0" in text and "UP" in text and "KV" in text and "TTFT" in text
+            await runner.cleanup()          # the server goes away
+            await wait_for(pilot, lambda: "DOWN" in widget_text(panel), timeout=20, what="endpoint DOWN")
+            assert panel.has_class("-unhealthy")
+            await wait_for(pilot, lambda: any("spark1" in e and "unhealthy" in e for e in app.dashboard.events.history),
+                           timeout=20, what="an alert in the event log")
+            await pilot.press("q")
+    finally:
+        await runner.cleanup()

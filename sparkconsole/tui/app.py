@@ -309,8 +309,8 @@ class SparkConsoleApp(App):
             ("Quit", self.action_quit, "q: agents end, connections close"),
             ("Bench: start sweep", lambda: self.bench_screen.action_start(), "b on the bench screen"),
             ("Bench: stop sweep", lambda: self.bench_screen.action_stop(), "x on the bench screen"),
-            ("Recipe: restart running", self.recipes_screen.action_restart, "asks first"),
-            ("Recipe: stop running", self.recipes_screen.action_stop, "asks first"),
+            ("Running recipe: restart", self.recipes_screen.action_restart, "asks first"),
+            ("Running recipe: stop", self.recipes_screen.action_stop, "asks first"),
         ]
         for node in self.cluster.nodes:
             n = node.name

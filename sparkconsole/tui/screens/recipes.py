@@ -312,14 +312,30 @@ class RecipesScreen(Screen):
             self.notify("no recipe was launched from this console", severity="warning")
             return
         plan = self.running_plan
+        stops = [st for svc in [x for x in plan.services if x.role == "router"]
+                 + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
+        if verb == "stop":
+            steps, detail = stops, "Routers first, then the servers; every container of the recipe is removed."
+        elif plan.restartable_in_place:
+            steps, detail = [svc.restart_step() for svc in plan.services if svc.role != "router"], \
+                "Each server restarts in place; requests in flight fail."
+        else:
+            steps, detail = stops + [st for st in plan.steps if st.change], \
+                "A tensor-parallel group cannot restart in place: it is stopped and launched again."
+        shown = "\n".join(f"{st.node}$ {st.shell()}" for st in steps[:8])
+        if len(steps) > 8:
+            shown += f"\n… and {len(steps) - 8} more"
 
         async def go() -> None:
             try:
                 await getattr(self.runner, verb)(plan, self._on_progress)
-                self.app.notify(f"{verb} done", title="recipes")
+                self.app.notify(f"{plan.recipe}: {verb} done", title="recipes")
+                if verb == "stop":
+                    self.running_plan = None
             except Exception as exc:
                 self.app.notify(_one_line(exc)[:300], title=f"{verb} failed", severity="error", timeout=20)
-        self.app.confirm(f"{verb.capitalize()} the running recipe on every node?", f"runner.{verb}(plan)", go)
+        self.app.confirm(f"{verb.capitalize()} {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
+                         shown, go, detail)
 
     def action_restart(self) -> None:
         self._confirm_running("restart")
