@@ -8,7 +8,7 @@ Requests are spread with the routing policies of sparkconsole/sim/routing.py (Li
 its in-flight counts late, as the real one does), and the proxy's own cost is added in simulated time:
 routing, forwarding, per-chunk relay and completion work queued on one event loop, and a cap on the
 requests held open per backend (the experiment's fitted ProxyProfile for LiteLLM; near zero for the
-Rust vllm-router). Exposes /health, /health/liveliness,
+Rust vllm-router). Exposes /health, /health/liveliness, /sim/routes (every routing decision, in order),
 /health/readiness, /v1/models, /metrics (the metric names each real router publishes) and /sim/clock.
 """
 
