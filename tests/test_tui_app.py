@@ -248,6 +248,11 @@ async def test_logs_key_tails_the_container_log_and_searches(recording):
         await pilot.press("escape")
         await pilot.pause(0.3)
         assert LOG_LINES[-2][-40:] in screen_text(app)
+        log = app.logs_screen.query_one("#log")
+        await pilot.press("f")       # follow off: the pane stops scrolling, the tail keeps reading
+        assert log.auto_scroll is False
+        await pilot.press("f")
+        assert log.auto_scroll is True
         await pilot.press("n")       # next node: spark1
         await wait_for(pilot, lambda: any("logs" in c for c in factory.made["spark1"].commands), what="spark1 tail")
         await pilot.press("q")
@@ -301,6 +306,16 @@ async def test_recipes_screen_lists_recipes_and_shows_a_plan_per_node(recording)
         topos = rs.topologies(rs._recipe(rs.selected))
         if len(topos) > 1:
             assert rs.topology != first_topology
+        # '/' filters the list
+        await pilot.press("slash")
+        for ch in keys[-1][:4]:
+            await pilot.press(ch)
+        await pilot.pause(0.2)
+        listed = [o.id for o in rs.query_one("#recipe-list").options]
+        assert keys[-1] in listed and all(keys[-1][:4] in k for k in listed)
+        await pilot.press("escape")
+        await pilot.pause(0.2)
+        assert len(rs.query_one("#recipe-list").options) == len(keys)
         await pilot.press("q")
 
 
