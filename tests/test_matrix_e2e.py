@@ -122,3 +122,60 @@ def test_matrix_topology_names():
     assert resolve_topology("cluster-tp2") == ("cluster-tp2", {})
     with pytest.raises(UserError, match="--topologies: unknown topology '2x-solo-random'"):
         resolve_topology("2x-solo-random")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1500)       # three vLLM CPU start-ups; on a loaded 2-core box each can take minutes
+def test_matrix_on_real_vllm_through_the_runner(tmp_path, docker_engine, testbed_base_image, vllm_env, tiny_model,
+                                                vllm_router_env):
+    """The test bed's tiny model on vLLM CPU in real containers on a real docker engine: `bench matrix` launches
+    solo, then 2x-solo behind the real vllm-router, each through the recipe runner, sweeps the real servers and
+    stops them. --force: this CI machine's OOM guards (swap, overcommit) are not a GB10's."""
+    import socket
+    import sys as _sys
+    from pathlib import Path
+
+    def free(host: str, port: int = 0) -> int:
+        with socket.socket() as s:
+            s.bind((host, port))
+            return s.getsockname()[1]
+
+    base = f"127.{os.getpid() % 200 + 20}.55"
+    nodes = [("tb1", base + ".2"), ("tb2", base + ".3")]
+    cluster = tmp_path / "sparkconsole.yaml"
+    cluster.write_text("nodes:\n" + "".join(
+        f"  - {{name: {n}, address: {a}, local: true, container: sc_matrix_{i}, vllm_port: {free(a)}}}\n"
+        for i, (n, a) in enumerate(nodes)))
+    # The bundled recipe with a router port of its own (a demo elsewhere may hold 4000).
+    recipe = tmp_path / "tiny.yaml"
+    from sparkconsole.launch.recipe import find_recipe
+    text = Path(find_recipe("tiny-testbed").source).read_text()
+    recipe.write_text(text.replace("    port: 4000\n", f"    port: {free('0.0.0.0')}\n"))
+    env = dict(os.environ, SPARKCONSOLE_STATE_DIR=str(tmp_path / "state"), DOCKER_HOST=docker_engine.host,
+               DOCKER_CONFIG=str(docker_engine.root / "client-config"))
+    sets = {"python_home": str(Path(_sys.base_prefix).resolve()), "vllm_venv": str(vllm_env.path),
+            "model_path": str(tiny_model.path), "served_model_name": tiny_model.name,
+            "router_venv": str(vllm_router_env.path)}
+    results = tmp_path / "real.sqlite"
+    try:
+        r = subprocess.run([_sys.executable, "-m", "sparkconsole", "--cluster", str(cluster), "bench", "matrix",
+                            "--recipe", str(recipe), "--topologies", "solo,2x-solo-vllm-router", "--force",
+                            *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")],
+                            "--pp", "96", "--tg", "16", "-c", "1,2", "--runs", "1", "--results", str(results)],
+                           capture_output=True, text=True, timeout=1400, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+        assert "measured 2, skipped 0, failed 0" in r.stdout and "SIMULATED" not in r.stdout
+        assert "tb1: router ready" in r.stderr and "tb2: server ready" in r.stderr
+        with ResultsStore(results) as store:
+            runs = {run.topology: run for run in store.runs()}
+            assert set(runs) == {"solo", "2x-solo-vllm-router"}
+            for run in runs.values():
+                assert not run.simulated and run.model == tiny_model.name and run.recipe_hash
+                for lv in store.levels(run.run_id):
+                    assert lv.metrics["requests_ok"] == lv.key.concurrency, lv.metrics
+            assert runs["2x-solo-vllm-router"].endpoint.endswith(f":{recipe.read_text().split('port: ')[-1].split()[0]}")
+        left = docker_engine.run(["ps", "-a", "--format", "{{.Names}}"]).stdout.split()
+        assert not [c for c in left if c.startswith("sc_matrix_")], left
+    finally:
+        for i in range(2):
+            docker_engine.run(["rm", "-f", f"sc_matrix_{i}", f"sc_matrix_{i}_router"], check=False)
