@@ -30,6 +30,7 @@ from .errors import UserError
 from .yamlsrc import Located, load_file
 
 CONFIG_NAME = "sparkconsole.yaml"
+_IFACE_RE = re.compile(r"^[A-Za-z0-9_.:,-]{1,64}$")
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
@@ -50,6 +51,8 @@ class NodeConfig:
     container: str = "vllm_node"
     vllm_port: int = 8000
     local: bool = False              # run the agent on this machine, no SSH (address must be loopback)
+    eth_if: str | None = None        # NCCL/GLOO socket interface on this node (cluster launches), e.g. enp1s0f0np0
+    ib_if: str | None = None         # RDMA device(s) for NCCL_IB_HCA, e.g. rocep1s0f0,roceP2p1s0f0
     # Set programmatically only (the simulator): extra agent flags and environment for local commands.
     agent_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -181,7 +184,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         p = ("nodes", i)
         if not isinstance(rn, dict):
             raise doc.error(p, "each node must be a mapping", "write '- name: spark1' then 'address: 192.168.100.10'")
-        _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local"})
+        _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if"})
         name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
         if name is None or not _NAME_RE.match(name):
             raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
@@ -207,8 +210,14 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", container):
             raise doc.error(p + ("container",), f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
         local = _get(doc, rn, p, "local", bool, False, "write true or false")
+        ifaces = {}
+        for key in ("eth_if", "ib_if"):
+            v = _get(doc, rn, p, key, str, None, "write the interface name, e.g. enp1s0f0np0")
+            if v is not None and not _IFACE_RE.match(v):
+                raise doc.error(p + (key,), f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f0np0")
+            ifaces[key] = v
         nodes.append(NodeConfig(name=name, address=address, ssh=ssh, role=role, container=container,
-                                vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local))
+                                vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local, **ifaces))
     if sum(1 for n in nodes if n.role == "head") > 1:
         raise doc.error(("nodes",), "more than one node has role head", "mark exactly one node 'role: head'")
 

@@ -268,6 +268,11 @@ def _iface(value: Any, node: str) -> str | None:
     return value
 
 
+# Where router configs go on the head node. Not a valid Python package name on purpose: a directory called
+# "sparkconsole" in /tmp would shadow the real package for any script run from /tmp.
+DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
+
+
 def _node_iface(options: Mapping[str, Any], recipe_value: str | None, node: NodeConfig, key: str) -> str | None:
     """--eth-if/--ib-if, else the node's own setting in the cluster file (when it has one), else the recipe's."""
     return (_iface(options.get(key), node.name) or getattr(node, key, None) or recipe_value)
@@ -394,7 +399,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
         servers = [start_server(n, "server", [], node_port(n)) for n in nodes]
         router_used = router_choice
         endpoint = _add_router(recipe, topology, router_choice, nodes[0], servers, steps, services, notes, params,
-                               options.get("router_dir") or "/tmp/sparkconsole")
+                               options.get("router_dir") or DEFAULT_ROUTER_DIR)
     elif topology == "disagg":
         prefill, decode = nodes
         kv = '{"kv_connector":"%s","kv_role":"kv_both"}' % recipe.disagg.connector
@@ -411,7 +416,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
             servers.append(start_server(node, role, env, node_port(node, port), extra))
         router_used = "vllm-router"
         endpoint = _add_router(recipe, topology, "vllm-router", prefill, servers, steps, services, notes, params,
-                               options.get("router_dir") or "/tmp/sparkconsole", disagg=True)
+                               options.get("router_dir") or DEFAULT_ROUTER_DIR, disagg=True)
     else:  # cluster-tp2
         head = nodes[0]
         port = node_port(head)
