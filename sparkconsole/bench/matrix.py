@@ -2,7 +2,9 @@
 
 Launching is behind a small `Launcher` protocol (the lead wires it to the launch engineer's runner), so this
 module knows nothing of nodes or plans. A topology whose launch fails is recorded as failed and the matrix goes
-on; `stop()` is always called. With `resume`, topologies already measured in full are not launched again.
+on; `stop()` is always called. With `resume`, topologies already measured in full are not launched again;
+`simulated` and `speed` say which clock the launcher's endpoints run on (a real cluster by default), so a real
+matrix never skips what a demo measured in the same file.
 """
 
 from __future__ import annotations
@@ -60,21 +62,21 @@ def recipe_hash(recipe: str) -> str | None:
     return None
 
 
-def _complete(store: ResultsStore, spec: SweepSpec, topology: str) -> bool:
+def _complete(store: ResultsStore, spec: SweepSpec, topology: str, simulated: bool, speed: float) -> bool:
     want = set(spec.levels())
     ident = json.loads(json.dumps(spec.identity()))    # as stored: tuples became lists
     if ident.get("model") is None:
         ident.pop("model")                             # the model the endpoint served is what was stored
     for run in store.runs():
         if (run.source == "sparkconsole" and run.topology == topology and run.recipe == spec.recipe
-                and run.recipe_hash == spec.recipe_hash and want <= store.finished_keys(run.run_id)
+                and run.simulated == simulated and run.speed == speed and run.recipe_hash == spec.recipe_hash and want <= store.finished_keys(run.run_id)
                 and all(run.spec.get(k) == v for k, v in ident.items())):
             return True
     return False
 
 
 async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher, template: SweepSpec,
-                     store: ResultsStore, *, resume: bool = False,
+                     store: ResultsStore, *, resume: bool = False, simulated: bool = False, speed: float = 1.0,
                      thermal_probe: Callable[[], ThermalNote | None] | None = None,
                      on_level: Callable[[LevelResult], None] | None = None,
                      on_progress: Callable[[Progress], None] | None = None,
@@ -84,7 +86,7 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
     rhash = recipe_hash(recipe)
     for i, topo in enumerate(topologies, 1):
         spec = replace(template, topology=topo, label=topo, recipe=recipe, recipe_hash=rhash)
-        if resume and _complete(store, spec, topo):
+        if resume and _complete(store, spec, topo, simulated, speed):
             say(f"[{i}/{len(topologies)}] {topo}: already measured, skipped")
             out.skipped.append(topo)
             continue

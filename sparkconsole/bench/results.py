@@ -189,8 +189,14 @@ class ResultsStore:
         """Start a run, or with `resume` reopen the newest run of the same spec. Returns (run_id, resumed)."""
         h = spec_hash(spec)
         if resume:
-            row = self.db.execute("SELECT run_id FROM runs WHERE spec_hash=? AND source=? ORDER BY created DESC LIMIT 1",
-                                  (h, source)).fetchone()
+            # A run on a simulated clock never continues as a real one, nor at another speed.
+            where, params = "spec_hash=? AND source=?", [h, source]
+            for col in ("simulated", "speed"):
+                if col in prov:
+                    where += f" AND {col}=?"
+                    params += _sql([prov[col]])
+            row = self.db.execute(f"SELECT run_id FROM runs WHERE {where} ORDER BY created DESC LIMIT 1",
+                                  params).fetchone()
             if row:
                 # Refresh provenance that may have changed (a relaunched endpoint's URL, the vLLM version).
                 sets = {k: v for k, v in prov.items() if v is not None and k not in ("created", "run_id")}

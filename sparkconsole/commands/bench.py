@@ -368,6 +368,7 @@ async def _matrix(args: argparse.Namespace) -> int:
                                       on_finding=on_finding)
         with ResultsStore(args.results) as store:
             out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
+                                   simulated=bool(args.demo), speed=speed if args.demo else 1.0,
                                    thermal_probe=probe, on_level=line.level, on_progress=line, on_status=line.text)
     finally:
         try:
