@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Callable, Protocol, Sequence
 
 from ..errors import UserError
@@ -55,11 +54,15 @@ class MatrixOutcome:
 
 
 def recipe_hash(recipe: str) -> str | None:
-    """sha256 (16 hex) of the recipe file, so results name exactly what was launched."""
-    p = Path(recipe)
-    if p.is_file():
+    """sha256 (16 hex) of the recipe file, so results name exactly what was launched: a path, or a recipe
+    name resolved the way the launcher resolves it (./recipes, the user's recipes, the bundle).
+    None when nothing by that name exists (`bench run --recipe` may record a free-form name)."""
+    from ..launch.recipe import recipe_path
+    try:
+        p = recipe_path(recipe)
         return hashlib.sha256(p.read_bytes()).hexdigest()[:16]
-    return None
+    except (UserError, OSError):
+        return None
 
 
 def _complete(store: ResultsStore, spec: SweepSpec, topology: str, simulated: bool, speed: float) -> bool:

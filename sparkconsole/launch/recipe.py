@@ -470,16 +470,22 @@ def recipe_paths() -> dict[str, Path]:
     return found
 
 
-def find_recipe(name_or_path: str) -> Recipe:
-    """A path to a YAML file, or a recipe key from ./recipes, ~/.config/sparkconsole/recipes or the bundle."""
+def recipe_path(name_or_path: str) -> Path:
+    """The file a recipe argument names: a path to a YAML file, or a key from ./recipes,
+    ~/.config/sparkconsole/recipes or the bundle (in that order)."""
     p = Path(name_or_path).expanduser()
     if p.suffix in (".yaml", ".yml") or os.sep in name_or_path:
-        return load_recipe(p)
+        return p
     paths = recipe_paths()
     if name_or_path in paths:
-        return load_recipe(paths[name_or_path])
+        return paths[name_or_path]
     known = ", ".join(sorted(paths)) or "(none)"
     raise UserError(f"no recipe named {name_or_path[:60]!r}", field="recipe",
                     fix=f"use one of: {known}, or give a path to a .yaml file")
+
+
+def find_recipe(name_or_path: str) -> Recipe:
+    """A path to a YAML file, or a recipe key from ./recipes, ~/.config/sparkconsole/recipes or the bundle."""
+    return load_recipe(recipe_path(name_or_path))
 
 
