@@ -6,6 +6,10 @@ import os
 from pathlib import Path
 
 STATE_ENV = "SPARKCONSOLE_STATE_DIR"
+# Where `sparkconsole bench` writes by default (relative to the working directory) and where the console's bench
+# screen looks for past runs. Here rather than in bench/: the CLI imports this at start-up, so it stays light.
+DEFAULT_RESULTS = "runs/bench.sqlite"
+DEMO_RESULTS = "runs/demo.sqlite"      # simulated results never share the default file with real ones
 
 
 def state_dir() -> Path:

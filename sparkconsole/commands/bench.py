@@ -27,9 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import UserError
-
-DEFAULT_RESULTS = "runs/bench.sqlite"
-DEMO_RESULTS = "runs/demo.sqlite"      # simulated results never share the default file with real ones
+from ..paths import DEFAULT_RESULTS, DEMO_RESULTS
 
 # (args) -> bench.matrix.Launcher: replaces the recipe runner's launcher (tests, embedding); None: RecipeLauncher.
 launcher_factory: Callable[[argparse.Namespace], object] | None = None

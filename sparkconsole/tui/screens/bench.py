@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from ...nodes.samples import THROTTLING
+from ...paths import DEFAULT_RESULTS
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
 
@@ -38,10 +39,6 @@ def throttled(level) -> bool:
 
 def store_path() -> Path:
     """The same results file the `sparkconsole bench` command writes by default, so past runs show here."""
-    try:
-        from ...commands.bench import DEFAULT_RESULTS
-    except ImportError:
-        DEFAULT_RESULTS = "runs/bench.sqlite"
     return Path(DEFAULT_RESULTS)
 
 
