@@ -75,25 +75,3 @@ async def test_run_then_json_report(tmp_path):
     assert [b["concurrency"] for b in doc["benchmarks"]] == [1, 2]
     md = sc("report", f).stdout
     assert "SIMULATED (speed ×4" in md
-
-
-def test_thermal_note_from_recorded_h100_ticks():
-    """The --cluster probe, fed ticks an agent recorded on a real H100 under load (tests/fixtures)."""
-    from pathlib import Path
-
-    from sparkconsole.commands.bench import thermal_note
-    from sparkconsole.nodes.samples import Tick
-
-    lines = Path(__file__).parent.joinpath("fixtures", "agent-h100-load.jsonl").read_text().splitlines()
-    raw = [json.loads(line) for line in lines if '"type":"tick"' in line]
-    now = 5000.0
-    ticks = [Tick.from_json(d, received=now - 1) for d in raw]
-    hottest = max(g["temp_c"] for d in raw for g in d["gpus"])
-    capped = [t for t in ticks if "sw_power_cap" in t.gpus[0].reasons]
-    idle = [t for t in ticks if t.gpus[0].reasons == ("idle",)]
-    assert capped and idle
-    note = thermal_note([("spark1", max(ticks, key=lambda t: t.gpus[0].temp_c)), ("spark2", capped[0])], now=now)
-    assert note.max_temp_c == hottest
-    assert "spark2:sw_power_cap" in note.throttle_reasons
-    assert not any(r.endswith(":idle") for r in note.throttle_reasons)       # idle is not a throttle
-    assert thermal_note([("spark1", idle[0])], now=idle[0].received + 60) is None   # stale: says nothing

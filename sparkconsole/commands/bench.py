@@ -169,28 +169,15 @@ class _ProgressLine:
         sys.stderr.flush()
 
 
-# Clock-event reasons worth noting beside a benchmark figure: the power cap and every real throttle.
-NOTED_REASONS = ("sw_power_cap", "hw_slowdown", "sw_thermal", "hw_thermal", "hw_power_brake")
-FRESH_TICK_S = 10.0
-
-
-def thermal_note(ticks, now: float | None = None):
-    """(node name, last Tick) pairs -> ThermalNote: the hottest GPU and 'node:reason' for each noted reason.
-    Ticks older than FRESH_TICK_S are ignored (a node that stopped answering says nothing about this level)."""
-    import time
+def _thermal_probe(monitor):
+    """For sweeps: the watched nodes' hottest GPU and noted clock-event reasons, as a ThermalNote."""
     from ..bench.results import ThermalNote
-    now = time.time() if now is None else now
-    temps, reasons = [], []
-    for name, tick in ticks:
-        if tick is None or now - tick.received > FRESH_TICK_S:
-            continue
-        for g in tick.gpus:
-            if g.temp_c is not None:
-                temps.append(g.temp_c)
-            reasons += [f"{name}:{r}" for r in g.reasons if r in NOTED_REASONS]
-    if not temps and not reasons:
-        return None
-    return ThermalNote(max(temps) if temps else None, tuple(dict.fromkeys(reasons)))
+    from ..nodes.thermal import cluster_reading
+
+    def probe():
+        r = cluster_reading(monitor.nodes.values())
+        return None if r is None else ThermalNote(r.max_temp_c, r.throttle_reasons)
+    return probe
 
 
 async def _cluster_probe(args: argparse.Namespace):
@@ -202,7 +189,7 @@ async def _cluster_probe(args: argparse.Namespace):
     monitor = ClusterMonitor(load_cluster(find_config(args.cluster)))
     await monitor.start()
     await monitor.wait_first_ticks(10.0)
-    return (lambda: thermal_note((n, nm.last) for n, nm in monitor.nodes.items())), monitor
+    return _thermal_probe(monitor), monitor
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -359,7 +346,7 @@ async def _matrix(args: argparse.Namespace) -> int:
             monitor = ClusterMonitor(cluster, history=4)
             await monitor.start()
             await monitor.wait_first_ticks(10.0)
-            probe = lambda: thermal_note((n, nm.last) for n, nm in monitor.nodes.items())  # noqa: E731
+            probe = _thermal_probe(monitor)
             on_progress, on_finding = _launch_printer(args, line)
             launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
                                       poll_interval=0.5 if args.demo else 1.0, on_progress=on_progress,

@@ -178,15 +178,11 @@ class SparkConsoleApp(App):
                      headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
 
     def thermal_note(self):
-        """For bench sweeps: the hottest GPU and the throttle reasons active across nodes right now."""
-        temps, reasons = [], set()
-        for nm in (self.monitor.nodes.values() if self.monitor else ()):
-            for g in (nm.last.gpus if nm.last else ()):
-                if g.temp_c is not None:
-                    temps.append(g.temp_c)
-                reasons.update(g.throttling)
+        """For bench sweeps: the hottest GPU and the noted clock-event reasons ('node:reason') across nodes now."""
         from ..bench.results import ThermalNote
-        return ThermalNote(max_temp_c=max(temps) if temps else None, throttle_reasons=tuple(sorted(reasons)))
+        from ..nodes.thermal import cluster_reading
+        r = cluster_reading(self.monitor.nodes.values()) if self.monitor else None
+        return None if r is None else ThermalNote(r.max_temp_c, r.throttle_reasons)
 
     def mark_all_dirty(self) -> None:
         self._dirty.update(self.dashboard.panels)

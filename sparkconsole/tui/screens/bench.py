@@ -15,6 +15,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header, Static
 
 from ...nodes.samples import THROTTLING
+from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
@@ -34,7 +35,7 @@ def level_value(level, name: str) -> float | None:
 
 def throttled(level) -> bool:
     note = getattr(level, "thermal", None)
-    return bool(note is not None and THROTTLING.intersection(note.throttle_reasons or ()))
+    return bool(note is not None and THROTTLING.intersection(reason_of(r) for r in note.throttle_reasons or ()))
 
 
 def store_path() -> Path:

@@ -16,6 +16,7 @@ from textual.widgets import Static
 
 from ...config import Thresholds
 from ...nodes.samples import REASON_SEVERITY, REASON_WORDS, NodeState, Tick
+from ...nodes.thermal import reason_durations
 from ..fmt import DASH, duration, gib, num, since_iso
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
@@ -23,24 +24,6 @@ from .temp_graph import TempGraph
 
 _SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "cyan"}
 _STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
-
-
-def reason_durations(history: Sequence[Tick], last: Tick) -> dict[str, float]:
-    """For each clock-event reason active on GPU 0 now: seconds it has been active without a break."""
-    if not last.gpus:
-        return {}
-    active = {r: last.time for r in last.gpus[0].reasons}
-    pending = set(active)
-    for tick in reversed(history):
-        if not pending:
-            break
-        now = set(tick.gpus[0].reasons) if tick.gpus else set()
-        for r in list(pending):
-            if r in now:
-                active[r] = tick.time
-            else:
-                pending.discard(r)
-    return {r: last.time - t for r, t in active.items()}
 
 
 class NodePanel(Vertical, can_focus=True):
