@@ -117,16 +117,25 @@ def load_text(text: str, file: str) -> Located:
     return Located(data, lines, file)
 
 
-def load_file(path: str | Path) -> Located:
+def read_user_file(path: str | Path, max_bytes: int) -> bytes:
+    """A file the user named, as bytes; missing, unreadable or larger than `max_bytes` -> one-line UserError.
+    Reads at most max_bytes + 1 bytes, so a huge file (or a device) is refused without being read whole."""
     p = Path(path)
     try:
-        raw = p.read_bytes()
+        with p.open("rb") as f:
+            raw = f.read(max_bytes + 1)
     except FileNotFoundError:
         raise UserError("file not found", file=str(p), fix="check the path") from None
-    except (IsADirectoryError, PermissionError) as exc:
+    except OSError as exc:
         raise UserError(f"cannot read ({exc.strerror})", file=str(p), fix="point at a readable file") from None
-    if len(raw) > MAX_BYTES:
-        raise UserError(f"file larger than {MAX_BYTES} bytes", file=str(p), fix="check the path")
+    if len(raw) > max_bytes:
+        raise UserError(f"file larger than {max_bytes} bytes", file=str(p), fix="check the path")
+    return raw
+
+
+def load_file(path: str | Path) -> Located:
+    p = Path(path)
+    raw = read_user_file(p, MAX_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:

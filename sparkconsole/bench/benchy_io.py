@@ -20,6 +20,7 @@ from importlib import resources
 from pathlib import Path
 
 from ..errors import UserError
+from ..yamlsrc import read_user_file
 from .metrics import Metric
 from .results import LevelKey, LevelResult, ResultsStore
 
@@ -27,19 +28,7 @@ BENCHY_METRICS = ("pp_throughput", "pp_req_throughput", "tg_throughput", "tg_req
                   "peak_req_throughput", "ttfr", "est_ppt", "e2e_ttft")
 PUBLISHED_COLUMNS = ("topology", "concurrency", "decode_tps", "prefill_tps", "ttft_ms")
 BUNDLED_TABLE = "gpt-oss-120b-topologies.csv"
-
-
-def _read(path: str | Path) -> bytes:
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise UserError("file not found", file=str(p), fix="check the path") from None
-    except (IsADirectoryError, PermissionError) as exc:
-        raise UserError(f"cannot read ({exc.strerror})", file=str(p), fix="point at a readable file") from None
-    if len(data) > 200_000_000:
-        raise UserError("file larger than 200 MB", file=str(p), fix="check the path")
-    return data
+MAX_IMPORT_BYTES = 200_000_000       # a llama-benchy JSON with every request is large, but not this large
 
 
 def import_file(store: ResultsStore, path: str | Path, *, label: str | None = None) -> list[str]:
@@ -50,7 +39,7 @@ def import_file(store: ResultsStore, path: str | Path, *, label: str | None = No
 
 
 def import_benchy(store: ResultsStore, path: str | Path, *, label: str | None = None) -> str:
-    raw = _read(path)
+    raw = read_user_file(path, MAX_IMPORT_BYTES)
     file = str(path)
     try:
         doc = json.loads(raw)
@@ -162,7 +151,7 @@ def import_published_csv(store: ResultsStore, path: str | Path) -> list[str]:
     """A published table (topology, concurrency, decode_tps, prefill_tps, ttft_ms; totals) -> one run per topology.
 
     pp/tg come from a comment line such as '# … pp1024 tg128 …' (else 1024/128, the published setup)."""
-    raw = _read(path)
+    raw = read_user_file(path, MAX_IMPORT_BYTES)
     file = str(path)
     text = raw.decode("utf-8", "replace")
     notes = [line[1:].strip() for line in text.splitlines() if line.startswith("#")]
