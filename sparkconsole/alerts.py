@@ -13,8 +13,6 @@ clear with active=False); subscribers get the same events. Nodes are duck-typed 
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -23,8 +21,7 @@ from typing import Any
 
 from .config import Thresholds
 from .nodes.samples import REASON_WORDS, NodeState
-
-log = logging.getLogger(__name__)
+from .subscribers import Subscribers
 
 # Hysteresis: a temperature alert clears only this far below its raise point, memory this far above the floor,
 # so a reading that wobbles on the line does not raise and clear every tick.
@@ -54,17 +51,12 @@ class AlertEngine:
         self.clock = clock
         self.active: dict[str, Alert] = {}
         self.history: deque[Alert] = deque(maxlen=history)   # raise and clear events, newest last
-        self._subs: list[Callable[[Alert], None]] = []
+        self._subs: Subscribers[Alert] = Subscribers("alert")
         self._stall: dict[str, _StallClock] = {}
 
     def subscribe(self, cb: Callable[[Alert], None]) -> Callable[[], None]:
         """cb(alert) for every raise, severity change and clear (active=False); returns unsubscribe."""
-        self._subs.append(cb)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subs.remove(cb)
-        return unsubscribe
+        return self._subs.add(cb)
 
     # --- bookkeeping ----------------------------------------------------------------------------------------
     def _settle(self, prefix: str, source: str, now: float, found: dict[str, tuple[str, str]],
@@ -84,11 +76,7 @@ class AlertEngine:
             events.append(Alert(key, old.severity, source, f"cleared: {old.message}", now, False))
         for e in events:
             self.history.append(e)
-            for cb in list(self._subs):
-                try:
-                    cb(e)
-                except Exception:
-                    log.exception("alert subscriber failed")
+            self._subs.notify(e)
         return events
 
     def for_source(self, source: str) -> list[Alert]:

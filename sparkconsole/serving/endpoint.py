@@ -21,6 +21,7 @@ import httpx
 
 from ..config import ClusterConfig, EndpointConfig
 from . import metrics as m
+from ..subscribers import Subscribers
 from .http import FetchError, Reply, fetch, make_client
 
 log = logging.getLogger(__name__)
@@ -117,7 +118,7 @@ class EndpointMonitor:
         self._client = client
         self._own_client = client is None
         self._task: asyncio.Task | None = None
-        self._subs: list[Callable[[EndpointMonitor], None]] = []
+        self._subs: Subscribers[EndpointMonitor] = Subscribers("endpoint")
         self._scrapes: deque[m.Scrape] = deque()      # recent successful scrapes (monotonic time)
         self._info: tuple[str | None, tuple[str, ...], int | None, str | None] = (None, (), None, None)
         self._info_at = -INFO_REFRESH_S
@@ -126,21 +127,12 @@ class EndpointMonitor:
 
     # --- publishing ---------------------------------------------------------------------------------------
     def subscribe(self, cb: Callable[["EndpointMonitor"], None]) -> Callable[[], None]:
-        self._subs.append(cb)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subs.remove(cb)
-        return unsubscribe
+        return self._subs.add(cb)
 
     def _publish(self, snap: EndpointSnapshot) -> None:
         self.latest = snap
         self.history.append(snap)
-        for cb in list(self._subs):
-            try:
-                cb(self)
-            except Exception:  # one bad subscriber must not stop the polling
-                log.exception("endpoint subscriber failed")
+        self._subs.notify(self)            # one bad subscriber must not stop the polling
 
     # --- lifecycle ----------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -334,25 +326,13 @@ class ServingMonitor:
             ep.name: EndpointMonitor(ep, interval, client=self._client, history=history, timeout=timeout,
                                      metrics_url=ep.metrics_url)
             for ep in config.endpoints}
-        self._subs: list[Callable[[EndpointMonitor], None]] = []
+        self._subs: Subscribers[EndpointMonitor] = Subscribers("serving")
         for mon in self.endpoints.values():
-            mon.subscribe(self._fan_out)
-
-    def _fan_out(self, mon: EndpointMonitor) -> None:
-        for cb in list(self._subs):
-            try:
-                cb(mon)
-            except Exception:
-                log.exception("serving subscriber failed")
+            mon.subscribe(self._subs.notify)
 
     def subscribe(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
         """cb(endpoint_monitor) after any endpoint's poll; returns unsubscribe."""
-        self._subs.append(cb)
-
-        def unsubscribe() -> None:
-            with contextlib.suppress(ValueError):
-                self._subs.remove(cb)
-        return unsubscribe
+        return self._subs.add(cb)
 
     def snapshots(self) -> dict[str, EndpointSnapshot | None]:
         return {name: mon.latest for name, mon in self.endpoints.items()}
