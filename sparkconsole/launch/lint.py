@@ -171,20 +171,20 @@ def _literal(text: str) -> Any:
     return text
 
 
-def _tp(argv: Sequence[str]) -> int:
-    v = flag_value(argv, "--tensor-parallel-size", "-tp")
+def _int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
+    v = flag_value(argv, *names)
     try:
-        return int(v) if v is not None else 1
+        return int(v) if v is not None else default
     except ValueError:
-        return 1
+        return default
+
+
+def _tp(argv: Sequence[str]) -> int:
+    return _int_flag(argv, "--tensor-parallel-size", "-tp")
 
 
 def _pp(argv: Sequence[str]) -> int:
-    v = flag_value(argv, "--pipeline-parallel-size", "-pp")
-    try:
-        return int(v) if v is not None else 1
-    except ValueError:
-        return 1
+    return _int_flag(argv, "--pipeline-parallel-size", "-pp")
 
 
 def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
