@@ -156,6 +156,15 @@ def fit_router(hw, model, proxy, runs):
     return proxy, best
 
 
+def engine_stage(label: str, runs: int, hw, model, proxy, *, base_hw, t0: float):
+    """Fit the engine constants from the current ones, print them, and apply them to `base_hw` and `model`."""
+    vals, err = fit_engine(runs, proxy, start=[getattr(hw if w == "hw" else model, n) for n, w, *_ in ENGINE_PARAMS])
+    print(f"{label}: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
+    for (name, where, *_), v in zip(ENGINE_PARAMS, vals):
+        print(f"  {where}.{name} = {v:.6g}")
+    return apply(vals, base_hw, model)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", choices=["engine", "router", "all", "score"], default="all")
@@ -164,24 +173,14 @@ def main(argv=None) -> int:
     t0 = time.time()
     hw, model, proxy = GB10, MODELS["gpt-oss-120b"], LITELLM
     if ns.stage in ("engine", "all"):
-        vals, err = fit_engine(ns.runs, proxy, start=[getattr(hw if w == "hw" else model, n)
-                                                      for n, w, *_ in ENGINE_PARAMS])
-        print(f"engine fit: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
-        for (name, where, *_), v in zip(ENGINE_PARAMS, vals):
-            print(f"  {where}.{name} = {v:.6g}")
-        hw, model = apply(vals, hw, model)
+        hw, model = engine_stage("engine fit", ns.runs, hw, model, proxy, base_hw=hw, t0=t0)
     if ns.stage in ("router", "all"):
         proxy, err = fit_router(hw, model, proxy, max(ns.runs, 8))
         print(f"router fit: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
         for name, _ in ROUTER_GRID:
             print(f"  proxy.{name} = {getattr(proxy, name)}")
     if ns.stage == "all":
-        vals, err = fit_engine(ns.runs, proxy, start=[getattr(hw if w == "hw" else model, n)
-                                                      for n, w, *_ in ENGINE_PARAMS])
-        print(f"engine refit: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
-        for (name, where, *_), v in zip(ENGINE_PARAMS, vals):
-            print(f"  {where}.{name} = {v:.6g}")
-        hw, model = apply(vals, GB10, model)
+        hw, model = engine_stage("engine refit", ns.runs, hw, model, proxy, base_hw=GB10, t0=t0)
     sim = simulate(hw, model, proxy, TABLE.topologies, LEVELS, max(ns.runs, 10))
     card = score(sim, TABLE)
     print(f"{'topology':24} {'c':>3} | {'decode sim/pub':>15} | {'prefill sim/pub':>15} | {'ttft ms sim/pub':>15}")
