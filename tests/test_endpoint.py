@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import random
-import socket
 import time
 from pathlib import Path
 
@@ -15,6 +14,7 @@ from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.serving import metrics as m
 from sparkconsole.serving.endpoint import EndpointMonitor, ServingMonitor, backoff_s
 from tests.test_serving_metrics import VllmExporter, fixture, seeded_workload
+from tests.helpers import free_port
 
 MODEL = "openai/gpt-oss-120b"
 
@@ -65,12 +65,6 @@ def vllm_routes(exp: VllmExporter, *, health_status: int = 200, metrics=None) ->
         return web.Response(text=exp.text(), content_type="text/plain")
 
     return {"/health": health, "/v1/models": models, "/version": version, "/metrics": metrics or metrics_text}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def ep(url: str, kind: str = "vllm", name: str = "spark1") -> EndpointConfig:

@@ -10,7 +10,6 @@ for the end-to-end path. Those need the Docker engine, hence `slow`.
 from __future__ import annotations
 
 import asyncio
-import socket
 import sys
 import textwrap
 from dataclasses import replace
@@ -25,6 +24,7 @@ from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import find_recipe, load_recipe
 from sparkconsole.launch.runner import LaunchError, Runner, error_line
 from sparkconsole.nodes.transport import LocalTransport, make_transport
+from tests.helpers import free_port
 
 PY_HOME = str(Path(sys.base_prefix).resolve())
 
@@ -81,12 +81,6 @@ SERVER = textwrap.dedent('''\
     print("INFO Application startup complete.", file=sys.stderr, flush=True)
     ThreadingHTTPServer((host, port), H).serve_forever()
 ''')
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def docker_env(engine) -> tuple[tuple[str, str], ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import os
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -21,17 +20,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.profiles import GB10, MODELS
 from sparkconsole.sim.server import ENGINE_WAKEUP_S
+from tests.helpers import free_port
 
 HOST = "127.0.0.1"
 MODEL = "openai/gpt-oss-120b"
 ARGS = ("--gpu-memory-utilization", "0.7", "--max-model-len", "4096", "--max-num-batched-tokens", "8192",
         "--max-num-seqs", "64", "--kv-cache-dtype", "fp8")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 async def wait_http(url: str, timeout: float = 60.0) -> None:

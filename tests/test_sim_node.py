@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -20,6 +19,7 @@ import sparkconsole
 from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.node import GB10, NodeTuning, SimNode, write_load
 from sparkconsole.sim.profiles import GB10 as GB10_HW, MODELS
+from tests.helpers import free_port
 
 AGENT = Path(sparkconsole.__file__).parent / "agent.py"
 GIB_KB = 1024 * 1024
@@ -168,12 +168,6 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
         assert docker(node, "ps", "-aq").stdout.strip() == ""
     finally:
         await node.stop()
-
-
-def free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 async def test_served_model_loads_memory_and_drives_the_gpu(tmp_path):

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.tui.screens.help import HelpScreen
 from sparkconsole.tui.widgets.node_panel import NodePanel
 from sparkconsole.tui.widgets.sim_badge import SimBadge
+from tests.helpers import wait_for
 
 RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"
 SIZE = (120, 40)
@@ -35,14 +35,6 @@ def widget_text(widget) -> str:
     region = widget.screen.find_widget(widget).region
     lines = [strip.text for strip in widget.screen._compositor.render_strips()]
     return "\n".join(line[region.x:region.right] for line in lines[region.y:region.bottom])
-
-
-async def wait_for(pilot, cond, timeout: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.05)
 
 
 def cluster(n: int = 2, endpoints=()) -> ClusterConfig:

@@ -4,7 +4,6 @@ grow as levels land, x stops it, p overlays past runs from the results file, f t
 from __future__ import annotations
 
 import asyncio
-import socket
 import subprocess
 import sys
 import time
@@ -19,23 +18,11 @@ from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.tui.app import SparkConsoleApp
 from sparkconsole.tui.replay import read_recording, replay_factory
+from tests.helpers import free_port, wait_for
 
 RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"
 HOST = "127.0.0.1"
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
-
-
-async def wait_for(pilot, cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.1)
 
 
 @pytest.fixture(autouse=True)

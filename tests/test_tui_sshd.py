@@ -4,12 +4,12 @@ partition (STALE), a dropped connection (DOWN) and its return (LIVE), keeping th
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.tui.app import SparkConsoleApp
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.sshd
 
@@ -19,14 +19,6 @@ def panel_text(app, name: str) -> str:
     region = app.screen.find_widget(panel).region
     lines = [s.text for s in app.screen._compositor.render_strips()]
     return "\n".join(line[region.x:region.right] for line in lines[region.y:region.bottom])
-
-
-async def wait_for(pilot, cond, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await pilot.pause(0.1)
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import free_port
+
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 SSHD = "/usr/sbin/sshd"
 
@@ -46,12 +48,6 @@ def _die_with_parent() -> None:
     """In the child before exec: SIGKILL it when the test process dies, even by SIGKILL (no orphan sshd)."""
     import ctypes
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)    # PR_SET_PDEATHSIG
-
-
-def _free_port(address: str) -> int:
-    with socket.socket() as s:
-        s.bind((address, 0))
-        return s.getsockname()[1]
 
 
 def _keygen(path: Path, comment: str) -> None:
@@ -202,7 +198,7 @@ def start_sshd_nodes(root: Path, addresses=ADDRESSES) -> SshdCluster:
         host_key = d / "ssh_host_ed25519_key"
         _keygen(host_key, f"node{i + 1}")
         (d / "authorized_keys").write_text((identity.with_suffix(".pub")).read_text())
-        port = _free_port(address)
+        port = free_port(address)
         (d / "sshd_config").write_text(f"""\
 ListenAddress {address}
 Port {port}

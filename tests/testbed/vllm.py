@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import time
 import uuid
@@ -21,6 +20,7 @@ from typing import Callable, Iterator, Sequence
 import httpx
 import pytest
 
+from tests.helpers import free_port
 from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv, ensure_venvs
 from tests.testbed.docker import DockerEngine, TestbedImage, host_mounts
 from tests.testbed.model import TinyModel
@@ -86,12 +86,6 @@ def vllm_serve_argv(vllm_bin: Path | str, model: TinyModel, port: int, host: str
 def common_serve_args(model: TinyModel, port: int, host: str) -> list[str]:
     return ["--served-model-name", model.name, "--host", host, "--port", str(port), "--enforce-eager",
             "--max-model-len", "2048"]
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def wait_healthy(url: str, *, timeout: float, alive: Callable[[], str | None], what: str) -> float:
