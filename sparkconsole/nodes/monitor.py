@@ -134,6 +134,10 @@ class NodeMonitor:
             return
         kind = d.get("type") if isinstance(d, dict) else None
         if kind == "tick":
+            seq = d.get("seq")
+            if not isinstance(seq, int) or isinstance(seq, bool):
+                self.bad_lines += 1       # the agent always numbers its ticks: anything else is not one of them
+                return
             try:
                 tick = Tick.from_json(d, time.time() if received is None else received)
             except (ValueError, TypeError, AttributeError):
@@ -210,20 +214,25 @@ class NodeMonitor:
         self._stream = stream
         seen_overlong = 0
         n = 0
-        async for line in stream:
-            if stream.overlong != seen_overlong:
-                self.bad_lines += stream.overlong - seen_overlong
-                seen_overlong = stream.overlong
-            self.handle_line(line)
-            if self.bad_lines - self._bad_at_last_tick > FLOOD_BAD_LINES:
-                # A real agent prints one line per tick; reading a flood only fills memory (asyncssh re-opens
-                # the window as it buffers): drop the stream and come back after the back-off.
-                self._bad_at_last_tick = self.bad_lines
-                raise TransportError(f"{self.name}: more than {FLOOD_BAD_LINES} bad lines in a row; stream dropped")
-            n += 1
-            if n % 64 == 0:
-                # A flooding node's buffered lines come back without suspending: let the other nodes run.
-                await asyncio.sleep(0)
+        try:
+            async for line in stream:
+                if stream.overlong != seen_overlong:
+                    self.bad_lines += stream.overlong - seen_overlong
+                    seen_overlong = stream.overlong
+                self.handle_line(line)
+                if self.bad_lines - self._bad_at_last_tick > FLOOD_BAD_LINES:
+                    # A real agent prints one line per tick; reading a flood only fills memory (asyncssh re-opens
+                    # the window as it buffers): drop the stream and come back after the back-off.
+                    self._bad_at_last_tick = self.bad_lines
+                    raise TransportError(f"{self.name}: more than {FLOOD_BAD_LINES} bad lines in a row; "
+                                         "stream dropped")
+                n += 1
+                if n % 64 == 0:
+                    # A flooding node's buffered lines come back without suspending: let the other nodes run.
+                    await asyncio.sleep(0)
+        finally:
+            # An overlong line just before the stream ends has no later line to be counted by.
+            self.bad_lines += stream.overlong - seen_overlong
 
     async def _teardown(self, *, keep_connection: bool = False) -> None:
         """End the agent's stream; close the connection too unless it is still up and may be reused (the
