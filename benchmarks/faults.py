@@ -1,0 +1,64 @@
+"""Runs the fault and abuse suite (tests/faults/) and prints its figures: faults tried and survived, data lost,
+bad inputs tried, tracebacks shown — counted by tests/faults/conftest.py during the run, not typed in.
+
+    .venv/bin/python benchmarks/faults.py            # everything, the 60 s link cut included (a few minutes)
+    .venv/bin/python benchmarks/faults.py --fast     # without the @slow tests
+    .venv/bin/python benchmarks/faults.py -- -k link # extra pytest arguments after --
+
+Exit status: pytest's. The table is markdown, ready for docs/RELIABILITY.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fast", action="store_true", help="skip the @slow tests")
+    ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        cmd = [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider"]
+        if args.fast:
+            cmd += ["-m", "not slow"]
+        cmd += args.pytest_args
+        t0 = time.monotonic()
+        r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "SPARKCONSOLE_FAULT_FIGURES": str(out)})
+        took = time.monotonic() - t0
+        if not out.exists():
+            print("no figures written (did the suite run?)", file=sys.stderr)
+            return r.returncode or 1
+        f = json.loads(out.read_text())
+    print()
+    print(f"Fault suite, {'fast' if args.fast else 'full'} run, {took:.0f} s:")
+    print()
+    print("| figure | value |")
+    print("|---|---|")
+    print(f"| faults tried | {f['faults_tried']} |")
+    print(f"| faults survived | {f['faults_survived']} |")
+    print(f"| data lost | {f['data_lost']} |")
+    print(f"| bad inputs tried | {f['bad_inputs_tried']} |")
+    print(f"| tracebacks shown | {f['tracebacks_shown']} |")
+    print()
+    for what, outcome in f["faults"].items():
+        print(f"- {outcome}: {what}")
+    for w in f["lost_where"]:
+        print(f"- lost: {w}")
+    for w in f["tracebacks_where"]:
+        print(f"- traceback: {w}")
+    return r.returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
