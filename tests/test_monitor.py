@@ -172,11 +172,12 @@ def tick(seq: int, **extra) -> str:
 def test_bad_lines_are_counted_and_dropped():
     nm = make_node()
     for line in ("", "garbage", '{"type": "tick", "seq": 1, "ti', "[1, 2]", '{"type": "tick"}',
-                 '{"type": "weird"}', json.dumps({"type": "tick", "time": 1, "pad": "x" * (1 << 20)})):
+                 '{"type": "weird"}', '{"type":"tick","seq":"x","time":1}', '{"type":"tick","seq":true,"time":1}',
+                 json.dumps({"type": "tick", "time": 1, "pad": "x" * (1 << 20)})):
         nm.handle_line(line)
-    assert nm.bad_lines == 7 and nm.last is None and nm.state == NodeState.CONNECTING
+    assert nm.bad_lines == 9 and nm.last is None and nm.state == NodeState.CONNECTING
     nm.handle_line(tick(1))
-    assert nm.bad_lines == 7 and nm.last.seq == 1 and nm.state == NodeState.LIVE
+    assert nm.bad_lines == 9 and nm.last.seq == 1 and nm.state == NodeState.LIVE
 
 
 def test_history_is_bounded_and_containers_persist_between_container_ticks():

@@ -30,7 +30,7 @@ from typing import Callable
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
 from .samples import ContainerInfo, NodeInfo, NodeState, Tick
-from .transport import LineStream, Transport, TransportError, make_transport
+from .transport import LineStream, Transport, TransportError, bounded, make_transport
 
 log = logging.getLogger(__name__)
 
@@ -92,6 +92,7 @@ class NodeMonitor:
         self._stream: LineStream | None = None
         self._failures = 0
         self._bad_at_last_tick = 0
+        self._stopping = False
 
     # -------- publishing
     def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
@@ -182,7 +183,7 @@ class NodeMonitor:
         return delay * random.uniform(0.8, 1.2)
 
     async def run(self) -> None:
-        while True:
+        while not self._stopping:
             try:
                 await self._session()
                 rc = self._stream.returncode if self._stream else None
@@ -240,12 +241,12 @@ class NodeMonitor:
         stream, self._stream = self._stream, None
         if stream is not None:
             try:
-                await asyncio.wait_for(stream.close(), 5)
+                await bounded(stream.close(), 5)
             except (asyncio.TimeoutError, TransportError, OSError):
                 pass
         if self.transport is not None and not (keep_connection and self.transport.connected):
             try:
-                await asyncio.wait_for(self.transport.close(), 5)
+                await bounded(self.transport.close(), 5)
             except (asyncio.TimeoutError, TransportError, OSError):
                 pass
 
@@ -254,13 +255,14 @@ class NodeMonitor:
             self._task = asyncio.get_running_loop().create_task(self.run(), name=f"monitor:{self.name}")
 
     async def stop(self) -> None:
+        self._stopping = True
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            try:
-                await task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001
-                pass
+            while not task.done():
+                task.cancel()
+                await asyncio.wait({task}, timeout=2)   # again if a cancel was swallowed on the way
+            if not task.cancelled():
+                task.exception()                       # retrieved (logged by run() already)
         await self._teardown()     # again: a cancel that landed inside the loop's own teardown cut it short
 
 

@@ -52,6 +52,23 @@ class CommandResult:
     stderr: str
 
 
+async def bounded(aw, timeout: float | None):
+    """asyncio.wait_for without Python 3.11's race that can lose the caller's cancellation (a monitor that
+    never stops): the caller's cancel always propagates; on timeout the inner work is cancelled and
+    asyncio.TimeoutError raised."""
+    task = asyncio.ensure_future(aw)
+    try:
+        done, _ = await asyncio.wait({task}, timeout=timeout)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    if not done:
+        task.cancel()
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved: no "never retrieved"
+        raise asyncio.TimeoutError
+    return task.result()
+
+
 def to_command(argv: Sequence[str] | str) -> str:
     """The shell text a remote shell receives: lists are quoted word by word; a str is taken as written."""
     if isinstance(argv, str):
@@ -189,7 +206,7 @@ class LocalTransport(Transport):
             await self.connect()
         proc = await self._spawn(argv, asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL)
         try:
-            out, err = await asyncio.wait_for(proc.communicate(input), timeout)
+            out, err = await bounded(proc.communicate(input), timeout)
         except asyncio.TimeoutError:
             _killpg(proc)
             await proc.wait()
@@ -226,11 +243,11 @@ class LocalTransport(Transport):
             if proc.stdin and not proc.stdin.is_closing():
                 proc.stdin.close()          # the agent ends on stdin end-of-file
             try:
-                await asyncio.wait_for(proc.wait(), 2.0)
+                await bounded(proc.wait(), 2.0)
             except asyncio.TimeoutError:
                 _killpg(proc, signal.SIGTERM)
                 try:
-                    await asyncio.wait_for(proc.wait(), 2.0)
+                    await bounded(proc.wait(), 2.0)
                 except asyncio.TimeoutError:
                     _killpg(proc)
                     await proc.wait()
@@ -389,7 +406,7 @@ class SshTransport(Transport):
                 proc.stdin.write(input)
             proc.stdin.write_eof()
             try:
-                r = await asyncio.wait_for(proc.wait(check=False), timeout)
+                r = await bounded(proc.wait(check=False), timeout)
             except asyncio.TimeoutError:
                 # Closing the channel alone leaves a command that neither reads nor writes running on the node.
                 await _end_remote(conn, proc, tag)
@@ -429,7 +446,7 @@ class SshTransport(Transport):
             except (OSError, asyncssh.Error, BrokenPipeError):
                 pass
             try:
-                await asyncio.wait_for(proc.wait_closed(), 2.0)
+                await bounded(proc.wait_closed(), 2.0)
             except (asyncio.TimeoutError, OSError, asyncssh.Error):
                 if self._conn is not None:   # …anything else gets TERM, then KILL
                     await _end_remote(self._conn, proc, tag)
@@ -458,7 +475,7 @@ class SshTransport(Transport):
         if conn is not None:
             conn.close()
             try:
-                await asyncio.wait_for(conn.wait_closed(), 3.0)
+                await bounded(conn.wait_closed(), 3.0)
             except (asyncio.TimeoutError, OSError, asyncssh.Error):
                 pass
 
@@ -484,14 +501,14 @@ async def _end_remote(conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClie
         if proc.exit_status is not None or proc.exit_signal is not None:
             break
         try:
-            await asyncio.wait_for(conn.run(kill_tagged_snippet(tag, sig), check=False), 5.0)
-            await asyncio.wait_for(proc.wait_closed(), 1.0)
+            await bounded(conn.run(kill_tagged_snippet(tag, sig), check=False), 5.0)
+            await bounded(proc.wait_closed(), 1.0)
             break
         except (asyncio.TimeoutError, OSError, asyncssh.Error):
             continue
     proc.close()
     try:
-        await asyncio.wait_for(proc.wait_closed(), 2.0)
+        await bounded(proc.wait_closed(), 2.0)
     except (asyncio.TimeoutError, OSError, asyncssh.Error):
         pass
 
