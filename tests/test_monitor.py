@@ -307,3 +307,17 @@ async def test_agent_killed_is_restarted_over_the_same_connection(sshd_live):
     finally:
         await mon.stop()
     await until(lambda: not agent_pids_for(0.23), 5, "no agent left")
+
+
+async def test_stop_always_returns_whatever_phase_the_node_is_in():
+    """An agent that dies at once keeps the node cycling connect → DOWN → back-off; stop() lands anywhere."""
+    import random
+    node = NodeConfig(name="flappy", address="127.0.0.1", local=True, agent_args=("--gpu-source", "no-such-source"))
+    for _ in range(12):
+        mon = ClusterMonitor(ClusterConfig(nodes=(node,), endpoints=(), agent_interval_s=0.05))
+        await mon.start()
+        await asyncio.sleep(random.uniform(0, 0.6))
+        t0 = time.monotonic()
+        await asyncio.wait_for(mon.stop(), 10)
+        assert time.monotonic() - t0 < 8
+        assert mon.nodes["flappy"]._task is None
