@@ -173,7 +173,16 @@ def fill(template: str, params: Mapping[str, Any], file: str, line: int | None, 
         if name not in params:
             raise UserError(f"placeholder {{{name}}} has no value", file=file, line=line, field=field_,
                             fix=f"add '{name}: VALUE' under defaults, or pass --set {name}=VALUE")
-    return template.format(**{k: _fmt(v) for k, v in params.items()})
+    # Format specs: a nested {field} or a huge width ({port:>999999999}) must not raise or fill memory.
+    for _, name, spec, _ in string.Formatter().parse(template):
+        if name is not None and spec and ("{" in spec or re.search(r"\d{4,}", spec)):
+            raise UserError(f"placeholder {{{name}}} has a format spec that cannot be filled ({spec[:20]!r})",
+                            file=file, line=line, field=field_, fix=f"write {{{name}}} without a format spec")
+    try:
+        return template.format(**{k: _fmt(v) for k, v in params.items()})
+    except (ValueError, TypeError, IndexError, KeyError) as exc:
+        raise UserError(f"placeholder cannot be filled ({' '.join(str(exc).split())[:80]})", file=file, line=line,
+                        field=field_, fix="write {name} placeholders without format specs or conversions") from None
 
 
 def _fmt(v: Any) -> Any:
