@@ -144,6 +144,17 @@ def test_anchor_bombs_refused_quickly(depth, width):
     check("\n".join(lines) + "\n")
 
 
+def test_format_specs_that_cannot_be_filled_are_one_line_errors(ledger):
+    """Found by the fuzz above: `{port:{}}` in a router command raised IndexError (a traceback) at plan time."""
+    for spec in ("{port:{}}", "{port:{x}}", "{port!r:>{9999999}}", "{port:>999999999}", "{port!z}", "{port:d}x",
+                 "{served_model_name:d}"):
+        ledger.bad_inputs()
+        doc = copy.deepcopy(BASES[0])
+        doc.setdefault("sparkconsole", {}).setdefault("router", {}).setdefault("vllm_router", {})["command"] = [spec]
+        doc["command"] = "vllm serve x --port {port} " + spec
+        check(yaml.safe_dump(doc))
+
+
 def test_files_on_disk_one_line_each_and_nothing_written(tmp_path, ledger):
     cases = {
         "empty.yaml": b"",

@@ -135,3 +135,33 @@ async def test_link_cut_60s(sshd_live, cut_node, tmp_path):
     budget = KEEPALIVE_INTERVAL_S * (KEEPALIVE_COUNT_MAX + 1) + 5
     r = await cut_and_heal(sshd_live, cut_node, tmp_path, 60, make_transport, down_within=budget, back_within=60)
     assert r["down_s"] < budget
+
+
+@pytest.mark.fault("link blip of 5 s with default keepalives: STALE → LIVE, no tick lost")
+async def test_link_blip_loses_no_tick(sshd_live, cut_node, tmp_path, ledger):
+    """Shorter than the keepalive budget: the connection survives, the agent's ticks wait in the node's socket
+    buffer and arrive when the link returns — the node is STALE meanwhile, never DOWN, and no tick is missing."""
+    mon = ClusterMonitor(cluster(sshd_live, cut_node, tmp_path), history=1000)
+    cut = mon.nodes["cut"]
+    states: list[NodeState] = []
+    mon.subscribe(lambda nm: nm is cut and (not states or states[-1] != nm.state) and states.append(nm.state))
+    await mon.start()
+    try:
+        await until(lambda: cut.state == NodeState.LIVE and len(cut.history) >= 5, 30, "LIVE")
+        cut_node.link(False)
+        try:
+            await until(lambda: cut.state == NodeState.STALE, 5, "STALE")
+            await asyncio.sleep(5)
+        finally:
+            cut_node.link(True)
+        t_up = time.monotonic()
+        await until(lambda: cut.state == NodeState.LIVE, 30, "LIVE again on the same connection")
+        await asyncio.sleep(1.0)
+        seqs = [t.seq for t in cut.history]
+        missing = (seqs[-1] - seqs[0] + 1) - len(set(seqs))
+        ledger.lost(missing, "ticks across a 5 s link blip")
+        assert NodeState.DOWN not in states and cut.connects == 1, states
+        assert missing == 0 and seqs == sorted(seqs), seqs
+        assert time.monotonic() - t_up < 30
+    finally:
+        await mon.stop()

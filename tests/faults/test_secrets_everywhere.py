@@ -180,7 +180,7 @@ async def test_no_artefact_holds_a_secret(sshd_live, tmp_path, keys, ledger):
     from sparkconsole.config import ClusterConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
     from sparkconsole.tui.app import SparkConsoleApp
-    from sparkconsole.tui.replay import read_recording, replay_factory
+    from sparkconsole.nodes.replay import read_recording, replay_factory
     rec = read_recording(Path(__file__).parents[1] / "fixtures" / "agent-h100-load.jsonl")
     tcfg = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),), endpoints=(), source="t.yaml")
     app = SparkConsoleApp(tcfg, monitor=ClusterMonitor(tcfg, transport_factory=replay_factory(
