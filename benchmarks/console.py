@@ -172,7 +172,7 @@ def in_process_keys(n: int, presses: int) -> dict:
     from sparkconsole.config import ClusterConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
     from sparkconsole.tui.app import SparkConsoleApp
-    from sparkconsole.tui.replay import read_recording, replay_factory
+    from sparkconsole.nodes.replay import read_recording, replay_factory
     from sparkconsole.tui.screens.help import HelpScreen
     from textual import events
 

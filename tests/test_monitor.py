@@ -259,7 +259,7 @@ async def test_replayed_recording_feeds_the_monitor_like_a_live_node():
     rec = FIX / "agent-h100-load.jsonl"
     recorded = [json.loads(x) for x in rec.read_text().splitlines()]
     cfg = ClusterConfig(nodes=(NodeConfig(name="h100", address="127.0.0.1"),), endpoints=())
-    mon = ClusterMonitor(cfg, transport_factory=replay_factory({"h100": rec}, speed=0), history=1000)
+    mon = ClusterMonitor(cfg, transport_factory=replay_factory({"h100": rec}, speed=0, loop=False), history=1000)
     await mon.start()
     nm = mon.nodes["h100"]
     try:
@@ -275,7 +275,7 @@ async def test_replayed_recording_feeds_the_monitor_like_a_live_node():
 async def test_replay_paces_by_recorded_time_and_loops():
     from sparkconsole.nodes.replay import ReplayTransport
     lines = (FIX / "agent-h100-idle.jsonl").read_text().splitlines()[:4]     # hello + 3 ticks, 0.5 s apart
-    t = ReplayTransport(NodeConfig(name="n", address="127.0.0.1"), lines, speed=10, loop=True)
+    t = ReplayTransport(NodeConfig(name="n", address="127.0.0.1"), lines, speed=10, loop=True, runs_commands=False)
     s = t.stream([])
     t0 = time.monotonic()
     got = [json.loads(await s.__anext__()) for _ in range(7)]
@@ -286,6 +286,24 @@ async def test_replay_paces_by_recorded_time_and_loops():
     assert 0.05 * 4 <= elapsed < 1.0                                          # ~0.05 s per tick at 10x
     with pytest.raises(Exception, match="runs no commands"):
         await t.run(["true"])
+
+
+async def test_replay_at_a_fixed_interval_keeps_bad_lines_commands_replies_and_drops():
+    from sparkconsole.nodes.replay import ReplayTransport
+    from sparkconsole.nodes.transport import CommandResult, TransportError
+    lines = (FIX / "agent-h100-idle.jsonl").read_text().splitlines()[:3]     # hello + 2 ticks
+    lines.insert(2, "not json {")
+    t = ReplayTransport(NodeConfig(name="n", address="127.0.0.1"), lines, interval=0.01, drop_after=3,
+                        replies={"docker stop": CommandResult(1, "", "no such container")})
+    await t.connect()
+    assert (await t.run(["docker", "stop", "x"])).rc == 1 and (await t.run("true")).rc == 0
+    s = t.stream(["agent"])
+    got = [line async for line in s]
+    assert got[2] == "not json {"                                            # replayed verbatim, in place
+    assert [json.loads(x)["type"] for x in got if x != "not json {"] == ["hello"] + ["tick"] * 3   # looped, hello once
+    assert t.commands == ["docker stop x", "true", "agent"] and not t.connected
+    with pytest.raises(TransportError, match="refused"):
+        await t.connect()
 
 
 @pytest.mark.sshd

@@ -17,7 +17,7 @@ from sparkconsole.bench.results import ResultsStore
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.tui.app import SparkConsoleApp
-from sparkconsole.tui.replay import read_recording, replay_factory
+from sparkconsole.nodes.replay import read_recording, replay_factory
 from tests.helpers import free_port, wait_for
 
 RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"

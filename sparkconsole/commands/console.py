@@ -30,7 +30,7 @@ def build_app(args: argparse.Namespace):
     cluster = load_cluster(path) if path is not None else local_cluster()
     replay = getattr(args, "replay", None)
     if replay:
-        from ..tui.recording import read_recording, split_recording
+        from ..nodes.recording import read_recording, split_recording
         rp = Path(replay).expanduser()
         if not rp.is_file():
             raise UserError("recording not found", file=str(rp), field="--replay", fix="give a JSON-lines agent recording")
@@ -44,7 +44,7 @@ def build_app(args: argparse.Namespace):
 
         def replayed(cluster):
             from ..nodes.monitor import ClusterMonitor
-            from ..tui.replay import replay_factory
+            from ..nodes.replay import replay_factory
             return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
         return SparkConsoleApp(cluster, monitor_factory=replayed)
     # The monitor (and the SSH stack under it) is built after the first frame.

@@ -1,5 +1,7 @@
 """Recorded agent sessions: JSON lines exactly as the agent printed them on a node (tests/fixtures/agent-*.jsonl).
-Kept apart from the replay transport so the console can check a recording before the SSH stack is imported."""
+
+Stdlib only, kept apart from the replay transport, so the console can check a recording before the SSH stack is
+imported."""
 
 from __future__ import annotations
 
@@ -28,4 +30,10 @@ def split_recording(lines: Sequence[str]) -> tuple[dict, list[dict]]:
 
 
 def read_recording(path: str | Path) -> list[str]:
-    return Path(path).read_text().splitlines()
+    """Every line of a recording, blank ones included."""
+    return Path(path).read_text(encoding="utf-8").splitlines()
+
+
+def load_recording(path: str | Path) -> list[str]:
+    """The non-blank lines of a recording."""
+    return [line for line in read_recording(path) if line.strip()]
