@@ -6,7 +6,8 @@
   test, so the lead's cluster-file fuzz counts too), plus inputs a test reports with `ledger.bad_inputs(n)`.
 - data lost: what a test measured as lost (`ledger.lost(n)`: results levels, audit lines, ticks the store had).
 - tracebacks shown: "Traceback (most recent call last)" in any output a test hands to `ledger.output(text)`
-  (CLI stdout/stderr, TUI screens), plus every log record with exception info from the `sparkconsole` loggers.
+  (CLI stdout/stderr, TUI screens), every log record with exception info from the `sparkconsole` loggers, and
+  every test here that failed with an exception other than an assertion (product code let something escape).
 
 At the end of the session the figures are printed and written as JSON to $SPARKCONSOLE_FAULT_FIGURES (when set);
 benchmarks/faults.py runs the suite that way and prints the table.
@@ -115,6 +116,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def pytest_runtest_makereport(item: pytest.Item, call):
     outcome = yield
     rep = outcome.get_result()
+    here = Path(__file__).parent
+    if rep.when == "call" and rep.failed and call.excinfo is not None and here in Path(str(item.fspath)).parents \
+            and not call.excinfo.errisinstance((AssertionError, pytest.fail.Exception)):
+        # Product code raised something other than a UserError through a test: an operator would see a traceback.
+        LEDGER.output(TRACEBACK, f"{item.nodeid}: {call.excinfo.typename}: {str(call.excinfo.value)[:160]}")
     mark = item.get_closest_marker("fault")
     if mark is None:
         return
@@ -138,7 +144,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     f = LEDGER.figures()
-    if not (f["faults"] or f["bad_inputs_tried"]):
+    if not (f["faults"] or f["bad_inputs_tried"] or f["tracebacks_shown"]):
         return
     tr = terminalreporter
     tr.section("fault suite figures")
