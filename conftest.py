@@ -1,4 +1,9 @@
-"""Root conftest: registers the real test bed's fixtures (tests/testbed/*) for every test."""
+"""Root conftest: registers the real test bed's fixtures (tests/testbed/*) for every test, and routes the heavy
+modules to the `slow` marker so `pytest -m "not slow"` stays a quick check (the README's command runs them all)."""
+
+from pathlib import Path
+
+import pytest
 
 pytest_plugins = [
     "tests.testbed.sshd",
@@ -8,3 +13,15 @@ pytest_plugins = [
     "tests.testbed.routers",
     "tests.testbed.benchy",
 ]
+
+# Whole modules that start simulated clusters, tmux, or thousands of hypothesis cases: minutes of CPU on 2 cores.
+HEAVY = ("tests/faults/", "tests/test_demo.py", "tests/test_sim_node.py", "tests/test_sim_http.py",
+         "tests/test_matrix_e2e.py", "tests/test_tui_tmux.py", "tests/test_tui_sshd.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    root = Path(str(config.rootpath))
+    for item in items:
+        rel = Path(str(item.path)).relative_to(root).as_posix() if str(item.path).startswith(str(root)) else ""
+        if rel.startswith(HEAVY):
+            item.add_marker(pytest.mark.slow)
