@@ -1,9 +1,12 @@
-"""Small helpers the test modules share (ports on loopback, waiting inside a Textual pilot)."""
+"""Small helpers the test modules share (ports on loopback, waiting on the event loop or inside a Textual pilot)."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
+
+import pytest
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -20,3 +23,13 @@ async def wait_for(pilot, cond, timeout: float = 10.0, what: str = "condition", 
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await pilot.pause(step)
+
+
+async def until(pred, timeout: float, what: str) -> float:
+    """Poll pred() on the event loop; the seconds it took, or fail the test naming `what` after `timeout`."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        if pred():
+            return time.monotonic() - t0
+        await asyncio.sleep(0.02)
+    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")

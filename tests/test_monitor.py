@@ -13,6 +13,7 @@ import pytest
 from sparkconsole.config import ClusterConfig, NodeConfig, local_cluster
 from sparkconsole.nodes.monitor import ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
+from tests.helpers import until
 
 INTERVAL = 0.2
 
@@ -27,14 +28,6 @@ def agent_pids_for(interval: float) -> list[int]:
             out.append(p.pid)
     return out
 
-
-async def until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return time.monotonic() - t0
-        await asyncio.sleep(0.02)
-    pytest.fail(f"timed out after {timeout} s waiting for {what}")
 
 
 def meminfo_kb(key: str) -> int:

@@ -10,8 +10,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from pathlib import Path
 
@@ -22,17 +20,10 @@ from sparkconsole.config import Thresholds
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.nodes.transport import make_transport
+from tests.helpers import until
 
 pytestmark = pytest.mark.sshd
 
-
-async def until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return time.monotonic() - t0
-        await asyncio.sleep(0.02)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def fake_proc(root: Path, boot_id: str) -> Path:

@@ -21,10 +21,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkconsole.config import ClusterConfig
 from sparkconsole.nodes.monitor import MAX_LINE, STALE_TICKS, ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.nodes.transport import SshTransport
+from tests.helpers import until
 
 pytestmark = pytest.mark.sshd
 INTERVAL = 0.2
@@ -49,14 +49,6 @@ def factory(scripts: dict[str, str]):
         return t
     return make
 
-
-async def until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return time.monotonic() - t0
-        await asyncio.sleep(0.02)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def tick(seq: int) -> bytes:

@@ -20,6 +20,7 @@ from sparkconsole.nodes.monitor import STALE_TICKS, ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.nodes.transport import SshTransport, make_transport
 from tests.faults.netns import netns_node, netns_unavailable
+from tests.helpers import until
 
 INTERVAL = 0.2
 pytestmark = pytest.mark.sshd
@@ -46,14 +47,6 @@ def cluster(sshd_live, node, tmp_path) -> ClusterConfig:
     return ClusterConfig(nodes=nodes, endpoints=(), ssh=SshPolicy(known_hosts=str(kh), connect_timeout_s=5),
                          agent_interval_s=INTERVAL, source="<netns test bed>")
 
-
-async def until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return time.monotonic() - t0
-        await asyncio.sleep(0.02)
-    pytest.fail(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 async def cut_and_heal(sshd_live, node, tmp_path, cut_s: float, transport_factory, *, down_within: float,
