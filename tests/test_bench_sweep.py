@@ -207,3 +207,43 @@ async def test_fields_a_strict_proxy_refuses_are_dropped(tmp_path, refused, want
     assert level.metrics["request_options"] == {"return_token_ids": want_ids, "exact_tg": want_exact}
     # Without min_tokens/ignore_eos the fake server stops early (its "EOS"); usage still counts exactly.
     assert {r["completion_tokens"] for r in rows} == {8}
+
+
+@pytest.mark.parametrize("on_failure", ["continue", "pause"])
+async def test_a_failed_level_is_marked_and_the_sweep_continues_or_pauses(tmp_path, on_failure):
+    srv = await FakeVllm(Behaviour(token_delay=0.001)).start()
+
+    def break_after_first(level) -> None:       # the server dies for good once the first level is stored
+        srv.behaviour.http_status = 500
+
+    spec = _spec(srv.url, concurrency=(1, 2, 3), on_failure=on_failure)
+    try:
+        with ResultsStore(tmp_path / "r.sqlite") as store:
+            out = await run_sweep(spec, store, on_level=break_after_first)
+            levels = store.levels(out.run_id)
+            finished = store.run(out.run_id).finished
+            if on_failure == "pause":
+                srv.behaviour.http_status = 200           # the operator fixes the endpoint and resumes
+                again = await run_sweep(spec, store, resume=True)
+                resumed_levels = store.levels(out.run_id)
+                resumed_finished = store.run(out.run_id).finished
+    finally:
+        await srv.stop()
+    first, second = levels[0], levels[1]
+    assert first.failure is None and first.metrics["requests_ok"] == 2
+    assert second.failure.startswith("4 of 4 requests failed: HTTP 500")
+    if on_failure == "continue":
+        assert [lv.key.concurrency for lv in levels] == [1, 2, 3] and levels[2].failure
+        assert out.paused_after is None and finished is not None
+    else:
+        # Stopped right after recording the failed level; the run stays open and --resume goes on from there.
+        assert [lv.key.concurrency for lv in levels] == [1, 2] and out.paused_after == second.key
+        assert finished is None
+        assert again.resumed and again.run_id == out.run_id and [k.concurrency for k in again.skipped] == [1, 2]
+        assert [lv.key.concurrency for lv in again.levels] == [3] and again.levels[0].failure is None
+        assert [lv.key.concurrency for lv in resumed_levels] == [1, 2, 3] and resumed_finished is not None
+
+
+def test_on_failure_choice_is_checked():
+    with pytest.raises(UserError, match="--on-failure"):
+        _spec("http://127.0.0.1:9", on_failure="retry")

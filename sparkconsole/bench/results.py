@@ -124,6 +124,11 @@ class LevelResult:
     def metric(self, name: str) -> Metric | None:
         return Metric.from_json(self.metrics.get(name))
 
+    @property
+    def failure(self) -> str | None:
+        """Why the level failed (how many requests, the commonest reason); None when every request succeeded."""
+        return self.metrics.get("failure")
+
     def mean(self, name: str) -> float | None:
         m = self.metric(name)
         return m.mean if m else None

@@ -2,8 +2,10 @@
 
 Order and definitions follow llama-benchy (depth, pp, tg, then concurrency; one unrecorded warm-up batch per
 level unless `warmup=False`; latency probe api | generation | none subtracted from TTFR for the prefill
-estimate). Failed requests are stored with their error and the sweep goes on. Knows nothing of nodes: the
-caller injects `thermal_probe`, and the TUI draws curves from `on_level`.
+estimate). Failed requests are stored with their error; a level with any failed request is marked failed
+(`metrics["failure"]`: how many and the commonest reason) and the sweep goes on, or with `on_failure="pause"`
+stops right after recording it (the run stays open: `--resume` goes on with the next level). Knows nothing of
+nodes: the caller injects `thermal_probe`, and the TUI draws curves from `on_level`.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from .prompts import PromptShape, calibrate, messages
 from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
 
 LATENCY_MODES = ("api", "generation", "none")
+ON_FAILURE = ("continue", "pause")
 API_KEY_ENV = ("SPARKCONSOLE_API_KEY", "OPENAI_API_KEY")
 
 
@@ -50,6 +53,7 @@ class SweepSpec:
     recipe: str | None = None
     recipe_hash: str | None = None
     label: str | None = None              # what reports compare by (default: topology, else the URL)
+    on_failure: str = "continue"          # after a failed level: "continue", or "pause" (stop; --resume goes on)
 
     def __post_init__(self) -> None:
         for name in ("pp", "tg", "concurrency", "depth"):
@@ -63,6 +67,9 @@ class SweepSpec:
         if self.latency_mode not in LATENCY_MODES:
             raise UserError(f"unknown latency mode {self.latency_mode!r}", field="--latency-mode",
                             fix="use one of " + ", ".join(LATENCY_MODES))
+        if self.on_failure not in ON_FAILURE:
+            raise UserError(f"unknown choice {self.on_failure!r}", field="--on-failure",
+                            fix="use one of " + ", ".join(ON_FAILURE))
         if not self.url.startswith(("http://", "https://")):
             raise UserError(f"not an http(s) URL: {self.url!r}", field="--url", fix="e.g. --url http://127.0.0.1:8000")
 
@@ -76,7 +83,7 @@ class SweepSpec:
     def identity(self) -> dict:
         """What makes two sweeps the same measurement (for --resume); the URL only when no topology names it."""
         d = asdict(self)
-        for k in ("stall_timeout", "first_timeout", "request_timeout", "label"):
+        for k in ("stall_timeout", "first_timeout", "request_timeout", "label", "on_failure"):
             d.pop(k)
         if self.topology:
             d.pop("url")
@@ -107,6 +114,7 @@ class SweepOutcome:
     levels: list[LevelResult] = field(default_factory=list)
     skipped: list[LevelKey] = field(default_factory=list)
     provenance: dict = field(default_factory=dict)
+    paused_after: LevelKey | None = None      # on_failure="pause": the failed level the sweep stopped after
 
 
 @dataclass(frozen=True)
@@ -345,6 +353,11 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                                         scale=facts.speed)
                 metrics["prompt_source"] = shape.source
                 metrics["request_options"] = {"return_token_ids": token_ids, "exact_tg": exact_tg}
+                if metrics["requests_failed"]:
+                    errors = metrics["errors"] or {"unknown error": metrics["requests_failed"]}
+                    reason = max(errors.items(), key=lambda kv: kv[1])[0]
+                    total = metrics["requests_failed"] + metrics["requests_ok"]
+                    metrics["failure"] = f"{metrics['requests_failed']} of {total} requests failed: {reason}"
                 level = LevelResult(run_id=run_id, label=spec.run_label, key=key, runs=spec.runs, metrics=metrics,
                                     thermal=thermal.note, started=started, finished=time.time())
                 if store is not None:
@@ -352,9 +365,12 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                 outcome.levels.append(level)
                 if on_level:
                     on_level(level)
+                if "failure" in metrics and spec.on_failure == "pause":
+                    outcome.paused_after = key
+                    break
         finally:
             watch.close()
-        if store is not None:
+        if store is not None and outcome.paused_after is None:
             store.finish_run(run_id)
         return outcome
 

@@ -66,6 +66,8 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
                    help="seconds a request may wait for its first chunk: queueing and prefill (default 600)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help=f"results file (default {DEFAULT_RESULTS})")
     p.add_argument("--resume", action="store_true", help="continue the newest run of the same sweep in --results")
+    p.add_argument("--on-failure", choices=("continue", "pause"), default="continue",
+                   help="after a level with failed requests: go on (default), or stop (continue with --resume)")
     p.add_argument("--quiet", "-q", action="store_true", help="no progress line")
 
 
@@ -131,7 +133,8 @@ def _spec(args: argparse.Namespace, url: str, **extra: object):
     return SweepSpec(url=url, model=args.model, pp=args.pp, tg=args.tg, depth=args.depth,
                      concurrency=args.concurrency, runs=args.runs, warmup=not args.no_warmup,
                      latency_mode=args.latency_mode, exact_tg=not args.no_exact_tg, token_ids=not args.no_token_ids,
-                     stall_timeout=args.stall_timeout, first_timeout=args.first_timeout, **extra)
+                     stall_timeout=args.stall_timeout, first_timeout=args.first_timeout,
+                     on_failure=args.on_failure, **extra)
 
 
 class _ProgressLine:
@@ -210,6 +213,10 @@ async def _run(args: argparse.Namespace) -> int:
     skipped = f", {len(out.skipped)} already done" if out.skipped else ""
     print(f"run {out.run_id}: {len(out.levels)} level(s) measured{skipped}; results in {args.results}"
           + (" (SIMULATED)" if out.provenance.get("simulated") else ""))
+    if out.paused_after is not None:
+        print(f"paused after failed level {out.paused_after}: {out.levels[-1].failure} — fix the endpoint, then "
+              "run the same command with --resume")
+        return 1
     return 0
 
 
