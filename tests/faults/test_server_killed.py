@@ -3,8 +3,8 @@
 
 Levels finished before the kill keep their figures; the level in flight and the ones after it are recorded with
 their failed requests and the reason (connection refused / dropped); the sweep goes on to the end, exits with
-its status, and prints no traceback. (The same with a vLLM container `docker kill`ed on the real docker engine is
-not written yet: docs/RELIABILITY.md.)
+its status, and prints no traceback. (The same with a vLLM container `docker kill`ed on the real docker engine:
+tests/faults/test_container_killed.py.)
 """
 
 from __future__ import annotations
