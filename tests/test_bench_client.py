@@ -180,3 +180,20 @@ async def test_shared_stall_watch_allows_a_long_prefill_but_ends_a_silent_stream
     assert stalled.error == "stalled: no data for 0.3 s" and stalled.end - stalled.start < 3
     never = await _watched(Behaviour(first_delay=30), StallWatch(stall_timeout=5, first_timeout=0.4))
     assert never.error == "no response within 0.4 s" and never.end - never.start < 3
+
+
+def test_first_event_tokens_share_its_time_and_decode_counts_tokens_after_it():
+    # llama-benchy 0.4.0's rules: a first event carrying n tokens puts all n at its arrival (TTFT is when the
+    # first token arrived, not start + wait / n), and decode t/s counts only tokens after the first read.
+    from sparkconsole.bench.client import RequestResult, _finish
+    from sparkconsole.bench.metrics import request_figures
+
+    res = RequestResult(start=10.0)
+    times = [10.4, 10.5, 10.6]                      # first event 3 tokens (a stall), then 1, then 2
+    usage = b'data: {"usage":{"prompt_tokens":8,"completion_tokens":6}}'
+    _finish(res, times, {0: 3, 2: 2}, True, usage)
+    assert res.token_times == pytest.approx([10.4, 10.4, 10.4, 10.5, 10.55, 10.6])
+    assert res.first_token == pytest.approx(10.4)
+    f = request_figures(res, expected_prompt=8)
+    assert f.ttft_s == pytest.approx(0.4)
+    assert f.decode_tps == pytest.approx(3 / 0.2)   # 3 tokens after the first read, over 0.2 s

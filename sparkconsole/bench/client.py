@@ -312,11 +312,16 @@ def _finish(res: RequestResult, times: list[float], multi: dict[int, int], ids_s
 
 
 def _spread(times: list[float], multi: dict[int, int], start: float) -> list[float]:
-    """Expand events that carried n tokens into n times spread since the previous event (gap / n each)."""
+    """Expand events that carried n tokens into n times spread since the previous event (gap / n each).
+
+    The first token event's tokens all get its arrival time (llama-benchy 0.4.0 does the same): spreading them
+    back towards the request's start would put TTFT before anything arrived — a stalled server that delivers
+    the whole answer in one chunk would read as a TTFT of 1/n of the real wait.
+    """
     if not multi:
         return times
     out: list[float] = []
-    prev = start
+    prev = times[0]
     for idx, t in enumerate(times):
         n = multi.get(idx, 1)
         if n == 1:

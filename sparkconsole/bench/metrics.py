@@ -77,11 +77,21 @@ def request_figures(r: RequestResult, *, expected_prompt: int, latency_s: float 
     prefill = prompt / est_ppt if est_ppt else None
     decode = tpot = None
     tt = r.token_times
-    if len(tt) > 1 and tt[-1] > tt[0]:
+    n = decode_tokens(tt)
+    if n and tt[-1] > tt[0]:
         span = (tt[-1] - tt[0]) * scale
-        decode = (len(tt) - 1) / span
-        tpot = span / (len(tt) - 1)
+        decode = n / span
+        tpot = span / n
     return RequestFigures(ttfr, ttft, est_ppt, prefill, decode, tpot, prompt, r.completion_tokens)
+
+
+def decode_tokens(times: Sequence[float]) -> int:
+    """Tokens that arrived after the first token's read (llama-benchy's `_count_tokens_after_first_timestamp`):
+    tokens delivered in the same read as the first one were made before the decode span began."""
+    if len(times) < 2:
+        return 0
+    first = times[0]
+    return sum(1 for t in times if t > first)
 
 
 def prompt_tokens_used(r: RequestResult, expected: int) -> int:
@@ -155,9 +165,9 @@ def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt
             if pp_span > 0:
                 pp_total.append(sum(f.prompt_tokens for f in figs) / pp_span)
             tg_span = (max(lasts) - min(firsts)) * scale
-            decode_tokens = sum(max(0, len(r.token_times) - 1) for r in good)
-            if tg_span > 0 and decode_tokens > 0:
-                tg_total.append(decode_tokens / tg_span)
+            n_decode = sum(decode_tokens(r.token_times) for r in good)
+            if tg_span > 0 and n_decode > 0:
+                tg_total.append(n_decode / tg_span)
         pk = peak_rate([t * scale for r in good for t in r.token_times], 1.0)
         if pk:
             peak_total.append(pk)
