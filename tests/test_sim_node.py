@@ -150,7 +150,9 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
             assert docker(node, "stop", "idle").stdout.strip() == "idle"
             t, _ = await agent.until(lambda t: any(c["name"] == "idle" and c["state"] == "exited"
                                                    for c in t.get("containers") or []), 15)
-            assert next(c for c in t["containers"] if c["name"] == "idle")["exit_code"] == 0
+            # A clean stop: 0 when the placeholder's TERM handler ran, 143 (Docker's 128 + SIGTERM) when the signal
+            # arrived while the restarted process was still importing; never 137, which means it had to be killed.
+            assert next(c for c in t["containers"] if c["name"] == "idle")["exit_code"] in (0, 143)
 
             # a 120B model under a 10 GiB cap: the cgroup OOM-kills it while the weights load
             r = docker(node, "run", "-d", "--name", "big", "--memory", "10g", "--gpus", "all", "vllm-node",

@@ -449,9 +449,13 @@ def stop_container(store: Store, rec: dict, timeout: float = 10.0, sig: int = si
     d = store.cdir(rec["name"])
     code = (d / "exitcode").read_text().strip() if (d / "exitcode").is_file() else ""
     rec["state"] = "exited"
-    rec["exit_code"] = 137 if killed or not code.lstrip("-").isdigit() else int(code)
-    if sig == signal.SIGKILL:
+    if killed or sig == signal.SIGKILL:
         rec["exit_code"] = 137
+    elif code.lstrip("-").isdigit():
+        rec["exit_code"] = int(code)
+    else:
+        # Died of the stop signal before it could report (e.g. still importing): Docker says 128 + signal.
+        rec["exit_code"] = 128 + int(sig)
     rec["oom_killed"] = (d / "oom").is_file()
     rec["finished_at"] = time.time()
     rec["pid"] = 0
