@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import sqlite3
 import time
 
 import pytest
@@ -33,3 +34,15 @@ async def until(pred, timeout: float, what: str) -> float:
             return time.monotonic() - t0
         await asyncio.sleep(0.02)
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def levels_done(path) -> int:
+    """Finished levels in a results file, read-only while a sweep in another process writes it (0 if not there yet)."""
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            return db.execute("SELECT count(*) FROM levels").fetchone()[0]
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return 0

@@ -10,6 +10,7 @@ import sys
 import time
 
 from sparkconsole.bench.results import LevelKey, ResultsStore
+from tests.helpers import levels_done
 from tests.test_bench_helpers import Behaviour, FakeVllm
 
 CONC = (1, 2, 3, 4, 5)
@@ -20,17 +21,6 @@ def _bench(url: str, results, *extra: str) -> list[str]:
     return [sys.executable, "-m", "sparkconsole", "bench", "run", "--url", url, "--pp", "30", "--tg", "20",
             "-c", ",".join(map(str, CONC)), "--runs", str(RUNS), "--latency-mode", "none",
             "--results", str(results), "-q", *extra]
-
-
-def _levels_done(path) -> int:
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            return db.execute("SELECT count(*) FROM levels").fetchone()[0]
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return 0
 
 
 async def _wait(proc: asyncio.subprocess.Process, timeout: float) -> int:
@@ -44,7 +34,7 @@ async def test_sigkill_mid_sweep_then_resume(tmp_path):
         proc = await asyncio.create_subprocess_exec(*_bench(srv.url, results), stdout=asyncio.subprocess.DEVNULL,
                                                     stderr=asyncio.subprocess.PIPE)
         deadline = time.monotonic() + 60
-        while _levels_done(results) < 2:
+        while levels_done(results) < 2:
             assert proc.returncode is None, (await proc.stderr.read()).decode()
             assert time.monotonic() < deadline, "sweep made no progress"
             await asyncio.sleep(0.05)

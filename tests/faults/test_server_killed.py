@@ -12,8 +12,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
-import sqlite3
 import sys
 import time
 
@@ -21,26 +19,10 @@ import httpx
 import pytest
 
 from sparkconsole.bench.results import ResultsStore
+from tests.helpers import free_port, levels_done
 
 CONC = (1, 2, 3, 4)
 RUNS = 2
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def levels_done(path) -> int:
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            return db.execute("SELECT count(*) FROM levels").fetchone()[0]
-        finally:
-            db.close()
-    except sqlite3.Error:
-        return 0
 
 
 @pytest.mark.fault("serving process SIGKILLed mid-sweep: finished levels kept, failures recorded, sweep ends")
