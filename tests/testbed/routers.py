@@ -7,6 +7,7 @@ master key generated per session that is never printed nor written to a log by u
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import subprocess
 import tempfile
@@ -165,6 +166,23 @@ def litellm_env() -> Venv:
     return ensure_venv(LITELLM_VENV)
 
 
+@contextlib.contextmanager
+def _one_per_key(start: Callable[[str], RouterProcess], *, default: str) -> Iterator[Callable[..., RouterProcess]]:
+    """key -> a router started once and reused for the session; every router started is stopped at the end."""
+    started: dict[str, RouterProcess] = {}
+
+    def get(key: str = default) -> RouterProcess:
+        if key not in started:
+            started[key] = start(key)
+        return started[key]
+
+    try:
+        yield get
+    finally:
+        for router in started.values():
+            router.stop()
+
+
 @pytest.fixture(scope="session")
 def router_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("router-logs")
@@ -174,19 +192,10 @@ def router_log_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def vllm_router_factory(vllm_router_env: Venv, vllm_pair: tuple[VllmServer, VllmServer],
                         router_log_dir: Path) -> Iterator[Callable[[str], RouterProcess]]:
     """policy -> a vllm-router over both servers of vllm_pair (one per policy, reused within the session)."""
-    started: dict[str, RouterProcess] = {}
-
-    def get(policy: str = "round_robin") -> RouterProcess:
-        if policy not in started:
-            started[policy] = start_vllm_router(vllm_router_env, [s.url for s in vllm_pair], vllm_pair[0].model.name,
-                                                router_log_dir, policy=policy)
-        return started[policy]
-
-    try:
+    with _one_per_key(lambda policy: start_vllm_router(vllm_router_env, [s.url for s in vllm_pair],
+                                                       vllm_pair[0].model.name, router_log_dir, policy=policy),
+                      default="round_robin") as get:
         yield get
-    finally:
-        for router in started.values():
-            router.stop()
 
 
 @pytest.fixture(scope="session")
@@ -198,19 +207,10 @@ def vllm_router(vllm_router_factory: Callable[[str], RouterProcess]) -> RouterPr
 def litellm_router(litellm_env: Venv, vllm_pair: tuple[VllmServer, VllmServer],
                    router_log_dir: Path) -> Iterator[Callable[[str], RouterProcess]]:
     """strategy ("simple-shuffle" | "least-busy") -> a LiteLLM proxy over both servers of vllm_pair."""
-    started: dict[str, RouterProcess] = {}
-
-    def get(strategy: str = "simple-shuffle") -> RouterProcess:
-        if strategy not in started:
-            started[strategy] = start_litellm(litellm_env, [s.url for s in vllm_pair], vllm_pair[0].model.name,
-                                              router_log_dir, strategy=strategy)
-        return started[strategy]
-
-    try:
+    with _one_per_key(lambda strategy: start_litellm(litellm_env, [s.url for s in vllm_pair], vllm_pair[0].model.name,
+                                                     router_log_dir, strategy=strategy),
+                      default="simple-shuffle") as get:
         yield get
-    finally:
-        for router in started.values():
-            router.stop()
 
 
 @pytest.fixture(scope="session")
