@@ -29,6 +29,7 @@ from typing import Callable
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..subscribers import Subscribers
 from .samples import ContainerInfo, NodeInfo, NodeState, Tick
 from .transport import LineStream, Transport, TransportError, bounded, make_transport
 
@@ -87,7 +88,7 @@ class NodeMonitor:
         self.boot_ids: list[str] = []
         self.connects = 0
         self.last_rx = 0.0                 # time.monotonic() of the last tick
-        self._subs: list[Callable[["NodeMonitor"], None]] = []
+        self._subs: Subscribers[NodeMonitor] = Subscribers("node monitor")
         self._task: asyncio.Task | None = None
         self._stream: LineStream | None = None
         self._failures = 0
@@ -96,19 +97,10 @@ class NodeMonitor:
 
     # -------- publishing
     def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
-        self._subs.append(cb)
-
-        def unsubscribe() -> None:
-            if cb in self._subs:
-                self._subs.remove(cb)
-        return unsubscribe
+        return self._subs.add(cb)
 
     def _notify(self) -> None:
-        for cb in tuple(self._subs):
-            try:
-                cb(self)
-            except Exception:  # noqa: BLE001 — a broken subscriber must not stop telemetry
-                log.exception("node monitor subscriber failed")
+        self._subs.notify(self)            # a broken subscriber must not stop telemetry
 
     def _set_state(self, state: NodeState, error: str | None = None) -> None:
         if error is not None:
@@ -285,23 +277,14 @@ class ClusterMonitor:
                 nm.state, nm.last_error = NodeState.DOWN, err
             nm.subscribe(self._on_node)
             self.nodes[n.name] = nm
-        self._subs: list[Callable[[NodeMonitor], None]] = []
+        self._subs: Subscribers[NodeMonitor] = Subscribers("cluster monitor")
         self._watchdog: asyncio.Task | None = None
 
     def subscribe(self, cb: Callable[[NodeMonitor], None]) -> Callable[[], None]:
-        self._subs.append(cb)
-
-        def unsubscribe() -> None:
-            if cb in self._subs:
-                self._subs.remove(cb)
-        return unsubscribe
+        return self._subs.add(cb)
 
     def _on_node(self, node: NodeMonitor) -> None:
-        for cb in tuple(self._subs):
-            try:
-                cb(node)
-            except Exception:  # noqa: BLE001
-                log.exception("cluster monitor subscriber failed")
+        self._subs.notify(node)
 
     async def start(self) -> None:
         for nm in self.nodes.values():
