@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 pytest_plugins = [
+    "tests.parallel",
     "tests.testbed.sshd",
     "tests.testbed.docker",
     "tests.testbed.model",

@@ -29,7 +29,8 @@ def main() -> int:
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
-        cmd = [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider"]
+        # one process: the ledger that counts the figures lives in the pytest process (no xdist workers)
+        cmd = [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider", "-n", "0"]
         if args.fast:
             # The root conftest marks all of tests/faults slow (it is minutes of CPU): skip only the longest.
             cmd += ["--deselect", "tests/faults/test_link_cut.py::test_link_cut_60s"]

@@ -343,6 +343,7 @@ async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
         end(proc)
 
 
+@pytest.mark.alone      # a timing comparison: another test beside it on 2 cores skews one side
 async def test_bench_sweep_through_the_simulated_router_agrees_with_the_headless_experiment(monkeypatch):
     """The bench's own sweep (real client, /sim/clock scaling) against a simulated 2x-solo cluster behind the
     simulated LiteLLM router gives what the headless experiment computes for that topology *with the same

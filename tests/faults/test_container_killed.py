@@ -40,7 +40,11 @@ def _spec(url: str, on_failure: str) -> SweepSpec:
 
 
 async def _sweep_with_kill(container: VllmContainer, path: Path, on_failure: str):
-    """Run the sweep; `docker kill` the container as the second level's first batch starts."""
+    """Run the sweep; `docker kill` the container as the second level's first batch starts.
+
+    The kill runs beside the batch (it lands mid-stream), and the second batch waits for it: on a quiet machine
+    the whole level could otherwise finish before `docker kill` returns, and nothing would have failed.
+    """
     kills: list[threading.Thread] = []
 
     def on_progress(p) -> None:
@@ -48,6 +52,9 @@ async def _sweep_with_kill(container: VllmContainer, path: Path, on_failure: str
             t = threading.Thread(target=container.engine.run, args=(["kill", container.name],), daemon=True)
             t.start()
             kills.append(t)
+        elif p.level_index == 2 and p.run_index == 2:
+            for t in kills:
+                t.join(60)        # blocks the sweep's loop on purpose: the level's next batch meets a dead server
 
     with ResultsStore(path) as store:
         out = await run_sweep(_spec(container.url, on_failure), store, on_progress=on_progress)

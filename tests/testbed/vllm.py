@@ -164,17 +164,24 @@ class VllmServer:
 
 
 def spawn_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
-                      extra: Sequence[str] = ()) -> VllmServer:
-    """Start the process and return at once; `wait_vllm_server` follows it to healthy."""
+                      extra: Sequence[str] = (), cpus: set[int] | None = None) -> VllmServer:
+    """Start the process and return at once; `wait_vllm_server` follows it to healthy.
+
+    `cpus`: run the server (API process, engine core and its OpenMP threads) on these CPUs only, so that a
+    client measuring it on the other CPUs does not take the server's time (timing comparisons).
+    """
     port = port or free_port()
     log_path = log_dir / f"vllm-{port}.log"
     env = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars()}
+    if cpus:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
     server = VllmServer(port, model, log_path)
     with open(log_path, "ab") as log:
         # own session: the API server and its engine-core child are stopped together by group
         server.proc = subprocess.Popen(serve_argv(venv.python, model, port, extra=extra), stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                       cwd=log_dir, start_new_session=True)
+                                       cwd=log_dir, start_new_session=True,
+                                       preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     server.spawned_at = time.monotonic()
     return server
 
@@ -195,8 +202,9 @@ def wait_vllm_server(server: VllmServer, timeout: float = START_TIMEOUT) -> Vllm
 
 
 def start_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
-                      extra: Sequence[str] = (), timeout: float = START_TIMEOUT) -> VllmServer:
-    return wait_vllm_server(spawn_vllm_server(venv, model, log_dir, port=port, extra=extra), timeout)
+                      extra: Sequence[str] = (), timeout: float = START_TIMEOUT,
+                      cpus: set[int] | None = None) -> VllmServer:
+    return wait_vllm_server(spawn_vllm_server(venv, model, log_dir, port=port, extra=extra, cpus=cpus), timeout)
 
 
 def start_vllm_servers(venv: Venv, model: TinyModel, log_dir: Path, count: int,
