@@ -21,18 +21,21 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 
 
 class Tmux:
+    """A private tmux server (its own socket, -L): another tmux beside it cannot resize or share its window."""
+
     def __init__(self, name: str) -> None:
         self.name = name
+        self.cmd = ["tmux", "-L", name]
 
     def send(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*self.cmd, "send-keys", "-t", self.name, *keys], check=True)
 
     def screen(self) -> str:
-        r = subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
+        r = subprocess.run([*self.cmd, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True)
         return r.stdout
 
     def alive(self) -> bool:
-        return subprocess.run(["tmux", "has-session", "-t", self.name], capture_output=True).returncode == 0
+        return subprocess.run([*self.cmd, "has-session", "-t", self.name], capture_output=True).returncode == 0
 
     def wait(self, text: str, timeout: float = 20.0) -> str:
         deadline = time.monotonic() + timeout
@@ -54,15 +57,14 @@ def console(tmp_path):
     cmd = (f"SPARKCONSOLE_STATE_DIR={shlex.quote(str(tmp_path / 'state'))} "
            f"{shlex.quote(str(SPARKCONSOLE))} --cluster {shlex.quote(str(cluster))} console "
            f"--replay {shlex.quote(str(RECORDING))} --replay-interval 0.25; echo $? > {shlex.quote(str(done))}")
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "60", cmd], check=True,
-                   env={**os.environ, "TERM": "xterm-256color"})
     t = Tmux(name)
+    subprocess.run([*t.cmd, "-f", "/dev/null", "new-session", "-d", "-s", name, "-x", "200", "-y", "60", cmd],
+                   check=True, env={**os.environ, "TERM": "xterm-256color"})
     t.done = done
     try:
         yield t
     finally:
-        if t.alive():
-            subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        subprocess.run([*t.cmd, "kill-server"], capture_output=True)
 
 
 def test_operator_session_in_a_real_terminal(console):
