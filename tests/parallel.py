@@ -8,28 +8,43 @@
 - `@pytest.mark.alone`: a test that measures timings runs with no other test in flight. Every test holds a
   shared lock while it runs; an `alone` test takes it exclusively, after announcing itself on a second lock so
   that the other workers' next tests wait for it instead of starving it.
-Without xdist (`-n 0`, `-p no:xdist`) all of this is inert.
+`-n 0` runs everything in one process, where all of this is inert.
 """
 
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import tempfile
 from pathlib import Path
 
 import pytest
 
-TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_pair", "vllm_container", "testbed_image",
-                    "testbed_base_image", "docker_engine", "vllm_router", "vllm_router_factory", "litellm_router",
-                    "vllm_pd_router", "benchy"}
+TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_pair", "vllm_container",
+                    "testbed_image", "testbed_base_image", "docker_engine", "vllm_router", "vllm_router_factory",
+                    "litellm_router", "vllm_pd_router", "benchy"}
 NETNS_MODULES = ("test_link_cut.py",)
+GROUPS_ENV = "SPARKCONSOLE_TEST_GROUPS"
+_OWN_GROUPS = pytest.StashKey[str]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: runs with no other test in flight (timing comparisons)")
+    if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(GROUPS_ENV):
+        # the controller: its workers (child processes, started after this) write each test's group here
+        os.environ[GROUPS_ENV] = str(Path(tempfile.gettempdir()) / f"sparkconsole-test-groups-{os.getpid()}.json")
+        config.stash[_OWN_GROUPS] = os.environ[GROUPS_ENV]
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    own = config.stash.get(_OWN_GROUPS, None)
+    if own:
+        Path(own).unlink(missing_ok=True)
+        os.environ.pop(GROUPS_ENV, None)
+
+
+@pytest.hookimpl(optionalhook=True)     # xdist's hooks: absent under -p no:xdist
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     override = os.environ.get("SPARKCONSOLE_TEST_WORKERS")
     if override:
@@ -37,13 +52,45 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     return max(1, min(8, 2 * len(os.sched_getaffinity(0))))
 
 
-@pytest.hookimpl(tryfirst=True)      # before xdist's own hook reads the groups into the node ids
+def group_of(item: pytest.Item) -> str | None:
+    if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
+        return "testbed"
+    if Path(str(item.path)).name in NETNS_MODULES:
+        return "netns"
+    return None
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.xdist_group("testbed"))
-        elif Path(str(item.path)).name in NETNS_MODULES:
-            item.add_marker(pytest.mark.xdist_group("netns"))
+    path = os.environ.get(GROUPS_ENV)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not path:
+        return
+    groups = {item.nodeid: g for item in items if (g := group_of(item))}
+    tmp = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
+    Path(tmp).write_text(json.dumps(groups))
+    os.replace(tmp, path)          # every worker collects the same tests: the last write is as good as the first
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """xdist's own `loadgroup` reads groups from node ids that pytest 9 no longer lets a plugin change; this
+    scheduler reads them from the file the workers wrote, and balances every other test one by one."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        groups: dict[str, str] | None = None
+
+        def _split_scope(self, nodeid: str) -> str:
+            if self.groups is None:
+                try:
+                    self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+                except (KeyError, OSError, ValueError):
+                    self.groups = {}
+            group = self.groups.get(nodeid)
+            return f"group {group}" if group else nodeid
+
+    return GroupScheduling(config, log)
 
 
 def _lock_paths() -> tuple[Path, Path] | None:
