@@ -5,19 +5,22 @@
 - Groups: every test that needs the heavy test bed (vLLM servers, routers, the docker engine and its image,
   llama-benchy) runs on one worker, so each session fixture starts once; the network-namespace faults share
   one worker too (their address blocks are per process).
-- `@pytest.mark.alone`: a test that measures timings runs with no other test in flight. Every test holds a
-  shared lock while it runs; an `alone` test takes it exclusively, after announcing itself on a second lock so
-  that the other workers' next tests wait for it instead of starving it.
+- `@pytest.mark.alone` (a whole test) or `with alone():` (just its measuring part, set-up outside): timings are
+  taken with no other test in flight. Every test holds a shared lock while it runs; an alone section takes it
+  exclusively, after announcing itself on a second lock so that the other workers' next tests wait for it
+  instead of starving it.
 `-n 0` runs everything in one process, where all of this is inert.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 import pytest
 
@@ -101,24 +104,56 @@ def _lock_paths() -> tuple[Path, Path] | None:
     return base.with_suffix(".lock"), base.with_suffix(".intent")
 
 
+class _Locks:
+    """This worker's handles on the two lock files, and whether the running test holds the shared lock."""
+
+    def __init__(self, paths: tuple[Path, Path]) -> None:
+        self.main, self.intent = open(paths[0], "a"), open(paths[1], "a")
+
+    def share(self) -> None:
+        fcntl.flock(self.intent, fcntl.LOCK_SH)          # waits while an alone section is queued or running
+        fcntl.flock(self.main, fcntl.LOCK_SH)
+        fcntl.flock(self.intent, fcntl.LOCK_UN)
+
+    def exclusive(self) -> None:
+        fcntl.flock(self.intent, fcntl.LOCK_EX)          # new tests elsewhere now wait
+        fcntl.flock(self.main, fcntl.LOCK_EX)            # for the ones in flight to end
+
+    def release(self) -> None:
+        fcntl.flock(self.main, fcntl.LOCK_UN)
+        fcntl.flock(self.intent, fcntl.LOCK_UN)
+
+
+_locks: _Locks | None = None
+
+
+@contextlib.contextmanager
+def alone() -> Iterator[None]:
+    """Run the block with no other test in flight on any worker (a measurement); set-up can stay outside it."""
+    if _locks is None:
+        yield
+        return
+    _locks.release()                 # this test's own shared lock, or the exclusive lock would wait for it
+    _locks.exclusive()
+    try:
+        yield
+    finally:
+        _locks.release()
+        _locks.share()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    global _locks
     paths = _lock_paths()
     if paths is None:
         yield
         return
-    alone = item.get_closest_marker("alone") is not None
-    with open(paths[0], "a") as main, open(paths[1], "a") as intent:
-        if alone:
-            fcntl.flock(intent, fcntl.LOCK_EX)          # new tests elsewhere now wait
-            fcntl.flock(main, fcntl.LOCK_EX)            # for the ones in flight to end
-        else:
-            fcntl.flock(intent, fcntl.LOCK_SH)          # waits while an `alone` test is queued or running
-            fcntl.flock(main, fcntl.LOCK_SH)
-            fcntl.flock(intent, fcntl.LOCK_UN)
-        try:
-            yield
-        finally:
-            fcntl.flock(main, fcntl.LOCK_UN)
-            if alone:
-                fcntl.flock(intent, fcntl.LOCK_UN)
+    if _locks is None:
+        _locks = _Locks(paths)
+    whole = item.get_closest_marker("alone") is not None
+    _locks.exclusive() if whole else _locks.share()
+    try:
+        yield
+    finally:
+        _locks.release()

@@ -8,7 +8,7 @@ Like with like (docs/BENCHMARKS.md, "Cross-check with llama-benchy"):
 - pp 128: llama-benchy then takes the server's prompt count (at pp 96 its 20% rule rejected it);
 - both tools in ABBA order, twice, so drift falls on both; per-request values pooled per tool and compared by
   their interquartile mean (at c2 the values are two modes, first and second served, where a median jumps).
-The module runs alone (`alone` marker): no other test shares the machine while it measures.
+The measuring runs `alone()`: no other test shares the machine meanwhile (the server starts beside them).
 """
 
 from __future__ import annotations
@@ -23,9 +23,10 @@ import pytest
 
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from tests.parallel import alone
 from tests.testbed.vllm import start_vllm_server
 
-pytestmark = [pytest.mark.slow, pytest.mark.alone]
+pytestmark = pytest.mark.slow
 
 PP, TG, CONC, RUNS = 128, 64, (1, 2), 8
 ORDER = ("ours", "benchy", "benchy", "ours") * 2
@@ -56,37 +57,41 @@ def pinned_server(vllm_env, tiny_model):
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def cross_check(pinned_server, benchy, tmp_path_factory):
+def measure(server, benchy, tmp: Path) -> tuple[dict[tuple[str, int, str], list[float]], list]:
     """Both tools on the same server, ABBA twice; per-request values pooled by (tool, concurrency, metric)."""
-    tmp = tmp_path_factory.mktemp("xcheck")
-    server = pinned_server
-    _, client_cpus = split_cpus()
-    before = os.sched_getaffinity(0)
     pooled: dict[tuple[str, int, str], list[float]] = {}
     ours_runs = []
-    try:
-        if client_cpus:
-            os.sched_setaffinity(0, client_cpus)     # this thread (our sweep) and llama-benchy, its child
-        for i, who in enumerate(ORDER):
-            if who == "ours":
-                spec = SweepSpec(url=server.url, pp=(PP,), tg=(TG,), concurrency=CONC, runs=RUNS, latency_mode="none")
-                with ResultsStore(tmp / f"r{i}.sqlite") as store:
-                    out = asyncio.run(run_sweep(spec, store))
-                    ours_runs.append((store.run(out.run_id), store.levels(out.run_id), store.requests(out.run_id)))
-                got = {lv.key.concurrency: lv.metrics for lv in ours_runs[-1][1]}
-            else:
-                d = tmp / f"b{i}"
-                d.mkdir()
-                theirs = benchy.run(server.url, server.model, d, pp=(PP,), tg=(TG,), concurrency=CONC,
-                                    runs=RUNS, extra=("--exact-tg",))
-                got = {b["concurrency"]: b for b in theirs["benchmarks"]}
-            assert set(got) == set(CONC), (who, sorted(got))
-            for c, m in got.items():
-                for key in KEYS:
-                    pooled.setdefault((who, c, key), []).extend((m.get(key) or {}).get("values") or ())
-    finally:
-        os.sched_setaffinity(0, before)
+    for i, who in enumerate(ORDER):
+        if who == "ours":
+            spec = SweepSpec(url=server.url, pp=(PP,), tg=(TG,), concurrency=CONC, runs=RUNS, latency_mode="none")
+            with ResultsStore(tmp / f"r{i}.sqlite") as store:
+                out = asyncio.run(run_sweep(spec, store))
+                ours_runs.append((store.run(out.run_id), store.levels(out.run_id), store.requests(out.run_id)))
+            got = {lv.key.concurrency: lv.metrics for lv in ours_runs[-1][1]}
+        else:
+            d = tmp / f"b{i}"
+            d.mkdir()
+            theirs = benchy.run(server.url, server.model, d, pp=(PP,), tg=(TG,), concurrency=CONC,
+                                runs=RUNS, extra=("--exact-tg",))
+            got = {b["concurrency"]: b for b in theirs["benchmarks"]}
+        assert set(got) == set(CONC), (who, sorted(got))
+        for c, m in got.items():
+            for key in KEYS:
+                pooled.setdefault((who, c, key), []).extend((m.get(key) or {}).get("values") or ())
+    return pooled, ours_runs
+
+
+@pytest.fixture(scope="module")
+def cross_check(pinned_server, benchy, tmp_path_factory):
+    _, client_cpus = split_cpus()
+    before = os.sched_getaffinity(0)
+    with alone():
+        try:
+            if client_cpus:
+                os.sched_setaffinity(0, client_cpus)     # this thread (our sweep) and llama-benchy, its child
+            pooled, ours_runs = measure(pinned_server, benchy, tmp_path_factory.mktemp("xcheck"))
+        finally:
+            os.sched_setaffinity(0, before)
     means = {}
     for c in CONC:
         for key in KEYS:

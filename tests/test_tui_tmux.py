@@ -47,6 +47,13 @@ class Tmux:
         raise AssertionError(f"{text!r} never appeared; the screen shows:\n{self.screen()}")
 
 
+def terminal_env() -> dict[str, str]:
+    """This process's environment for the terminal, less COLUMNS/LINES: pytest-xdist workers carry 80x24 there,
+    and Textual would take those over the 200x60 that tmux gives the pane."""
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    return {**env, "TERM": "xterm-256color"}
+
+
 @pytest.fixture
 def console(tmp_path):
     cluster = tmp_path / "sparkconsole.yaml"
@@ -59,7 +66,7 @@ def console(tmp_path):
            f"--replay {shlex.quote(str(RECORDING))} --replay-interval 0.25; echo $? > {shlex.quote(str(done))}")
     t = Tmux(name)
     subprocess.run([*t.cmd, "-f", "/dev/null", "new-session", "-d", "-s", name, "-x", "200", "-y", "60", cmd],
-                   check=True, env={**os.environ, "TERM": "xterm-256color"})
+                   check=True, env=terminal_env())
     t.done = done
     try:
         yield t
