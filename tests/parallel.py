@@ -2,9 +2,9 @@
 
 - Workers: twice the CPUs (at most 8; SPARKCONSOLE_TEST_WORKERS overrides): most tests wait on sockets, timers
   and child processes rather than compute, so two per core finish sooner than one.
-- Groups: every test that needs the heavy test bed (vLLM servers, routers, the docker engine and its image,
-  llama-benchy) runs on one worker, so each session fixture starts once; the network-namespace faults share
-  one worker too (their address blocks are per process).
+- Groups: the tests that need the docker engine run on one worker, those that need bare vLLM servers, routers
+  or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
+  none); the network-namespace faults share one worker too (their address blocks are per process).
 - `@pytest.mark.alone` (a whole test) or `with alone():` (just its measuring part, set-up outside): timings are
   taken with no other test in flight. Every test holds a shared lock while it runs; an alone section takes it
   exclusively, after announcing itself on a second lock so that the other workers' next tests wait for it
@@ -56,8 +56,11 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def group_of(item: pytest.Item) -> str | None:
-    if TESTBED_FIXTURES & set(getattr(item, "fixturenames", ())):
-        return "testbed"
+    fixtures = set(getattr(item, "fixturenames", ()))
+    if "docker_engine" in fixtures:
+        return "testbed-docker"       # one engine and its image; containers of vLLM and routers
+    if TESTBED_FIXTURES & fixtures:
+        return "testbed-vllm"         # bare vLLM servers, the routers in front of them, llama-benchy
     if Path(str(item.path)).name in NETNS_MODULES:
         return "netns"
     return None

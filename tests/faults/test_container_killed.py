@@ -93,7 +93,8 @@ def _check_first_level_kept_and_second_failed(levels, errors) -> None:
     first, second = levels[0], levels[1]
     # measured before the kill: intact, not failed
     assert first.key.concurrency == CONC[0] and first.failure is None
-    assert first.metrics["requests_ok"] == RUNS * CONC[0] and first.decode_tps and first.decode_tps > 0
+    # (TTFT, not decode t/s: a CPU-starved vLLM can send a whole answer in one read, which has no decode rate)
+    assert first.metrics["requests_ok"] == RUNS * CONC[0] and first.ttft_ms and first.ttft_ms > 0
     # the level in flight: marked failed, with how many requests and why
     assert second.key.concurrency == CONC[1] and second.metrics["requests_failed"] > 0
     assert second.failure and "requests failed: " in second.failure and "\n" not in second.failure
