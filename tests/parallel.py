@@ -5,22 +5,20 @@
 - Groups: the tests that need the docker engine run on one worker, those that need bare vLLM servers, routers
   or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
   none); the network-namespace faults share one worker too (their address blocks are per process).
-- `@pytest.mark.alone` (a whole test) or `with alone():` (just its measuring part, set-up outside): timings are
-  taken with no other test in flight. Every test holds a shared lock while it runs; an alone section takes it
-  exclusively, after announcing itself on a second lock so that the other workers' next tests wait for it
-  instead of starving it.
+- `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
+  while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
+  workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
+  after all the others, in one process, when the servers the others started are gone.
 `-n 0` runs everything in one process, where all of this is inert.
 """
 
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Iterator
 
 import pytest
 
@@ -128,21 +126,6 @@ class _Locks:
 
 
 _locks: _Locks | None = None
-
-
-@contextlib.contextmanager
-def alone() -> Iterator[None]:
-    """Run the block with no other test in flight on any worker (a measurement); set-up can stay outside it."""
-    if _locks is None:
-        yield
-        return
-    _locks.release()                 # this test's own shared lock, or the exclusive lock would wait for it
-    _locks.exclusive()
-    try:
-        yield
-    finally:
-        _locks.release()
-        _locks.share()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -8,7 +8,7 @@ Like with like (docs/BENCHMARKS.md, "Cross-check with llama-benchy"):
 - pp 128: llama-benchy then takes the server's prompt count (at pp 96 its 20% rule rejected it);
 - both tools in ABBA order, twice, so drift falls on both; per-request values pooled per tool and compared by
   their interquartile mean (at c2 the values are two modes, first and second served, where a median jumps).
-The measuring runs `alone()`: no other test shares the machine meanwhile (the server starts beside them).
+The module is `alone`: no other test shares the machine while it measures (scripts/test runs it last).
 """
 
 from __future__ import annotations
@@ -23,10 +23,9 @@ import pytest
 
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.bench.sweep import SweepSpec, run_sweep
-from tests.parallel import alone
 from tests.testbed.vllm import start_vllm_server
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.alone]
 
 PP, TG, CONC, RUNS = 128, 64, (1, 2), 12
 ORDER = ("ours", "benchy", "benchy", "ours") * 2
@@ -85,13 +84,12 @@ def measure(server, benchy, tmp: Path) -> tuple[dict[tuple[str, int, str], list[
 def cross_check(pinned_server, benchy, tmp_path_factory):
     _, client_cpus = split_cpus()
     before = os.sched_getaffinity(0)
-    with alone():
-        try:
-            if client_cpus:
-                os.sched_setaffinity(0, client_cpus)     # this thread (our sweep) and llama-benchy, its child
-            pooled, ours_runs = measure(pinned_server, benchy, tmp_path_factory.mktemp("xcheck"))
-        finally:
-            os.sched_setaffinity(0, before)
+    try:
+        if client_cpus:
+            os.sched_setaffinity(0, client_cpus)     # this thread (our sweep) and llama-benchy, its child
+        pooled, ours_runs = measure(pinned_server, benchy, tmp_path_factory.mktemp("xcheck"))
+    finally:
+        os.sched_setaffinity(0, before)
     means = {}
     for c in CONC:
         for key in KEYS:
