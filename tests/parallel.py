@@ -41,7 +41,8 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     own = config.stash.get(_OWN_GROUPS, None)
     if own:
-        Path(own).unlink(missing_ok=True)
+        for path in (own, f"{own}.lock", f"{own}.intent"):
+            Path(path).unlink(missing_ok=True)
         os.environ.pop(GROUPS_ENV, None)
 
 
@@ -98,21 +99,21 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
 
 
 def _lock_paths() -> tuple[Path, Path] | None:
-    run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-    if not run:
+    """A worker's two lock files, beside the controller's groups file (removed with it); None outside xdist."""
+    groups = os.environ.get(GROUPS_ENV)
+    if not os.environ.get("PYTEST_XDIST_WORKER") or not groups:
         return None
-    base = Path(tempfile.gettempdir()) / f"sparkconsole-tests-{run}"
-    return base.with_suffix(".lock"), base.with_suffix(".intent")
+    return Path(f"{groups}.lock"), Path(f"{groups}.intent")
 
 
 class _Locks:
-    """This worker's handles on the two lock files, and whether the running test holds the shared lock."""
+    """This worker's handles on the two lock files (a shared/exclusive pair with writer preference)."""
 
     def __init__(self, paths: tuple[Path, Path]) -> None:
         self.main, self.intent = open(paths[0], "a"), open(paths[1], "a")
 
     def share(self) -> None:
-        fcntl.flock(self.intent, fcntl.LOCK_SH)          # waits while an alone section is queued or running
+        fcntl.flock(self.intent, fcntl.LOCK_SH)          # waits while an alone test is queued or running
         fcntl.flock(self.main, fcntl.LOCK_SH)
         fcntl.flock(self.intent, fcntl.LOCK_UN)
 
@@ -137,8 +138,10 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         return
     if _locks is None:
         _locks = _Locks(paths)
-    whole = item.get_closest_marker("alone") is not None
-    _locks.exclusive() if whole else _locks.share()
+    if item.get_closest_marker("alone") is not None:
+        _locks.exclusive()
+    else:
+        _locks.share()
     try:
         yield
     finally:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import statistics
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -50,9 +49,9 @@ def split_cpus() -> tuple[set[int] | None, set[int] | None]:
 
 
 @pytest.fixture(scope="module")
-def pinned_server(vllm_env, tiny_model):
+def pinned_server(vllm_env, tiny_model, tmp_path_factory):
     server_cpus, _ = split_cpus()
-    server = start_vllm_server(vllm_env, tiny_model, Path(tempfile.mkdtemp(prefix="sc-xcheck-")), cpus=server_cpus)
+    server = start_vllm_server(vllm_env, tiny_model, tmp_path_factory.mktemp("xcheck-server"), cpus=server_cpus)
     yield server
     server.stop()
 
