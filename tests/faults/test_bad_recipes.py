@@ -83,13 +83,14 @@ def check_error(err: UserError, file: str = FILE) -> str:
 
 
 def check(text: str, secret: str | None = None) -> Recipe | None:
-    t0 = time.monotonic()
+    # The work this thread did (a bomb costs CPU, not waiting), so other tests on the same cores cannot fail it
+    t0 = time.thread_time()
     try:
         recipe = parse_recipe(load_text(text, FILE), "fuzz")
     except UserError as err:
         msg = check_error(err)
         assert secret is None or secret not in msg, msg
-        assert time.monotonic() - t0 < 2.0
+        assert time.thread_time() - t0 < 2.0
         return None
     assert isinstance(recipe, Recipe) and recipe.name and recipe.container and recipe.command
     for topology in recipe.topologies:
@@ -103,7 +104,7 @@ def check(text: str, secret: str | None = None) -> Recipe | None:
         assert secret is None or secret not in rendered
         for step in plan.steps:
             assert all(isinstance(a, str) for a in step.argv)
-    assert time.monotonic() - t0 < 5.0
+    assert time.thread_time() - t0 < 5.0
     return recipe
 
 
