@@ -1,0 +1,80 @@
+"""sparkconsole's and llama-benchy's clients on one real vLLM server, batch by batch (tests/testbed/lockstep.py).
+
+    .venv/bin/python benchmarks/xcheck_lockstep.py [--rounds 24] [--repeat 2] [--pp 128] [--tg 64]
+
+Starts the test bed's vLLM (CPU) with the tiny model pinned to the first CPU, runs the lockstep harness on the
+second, and prints per concurrency the interquartile means of each tool's per-request TTFT, prefill t/s and
+decode t/s and their ratio (each round: ours, theirs, theirs, ours, one batch each). The CLI-level comparison (tests/test_bench_vllm.py) runs whole sweeps one after the other; this
+one samples the same stretches of the server's wandering speed with both tools. docs/BENCHMARKS.md has runs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.testbed.benchy import BENCHY_VENV, DEFAULT_BOOK_URL, seed_book  # noqa: E402
+from tests.testbed.cache import cache_root, ensure_venv  # noqa: E402
+from tests.testbed.model import ensure_tiny_model  # noqa: E402
+from tests.testbed.vllm import ensure_vllm_venv, start_vllm_server  # noqa: E402
+
+
+def interquartile_mean(values: list[float]) -> float:
+    v = sorted(values)
+    k = len(v) // 4
+    return statistics.fmean(v[k:len(v) - k])
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=24)
+    ap.add_argument("--repeat", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=128)
+    ap.add_argument("--tg", type=int, default=64)
+    args = ap.parse_args()
+    cpus = sorted(os.sched_getaffinity(0))
+    server_cpus, client_cpus = ({cpus[0]}, {cpus[1]}) if len(cpus) > 1 else (None, None)
+    venv = ensure_vllm_venv()
+    model = ensure_tiny_model(venv)
+    home = cache_root() / "benchy-home"
+    seed_book(home)
+    benchy = ensure_venv(BENCHY_VENV)
+    tmp = Path(tempfile.mkdtemp(prefix="xcheck-lockstep-"))
+    server = start_vllm_server(venv, model, tmp, cpus=server_cpus)
+    print(f"vLLM {server.url} ready in {server.start_seconds} s (CPUs {server_cpus}); clients on {client_cpus}")
+    env = {"PATH": f"{benchy.path / 'bin'}:/usr/bin:/bin", "HOME": str(home), "HF_HUB_OFFLINE": "1",
+           "TRANSFORMERS_OFFLINE": "1"}
+    try:
+        for rep in range(args.repeat):
+            out = tmp / f"lockstep-{rep}.json"
+            t0 = time.monotonic()
+            subprocess.run([str(benchy.python), str(ROOT / "tests/testbed/lockstep.py"), server.url, model.name,
+                            str(model.path), "--book-url", DEFAULT_BOOK_URL, "--pp", str(args.pp), "--tg",
+                            str(args.tg), "--rounds", str(args.rounds), "--out", str(out)],
+                           env=env, check=True, stdout=subprocess.DEVNULL,
+                           preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None)
+            data = json.loads(out.read_text())
+            print(f"\nrun {rep + 1}: {args.rounds} rounds in {time.monotonic() - t0:.0f} s")
+            for c, per in data.items():
+                for key, ours in per["ours"].items():
+                    theirs = per["benchy"][key]
+                    a, b = interquartile_mean(ours), interquartile_mean(theirs)
+                    print(f"  c{c} {key:18s} ours {a:8.1f}  llama-benchy {b:8.1f}  {100 * (a / b - 1):+5.1f}%"
+                          f"  (n {len(ours)}/{len(theirs)})")
+    finally:
+        server.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Both measurers on one server, batch by batch: sparkconsole's client and llama-benchy 0.4.0's, in lockstep.
+
+Run with llama-benchy's own interpreter (its venv), the repository on sys.path:
+    <benchy venv>/bin/python tests/testbed/lockstep.py URL MODEL TOKENIZER --book-url U --pp 128 --tg 64 --concurrency 1 2 --rounds 24 --out F
+
+Why lockstep: on a shared 2-core VM the same server's speed wanders by ±10 % over tens of seconds (one sweep of
+either tool, measured block by block). Two CLIs run one after the other see different stretches of it, so their
+difference is mostly the machine's. Here each round is ours, theirs, theirs, ours — one batch each, well under a
+second apart — so both sample the same stretches and what is left is the tools' difference.
+
+What is whose:
+- sparkconsole: its prompts (fitted with /tokenize, `bench.prompts`), its client (`bench.client.stream_chat`) and
+  its per-request figures (`bench.metrics.request_figures`), exactly what `sparkconsole bench run` uses.
+- llama-benchy: its corpus, prompt generator and prompt adaptation (`client.warmup`'s delta, as its runner does),
+  its `LLMClient.run_generation` and its `BenchmarkResults.add`, whose per-request `values` are what its JSON holds.
+Each tool has its own aiohttp session, configured as each tool configures it. Output: JSON, per concurrency and
+tool, the per-request e2e_ttft (ms), pp_req_throughput and tg_req_throughput (t/s) in llama-benchy's keys.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+import aiohttp  # noqa: E402  (llama-benchy's venv provides it)
+from llama_benchy.client import LLMClient  # noqa: E402
+from llama_benchy.corpus import TokenizedCorpus  # noqa: E402
+from llama_benchy.prompts import PromptGenerator  # noqa: E402
+from llama_benchy.results import BenchmarkResults  # noqa: E402
+
+from sparkconsole.bench.client import chat_payload, stream_chat  # noqa: E402
+from sparkconsole.bench.metrics import request_figures  # noqa: E402
+from sparkconsole.bench.prompts import calibrate, messages  # noqa: E402
+
+KEYS = ("e2e_ttft", "pp_req_throughput", "tg_req_throughput")
+
+
+class Ours:
+    def __init__(self, base: str, model: str, pp: int, tg: int) -> None:
+        self.base, self.model, self.pp, self.tg = base.rstrip("/"), model, pp, tg
+        self.rng = random.Random()
+        self.shape = None
+
+    async def start(self, max_c: int) -> None:
+        # as bench.sweep.run_sweep opens its session
+        conn = aiohttp.TCPConnector(limit=max_c + 8, force_close=False, keepalive_timeout=600)
+        self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
+        self.shape = await calibrate(self.session, self.base, self.model, self.pp, 0)
+
+    async def batch(self, c: int) -> dict[str, list[float]]:
+        bodies = [json.dumps(chat_payload(self.model, messages(self.shape, self.rng), self.tg)).encode()
+                  for _ in range(c)]
+        url = self.base + "/v1/chat/completions"
+        results = await asyncio.gather(*(stream_chat(self.session, url, b) for b in bodies))
+        out: dict[str, list[float]] = {k: [] for k in KEYS}
+        for r in results:
+            if not r.ok:
+                raise SystemExit(f"sparkconsole request failed: {r.error}")
+            f = request_figures(r, expected_prompt=self.shape.target)
+            out["e2e_ttft"].append(f.ttft_s * 1000)
+            if f.prefill_tps:
+                out["pp_req_throughput"].append(f.prefill_tps)
+            if f.decode_tps:
+                out["tg_req_throughput"].append(f.decode_tps)
+        return out
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+class Theirs:
+    def __init__(self, base: str, model: str, tokenizer: str, book_url: str, pp: int, tg: int) -> None:
+        self.client = LLMClient(base.rstrip("/") + "/v1", "EMPTY", model, exact_tg=True)
+        self.model, self.pp, self.tg = model, pp, tg
+        self.corpus = TokenizedCorpus(book_url, tokenizer, model)
+        self.gen = PromptGenerator(self.corpus)
+
+    async def start(self, max_c: int) -> None:
+        # as llama_benchy.runner opens its session, then its warm-up, which measures the chat template's tokens
+        conn = aiohttp.TCPConnector(limit=max_c + 5, force_close=False, keepalive_timeout=600)
+        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), connector=conn,
+                                             trust_env=True)
+        delta_user, _ = await self.client.warmup(self.session, self.corpus.get_tokenizer())
+        self.adapted_pp = max(1, self.pp - delta_user)
+
+    async def batch(self, c: int) -> dict[str, list[float]]:
+        prompts = self.gen.generate_batch(c, self.adapted_pp, 0, False)
+        batch = await asyncio.gather(*(self.client.run_generation(self.session, context, prompt, self.tg, False,
+                                                                 self.corpus.get_tokenizer())
+                                       for context, prompt in prompts))
+        if any(r.error for r in batch):
+            raise SystemExit(f"llama-benchy request failed: {next(r.error for r in batch if r.error)}")
+        res = BenchmarkResults()
+        res.add(self.model, self.pp, self.tg, 0, c, [batch], 0.0, self.adapted_pp)
+        run = res.runs[-1]
+        return {k: list(getattr(run, k).values) if getattr(run, k) else [] for k in KEYS}
+
+    async def close(self) -> None:
+        await self.session.close()
+
+
+async def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("url")
+    ap.add_argument("model")
+    ap.add_argument("tokenizer")
+    ap.add_argument("--book-url", required=True, help="llama-benchy's book; its text already in HOME's cache")
+    ap.add_argument("--pp", type=int, default=128)
+    ap.add_argument("--tg", type=int, default=64)
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=24)
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    tools = {"ours": Ours(args.url, args.model, args.pp, args.tg),
+             "benchy": Theirs(args.url, args.model, args.tokenizer, args.book_url, args.pp, args.tg)}
+    max_c = max(args.concurrency)
+    for tool in tools.values():
+        await tool.start(max_c)
+    data: dict[str, dict[str, dict[str, list[float]]]] = {}
+    try:
+        for c in args.concurrency:
+            for tool in tools.values():        # a warm-up batch each, not recorded
+                await tool.batch(c)
+            per = data[str(c)] = {name: {k: [] for k in KEYS} for name in tools}
+            for _ in range(args.rounds):
+                for name in ("ours", "benchy", "benchy", "ours"):
+                    for k, v in (await tools[name].batch(c)).items():
+                        per[name][k].extend(v)
+    finally:
+        for tool in tools.values():
+            await tool.close()
+    Path(args.out).write_text(json.dumps(data))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main()))
