@@ -4,7 +4,8 @@
   and child processes rather than compute, so two per core finish sooner than one.
 - Groups: the tests that need the docker engine run on one worker, those that need bare vLLM servers, routers
   or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
-  none); the network-namespace faults share one worker too (their address blocks are per process).
+  none); the two longest Docker modules run on workers of their own, each with its own engine; the
+  network-namespace faults share one worker too (their address blocks are per process).
 - `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
@@ -26,6 +27,9 @@ TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_
                     "testbed_image", "testbed_base_image", "docker_engine", "vllm_router", "vllm_router_factory",
                     "litellm_router", "vllm_pd_router", "benchy"}
 NETNS_MODULES = ("test_link_cut.py",)
+# Docker modules of minutes each (vLLM containers launched one after another): each gets a worker, and with it
+# a Docker engine of its own (an engine starts in under a second), instead of queueing behind the others.
+DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_container_killed.py")
 GROUPS_ENV = "SPARKCONSOLE_TEST_GROUPS"
 _OWN_GROUPS = pytest.StashKey[str]()
 
@@ -57,6 +61,9 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 def group_of(item: pytest.Item) -> str | None:
     fixtures = set(getattr(item, "fixturenames", ()))
     if "docker_engine" in fixtures:
+        name = Path(str(item.path)).name
+        if name in DOCKER_OWN_WORKER:
+            return f"testbed-docker-{name.removesuffix('.py')}"     # its own worker, so its own engine
         return "testbed-docker"       # one engine and its image; containers of vLLM and routers
     if TESTBED_FIXTURES & fixtures:
         return "testbed-vllm"         # bare vLLM servers, the routers in front of them, llama-benchy

@@ -9,12 +9,13 @@ from __future__ import annotations
 import copy
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkconsole.config import ClusterConfig, parse_cluster
 from sparkconsole.errors import UserError
 from sparkconsole.yamlsrc import load_text
+from tests.faults.fuzz import fuzz
 
 FILE = "fuzz-cluster.yaml"
 BASE = {
@@ -74,7 +75,7 @@ def check(text: str) -> None:
         assert 1 <= n.ssh.port <= 65535 and 1 <= n.vllm_port <= 65535
 
 
-@settings(max_examples=1500, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(1500)
 @given(paths, weird_values, st.booleans())
 def test_mutated_documents(path, value, delete):
     doc = mutate(BASE, path, value, delete)
@@ -85,13 +86,13 @@ def test_mutated_documents(path, value, delete):
     check(text)
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(1000)
 @given(st.text(max_size=400))
 def test_arbitrary_text(text):
     check(text)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(300)
 @given(st.integers(min_value=1, max_value=12), st.integers(min_value=2, max_value=12))
 def test_anchor_bombs_refused(depth, width):
     lines = ["l0: &l0 [x]"]

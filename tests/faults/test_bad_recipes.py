@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 import yaml
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from sparkconsole.config import ClusterConfig, NodeConfig
@@ -22,6 +22,7 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import Recipe, bundled_dir, load_recipe, parse_recipe
 from sparkconsole.yamlsrc import load_text
+from tests.faults.fuzz import fuzz
 
 FILE = "fuzz-recipe.yaml"
 BUNDLED = sorted(bundled_dir().glob("*.yaml"))
@@ -108,7 +109,7 @@ def check(text: str, secret: str | None = None) -> Recipe | None:
     return recipe
 
 
-@settings(max_examples=2500, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(2500)
 @given(st.sampled_from(range(len(BASES))), st.sampled_from(PATHS), weird_values, st.booleans())
 def test_mutated_bundled_recipes(base, path, value, delete):
     doc = mutate(BASES[base], path, value, delete)
@@ -119,7 +120,7 @@ def test_mutated_bundled_recipes(base, path, value, delete):
     check(text)
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(300)
 @given(st.sampled_from(range(len(BASES))), st.sampled_from(["HF_TOKEN", "ROUTER_API_KEY", "MY_SECRET", "PASSWORD"]),
        st.text(alphabet="abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-", min_size=12, max_size=40))
 def test_secret_values_in_recipes_are_refused_without_echo(base, name, value):
@@ -129,13 +130,13 @@ def test_secret_values_in_recipes_are_refused_without_echo(base, name, value):
     assert check(yaml.safe_dump(doc), secret=secret) is None
 
 
-@settings(max_examples=1000, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(1000)
 @given(st.text(max_size=400))
 def test_arbitrary_text(text):
     check(text)
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=list(HealthCheck))
+@fuzz(200)
 @given(st.integers(min_value=1, max_value=12), st.integers(min_value=2, max_value=12))
 def test_anchor_bombs_refused_quickly(depth, width):
     lines = ['recipe_version: "1"', "name: bomb", "container: vllm-node", "command: vllm serve x", "b0: &b0 [x]"]
