@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,16 +22,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.testbed.benchy import BENCHY_VENV, DEFAULT_BOOK_URL, seed_book  # noqa: E402
+from tests.testbed.benchy import BENCHY_VENV, DEFAULT_BOOK_URL, Benchy, seed_book  # noqa: E402
 from tests.testbed.cache import cache_root, ensure_venv  # noqa: E402
 from tests.testbed.model import ensure_tiny_model  # noqa: E402
+from tests.testbed.timing import interquartile_mean, split_cpus  # noqa: E402
 from tests.testbed.vllm import ensure_vllm_venv, start_vllm_server  # noqa: E402
-
-
-def interquartile_mean(values: list[float]) -> float:
-    v = sorted(values)
-    k = len(v) // 4
-    return statistics.fmean(v[k:len(v) - k])
 
 
 def main() -> int:
@@ -42,26 +36,23 @@ def main() -> int:
     ap.add_argument("--pp", type=int, default=128)
     ap.add_argument("--tg", type=int, default=64)
     args = ap.parse_args()
-    cpus = sorted(os.sched_getaffinity(0))
-    server_cpus, client_cpus = ({cpus[0]}, {cpus[1]}) if len(cpus) > 1 else (None, None)
+    server_cpus, client_cpus = split_cpus()
     venv = ensure_vllm_venv()
     model = ensure_tiny_model(venv)
     home = cache_root() / "benchy-home"
     seed_book(home)
-    benchy = ensure_venv(BENCHY_VENV)
+    benchy = Benchy(ensure_venv(BENCHY_VENV), home)
     tmp = Path(tempfile.mkdtemp(prefix="xcheck-lockstep-"))
     server = start_vllm_server(venv, model, tmp, cpus=server_cpus)
     print(f"vLLM {server.url} ready in {server.start_seconds} s (CPUs {server_cpus}); clients on {client_cpus}")
-    env = {"PATH": f"{benchy.path / 'bin'}:/usr/bin:/bin", "HOME": str(home), "HF_HUB_OFFLINE": "1",
-           "TRANSFORMERS_OFFLINE": "1"}
     try:
         for rep in range(args.repeat):
             out = tmp / f"lockstep-{rep}.json"
             t0 = time.monotonic()
-            subprocess.run([str(benchy.python), str(ROOT / "tests/testbed/lockstep.py"), server.url, model.name,
+            subprocess.run([str(benchy.venv.python), str(ROOT / "tests/testbed/lockstep.py"), server.url, model.name,
                             str(model.path), "--book-url", DEFAULT_BOOK_URL, "--pp", str(args.pp), "--tg",
                             str(args.tg), "--rounds", str(args.rounds), "--out", str(out)],
-                           env=env, check=True, stdout=subprocess.DEVNULL,
+                           env=benchy.env(), check=True, stdout=subprocess.DEVNULL,
                            preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None)
             data = json.loads(out.read_text())
             print(f"\nrun {rep + 1}: {args.rounds} rounds in {time.monotonic() - t0:.0f} s")

@@ -24,6 +24,7 @@ import pytest
 
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from tests.testbed.timing import interquartile_mean, split_cpus
 from tests.testbed.vllm import start_vllm_server
 
 pytestmark = [pytest.mark.slow, pytest.mark.alone]
@@ -32,21 +33,6 @@ PP, TG, CONC, RUNS = 128, 64, (1, 2), 12
 ORDER = ("ours", "benchy", "benchy", "ours") * 2
 # llama-benchy's per-request keys, which our levels carry in its schema too
 KEYS = {"e2e_ttft": "TTFT ms", "pp_req_throughput": "prefill t/s", "tg_req_throughput": "decode t/s"}
-
-
-def interquartile_mean(values: list[float]) -> float:
-    v = sorted(values)
-    k = len(v) // 4
-    mid = v[k:len(v) - k]
-    return statistics.fmean(mid)
-
-
-def split_cpus() -> tuple[set[int] | None, set[int] | None]:
-    """(server CPUs, client CPUs): one each when there are two or more, else no pinning."""
-    cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
-        return None, None
-    return {cpus[0]}, set(cpus[1:2])
 
 
 @pytest.fixture(scope="module")

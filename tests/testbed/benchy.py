@@ -54,15 +54,19 @@ class Benchy:
             argv += ["--api-key", api_key]
         return argv + list(extra)
 
+    def env(self) -> dict[str, str]:
+        """Offline, with the private HOME that holds the seeded book."""
+        return {"PATH": f"{self.venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(self.home),
+                "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost"}
+
     def run(self, base_url: str, model: TinyModel, out_dir: Path, *, timeout: float = 600, **kw) -> dict:
         """Run one benchmark; returns llama-benchy's JSON (metadata + "benchmarks" list)."""
         result_path = out_dir / "benchy.json"
         log_path = out_dir / "benchy.log"
         argv = self.argv(base_url, model, **kw) + ["--save-result", str(result_path)]
-        env = {"PATH": f"{self.venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(self.home),
-               "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "NO_PROXY": "127.0.0.1,localhost"}
         with open(log_path, "wb") as log:
-            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=out_dir, timeout=timeout)
+            proc = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=self.env(), cwd=out_dir,
+                                  timeout=timeout)
         if proc.returncode != 0 or not result_path.exists():
             tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
             raise TestbedError(f"llama-benchy failed (rc {proc.returncode}): {tail} (log: {log_path})")
