@@ -75,3 +75,30 @@ async def test_run_then_json_report(tmp_path):
     assert [b["concurrency"] for b in doc["benchmarks"]] == [1, 2]
     md = sc("report", f).stdout
     assert "SIMULATED (speed ×4" in md
+
+
+async def test_matrix_on_failure_pause_stops_there_and_says_how_to_go_on(tmp_path):
+    """`bench matrix --endpoints … --on-failure pause`: the first topology's server answers HTTP 500, so its first
+    level fails; the matrix stops there (the second endpoint is never swept), says so in one line, exits 1."""
+    import asyncio
+    bad = await FakeVllm(Behaviour(token_delay=0.001, http_status=500)).start()
+    good = await FakeVllm(Behaviour(token_delay=0.001)).start()
+    f = str(tmp_path / "m.sqlite")
+    try:
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "sparkconsole", "bench", "matrix", "--recipe", "gpt-oss-120b",
+            "--topologies", "solo,cluster-tp2", "--endpoints", f"solo={bad.url}/v1,cluster-tp2={good.url}/v1",
+            "--pp", "20", "--tg", "6", "-c", "1,2", "--runs", "1", "--latency-mode", "none", "--on-failure", "pause",
+            "--results", f, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 120)
+    finally:
+        await bad.stop()
+        await good.stop()
+    text = out.decode()
+    assert proc.returncode == 1, err.decode()[-2000:]
+    assert "measured 0, skipped 0, failed 0" in text
+    line = next(ln for ln in text.splitlines() if ln.startswith("paused at "))
+    assert line.startswith("paused at solo after pp20 tg6 c1: ") and "HTTP 500" in line and "--resume" in line
+    assert "Traceback" not in err.decode()
+    doc = json.loads(sc("report", f, "--format", "json").stdout)
+    assert doc["sparkconsole"]["topology"] == "solo"          # only solo was swept

@@ -247,3 +247,48 @@ async def test_a_failed_level_is_marked_and_the_sweep_continues_or_pauses(tmp_pa
 def test_on_failure_choice_is_checked():
     with pytest.raises(UserError, match="--on-failure"):
         _spec("http://127.0.0.1:9", on_failure="retry")
+
+
+async def test_matrix_pauses_at_a_failed_level_and_resume_goes_on_from_there(tmp_path):
+    """`--on-failure pause` in a matrix: the topology whose level failed is stopped, the next ones are not
+    launched, and --resume relaunches it, continues its open run from the next level, then does the rest."""
+    events = []
+    servers: dict[str, FakeVllm] = {}
+
+    class Launcher:
+        async def launch(self, recipe, topology):
+            events.append(("launch", topology))
+            srv = await FakeVllm(Behaviour(token_delay=0.001)).start()
+            servers[topology] = srv
+            return srv.url
+
+        async def stop(self):
+            events.append(("stop",))
+            for srv in servers.values():
+                await srv.stop()
+
+    broken = {"solo": True}
+
+    def break_solo_after_first(level) -> None:       # solo's server fails every request after its first level
+        if broken["solo"] and "solo" in servers:
+            servers["solo"].behaviour.http_status = 500
+
+    template = _spec("http://unset.invalid", concurrency=(1, 2, 3), runs=1, on_failure="pause")
+    with ResultsStore(tmp_path / "m.sqlite") as store:
+        out = await run_matrix("tiny", ["solo", "cluster-tp2"], Launcher(), template, store,
+                               on_level=break_solo_after_first)
+        first_runs = store.runs()
+        solo_levels = store.levels(first_runs[0].run_id)
+        broken["solo"] = False                         # the operator fixes it, then resumes
+        again = await run_matrix("tiny", ["solo", "cluster-tp2"], Launcher(), template, store, resume=True)
+        runs = {r.topology: r for r in store.runs()}
+        resumed_solo = store.levels(runs["solo"].run_id)
+    assert out.measured == [] and not out.failed
+    assert out.paused.startswith("solo after pp40 tg8 c2: 2 of 2 requests failed: HTTP 500"), out.paused
+    assert events[:2] == [("launch", "solo"), ("stop",)]                     # cluster-tp2 never launched
+    assert [r.topology for r in first_runs] == ["solo"] and first_runs[0].finished is None
+    assert [lv.key.concurrency for lv in solo_levels] == [1, 2] and solo_levels[1].failure
+    assert again.paused is None and again.measured == ["solo", "cluster-tp2"]
+    assert events[2:] == [("launch", "solo"), ("stop",), ("launch", "cluster-tp2"), ("stop",)]
+    assert runs["solo"].run_id == first_runs[0].run_id and runs["solo"].finished   # the same run, finished
+    assert [lv.key.concurrency for lv in resumed_solo] == [1, 2, 3] and resumed_solo[2].failure is None

@@ -2,7 +2,7 @@
 
 Launching is behind a small `Launcher` protocol (the lead wires it to the launch engineer's runner), so this
 module knows nothing of nodes or plans. A topology whose launch fails is recorded as failed and the matrix goes
-on; `stop()` is always called. With `resume`, topologies already measured in full are not launched again;
+on; a sweep that pauses at a failed level (`on_failure="pause"`) stops the matrix there; `stop()` is always called. With `resume`, topologies already measured in full are not launched again;
 `simulated` and `speed` say which clock the launcher's endpoints run on (a real cluster by default), so a real
 matrix never skips what a demo measured in the same file.
 """
@@ -51,6 +51,7 @@ class MatrixOutcome:
     measured: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)       # already complete in the results file
     failed: dict[str, str] = field(default_factory=dict)   # topology -> one-line reason
+    paused: str | None = None      # "topology after level: why" when `on_failure="pause"` stopped the matrix
 
 
 def recipe_hash(recipe: str) -> str | None:
@@ -97,8 +98,14 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
         try:
             url = await launcher.launch(recipe, topo)
             say(f"[{i}/{len(topologies)}] {topo}: ready at {url}, sweeping")
-            await run_sweep(replace(spec, url=url), store, resume=resume, thermal_probe=thermal_probe,
-                            on_level=on_level, on_progress=on_progress)
+            swept = await run_sweep(replace(spec, url=url), store, resume=resume, thermal_probe=thermal_probe,
+                                    on_level=on_level, on_progress=on_progress)
+            if swept.paused_after is not None:
+                # The operator asked to stop at a failed level: this topology is stopped (finally), the rest wait
+                # for --resume, which relaunches it and continues its open run from the next level.
+                out.paused = f"{topo} after {swept.paused_after}: {swept.levels[-1].failure}"
+                say(f"[{i}/{len(topologies)}] {topo}: paused after a failed level; --resume continues here")
+                break
             out.measured.append(topo)
         except UserError as exc:
             out.failed[topo] = str(exc)

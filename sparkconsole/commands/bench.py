@@ -375,6 +375,9 @@ async def _matrix(args: argparse.Namespace) -> int:
           f"results in {args.results}" + (" (SIMULATED)" if args.demo else ""))
     for topo, why in out.failed.items():
         print(f"  {topo}: {why}")
+    if out.paused is not None:
+        print(f"paused at {out.paused} — fix the endpoint, then run the same command with --resume")
+        return 1
     return 1 if out.failed else 0
 
 
