@@ -36,7 +36,8 @@ def main() -> int:
             cmd += ["--deselect", "tests/faults/test_link_cut.py::test_link_cut_60s"]
         cmd += args.pytest_args
         t0 = time.monotonic()
-        r = subprocess.run(cmd, cwd=ROOT, env={**os.environ, "SPARKCONSOLE_FAULT_FIGURES": str(out), "SPARKCONSOLE_FUZZ": "full"})
+        env = {**os.environ, "SPARKCONSOLE_FAULT_FIGURES": str(out), "SPARKCONSOLE_FUZZ": "full"}   # every example
+        r = subprocess.run(cmd, cwd=ROOT, env=env)
         took = time.monotonic() - t0
         if not out.exists():
             print("no figures written (did the suite run?)", file=sys.stderr)

@@ -4,8 +4,9 @@
 
 Starts the test bed's vLLM (CPU) with the tiny model pinned to the first CPU, runs the lockstep harness on the
 second, and prints per concurrency the interquartile means of each tool's per-request TTFT, prefill t/s and
-decode t/s and their ratio (each round: ours, theirs, theirs, ours, one batch each). The CLI-level comparison (tests/test_bench_vllm.py) runs whole sweeps one after the other; this
-one samples the same stretches of the server's wandering speed with both tools. docs/BENCHMARKS.md has runs.
+decode t/s and their ratio (each round: ours, theirs, theirs, ours, one batch each). The CLI-level comparison
+(tests/test_bench_vllm.py) runs whole sweeps one after the other; this one samples the same stretches of the
+server's wandering speed with both tools. docs/BENCHMARKS.md has runs.
 """
 
 from __future__ import annotations

@@ -141,7 +141,8 @@ async def test_simcluster_through_the_monitor_and_tp2_across_nodes():
                           for nm in mon.nodes.values()):
                 assert time.monotonic() < deadline, (
                     {n: (nm.state, nm.last_error, used_gib(nm)) for n, nm in mon.nodes.items()},
-                    {str(p.relative_to(root)): p.read_text()[:300] for p in Path(root).rglob("*.json") if p.parent.name == "load"})
+                    {str(p.relative_to(root)): p.read_text()[:300] for p in Path(root).rglob("*.json")
+                     if p.parent.name == "load"})
                 await asyncio.sleep(0.2)
             for name, nm in mon.nodes.items():
                 assert nm.info.simulated and nm.info.gpu_names == ("NVIDIA GB10",)

@@ -2,9 +2,10 @@
 
 Launching is behind a small `Launcher` protocol (the lead wires it to the launch engineer's runner), so this
 module knows nothing of nodes or plans. A topology whose launch fails is recorded as failed and the matrix goes
-on; a sweep that pauses at a failed level (`on_failure="pause"`) stops the matrix there; `stop()` is always called. With `resume`, topologies already measured in full are not launched again;
-`simulated` and `speed` say which clock the launcher's endpoints run on (a real cluster by default), so a real
-matrix never skips what a demo measured in the same file.
+on; a sweep that pauses at a failed level (`on_failure="pause"`) stops the matrix there; `stop()` is always
+called. With `resume`, topologies already measured in full are not launched again; `simulated` and `speed` say
+which clock the launcher's endpoints run on (a real cluster by default), so a real matrix never skips what a demo
+measured in the same file.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Both measurers on one server, batch by batch: sparkconsole's client and llama-benchy 0.4.0's, in lockstep.
 
 Run with llama-benchy's own interpreter (its venv), the repository on sys.path:
-    <benchy venv>/bin/python tests/testbed/lockstep.py URL MODEL TOKENIZER --book-url U --pp 128 --tg 64 --concurrency 1 2 --rounds 24 --out F
+    <benchy venv>/bin/python tests/testbed/lockstep.py URL MODEL TOKENIZER --book-url U \
+        --pp 128 --tg 64 --concurrency 1 2 --rounds 24 --out F
 
 Why lockstep: on a shared 2-core VM the same server's speed wanders by ±10 % over tens of seconds (one sweep of
 either tool, measured block by block). Two CLIs run one after the other see different stretches of it, so their
