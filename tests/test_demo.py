@@ -161,6 +161,36 @@ async def test_simcluster_through_the_monitor_and_tp2_across_nodes():
     assert not os.path.exists(root) and sim_processes(root) == []
 
 
+def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
+    """A simulated vLLM binds only once loaded, so a bind probe alone gave two clusters starting together the
+    same port, and one read the other's /health as its own (seen in CI). A claim held by another live process
+    is skipped; it lapses when released, or when its owner's state dir is gone."""
+    from sparkconsole.sim.cluster import claim_port, release_ports
+
+    host = "127.0.0.2"
+    preferred = claim_port(host, 18000 + os.getpid() % 1000, tmp_path / "none")   # a free port, claim lapses
+    theirs, mine, later = (tmp_path / n for n in ("theirs", "mine", "later"))
+    for d in (theirs, mine, later):
+        d.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.cluster import "
+         "claim_port; print(claim_port(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])), flush=True); "
+         "time.sleep(60)", host, str(preferred), str(theirs)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(other.stdout.readline()) == preferred          # free, so the first claimant gets it
+        got = claim_port(host, preferred, mine)
+        assert got != preferred                                   # nothing bound yet, but claimed
+        release_ports(mine)
+        assert claim_port(host, got, later) == got                # released: free again
+        (theirs).rmdir()
+        assert claim_port(host, preferred, mine) == preferred     # their state dir is gone: the claim lapsed
+    finally:
+        other.kill()
+        other.wait()
+        for d in (mine, later):
+            release_ports(d)
+
+
 @pytest.mark.parametrize("topology,options", [("2x-solo", {"router": "simple-shuffle"}),
                                                ("cluster-tp2", {"backend": "ray"})])
 async def test_recipe_plan_launches_through_the_shims(topology, options):

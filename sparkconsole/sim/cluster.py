@@ -14,6 +14,7 @@ plan sends, answered by the node's docker shim.
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import random
@@ -29,7 +30,7 @@ import aiohttp
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
-from .node import NodeTuning, SimNode, pid_alive
+from .node import NodeTuning, SimNode, pid_alive, read_json, write_atomic
 
 DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
 CONTAINER = "vllm_node"
@@ -54,16 +55,46 @@ TOPOLOGIES = ("none", "solo", "cluster-tp2", "2x-solo")
 ROUTERS = ("litellm-simple-shuffle", "litellm-least-busy", "vllm-router")
 
 
-def free_port(host: str, preferred: int) -> int:
-    """`preferred` when it is free on `host`, else one the kernel picks."""
-    for port in (preferred, 0):
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind((host, port))
-                return s.getsockname()[1]
-            except OSError:
-                continue
+PORT_CLAIMS = "sparkconsole-sim-ports.json"     # beside the state directories, in the temp dir
+
+
+def claim_port(host: str, preferred: int, owner: Path) -> int:
+    """A port for a simulated server on `host`: `preferred` when free, else one the kernel picks.
+
+    A simulated vLLM, like the real one, binds only once its model is loaded, seconds after the port was
+    chosen. A bind probe alone would hand the same free port to two clusters starting side by side (two demos,
+    or test workers), and the second would read the first's /health as its own. So every live cluster's
+    claims are kept in one file, changed under a lock; a claim lapses with its owner process or state dir."""
+    tmp = Path(tempfile.gettempdir())
+    with open(tmp / (PORT_CLAIMS + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        raw = read_json(tmp / PORT_CLAIMS)
+        claims = {k: v for k, v in (raw.items() if isinstance(raw, dict) else ())
+                  if isinstance(v, list) and len(v) == 2 and pid_alive(v[0]) and Path(str(v[1])).is_dir()}
+        for port in (preferred, *([0] * 20)):
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                got = s.getsockname()[1]
+            if f"{host}:{got}" not in claims:
+                claims[f"{host}:{got}"] = [os.getpid(), str(owner)]
+                write_atomic(tmp / PORT_CLAIMS, json.dumps(claims))
+                return got
     raise UserError(f"no free port on {host}", field="--port", fix="free a port on the loopback address")
+
+
+def release_ports(owner: Path) -> None:
+    """Drop the claims a stopped cluster made (a crashed one's lapse by themselves)."""
+    tmp = Path(tempfile.gettempdir())
+    with open(tmp / (PORT_CLAIMS + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        raw = read_json(tmp / PORT_CLAIMS)
+        if isinstance(raw, dict):
+            kept = {k: v for k, v in raw.items() if not (isinstance(v, list) and len(v) == 2 and v[1] == str(owner))}
+            if kept != raw:
+                write_atomic(tmp / PORT_CLAIMS, json.dumps(kept))
 
 
 class SimCluster:
@@ -124,7 +155,7 @@ class SimCluster:
                 node = SimNode(name, addr, self.root, speed=self.speed, tuning=tuning, load_speedup=self.load_speedup)
                 await node.start()
                 self.nodes[name] = node
-                self.ports[name] = free_port(addr, self.vllm_port_pref)
+                self.ports[name] = claim_port(addr, self.vllm_port_pref, self.root)
             await self._launch()
             self.cluster = self._config()
             if wait:
@@ -160,7 +191,7 @@ class SimCluster:
     async def _launch_router(self, backends: list[str]) -> None:
         head = backends[0]
         addr = self.nodes[head].address
-        port = free_port(addr, self.router_port_pref)
+        port = claim_port(addr, self.router_port_pref, self.root)
         urls = [f"http://{self.nodes[n].address}:{self.ports[n]}/v1" for n in backends]
         served = self.serving.model
         if self.serving.router == "vllm-router":
@@ -238,6 +269,7 @@ class SimCluster:
             await node.stop()
         if self.root is not None:
             kill_leftovers(self.root)
+            release_ports(self.root)
             if self._own_root:
                 shutil.rmtree(self.root, ignore_errors=True)
 
