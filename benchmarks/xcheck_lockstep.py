@@ -12,9 +12,6 @@ server's wandering speed with both tools. docs/BENCHMARKS.md has runs.
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -23,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.testbed.benchy import BENCHY_VENV, DEFAULT_BOOK_URL, Benchy, seed_book  # noqa: E402
+from tests.testbed.benchy import BENCHY_VENV, Benchy, seed_book  # noqa: E402
 from tests.testbed.cache import cache_root, ensure_venv  # noqa: E402
 from tests.testbed.model import ensure_tiny_model  # noqa: E402
-from tests.testbed.timing import interquartile_mean, split_cpus  # noqa: E402
+from tests.testbed.timing import compare_rounds, split_cpus  # noqa: E402
 from tests.testbed.vllm import ensure_vllm_venv, start_vllm_server  # noqa: E402
 
 
@@ -48,21 +45,14 @@ def main() -> int:
     print(f"vLLM {server.url} ready in {server.start_seconds} s (CPUs {server_cpus}); clients on {client_cpus}")
     try:
         for rep in range(args.repeat):
-            out = tmp / f"lockstep-{rep}.json"
             t0 = time.monotonic()
-            subprocess.run([str(benchy.venv.python), str(ROOT / "tests/testbed/lockstep.py"), server.url, model.name,
-                            str(model.path), "--book-url", DEFAULT_BOOK_URL, "--pp", str(args.pp), "--tg",
-                            str(args.tg), "--rounds", str(args.rounds), "--out", str(out)],
-                           env=benchy.env(), check=True, stdout=subprocess.DEVNULL,
-                           preexec_fn=(lambda: os.sched_setaffinity(0, client_cpus)) if client_cpus else None)
-            data = json.loads(out.read_text())
-            print(f"\nrun {rep + 1}: {args.rounds} rounds in {time.monotonic() - t0:.0f} s")
-            for c, per in data.items():
-                for key, ours in per["ours"].items():
-                    theirs = per["benchy"][key]
-                    a, b = interquartile_mean(ours), interquartile_mean(theirs)
-                    print(f"  c{c} {key:18s} ours {a:8.1f}  llama-benchy {b:8.1f}  {100 * (a / b - 1):+5.1f}%"
-                          f"  (n {len(ours)}/{len(theirs)})")
+            data = benchy.lockstep(server.url, model, tmp / f"lockstep-{rep}.json", pp=args.pp, tg=args.tg,
+                                   concurrency=(1, 2), rounds=args.rounds, cpus=client_cpus)
+            print(f"\nrun {rep + 1}: {args.rounds} rounds in {time.monotonic() - t0:.0f} s "
+                  "(ratio: median over rounds of ours/theirs; IQM: all values)")
+            for (c, key), (a, b, r) in compare_rounds(data).items():
+                print(f"  c{c} {key:18s} ours {a:8.1f}  llama-benchy {b:8.1f}  IQM {100 * (a / b - 1):+5.1f}%"
+                      f"  ratio {100 * (r - 1):+5.1f}%")
     finally:
         server.stop()
     return 0

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +29,7 @@ BENCHY_VENV = VenvSpec(
 )
 # llama_benchy/config.py: the --book-url default; its text is looked up as ~/.cache/llama-benchy/<md5(url)>.txt
 DEFAULT_BOOK_URL = "https://www.gutenberg.org/files/1661/1661-0.txt"
+LOCKSTEP = Path(__file__).with_name("lockstep.py")
 
 
 def seed_book(home: Path, url: str = DEFAULT_BOOK_URL) -> Path:
@@ -71,6 +73,19 @@ class Benchy:
             tail = log_path.read_text(errors="replace").strip().splitlines()[-1:]
             raise TestbedError(f"llama-benchy failed (rc {proc.returncode}): {tail} (log: {log_path})")
         return json.loads(result_path.read_text())
+
+    def lockstep(self, base_url: str, model: TinyModel, out: Path, *, pp: int, tg: int, concurrency: Sequence[int],
+                 rounds: int, cpus: set[int] | None = None, timeout: float = 600) -> dict:
+        """Our client and llama-benchy's batch by batch on one server (tests/testbed/lockstep.py, run with
+        llama-benchy's interpreter); `cpus` pins it. Returns its rounds (timing.compare_rounds reads them)."""
+        argv = [str(self.venv.python), str(LOCKSTEP), base_url, model.name, str(model.path),
+                "--book-url", DEFAULT_BOOK_URL, "--pp", str(pp), "--tg", str(tg),
+                "--concurrency", *map(str, concurrency), "--rounds", str(rounds), "--out", str(out)]
+        proc = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout,
+                              preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
+        if proc.returncode != 0 or not out.exists():
+            raise TestbedError(f"lockstep run failed (rc {proc.returncode}): {proc.stderr.strip()[-500:]}")
+        return json.loads(out.read_text())
 
 
 @pytest.fixture(scope="session")

@@ -14,8 +14,10 @@ What is whose:
   its per-request figures (`bench.metrics.request_figures`), exactly what `sparkconsole bench run` uses.
 - llama-benchy: its corpus, prompt generator and prompt adaptation (`client.warmup`'s delta, as its runner does),
   its `LLMClient.run_generation` and its `BenchmarkResults.add`, whose per-request `values` are what its JSON holds.
-Each tool has its own aiohttp session, configured as each tool configures it. Output: JSON, per concurrency and
-tool, the per-request e2e_ttft (ms), pp_req_throughput and tg_req_throughput (t/s) in llama-benchy's keys.
+Each tool has its own aiohttp session, configured as each tool configures it. Output: JSON, per concurrency, tool
+and key (e2e_ttft in ms, pp_req_throughput and tg_req_throughput in t/s: llama-benchy's keys), one list per round
+of that tool's per-request values (its two batches), so a comparison can pair each round with itself
+(tests/testbed/timing.py, compare_rounds).
 """
 
 from __future__ import annotations
@@ -130,9 +132,12 @@ async def main(argv: list[str] | None = None) -> int:
                 await tool.batch(c)
             per = data[str(c)] = {name: {k: [] for k in KEYS} for name in tools}
             for _ in range(args.rounds):
+                for name in tools:
+                    for k in KEYS:
+                        per[name][k].append([])
                 for name in ("ours", "benchy", "benchy", "ours"):
                     for k, v in (await tools[name].batch(c)).items():
-                        per[name][k].extend(v)
+                        per[name][k][-1].extend(v)
     finally:
         for tool in tools.values():
             await tool.close()
