@@ -65,7 +65,9 @@ def test_demo_matrix_through_the_recipe_runner(tmp_path):
                 assert lv.metrics["requests_ok"] == lv.key.concurrency and not lv.metrics.get("requests_failed")
                 assert lv.thermal is not None and lv.thermal.max_temp_c is not None      # the nodes were watched
             # Simulated time, not wall time: a c1 prefill of 1,024 tokens on a GB10 is hundreds of ms, not tens.
-            assert 150 < levels[0].ttft_ms < 1500, (topo, levels[0].ttft_ms)
+            # The ceiling only catches a speed applied twice (x20 again: seconds); at --speed 20 every ms the
+            # loaded CI machine holds a process back reads as 20 ms (seen: 1,590 ms under a full suite).
+            assert 150 < levels[0].ttft_ms < 5000, (topo, levels[0].ttft_ms)
 
     report = sc("report", str(results), env=env)
     assert report.returncode == 0, report.stderr

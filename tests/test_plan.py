@@ -168,6 +168,23 @@ def test_ray_backend_plan():
     assert plan.server_args["spark1/server"][-2:] == ("--distributed-executor-backend", "ray")
 
 
+def test_executor_flag_is_the_topologys_where_it_must_be():
+    """One node: the recipe's `uni`/`mp` stands (uni saves vLLM a worker process), its `ray` goes (no Ray cluster
+    is started). Several nodes: whatever the recipe says goes, the topology's backend decides."""
+    r = find_recipe("gpt-oss-120b")
+    for written, solo_keeps in (("--distributed-executor-backend uni", True), ("--distributed-executor-backend=mp", True),
+                                ("--distributed-executor-backend ray", False)):
+        rr = replace(r, command=r.command.rstrip() + " " + written + "\n")
+        value = written.replace("=", " ").split()[1]
+        for topology in ("solo", "2x-solo"):
+            for argv in make_plan(rr, topology, CLUSTER).server_args.values():
+                assert (flag_value(argv, "--distributed-executor-backend") == value) == solo_keeps, (written, argv)
+        for argv in make_plan(rr, "cluster-tp2", CLUSTER).server_args.values():
+            assert flag_value(argv, "--distributed-executor-backend") is None, (written, argv)
+        ray = make_plan(rr, "cluster-tp2", CLUSTER, {"backend": "ray"}).server_args["spark1/server"]
+        assert ray.count("--distributed-executor-backend") == 1 and ray[-1] == "ray"
+
+
 def test_placeholder_values_with_shell_metacharacters_stay_one_argument():
     evil = "x'; touch /tmp/pwned; echo '"
     plan = make_plan(find_recipe("tiny-testbed"), "solo", CLUSTER, {"served_model_name": evil})

@@ -194,11 +194,14 @@ def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | 
     return ordered[:need]
 
 
-def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = ()) -> tuple[list[str], bool]:
+def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = (), *,
+                 multi_node: bool = False) -> tuple[list[str], bool]:
     """The recipe's command as argv: the template split into words first, then each word's placeholders
-    filled, so a value can never become several arguments; Ray's executor flag is dropped (the topology adds
-    what it needs). Returns (argv, shell): shell when the command uses shell operators and runs under
-    `bash -c`, its values then quoted for that shell."""
+    filled, so a value can never become several arguments. The executor flag is the topology's business where
+    it must be: a multi-node launch drops any (it adds ray, or mp's default serves), a one-node launch drops
+    only `ray` (it would need a Ray cluster nobody started) and keeps `uni` or `mp`. Returns (argv, shell):
+    shell when the command uses shell operators and runs under `bash -c`, its values then quoted for that
+    shell."""
     recipe.render_command(params)            # names a missing placeholder with the file and line
     template = re.sub(r"\\[ \t]*\r?\n", " ", recipe.command).strip()
     try:
@@ -216,17 +219,16 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     values = {k: _plain(v) for k, v in params.items()}
     argv = [w.format(**values) for w in words]
     out: list[str] = []
-    skip = False
-    for a in argv:
-        if skip:
-            skip = False
-            continue
-        if a == "--distributed-executor-backend":
-            skip = True
-            continue
-        if a.startswith("--distributed-executor-backend="):
-            continue
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--distributed-executor-backend" or a.startswith("--distributed-executor-backend="):
+            value = a.partition("=")[2] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            if multi_node or value == "ray":
+                i += 1 if "=" in a else 2
+                continue
         out.append(a)
+        i += 1
     return [*out, *extra_args], False
 
 
@@ -372,7 +374,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                      argv_extra: Sequence[str] = (), url: bool = True) -> Service:
         name = cname(node)
         p = server_params(node, port)
-        argv, _shell = command_argv(recipe, p, extra_args)
+        argv, _shell = command_argv(recipe, p, extra_args, multi_node=topology == "cluster-tp2")
         if _shell:
             argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
         else:
@@ -455,7 +457,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                 if rank == 0:
                     endpoint = svc.url
         else:
-            argv, shell = command_argv(recipe, server_params(head, port), extra_args)
+            argv, shell = command_argv(recipe, server_params(head, port), extra_args, multi_node=True)
             for rank, n in enumerate(nodes):
                 name = cname(n)
                 pre_steps(n, name)

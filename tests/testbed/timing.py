@@ -34,6 +34,8 @@ def compare_rounds(data: Rounds) -> dict[tuple[int, str], tuple[float, float, fl
     out = {}
     for c, per in data.items():
         for key, ours_rounds in per["ours"].items():
+            if key == "prompt_tokens":           # what was sent, not a figure
+                continue
             theirs_rounds = per["benchy"][key]
             ratios = [statistics.fmean(a) / statistics.fmean(b) for a, b in zip(ours_rounds, theirs_rounds) if a and b]
             if not ratios:
