@@ -49,10 +49,10 @@ def main() -> int:
             data = benchy.lockstep(server.url, model, tmp / f"lockstep-{rep}.json", pp=args.pp, tg=args.tg,
                                    concurrency=(1, 2), rounds=args.rounds, cpus=client_cpus)
             print(f"\nrun {rep + 1}: {args.rounds} rounds in {time.monotonic() - t0:.0f} s "
-                  "(ratio: median over rounds of ours/theirs; IQM: all values)")
+                  "(round ratio: interquartile mean over rounds of ours/theirs; IQM: of all values)")
             for (c, key), (a, b, r) in compare_rounds(data).items():
                 print(f"  c{c} {key:18s} ours {a:8.1f}  llama-benchy {b:8.1f}  IQM {100 * (a / b - 1):+5.1f}%"
-                      f"  ratio {100 * (r - 1):+5.1f}%")
+                      f"  round ratio {100 * (r - 1):+5.1f}%")
     finally:
         server.stop()
     return 0

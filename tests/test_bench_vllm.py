@@ -7,12 +7,12 @@ Like with like (docs/BENCHMARKS.md, "Cross-check with llama-benchy"):
   server it measures (vLLM's OpenMP threads wait for a preempted peer);
 - pp 128: llama-benchy then takes the server's prompt count (at pp 96 its 20% rule rejected it);
 - the figures are compared in lockstep (tests/testbed/lockstep.py): each tool's own prompts, client and
-  per-request figures, batch by batch in rounds of ours, theirs, theirs, ours, each batch after the same 10 ms
-  of quiet (a rested server reads a higher TTFT than one hit straight after the last answer, and the tools
-  prepare a batch in 0.1 vs a few ms: without it that pacing, not the timing, decided c1 TTFT). This VM's speed wanders by
+  per-request figures, batch by batch in rounds of ours, theirs, theirs, ours. This VM's speed wanders by
   ±10-15 % over tens of seconds and once dropped by a third for half a minute; two CLIs run one after the other
-  meet different stretches of it, two batches a second apart meet the same one. The median over rounds of
-  ours/theirs is compared; a set that disagrees is measured again and all rounds of both decide.
+  meet different stretches of it, two batches a second apart meet the same one. Each batch waits the same
+  10 ms of quiet, and llama-benchy's session skips its per-request environment lookups (TOLERANCE says why).
+  The interquartile mean over rounds of ours/theirs is compared; a set that disagrees is measured again, up
+  to twice, and all rounds decide.
 - The two CLIs, each run once, are compared too, loosely: the same units and definitions end to end.
 The module is `alone`: no other test shares the machine while it measures (scripts/test runs it last).
 """
@@ -78,15 +78,17 @@ def cross_check(pinned_server, benchy, client_cpus, tmp_path_factory):
         return benchy.lockstep(pinned_server.url, pinned_server.model, tmp / name, pp=PP, tg=TG,
                                concurrency=CONC, rounds=ROUNDS, cpus=client_cpus)
 
-    data = lockstep("first.json")
+    data = lockstep("set1.json")
     compared = compare_rounds(data)
-    if disagreements(compared):
-        # Measured again before it counts, and both sets decide together: a real difference still fails, a
-        # chance one (a round median 2.5 sigma out, or the VM shifting within rounds) must come back to.
-        print("\nfirst set: " + "; ".join(disagreements(compared)))
-        data = merge_rounds(data, lockstep("again.json"))
+    for again in (2, 3):
+        if not disagreements(compared):
+            break
+        # Measured again before it counts, and all sets decide together: a real difference stays out, a chance
+        # one (a figure's spread between sets is ~2.5 % here, so one in twenty lands past 5 %) must come back.
+        print(f"\nset {again - 1} of rounds: " + "; ".join(disagreements(compared)))
+        data = merge_rounds(data, lockstep(f"set{again}.json"))
         compared = compare_rounds(data)
-    print("\n" + "\n".join(f"c{c} {KEYS[k]}: ours {a:.1f} llama-benchy {b:.1f} (median round ratio {100 * (r - 1):+.1f}%)"
+    print("\n" + "\n".join(f"c{c} {KEYS[k]}: ours {a:.1f} llama-benchy {b:.1f} (round ratio {100 * (r - 1):+.1f}%)"
                            for (c, k), (a, b, r) in compared.items()))
     return compared, data
 
@@ -123,22 +125,18 @@ def test_both_clis_report_the_same_quantities(clis):
     assert not bad, bad
 
 
-# Decode: the issue's 5 %. Ten lockstep runs this session read c1 decode -2.4 to +4.4 % and c2 -3.2 to +2.9 %.
-# TTFT and prefill (its mirror): 7.5 %. At c1 ours reads lower, -2.7 % on average over ten lockstep runs (-5.8 to
-# +1.5 %, sd 2.6 %); about 1 % of it is llama-benchy's prompt, 1.3 tokens longer than pp on average (asserted
-# below), the rest I have not found (no prefix-cache hits on either side, the same request body, the same 10 ms
-# of quiet). At 5 % the test would fail about one run in ten on this VM for that offset and its noise. At c2 a
-# request's TTFT also depends on whether the pair lands in one engine step, and so on how closely a client fires
-# the two (ours encodes both bodies first; llama-benchy encodes each inside its own task): c2 TTFT -5.6 to +2.8 %.
-# docs/BENCHMARKS.md, "Cross-check with llama-benchy".
-TOLERANCE = {(1, "e2e_ttft"): 0.075, (1, "pp_req_throughput"): 0.075, (1, "tg_req_throughput"): 0.05,
-             (2, "e2e_ttft"): 0.075, (2, "pp_req_throughput"): 0.075, (2, "tg_req_throughput"): 0.05}
+# The issue's 5 % for every figure. Two things in how the tools pace and send requests, not in how they time
+# them, had put c1 TTFT ~3 % apart (docs/BENCHMARKS.md, "Cross-check with llama-benchy"): the time each takes to
+# prepare a batch (hence the same 10 ms of quiet before each), and llama-benchy's session looking up ~/.netrc and
+# the proxy variables in a thread for every request after its clock starts (1.1-1.5 ms; the lockstep opens its
+# session without trust_env). The same lookups sent its c2 pair further apart.
+TOLERANCE = {(c, k): 0.05 for c in CONC for k in KEYS}
 
 
 @pytest.mark.timeout(900)
 def test_sweep_on_real_vllm_agrees_with_llama_benchy(cross_check):
-    """The issue's check, batch by batch on the same server: decode t/s within 5 % of llama-benchy's, TTFT and
-    prefill t/s within 7.5 % (above: a small offset at c1, the pair's arrival at c2)."""
+    """The issue's check, batch by batch on the same server: TTFT, prefill t/s and decode t/s within 5 % of
+    llama-benchy's, and the same prompts as the server counts them."""
     compared, data = cross_check
     assert set(compared) == set(TOLERANCE)
     bad = disagreements(compared)

@@ -14,7 +14,8 @@ What is whose:
   its per-request figures (`bench.metrics.request_figures`), exactly what `sparkconsole bench run` uses.
 - llama-benchy: its corpus, prompt generator and prompt adaptation (`client.warmup`'s delta, as its runner does),
   its `LLMClient.run_generation` and its `BenchmarkResults.add`, whose per-request `values` are what its JSON holds.
-Each tool has its own aiohttp session, configured as each tool configures it. Output: JSON, per concurrency, tool
+Each tool has its own aiohttp session, configured as each tool configures it (llama-benchy's without
+its per-request environment lookups: Theirs.start says why). Output: JSON, per concurrency, tool
 and key (e2e_ttft in ms, pp_req_throughput and tg_req_throughput in t/s: llama-benchy's keys), one list per round
 of that tool's per-request values (its two batches), so a comparison can pair each round with itself
 (tests/testbed/timing.py, compare_rounds); and "prompt_tokens", each request's prompt as the server counted it.
@@ -87,11 +88,15 @@ class Theirs:
         self.corpus = TokenizedCorpus(book_url, tokenizer, model)
         self.gen = PromptGenerator(self.corpus)
 
-    async def start(self, max_c: int) -> None:
-        # as llama_benchy.runner opens its session, then its warm-up, which measures the chat template's tokens
+    async def start(self, max_c: int, trust_env: bool = False) -> None:
+        # As llama_benchy.runner opens its session, then its warm-up, which measures the chat template's tokens;
+        # but trust_env off unless asked: with it on, aiohttp looks up ~/.netrc and the proxy variables in a
+        # thread for every request, after llama-benchy's clock has started. That cost 1.1 ms per request here
+        # (benchmarks/client_dispatch.py: the request reaches the server 1.78 vs 0.65 ms after the clock), ~3 %
+        # of a c1 TTFT, which its figures count and ours do not. This compares how the tools time the server.
         conn = aiohttp.TCPConnector(limit=max_c + 5, force_close=False, keepalive_timeout=600)
         self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), connector=conn,
-                                             trust_env=True)
+                                             trust_env=trust_env)
         delta_user, _ = await self.client.warmup(self.session, self.corpus.get_tokenizer())
         self.adapted_pp = max(1, self.pp - delta_user)
 
@@ -127,13 +132,15 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=24)
     ap.add_argument("--pause-ms", type=float, default=10.0, help="quiet before every batch, the same for both tools")
+    ap.add_argument("--benchy-trust-env", action="store_true",
+                    help="llama-benchy's session as its CLI opens it (netrc and proxy lookups on every request)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     tools = {"ours": Ours(args.url, args.model, args.pp, args.tg),
              "benchy": Theirs(args.url, args.model, args.tokenizer, args.book_url, args.pp, args.tg)}
     max_c = max(args.concurrency)
-    for tool in tools.values():
-        await tool.start(max_c)
+    await tools["ours"].start(max_c)
+    await tools["benchy"].start(max_c, trust_env=args.benchy_trust_env)
 
     async def batch(tool, c: int) -> dict[str, list[float]]:
         # Each tool prepares its batch (ours: shuffle and encode, ~0.1 ms; llama-benchy: cut prompts from its
