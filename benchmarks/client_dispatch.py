@@ -29,7 +29,7 @@ sys.path.insert(0, str(ROOT))
 
 def reexec_in_benchy_venv() -> None:
     try:
-        import llama_benchy  # noqa: F401
+        import llama_benchy  # noqa: F401  (present: already in its venv)
         return
     except ImportError:
         pass

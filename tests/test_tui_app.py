@@ -3,7 +3,6 @@ real ClusterMonitor and its line parsing), checked against what the screen shows
 
 from __future__ import annotations
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -17,7 +16,6 @@ from sparkconsole.tui.app import SparkConsoleApp
 from sparkconsole.nodes.replay import read_recording, replay_factory, split_recording
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.tui.screens.help import HelpScreen
-from sparkconsole.tui.widgets.node_panel import NodePanel
 from sparkconsole.tui.widgets.sim_badge import SimBadge
 from tests.helpers import wait_for
 

@@ -351,7 +351,7 @@ class SshTransport(Transport):
             opts["client_keys"] = [str(Path(node.ssh.identity).expanduser())]
         try:
             return await asyncssh.connect(node.address, **opts)
-        except asyncssh.HostKeyNotVerifiable as exc:
+        except asyncssh.HostKeyNotVerifiable:
             key = recorder.offered
             fp = key.get_fingerprint("sha256") if key is not None else "unknown fingerprint"
             trusted = known.match(node.address, node.address, node.ssh.port)[0] if key is not None else []

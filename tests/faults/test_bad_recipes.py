@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
-from pathlib import Path
 
 import yaml
 from hypothesis import given

@@ -3,10 +3,8 @@ node; Enter launches it (after a confirmation) with a progress line per node; r 
 
 from __future__ import annotations
 
-import time
 
 from rich.text import Text
-from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
