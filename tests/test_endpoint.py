@@ -328,7 +328,10 @@ async def test_a_failing_subscriber_does_not_stop_polling():
         mon.subscribe(lambda m: 1 / 0)
         try:
             await mon.start()
-            await asyncio.sleep(0.4)
+            # three polls, each one's subscriber raising (0.15 s idle; up to 10 s on a loaded CI machine)
+            deadline = time.monotonic() + 10
+            while len(mon.history) < 3 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
         finally:
             await mon.stop()
     assert len(mon.history) >= 3 and mon.latest.healthy

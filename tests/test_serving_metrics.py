@@ -14,7 +14,7 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import example, given, settings, strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
@@ -262,6 +262,7 @@ def test_garbage_never_raises(garbage):
     m.engine_metrics(s), m.router_metrics(s), m.engine_window(s, s), m.router_window(s, s)
 
 
+@example(lines=['vllm:generation_tokens_total{le="-inf"} -inf', 'vllm:generation_tokens_total{l=""}Inf'])  # fsum raised
 @settings(max_examples=150, deadline=None)
 @given(lines=st.lists(st.one_of(
     st.text(max_size=60),

@@ -86,14 +86,15 @@ class Scrape:
         n = self.first(*names)
         if n is None:
             return None
-        vals = [v for v in self.series[n].values() if not math.isnan(v)]
+        # ±Inf is no count to add (fsum refuses -inf + inf), NaN is none either: both are left out
+        vals = [v for v in self.series[n].values() if math.isfinite(v)]
         return math.fsum(vals) if vals else None
 
     def mean(self, *names: str) -> float | None:
         n = self.first(*names)
         if n is None:
             return None
-        vals = [v for v in self.series[n].values() if not math.isnan(v)]
+        vals = [v for v in self.series[n].values() if math.isfinite(v)]
         return math.fsum(vals) / len(vals) if vals else None
 
     def label_values(self, label: str, *names: str) -> tuple[str, ...]:
