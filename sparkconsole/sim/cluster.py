@@ -14,6 +14,7 @@ plan sends, answered by the node's docker shim.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import json
 import os
@@ -25,6 +26,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 import aiohttp
 
@@ -58,19 +60,30 @@ ROUTERS = ("litellm-simple-shuffle", "litellm-least-busy", "vllm-router")
 PORT_CLAIMS = "sparkconsole-sim-ports.json"     # beside the state directories, in the temp dir
 
 
+@contextlib.contextmanager
+def _port_claims() -> Iterator[dict[str, list]]:
+    """The live claims ("host:port" -> [owner pid, state dir]), under an exclusive lock; changes are written back.
+    A claim lapses with its owner process or its state dir."""
+    tmp = Path(tempfile.gettempdir())
+    with open(tmp / (PORT_CLAIMS + ".lock"), "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        raw = read_json(tmp / PORT_CLAIMS)
+        raw = raw if isinstance(raw, dict) else {}
+        claims = {k: v for k, v in raw.items()
+                  if isinstance(v, list) and len(v) == 2 and pid_alive(v[0]) and Path(str(v[1])).is_dir()}
+        yield claims
+        if claims != raw:
+            write_atomic(tmp / PORT_CLAIMS, json.dumps(claims))
+
+
 def claim_port(host: str, preferred: int, owner: Path) -> int:
     """A port for a simulated server on `host`: `preferred` when free, else one the kernel picks.
 
     A simulated vLLM, like the real one, binds only once its model is loaded, seconds after the port was
     chosen. A bind probe alone would hand the same free port to two clusters starting side by side (two demos,
     or test workers), and the second would read the first's /health as its own. So every live cluster's
-    claims are kept in one file, changed under a lock; a claim lapses with its owner process or state dir."""
-    tmp = Path(tempfile.gettempdir())
-    with open(tmp / (PORT_CLAIMS + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        raw = read_json(tmp / PORT_CLAIMS)
-        claims = {k: v for k, v in (raw.items() if isinstance(raw, dict) else ())
-                  if isinstance(v, list) and len(v) == 2 and pid_alive(v[0]) and Path(str(v[1])).is_dir()}
+    claims are kept in one file (_port_claims)."""
+    with _port_claims() as claims:
         for port in (preferred, *([0] * 20)):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
@@ -80,21 +93,15 @@ def claim_port(host: str, preferred: int, owner: Path) -> int:
                 got = s.getsockname()[1]
             if f"{host}:{got}" not in claims:
                 claims[f"{host}:{got}"] = [os.getpid(), str(owner)]
-                write_atomic(tmp / PORT_CLAIMS, json.dumps(claims))
                 return got
     raise UserError(f"no free port on {host}", field="--port", fix="free a port on the loopback address")
 
 
 def release_ports(owner: Path) -> None:
     """Drop the claims a stopped cluster made (a crashed one's lapse by themselves)."""
-    tmp = Path(tempfile.gettempdir())
-    with open(tmp / (PORT_CLAIMS + ".lock"), "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        raw = read_json(tmp / PORT_CLAIMS)
-        if isinstance(raw, dict):
-            kept = {k: v for k, v in raw.items() if not (isinstance(v, list) and len(v) == 2 and v[1] == str(owner))}
-            if kept != raw:
-                write_atomic(tmp / PORT_CLAIMS, json.dumps(kept))
+    with _port_claims() as claims:
+        for k in [k for k, v in claims.items() if v[1] == str(owner)]:
+            del claims[k]
 
 
 class SimCluster:
