@@ -105,9 +105,11 @@ def test_sweep_on_real_vllm_exact_lengths(clis, pinned_server):
     assert all(lv.metrics["prompt_source"] == "tokenize" for lv in levels)
 
 
-# One sweep of each CLI, one after the other: the VM's wander (one sweep of either tool read c1 decode anywhere
-# in 157-221 t/s) makes this a check of units and definitions end to end, not of 5 %; that is the lockstep's.
-CLI_TOLERANCE = 0.25
+# One sweep of each CLI, one after the other: the VM's wander is in the gap. Two clean-clone CI runs put them
+# 29 % apart (c1 TTFT 49.4 vs 38.3 ms; nothing else running) and 39 % (c1 decode, a vLLM of another test beside
+# it), where the lockstep, a second apart, read within 5 %. So this checks units and aggregation end to end (a
+# wrong unit or a c2 sum for a per-request figure is a factor of 2 or more), not closeness: that is the lockstep's.
+CLI_FACTOR = 1.6          # ours/theirs or theirs/ours at most this
 
 
 @pytest.mark.timeout(900)
@@ -120,7 +122,7 @@ def test_both_clis_report_the_same_quantities(clis):
     for c in CONC:
         for key, label in KEYS.items():
             a, b = (interquartile_mean(m[key]["values"]) for m in (ours[c], theirs[c]))
-            if abs(a / b - 1) > CLI_TOLERANCE:
+            if max(a / b, b / a) > CLI_FACTOR:
                 bad.append(f"c{c} {label}: ours {a:.1f} vs llama-benchy {b:.1f}")
     assert not bad, bad
 
