@@ -40,11 +40,11 @@ def reexec_in_benchy_venv() -> None:
 
 
 async def measure(n: int) -> dict[str, list[float]]:
-    import aiohttp
     from aiohttp import web
     from llama_benchy.client import LLMClient
 
-    from sparkconsole.bench.client import chat_payload, stream_chat
+    from sparkconsole.bench.client import chat_payload, open_session, stream_chat
+    from tests.testbed.lockstep import benchy_session
 
     arrivals: list[float] = []
 
@@ -80,9 +80,6 @@ async def measure(n: int) -> dict[str, list[float]]:
                 await asyncio.sleep(0.01)          # the same quiet between requests for every client
             out.setdefault(name, []).extend(d[warm:])
 
-    def benchy_session(trust: bool):
-        return lambda: aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), trust_env=trust,
-                                             connector=aiohttp.TCPConnector(limit=6, keepalive_timeout=600))
 
     client = LLMClient(base + "/v1", "EMPTY", "m", exact_tg=True)
     body = json.dumps(chat_payload("m", [{"role": "user", "content": text}], 3)).encode()
@@ -94,11 +91,9 @@ async def measure(n: int) -> dict[str, list[float]]:
         return (await stream_chat(s, base + "/v1/chat/completions", body)).start
 
     for _ in range(2):                                 # interleaved, twice, so drift falls on all three
-        await one("llama-benchy (its session: trust_env=True)", benchy_session(True), benchy_send)
-        await one("llama-benchy, trust_env=False", benchy_session(False), benchy_send)
-        await one("sparkconsole", lambda: aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=9, keepalive_timeout=600),
-            timeout=aiohttp.ClientTimeout(total=None)), ours_send)
+        await one("llama-benchy (its session: trust_env=True)", lambda: benchy_session(1, True), benchy_send)
+        await one("llama-benchy, trust_env=False", lambda: benchy_session(1, False), benchy_send)
+        await one("sparkconsole", lambda: open_session(1), ours_send)
     await runner.cleanup()
     return out
 

@@ -66,6 +66,13 @@ def server_root(url: str) -> str:
     return u[:-3] if u.endswith("/v1") else u
 
 
+def open_session(max_concurrency: int) -> aiohttp.ClientSession:
+    """The session a sweep measures with: enough pooled keep-alive connections for the level in flight plus
+    the probes, no session-wide timeout (stream_chat bounds each request), no environment lookups per request."""
+    connector = aiohttp.TCPConnector(limit=max_concurrency + 8, force_close=False, keepalive_timeout=600)
+    return aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None))
+
+
 def chat_payload(model: str, messages: Sequence[dict[str, Any]], max_tokens: int, *, exact_tg: bool = True,
                  token_ids: bool = True, extra: dict[str, Any] | None = None) -> dict[str, Any]:
     """The request body, llama-benchy compatible: usage in the stream, exact length via min_tokens + ignore_eos."""

@@ -23,7 +23,7 @@ import aiohttp
 
 from .. import __version__
 from ..errors import UserError
-from .client import RequestResult, StallWatch, api_base, chat_payload, server_root, stream_chat
+from .client import RequestResult, StallWatch, api_base, chat_payload, open_session, server_root, stream_chat
 from .metrics import level_metrics, percentiles, request_figures
 from .prompts import PromptShape, calibrate, messages
 from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
@@ -268,8 +268,7 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
     """
     headers = api_headers()
     max_c = max(spec.concurrency)
-    connector = aiohttp.TCPConnector(limit=max_c + 8, force_close=False, keepalive_timeout=600)
-    async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=None)) as session:
+    async with open_session(max_c) as session:
         facts = await discover(session, spec, headers)
         token_ids, exact_tg = await accepted_options(session, spec, facts.model, headers)
         latency = await probe_latency(session, spec, facts.model, headers)

@@ -81,20 +81,19 @@ class Scrape:
         """The first of `names` this scrape has (current name before older ones)."""
         return next((n for n in names if self.series.get(n)), None)
 
+    def _finite(self, *names: str) -> list[float]:
+        """The first present name's values over its label sets. ±Inf is no count to add (fsum refuses
+        -inf + inf), NaN is none either: both are left out."""
+        n = self.first(*names)
+        return [v for v in self.series[n].values() if math.isfinite(v)] if n is not None else []
+
     def total(self, *names: str) -> float | None:
         """Sum over label sets of the first name present; None when none is."""
-        n = self.first(*names)
-        if n is None:
-            return None
-        # ±Inf is no count to add (fsum refuses -inf + inf), NaN is none either: both are left out
-        vals = [v for v in self.series[n].values() if math.isfinite(v)]
+        vals = self._finite(*names)
         return math.fsum(vals) if vals else None
 
     def mean(self, *names: str) -> float | None:
-        n = self.first(*names)
-        if n is None:
-            return None
-        vals = [v for v in self.series[n].values() if math.isfinite(v)]
+        vals = self._finite(*names)
         return math.fsum(vals) / len(vals) if vals else None
 
     def label_values(self, label: str, *names: str) -> tuple[str, ...]:

@@ -38,9 +38,10 @@ from llama_benchy.corpus import TokenizedCorpus  # noqa: E402
 from llama_benchy.prompts import PromptGenerator  # noqa: E402
 from llama_benchy.results import BenchmarkResults  # noqa: E402
 
-from sparkconsole.bench.client import chat_payload, stream_chat  # noqa: E402
+from sparkconsole.bench.client import chat_payload, open_session, stream_chat  # noqa: E402
 from sparkconsole.bench.metrics import request_figures  # noqa: E402
 from sparkconsole.bench.prompts import calibrate, messages  # noqa: E402
+from tests.testbed.timing import Rounds  # noqa: E402
 
 KEYS = ("e2e_ttft", "pp_req_throughput", "tg_req_throughput")
 
@@ -52,9 +53,7 @@ class Ours:
         self.shape = None
 
     async def start(self, max_c: int) -> None:
-        # as bench.sweep.run_sweep opens its session
-        conn = aiohttp.TCPConnector(limit=max_c + 8, force_close=False, keepalive_timeout=600)
-        self.session = aiohttp.ClientSession(connector=conn, timeout=aiohttp.ClientTimeout(total=None))
+        self.session = open_session(max_c)          # as bench.sweep.run_sweep opens its session
         self.shape = await calibrate(self.session, self.base, self.model, self.pp, 0)
 
     def prepare(self, c: int) -> list[bytes]:
@@ -81,6 +80,16 @@ class Ours:
         await self.session.close()
 
 
+def benchy_session(max_c: int, trust_env: bool = False) -> aiohttp.ClientSession:
+    """As llama_benchy.runner opens its session, but trust_env off unless asked: with it on, aiohttp looks up
+    ~/.netrc and the proxy variables in a thread for every request, after llama-benchy's clock has started.
+    That cost 1.1 ms per request here (benchmarks/client_dispatch.py: the request reaches the server 1.78 vs
+    0.65 ms after the clock), ~3 % of a c1 TTFT, which its figures count and ours do not. The lockstep compares
+    how the tools time the server."""
+    conn = aiohttp.TCPConnector(limit=max_c + 5, force_close=False, keepalive_timeout=600)
+    return aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), connector=conn, trust_env=trust_env)
+
+
 class Theirs:
     def __init__(self, base: str, model: str, tokenizer: str, book_url: str, pp: int, tg: int) -> None:
         self.client = LLMClient(base.rstrip("/") + "/v1", "EMPTY", model, exact_tg=True)
@@ -89,14 +98,8 @@ class Theirs:
         self.gen = PromptGenerator(self.corpus)
 
     async def start(self, max_c: int, trust_env: bool = False) -> None:
-        # As llama_benchy.runner opens its session, then its warm-up, which measures the chat template's tokens;
-        # but trust_env off unless asked: with it on, aiohttp looks up ~/.netrc and the proxy variables in a
-        # thread for every request, after llama-benchy's clock has started. That cost 1.1 ms per request here
-        # (benchmarks/client_dispatch.py: the request reaches the server 1.78 vs 0.65 ms after the clock), ~3 %
-        # of a c1 TTFT, which its figures count and ours do not. This compares how the tools time the server.
-        conn = aiohttp.TCPConnector(limit=max_c + 5, force_close=False, keepalive_timeout=600)
-        self.session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=3600), connector=conn,
-                                             trust_env=trust_env)
+        # benchy_session, then llama-benchy's warm-up, which measures the chat template's tokens
+        self.session = benchy_session(max_c, trust_env)
         delta_user, _ = await self.client.warmup(self.session, self.corpus.get_tokenizer())
         self.adapted_pp = max(1, self.pp - delta_user)
 
@@ -152,7 +155,7 @@ async def main(argv: list[str] | None = None) -> int:
         await asyncio.sleep(args.pause_ms / 1000)
         return await tool.send(prepared)
 
-    data: dict[str, dict[str, dict[str, list[float]]]] = {}
+    data: Rounds = {}
     try:
         for c in args.concurrency:
             for tool in tools.values():        # a warm-up batch each, not recorded
