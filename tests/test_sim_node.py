@@ -172,6 +172,29 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
         await node.stop()
 
 
+async def test_a_reader_racing_docker_stop_keeps_the_stops_exit_code(tmp_path):
+    """`docker ps`/`inspect` take no lock: one that read the record while the container ran, and looked at its pid
+    after the stop had killed it, used to write back exit 137 over the stop's own 0/143 (seen in CI)."""
+    from sparkconsole.sim.dockershim import Store
+    node = SimNode("spark2", "127.0.0.3", tmp_path, speed=1, load_speedup=500, tuning=NodeTuning.hardened())
+    await node.start()
+    try:
+        assert docker(node, "run", "-d", "--name", "idle", "vllm-node", "sleep", "infinity").returncode == 0
+        store = Store(node.dir)
+        seen_running = store.get("idle")
+        assert seen_running["state"] == "running"
+        assert docker(node, "stop", "idle").returncode == 0
+        stopped = store.get("idle")
+        assert stopped["state"] == "exited" and stopped["exit_code"] in (0, 143)
+        # the reader now finishes with what it read before the stop
+        late = store.refresh(dict(seen_running))
+        assert late["exit_code"] == stopped["exit_code"]
+        assert store.get("idle")["exit_code"] == stopped["exit_code"]
+        assert docker(node, "inspect", "-f", "{{.State.ExitCode}}", "idle").stdout.strip() == str(stopped["exit_code"])
+    finally:
+        await node.stop()
+
+
 async def test_served_model_loads_memory_and_drives_the_gpu(tmp_path):
     node = SimNode("spark1", "127.0.0.2", tmp_path, speed=2, load_speedup=100, update_interval=0.1)
     await node.start()

@@ -253,22 +253,45 @@ class Store:
         write_atomic(d / "container.json", json.dumps(rec, indent=1))
 
     def refresh(self, rec: dict) -> dict:
-        """A running record whose process died becomes exited, with what the process left behind."""
-        if rec.get("state") == "running" and not pid_alive(rec.get("pid")):
-            d = self.cdir(rec["name"])
-            code = (d / "exitcode").read_text().strip() if (d / "exitcode").is_file() else ""
-            rec["state"] = "exited"
-            rec["exit_code"] = int(code) if code.lstrip("-").isdigit() else 137
-            rec["oom_killed"] = (d / "oom").is_file()
-            rec["finished_at"] = (d / "exitcode").stat().st_mtime if code else time.time()
-            rec["pid"] = 0
-            for pid in rec.get("exec_pids", []):
-                _kill_group(pid, signal.SIGKILL)
-            rec["exec_pids"] = []
+        """A running record whose process died becomes exited, with what the process left behind.
+
+        Readers (ps, inspect) hold no lock, so the exited record is written back only under the lock and only if the
+        file still says running: a reader racing `docker stop` would otherwise overwrite the stop's exit code with 137
+        (its process died between the reader's read and its check)."""
+        if rec.get("state") != "running" or pid_alive(rec.get("pid")):
+            return rec
+        if self._lock_fd is not None:
+            return self._mark_exited(rec)
+        fd = os.open(self.root / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
             try:
-                self.save(rec)
-            except OSError:
-                pass
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                # A stop holds the lock and writes the record when it is done; until then it reads as running,
+                # as Docker's does while a stop is under way.
+                return rec
+            current = read_json(self.cdir(rec["name"]) / "container.json")
+            if not isinstance(current, dict) or current.get("pid") != rec.get("pid") or current.get("state") != "running":
+                return current if isinstance(current, dict) else rec
+            return self._mark_exited(current)
+        finally:
+            os.close(fd)
+
+    def _mark_exited(self, rec: dict) -> dict:
+        d = self.cdir(rec["name"])
+        code = (d / "exitcode").read_text().strip() if (d / "exitcode").is_file() else ""
+        rec["state"] = "exited"
+        rec["exit_code"] = int(code) if code.lstrip("-").isdigit() else 137
+        rec["oom_killed"] = (d / "oom").is_file()
+        rec["finished_at"] = (d / "exitcode").stat().st_mtime if code else time.time()
+        rec["pid"] = 0
+        for pid in rec.get("exec_pids", []):
+            _kill_group(pid, signal.SIGKILL)
+        rec["exec_pids"] = []
+        try:
+            self.save(rec)
+        except OSError:
+            pass
         return rec
 
 
