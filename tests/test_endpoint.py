@@ -180,6 +180,37 @@ async def test_slow_server_times_out():
     assert took < 1.5
 
 
+async def test_a_version_read_that_timed_out_is_tried_again_soon():
+    """Under load one /version read can time out while /health and /v1/models answer: the version is read again a
+    couple of seconds later (not a whole INFO_REFRESH_S), and a model already known is kept meanwhile."""
+    from sparkconsole.serving import endpoint as endpoint_mod
+    exp = seeded_workload(VllmExporter("v1"))
+    routes = vllm_routes(exp)
+    answer_version = routes["/version"]
+    stall = {"version": 1}
+
+    async def version(request):
+        if stall["version"]:
+            stall["version"] -= 1
+            await asyncio.sleep(2)          # past the monitor's timeout
+        return await answer_version(request)
+    routes["/version"] = version
+    async with Server(routes) as srv:
+        mon = EndpointMonitor(ep(srv.url), interval=0.2, timeout=0.5)
+        try:
+            first = await mon.poll()
+            assert (first.model, first.version) == (MODEL, None)
+            assert srv.hits["/version"] == 1
+            second = await mon.poll()                       # at once: not yet time to retry
+            assert srv.hits["/version"] == 1 and second.model == MODEL
+            await asyncio.sleep(endpoint_mod.INFO_RETRY_S)
+            third = await mon.poll()
+        finally:
+            await mon.stop()
+    assert srv.hits["/version"] == 2 and (third.model, third.version) == (MODEL, "0.32.0")
+    assert endpoint_mod.INFO_RETRY_S < endpoint_mod.INFO_REFRESH_S / 5
+
+
 async def test_unhealthy_status_carries_the_reason():
     exp = seeded_workload(VllmExporter("v1"))
     async with Server(vllm_routes(exp, health_status=503)) as srv:

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 # /v1/models and /version change only on a relaunch: re-read them this often (and after every recovery).
 INFO_REFRESH_S = 30.0
+# ...but a read that got no answer at all (timed out, reset) is tried again this soon, not a whole refresh later.
+INFO_RETRY_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -202,6 +204,12 @@ class EndpointMonitor:
             fetch(client, self.config.url + "/version", limit=65536, timeout=self.timeout),
             return_exceptions=True)
         model, models, max_len, version, warn = None, (), None, None, None
+        # A read with no answer keeps what the last answer said; an HTTP answer (a 404 /version on a router) counts.
+        last_model, last_models, last_max_len, last_version = self._info
+        if not isinstance(models_r, Reply):
+            model, models, max_len = last_model, last_models, last_max_len
+        if not isinstance(version_r, Reply):
+            version = last_version
         if isinstance(models_r, Reply) and models_r.ok:
             data = models_r.json()
             items = data.get("data") if isinstance(data, dict) else None
@@ -221,7 +229,8 @@ class EndpointMonitor:
             v = d.get("version") if isinstance(d, dict) else None
             version = v if isinstance(v, str) else None
         self._info = (model, models, max_len, version)
-        self._info_at = time.monotonic()
+        answered = isinstance(models_r, Reply) and isinstance(version_r, Reply)
+        self._info_at = time.monotonic() - (0.0 if answered else INFO_REFRESH_S - INFO_RETRY_S)
         return warn
 
     def _window_base(self, span: float, now: float) -> m.Scrape | None:
