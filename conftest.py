@@ -16,8 +16,10 @@ pytest_plugins = [
 ]
 
 # Whole modules that start simulated clusters, tmux, or thousands of hypothesis cases: minutes of CPU on 2 cores.
+# (test_sim_accuracy: simulated engines run at length for a scorecard, 14 CPU s.) Single tests of more than ~10 CPU s
+# carry @pytest.mark.slow themselves.
 HEAVY = ("tests/faults/", "tests/test_demo.py", "tests/test_sim_node.py", "tests/test_sim_http.py",
-         "tests/test_matrix_e2e.py", "tests/test_tui_tmux.py", "tests/test_tui_sshd.py")
+         "tests/test_sim_accuracy.py", "tests/test_matrix_e2e.py", "tests/test_tui_tmux.py", "tests/test_tui_sshd.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -110,7 +110,7 @@ async def test_stale_and_down_nodes_say_so_and_keep_their_last_values(recording)
         await pilot.press("q")
 
 
-async def test_number_keys_help_and_palette(recording):
+async def test_number_keys_and_help(recording):
     app, _, _ = make_app(recording)
     async with app.run_test(size=SIZE) as pilot:
         for key, mode in (("2", "recipes"), ("3", "bench"), ("4", "logs"), ("1", "dashboard")):
@@ -124,6 +124,13 @@ async def test_number_keys_help_and_palette(recording):
         await pilot.press("escape")
         await pilot.pause(0.1)
         assert not isinstance(app.screen, HelpScreen)
+        await pilot.press("q")
+
+
+@pytest.mark.slow       # ten keystrokes through the palette's fuzzy search: ~12 CPU s on 2 cores
+async def test_palette_types_a_command_and_runs_it(recording):
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
         # ':' opens the palette; every node action is there.
         await pilot.press("colon")
         await pilot.pause(0.2)
@@ -253,6 +260,7 @@ async def test_logs_key_tails_the_container_log_and_searches(recording):
     assert all(not t._streams for t in factory.made.values())
 
 
+@pytest.mark.slow       # every screen's first mount: ~8 s on 2 cores
 async def test_simulated_label_on_every_screen(recording):
     app, _, _ = make_app(recording, simulated=True)
     async with app.run_test(size=SIZE) as pilot:
@@ -378,6 +386,7 @@ def fixed_guards(recording: list[str]) -> list[str]:
     return out
 
 
+@pytest.mark.slow       # a launch through the runner on two replayed nodes: ~9 s on 2 cores
 async def test_recipe_enter_asks_then_launches_with_a_progress_line_per_node(recording, state_dir):
     app, factory, mon = make_app(fixed_guards(recording))
     async with app.run_test(size=SIZE) as pilot:
