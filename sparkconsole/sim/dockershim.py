@@ -214,8 +214,11 @@ class Store:
         self.sim = read_json(self.node_dir / "sim.json") or {}
         self._lock_fd: int | None = None
 
+    def _open_lock(self) -> int:
+        return os.open(self.root / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+
     def __enter__(self) -> "Store":
-        self._lock_fd = os.open(self.root / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        self._lock_fd = self._open_lock()
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self
 
@@ -262,7 +265,7 @@ class Store:
             return rec
         if self._lock_fd is not None:
             return self._mark_exited(rec)
-        fd = os.open(self.root / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        fd = self._open_lock()
         try:
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
