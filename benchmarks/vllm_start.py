@@ -50,19 +50,11 @@ def one_start(layout: str, venv, model) -> tuple[float, float, int, float]:
         testbed_vllm.vllm_env_vars = base
     try:
         testbed_vllm.chat(server.url, model.name, "hello", max_tokens=4)
-        import psutil
-        procs = [p for p in psutil.process_iter() if _in_group(p.pid, server.pid)]
+        procs = testbed_vllm.group_processes(server.pid)
         rss = server.rss_bytes() / 2**30
     finally:
         server.stop()
     return wall, cpu, len(procs), rss
-
-
-def _in_group(pid: int, pgid: int) -> bool:
-    try:
-        return os.getpgid(pid) == pgid
-    except OSError:
-        return False
 
 
 def main() -> None:

@@ -130,14 +130,25 @@ def stop_process_group(proc: subprocess.Popen, grace: float = 20) -> None:
         proc.wait(timeout=10)
 
 
+def group_processes(pgid: int) -> list:
+    """The live processes of a process group (a server started in its own session: API server, engine core...)."""
+    import psutil
+
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        with contextlib.suppress(psutil.Error, ProcessLookupError):
+            if os.getpgid(p.pid) == pgid:
+                found.append(p)
+    return found
+
+
 def group_rss_bytes(pgid: int) -> int:
     import psutil
 
     total = 0
-    for p in psutil.process_iter(["pid"]):
-        with contextlib.suppress(psutil.Error, ProcessLookupError):
-            if os.getpgid(p.pid) == pgid:
-                total += p.memory_info().rss
+    for p in group_processes(pgid):
+        with contextlib.suppress(psutil.Error):
+            total += p.memory_info().rss
     return total
 
 
