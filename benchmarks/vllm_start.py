@@ -36,18 +36,12 @@ def busy_seconds() -> float:
 
 
 def one_start(layout: str, venv, model) -> tuple[float, float, int, float]:
-    base = testbed_vllm.vllm_env_vars
-    env = base()
-    if layout == "mp":
-        env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-    testbed_vllm.vllm_env_vars = lambda: env
-    try:
-        c0, t0 = busy_seconds(), time.monotonic()
-        server = testbed_vllm.wait_vllm_server(
-            testbed_vllm.spawn_vllm_server(venv, model, Path(tempfile.mkdtemp(prefix="vllm-start-"))), 600)
-        wall, cpu = time.monotonic() - t0, busy_seconds() - c0
-    finally:
-        testbed_vllm.vllm_env_vars = base
+    # "1" is vLLM's own default: the CPU platform then turns `uni` into `mp`
+    env = {"VLLM_ENABLE_V1_MULTIPROCESSING": "1" if layout == "mp" else "0"}
+    c0, t0 = busy_seconds(), time.monotonic()
+    server = testbed_vllm.wait_vllm_server(testbed_vllm.spawn_vllm_server(
+        venv, model, Path(tempfile.mkdtemp(prefix="vllm-start-")), env=env), 600)
+    wall, cpu = time.monotonic() - t0, busy_seconds() - c0
     try:
         testbed_vllm.chat(server.url, model.name, "hello", max_tokens=4)
         procs = testbed_vllm.group_processes(server.pid)

@@ -69,9 +69,9 @@ def vllm_env_vars() -> dict[str, str]:
         "VLLM_NO_USAGE_STATS": "1",
         "DO_NOT_TRACK": "1",
         # The CPU platform then keeps the one-GPU `uni` executor: the model runs in the engine-core process, with no
-        # third process importing torch and vLLM. Measured (benchmarks: docs/TESTBED.md): 36 vs 54 core-seconds and
-        # 34-37 vs 44-57 s to healthy per start, 2.1 vs 2.6 GiB. The API server, engine core, /metrics and the
-        # OpenAI routes are the same.
+        # third process importing torch and vLLM. About two thirds of the CPU per start, 2.1 vs 2.6 GiB, faster
+        # decode (benchmarks/vllm_start.py; figures in docs/TESTBED.md). The API server, engine core, /metrics and
+        # the OpenAI routes are the same.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
     }
 
@@ -180,15 +180,17 @@ class VllmServer:
 
 
 def spawn_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
-                      extra: Sequence[str] = (), cpus: set[int] | None = None) -> VllmServer:
+                      extra: Sequence[str] = (), cpus: set[int] | None = None,
+                      env: dict[str, str] | None = None) -> VllmServer:
     """Start the process and return at once; `wait_vllm_server` follows it to healthy.
 
     `cpus`: run the server (API process, engine core and its OpenMP threads) on these CPUs only, so that a
     client measuring it on the other CPUs does not take the server's time (timing comparisons).
+    `env`: variables set on top of vllm_env_vars() (benchmarks/vllm_start.py compares process layouts with it).
     """
     port = port or free_port()
     log_path = log_dir / f"vllm-{port}.log"
-    env = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars()}
+    env = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars(), **(env or {})}
     if cpus:
         env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
     server = VllmServer(port, model, log_path)
