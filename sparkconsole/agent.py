@@ -438,6 +438,11 @@ def container_from_inspect(d: dict) -> dict:
          "image": (d.get("Config") or {}).get("Image"), "state": st.get("Status"), "health": health,
          "started_at": st.get("StartedAt"), "restart_count": d.get("RestartCount"),
          "memory_limit_b": hc.get("Memory"), "oom_killed": st.get("OOMKilled"), "exit_code": st.get("ExitCode")}
+    # sparkconsole's own labels only: which launch a container belongs to (nodes/launches.py)
+    labels = {k: v for k, v in ((d.get("Config") or {}).get("Labels") or {}).items()
+              if k.startswith("sparkconsole.") and isinstance(v, str)}
+    if labels:
+        c["labels"] = labels
     return {k: v for k, v in c.items() if v is not None}
 
 

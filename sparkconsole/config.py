@@ -10,6 +10,7 @@ Every problem is a one-line `UserError` naming file, line, field and fix.
         role: head                      # head | worker
         container: vllm_node            # the vLLM container's name on that node
         vllm_port: 8000
+        vllm_env: {NCCL_DEBUG: WARN}    # optional: environment for vLLM containers launched on this node
     endpoints:                          # optional; default: one vLLM endpoint per node
       - {name: router, url: "http://192.168.100.10:4000", kind: router}
     thresholds: {temp_margin_c: 5, headroom_floor_gib: 8, stall_seconds: 30, stall_power_w: 30}
@@ -53,6 +54,9 @@ class NodeConfig:
     local: bool = False              # run the agent on this machine, no SSH (address must be loopback)
     eth_if: str | None = None        # NCCL/GLOO socket interface on this node (cluster launches), e.g. enp1s0f0np0
     ib_if: str | None = None         # RDMA device(s) for NCCL_IB_HCA, e.g. rocep1s0f0,roceP2p1s0f0
+    # Environment for the vLLM containers a launch starts on this node, after the recipe's own: what differs per
+    # node (e.g. VLLM_CPU_OMP_THREADS_BIND on a CPU test bed whose "nodes" share one machine's cores).
+    vllm_env: tuple[tuple[str, str], ...] = ()
     # Set programmatically only (the simulator): extra agent flags and environment for local commands.
     agent_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
@@ -168,6 +172,19 @@ def _number(doc: Located, m: dict, path: tuple, key: str, default: float, lo: fl
     return float(v)
 
 
+def _env_map(doc: Located, m: dict, path: tuple) -> tuple[tuple[str, str], ...]:
+    raw = _get(doc, m, path, "vllm_env", dict, {}, "write 'vllm_env: {NAME: value}'")
+    out = []
+    for k, v in raw.items():
+        if not isinstance(k, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$", k):
+            raise doc.error(path + ("vllm_env", k), f"bad variable name {str(k)[:40]!r}", "use letters, digits and _")
+        if isinstance(v, bool) or not isinstance(v, (str, int, float)):
+            raise doc.error(path + ("vllm_env", k), "an environment value must be a single value",
+                            "write a number or text")
+        out.append((k, str(v)))
+    return tuple(out)
+
+
 def parse_cluster(doc: Located) -> ClusterConfig:
     data = doc.data
     if not isinstance(data, dict):
@@ -184,7 +201,8 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         p = ("nodes", i)
         if not isinstance(rn, dict):
             raise doc.error(p, "each node must be a mapping", "write '- name: spark1' then 'address: 192.168.100.10'")
-        _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if"})
+        _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if",
+                                 "vllm_env"})
         name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
         if name is None or not _NAME_RE.match(name):
             raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
@@ -217,7 +235,8 @@ def parse_cluster(doc: Located) -> ClusterConfig:
                 raise doc.error(p + (key,), f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f0np0")
             ifaces[key] = v
         nodes.append(NodeConfig(name=name, address=address, ssh=ssh, role=role, container=container,
-                                vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local, **ifaces))
+                                vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local,
+                                vllm_env=_env_map(doc, rn, p), **ifaces))
     if sum(1 for n in nodes if n.role == "head") > 1:
         raise doc.error(("nodes",), "more than one node has role head", "mark exactly one node 'role: head'")
 

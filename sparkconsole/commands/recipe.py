@@ -1,10 +1,11 @@
-"""`sparkconsole recipe list|plan|lint|launch|stop|restart`: recipes headless.
+"""`sparkconsole recipe list|plan|lint|launch|status|stop|restart`: recipes headless.
 
     sparkconsole recipe list
     sparkconsole recipe plan gpt-oss-120b --topology 2x-solo --router simple-shuffle
     sparkconsole recipe lint deepseek-v4-flash --topology cluster-tp2
     sparkconsole recipe launch tiny-testbed --topology solo --yes [--force] [--drop-caches] [-- EXTRA VLLM ARGS]
     (everything after `--` is appended to the vLLM command verbatim, as with run-recipe.sh)
+    sparkconsole recipe status tiny-testbed --topology cluster-tp2      (exit code 1 unless it serves)
     sparkconsole recipe stop tiny-testbed --topology solo --yes
     sparkconsole recipe restart tiny-testbed --topology solo --yes
 
@@ -56,6 +57,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     for name, helptext in (("plan", "show the exact per-node commands, run nothing"),
                            ("lint", "preflight checks (reads the nodes unless --offline)"),
                            ("launch", "lint, confirm, run the plan and wait until it serves"),
+                           ("status", "is the launch serving? every member on every node, one verdict"),
                            ("stop", "stop and remove the recipe's containers on every node"),
                            ("restart", "restart the recipe's servers and wait until they serve")):
         sp = sub.add_parser(name, help=helptext, description=helptext,
@@ -195,12 +197,28 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 
 async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
     from ..launch.runner import Runner
-    from ..nodes.transport import make_transport
+    from ..nodes.transport import TransportError, make_transport
 
     action = args.recipe_command
     monitor = None
     facts = lint_mod.Facts(headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
     try:
+        if action == "status":
+            transports = {}
+            for name in plan.nodes:
+                t = make_transport(cluster.node(name), cluster.ssh)
+                try:
+                    await t.connect()
+                except TransportError:
+                    continue            # its members read as unreachable
+                transports[name] = t
+            try:
+                health = await Runner(cluster, transports).health(plan)
+            finally:
+                for t in transports.values():
+                    await t.close()
+            print(health.render())
+            return 0 if health.ok else 1
         if action in ("lint", "launch") and not args.offline:
             facts, monitor = await gather_facts(plan, cluster, recipe)
         if action in ("lint", "launch"):

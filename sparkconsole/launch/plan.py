@@ -19,6 +19,7 @@ Topologies:
 from __future__ import annotations
 
 import ipaddress
+import json
 import re
 import shlex
 from dataclasses import dataclass, field
@@ -29,6 +30,12 @@ from ..errors import UserError
 from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, RouterImpl, SecretRef, fill
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
+# `ray status` lists each live node as " 1 node_<id>" under "Active:"
+RAY_NODE_LINE = r"^\s*1 node_[0-9a-f]+"
+RAY_JOIN_TIMEOUT_S = 120.0
+# A server started by `docker exec` (vLLM on a Ray cluster) is not the container's main process: its end is
+# written to the container log as this line and its exit code.
+EXIT_MARK = "sparkconsole: vLLM exited with code"
 # Added first-token latency measured on this project's test bed (docs/testbed notes): shown in the plan.
 ROUTER_OVERHEAD_NOTE = {
     "vllm-router": "vllm-router added about 0.5 ms to first token on the test bed",
@@ -62,6 +69,8 @@ class Step:
     secrets: tuple[SecretRef, ...] = ()         # read on the node at run time, by reference
     tolerate: tuple[str, ...] = ()              # stderr text that still counts as success
     service: str | None = None                  # the service this step starts
+    expect: tuple[str, int] | None = None       # (regex, n): success needs n stdout lines matching it…
+    retry_s: float = 0.0                        # …tried again each second for this long
 
     def shell(self) -> str:
         """The command line as the node's shell gets it: argv quoted, file secrets read there."""
@@ -280,12 +289,16 @@ def _node_iface(options: Mapping[str, Any], recipe_value: str | None, node: Node
     return (_iface(options.get(key), node.name) or getattr(node, key, None) or recipe_value)
 
 
-def _docker_run(recipe: Recipe, topology: str, role: str, name: str, env: Sequence[tuple[str, str]],
-                params: Mapping[str, Any], image: str, secrets: Sequence[SecretRef]) -> list[str]:
+def _docker_run(recipe: Recipe, topology: str, role: str, node: NodeConfig, name: str,
+                env: Sequence[tuple[str, str]], params: Mapping[str, Any], image: str,
+                secrets: Sequence[SecretRef]) -> list[str]:
     cs = recipe.container_settings
+    # The labels let the console group one launch's containers across nodes (launch/members.py), also where
+    # several "nodes" share one Docker engine, as on the test bed.
     argv = ["docker", "run", "-d", "--name", name,
             "--label", f"sparkconsole.recipe={recipe.key}", "--label", f"sparkconsole.topology={topology}",
-            "--label", f"sparkconsole.role={role}", "--network", "host"]
+            "--label", f"sparkconsole.role={role}", "--label", f"sparkconsole.node={node.name}",
+            "--network", "host"]
     if cs.gpus:
         argv += ["--gpus", cs.gpus]
     if cs.ipc_host:
@@ -379,13 +392,13 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
             argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
         else:
             argv = [*argv, *argv_extra]
-        full_env = [*recipe.env.items(), *env]
+        full_env = [*recipe.env.items(), *env, *node.vllm_env]
         pre_steps(node, name)
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=name, role=role,
                       url=f"http://{_url_host(node.address)}:{port}" if url else None,
                       model=served_model(recipe, argv))
         steps.append(Step(node.name, f"start vLLM {role} ({image})",
-                          tuple(_docker_run(recipe, topology, role, name, full_env, p, image, secrets) + argv),
+                          tuple(_docker_run(recipe, topology, role, node, name, full_env, p, image, secrets) + argv),
                           secrets=secrets, service=svc.key))
         services.append(svc)
         server_args[svc.key] = tuple(argv)
@@ -404,10 +417,15 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                                options.get("router_dir") or DEFAULT_ROUTER_DIR)
     elif topology == "disagg":
         prefill, decode = nodes
-        kv = '{"kv_connector":"%s","kv_role":"kv_both"}' % recipe.disagg.connector
         servers = []
         for node, role, port in ((prefill, "prefill", recipe.disagg.prefill_port),
                                  (decode, "decode", recipe.disagg.decode_port)):
+            # kv_both is deprecated in vLLM 0.32: each side says which way its KV cache goes.
+            kv_cfg = {"kv_connector": recipe.disagg.connector,
+                      "kv_role": "kv_producer" if role == "prefill" else "kv_consumer"}
+            if recipe.disagg.kv_buffer_device:
+                kv_cfg["kv_buffer_device"] = recipe.disagg.kv_buffer_device
+            kv = json.dumps(kv_cfg, separators=(",", ":"))
             env = [("VLLM_NIXL_SIDE_CHANNEL_HOST", node.address),
                    ("VLLM_NIXL_SIDE_CHANNEL_PORT", str(recipe.disagg.side_channel_port))]
             eth = _node_iface(options, recipe.cluster.eth_if, node, "eth_if")
@@ -458,11 +476,12 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                     endpoint = svc.url
         else:
             argv, shell = command_argv(recipe, server_params(head, port), extra_args, multi_node=True)
+            ray_cli = [fill(w, params, recipe.source, None, "sparkconsole.cluster.ray") for w in recipe.cluster.ray]
             for rank, n in enumerate(nodes):
                 name = cname(n)
                 pre_steps(n, name)
-                ray = (["ray", "start", "--block", "--head", "--port", str(master_port)] if rank == 0 else
-                       ["ray", "start", "--block", "--address", f"{_url_host(head.address)}:{master_port}"])
+                ray = ([*ray_cli, "start", "--block", "--head", "--port", str(master_port)] if rank == 0 else
+                       [*ray_cli, "start", "--block", "--address", f"{_url_host(head.address)}:{master_port}"])
                 ray += ["--node-ip-address", n.address, "--disable-usage-stats"]
                 role = "server" if rank == 0 else "worker"
                 # The head's container is the server: it answers once vLLM (started below) is up.
@@ -470,16 +489,23 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                               url=f"http://{_url_host(head.address)}:{port}" if rank == 0 else None,
                               model=served_model(recipe, argv) if rank == 0 else None)
                 steps.append(Step(n.name, f"start the container with a Ray {'head' if rank == 0 else 'worker'}",
-                                  tuple(_docker_run(recipe, topology, role, name,
-                                                    [*recipe.env.items(), *node_env(n)], server_params(n, port),
-                                                    image, secrets) + ray),
+                                  tuple(_docker_run(recipe, topology, role, n, name,
+                                                    [*recipe.env.items(), *node_env(n), *n.vllm_env],
+                                                    server_params(n, port), image, secrets) + ray),
                                   secrets=secrets, service=svc.key))
                 services.append(svc)
+            # vLLM places its ranks on the Ray cluster as it finds it: wait until every node has joined.
+            steps.append(Step(head.name, f"wait until the Ray cluster has {len(nodes)} nodes",
+                              ("docker", "exec", cname(head), *ray_cli, "status"), change=False,
+                              expect=(RAY_NODE_LINE, len(nodes)), retry_s=RAY_JOIN_TIMEOUT_S))
             text = argv[2] if shell else shlex.join(argv)
             text += " --distributed-executor-backend ray"
-            # Output goes to the container's own stdout so `docker logs` follows the server.
+            # Output goes to the container's own stdout so `docker logs` follows the server. The container's
+            # main process is the Ray node, which outlives a vLLM that dies: the exit line is what tells the
+            # runner (runner.EXIT_MARK).
             steps.append(Step(head.name, "start vLLM on the Ray cluster (executor ray)",
-                              ("docker", "exec", "-d", cname(head), "bash", "-c", f"exec {text} >> /proc/1/fd/1 2>&1")))
+                              ("docker", "exec", "-d", cname(head), "bash", "-c",
+                               f"{text} >> /proc/1/fd/1 2>&1; echo \"{EXIT_MARK} $?\" >> /proc/1/fd/1")))
             server_args[f"{head.name}/server"] = (*argv, "--distributed-executor-backend", "ray")
             endpoint = services[0].url
 
@@ -509,6 +535,8 @@ def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, se
         if disagg:
             prefill, decode = servers
             args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]
+            if recipe.disagg.connector == "NixlConnector":
+                args += ["--kv-connector", "nixl"]
         else:
             args += ["--worker-urls", *[str(s.url) for s in servers], "--policy", impl.policy or "round_robin"]
         health = "/health"

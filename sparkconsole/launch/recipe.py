@@ -86,11 +86,13 @@ class ClusterSettings:
     master_port: int = 29501
     eth_if: str | None = None
     ib_if: str | None = None
+    ray: tuple[str, ...] = ("ray",)    # how the container runs Ray's CLI (its path, when not on the image's PATH)
 
 
 @dataclass(frozen=True)
 class DisaggSettings:
     connector: str = "NixlConnector"
+    kv_buffer_device: str | None = None  # None: the connector's default (the GPU); "cpu" on a CPU build
     side_channel_port: int = 5600
     prefill_port: int | None = None    # None: the recipe's port
     decode_port: int | None = None
@@ -383,12 +385,14 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
 
     cl = r.mapping(sc, p, "cluster", "write 'cluster: {backend: mp, master_port: 29501}'")
     clp = p + ("cluster",)
-    r.unknown(cl, clp, {"backend", "master_port", "eth_if", "ib_if"})
+    r.unknown(cl, clp, {"backend", "master_port", "eth_if", "ib_if", "ray"})
     backend = r.get(cl, clp, "backend", str, "mp", "write mp or ray")
     if backend not in ("mp", "ray"):
         raise doc.error(clp + ("backend",), f"unknown backend {backend[:20]!r}", "write mp (vLLM's own multi-node) or ray")
     cluster = ClusterSettings(backend=backend, master_port=r.port(cl, clp, "master_port", 29501) or 29501,
-                              eth_if=_iface(r, cl, clp, "eth_if"), ib_if=_iface(r, cl, clp, "ib_if"))
+                              eth_if=_iface(r, cl, clp, "eth_if"), ib_if=_iface(r, cl, clp, "ib_if"),
+                              ray=tuple(r.str_list(cl, clp, "ray", "write the Ray command as a list, e.g. [ray]")
+                                        or ClusterSettings.ray))
 
     rt = r.mapping(sc, p, "router", "write 'router: {default: vllm-router, port: 4000}'")
     rp = p + ("router",)
@@ -403,8 +407,12 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
 
     dg = r.mapping(sc, p, "disagg", "write 'disagg: {connector: NixlConnector}'")
     dp = p + ("disagg",)
-    r.unknown(dg, dp, {"connector", "side_channel_port", "prefill_port", "decode_port"})
+    r.unknown(dg, dp, {"connector", "kv_buffer_device", "side_channel_port", "prefill_port", "decode_port"})
+    kv_device = r.get(dg, dp, "kv_buffer_device", str, None, "write cuda or cpu")
+    if kv_device not in (None, "cuda", "cpu"):
+        raise doc.error(dp + ("kv_buffer_device",), f"unknown KV buffer device {kv_device[:20]!r}", "write cuda or cpu")
     disagg = DisaggSettings(connector=r.get(dg, dp, "connector", str, "NixlConnector", "write NixlConnector"),
+                            kv_buffer_device=kv_device,
                             side_channel_port=r.port(dg, dp, "side_channel_port", 5600) or 5600,
                             prefill_port=r.port(dg, dp, "prefill_port", None),
                             decode_port=r.port(dg, dp, "decode_port", None))

@@ -26,7 +26,8 @@ from .. import audit, secrets
 from ..config import ClusterConfig
 from ..errors import UserError
 from ..nodes.transport import Transport, TransportError
-from .plan import Plan, Service, Step
+from .health import LaunchHealth, MemberState, judge
+from .plan import EXIT_MARK, Plan, Service, Step
 
 ProgressCallback = Callable[["Progress"], Any]
 STEP_TIMEOUT_S = 300.0            # docker run of a large image can take a while to create the container
@@ -121,23 +122,7 @@ class _Follower:
                 pass
 
     async def state(self) -> tuple[str, str]:
-        """(status, detail) of the container: running / exited / … plus exit code and OOM flag."""
-        try:
-            res = await self.runner._run(self.svc.node, self.svc.state_argv, timeout=30)
-        except TransportError as exc:
-            return "unreachable", str(exc)
-        if res.rc != 0:
-            err = " ".join(res.stderr.split())
-            if "No such" in err:
-                return "missing", "no such container"
-            # a dropped session or a Docker daemon that does not answer: the node is out of reach
-            return "unreachable", err[-300:] or f"the state query ended with exit code {res.rc}"
-        parts = res.stdout.split()
-        status = parts[0] if parts else "unknown"
-        detail = f"exit code {parts[1]}" if len(parts) > 1 else ""
-        if len(parts) > 2 and parts[2] == "true":
-            detail += ", OOM-killed"
-        return status, detail
+        return await self.runner.container_state(self.svc)
 
 
 class Runner:
@@ -174,6 +159,42 @@ class Runner:
         return await self._transport(node).run(self.node_prefix(node) + cmd, input=input,
                                                timeout=timeout or self.step_timeout)
 
+    async def container_state(self, svc: Service) -> tuple[str, str]:
+        """(status, detail) of a service's container: running / exited / … plus exit code and OOM flag;
+        "missing" when there is no such container, "unreachable" when the node or its Docker does not answer."""
+        try:
+            res = await self._run(svc.node, svc.state_argv, timeout=30)
+        except (TransportError, LaunchError) as exc:
+            return "unreachable", str(exc)
+        if res.rc != 0:
+            err = " ".join(res.stderr.split())
+            if "No such" in err:
+                return "missing", "no such container"
+            # a dropped session or a Docker daemon that does not answer: the node is out of reach
+            return "unreachable", err[-300:] or f"the state query ended with exit code {res.rc}"
+        parts = res.stdout.split()
+        status = parts[0] if parts else "unknown"
+        detail = f"exit code {parts[1]}" if len(parts) > 1 else ""
+        if len(parts) > 2 and parts[2] == "true":
+            detail += ", OOM-killed"
+        return status, detail
+
+    async def health(self, plan: Plan, *, http_timeout: float = 5.0) -> LaunchHealth:
+        """Every member's container state and, where it serves HTTP, its health check: one verdict."""
+        members = []
+        async with httpx.AsyncClient(timeout=http_timeout, trust_env=False) as client:
+            for svc in plan.services:
+                status, detail = await self.container_state(svc)
+                answers, why = None, ""
+                if svc.url and status == "running":
+                    try:
+                        r = await client.get(svc.url + svc.health_path)
+                        answers, why = r.status_code == 200, f"HTTP {r.status_code}"
+                    except httpx.HTTPError as exc:
+                        answers, why = False, type(exc).__name__
+                members.append(MemberState(svc, status, detail, answers, why))
+        return judge(plan, members)
+
     @staticmethod
     def _emitter(on_progress: ProgressCallback | None) -> Callable[..., None]:
         def emit(node: str, stage: str, message: str, service: str | None = None) -> None:
@@ -192,13 +213,27 @@ class Runner:
         cmd = self.node_prefix(step.node) + step.shell()
         if step.change:
             audit.record(action, step.node, cmd)
-        try:
-            res = await self._transport(step.node).run(cmd, input=step.input, timeout=self.step_timeout)
-        except TransportError as exc:
-            return str(exc)
+        deadline = time.monotonic() + step.retry_s
+        while True:
+            try:
+                res = await self._transport(step.node).run(cmd, input=step.input, timeout=self.step_timeout)
+            except TransportError as exc:
+                return str(exc)
+            if res.rc == 0 and step.expect is None:
+                emit(step.node, "ok", step.what, step.service)
+                return None
+            if res.rc == 0:
+                pattern, want = step.expect
+                found = [ln.strip() for ln in res.stdout.splitlines() if re.search(pattern, ln)]
+                if len(found) >= want:
+                    emit(step.node, "ok", f"{step.what}: {len(found)} found ({', '.join(found)[:200]})", step.service)
+                    return None
+                short = f"{len(found)} of {want} found after {step.retry_s:g} s"
+            if time.monotonic() >= deadline:
+                break
+            await asyncio.sleep(1.0)
         if res.rc == 0:
-            emit(step.node, "ok", step.what, step.service)
-            return None
+            return f"{step.what}: {short}"
         text = (res.stderr + "\n" + res.stdout).strip()
         if any(t in text for t in step.tolerate):
             emit(step.node, "ok", f"{step.what} (nothing to do)", step.service)
@@ -303,7 +338,15 @@ class Runner:
                             line = error_line(list(fol.lines))
                             raise LaunchError(f"{svc.role} on node {svc.node} stopped ({status}{', ' + detail if detail else ''})"
                                               + (f": {line}" if line else ""), node=svc.node, log_line=line,
-                                              fix=f"read the whole log: docker logs {svc.container} (on {svc.node})")
+                                              fix=known_refusal_fix(line) or
+                                              f"read the whole log: docker logs {svc.container} (on {svc.node})")
+                        ended = _exit_line(fol.lines)
+                        if ended is not None:
+                            line = error_line([ln for ln in fol.lines if EXIT_MARK not in ln])
+                            raise LaunchError(f"{svc.role} on node {svc.node} stopped ({ended})"
+                                              + (f": {line}" if line else ""), node=svc.node, log_line=line,
+                                              fix=known_refusal_fix(line) or
+                                              f"read the whole log: docker logs {svc.container} (on {svc.node})")
                         if await self._answers(client, svc, plan, ready):
                             ready[svc.key] = round(time.monotonic() - t0, 1)
                             emit(svc.node, "ready", f"{svc.role} ready after {ready[svc.key]:g} s"
@@ -415,6 +458,39 @@ class Runner:
             left = await self._cleanup(plan, list(plan.services), emit)
             raise LaunchError(str(err.problem) + self._cleanup_note(plan.services, left), node=err.node,
                               fix=err.fix, log_line=err.log_line) from None
+
+
+# Refusals vLLM states in its own words, and what to do about each: a log line alone rarely says the fix.
+KNOWN_REFUSALS: tuple[tuple[str, str], ...] = (
+    (r"does not support ray",
+     "this vLLM build's platform cannot run the Ray executor (vLLM's CPU build has no Ray device): "
+     "launch with --backend mp (vLLM's own multi-node launch)"),
+    (r"Not enough allowed NUMA nodes",
+     "ranks of a CPU build on one machine need their own cores: set VLLM_CPU_OMP_THREADS_BIND per node "
+     "(the cluster file's vllm_env) or per rank (\"0|1\")"),
+    (r"failed to map segment from shared object|mounted with noexec",
+     "vLLM compiles kernels into /tmp, and this container's /tmp is noexec: mount it with exec "
+     "(sparkconsole.container.tmpfs: [\"/tmp:exec\"]) or set TORCHINDUCTOR_CACHE_DIR to a writable exec path"),
+    (r"No module named '?nixl|NIXL is not available",
+     "the KV connector needs NIXL in the image: pip install nixl (the meta package, not nixl-cu12 alone)"),
+)
+
+
+def known_refusal_fix(line: str | None) -> str | None:
+    if not line:
+        return None
+    for pattern, fix in KNOWN_REFUSALS:
+        if re.search(pattern, line):
+            return fix
+    return None
+
+
+def _exit_line(lines: Sequence[str]) -> str | None:
+    """'exit code N' once a server started with `docker exec` wrote its exit mark (plan.EXIT_MARK)."""
+    for ln in reversed(lines):
+        if EXIT_MARK in ln:
+            return "exit code " + ln.split(EXIT_MARK, 1)[1].strip()[:10]
+    return None
 
 
 def _fix_for(why: str, plan: Plan) -> str:

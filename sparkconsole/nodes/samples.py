@@ -205,14 +205,18 @@ class ContainerInfo:
     memory_limit_b: int | None = None  # 0 or None: no cap
     oom_killed: bool | None = None
     exit_code: int | None = None
+    labels: tuple[tuple[str, str], ...] = ()  # sparkconsole.* labels: the launch it belongs to (nodes/launches.py)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> "ContainerInfo":
         ok = d.get("oom_killed")
+        raw = d.get("labels")
+        labels = (tuple((str(k)[:64], v[:128]) for k, v in list(raw.items())[:16] if isinstance(v, str))
+                  if isinstance(raw, dict) else ())
         return cls(name=_s(d, "name") or "?", image=_s(d, "image"), state=_s(d, "state"), health=_s(d, "health"),
                    started_at=_s(d, "started_at"), restart_count=_i(d, "restart_count"),
                    memory_limit_b=_i(d, "memory_limit_b"), oom_killed=ok if isinstance(ok, bool) else None,
-                   exit_code=_i(d, "exit_code"))
+                   exit_code=_i(d, "exit_code"), labels=labels)
 
 
 @dataclass(frozen=True, slots=True)

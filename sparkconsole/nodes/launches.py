@@ -1,0 +1,97 @@
+"""One launch, many nodes: the containers sparkconsole started, grouped by the labels the plan put on them.
+
+Every container a plan starts carries `sparkconsole.recipe`, `.topology`, `.role` and `.node` (launch/plan.py).
+The agents report them with each container, so the console can show a multi-node launch as one thing and see it
+break: a tensor-parallel worker that exits leaves its head running but unable to serve. Containers are keyed by
+(node label, name), so nodes that share one Docker engine (the test bed) still count each container once.
+
+Pure: node monitors (or recorded ticks) in, groups out. launch/health.py is the same verdict made from a plan
+and live `docker inspect` answers; this one needs no plan, only what the agents already send.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+LABEL = "sparkconsole."
+SERVING, STARTING, BROKEN = "SERVING", "STARTING", "BROKEN"
+# roles whose loss stops the whole launch from serving, per topology
+_NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
+
+
+@dataclass(frozen=True)
+class Member:
+    node: str
+    role: str
+    container: str
+    state: str | None
+    exit_code: int | None = None
+    oom_killed: bool | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def words(self) -> str:
+        s = self.state or "unknown"
+        if not self.running and self.exit_code is not None:
+            s += f" ({self.exit_code}{', OOM-killed' if self.oom_killed else ''})"
+        return f"{self.node} {self.role} {s}"
+
+
+@dataclass(frozen=True)
+class LaunchGroup:
+    recipe: str
+    topology: str
+    members: tuple[Member, ...]
+    verdict: str
+    reason: str
+
+    @property
+    def key(self) -> str:
+        return f"{self.recipe}:{self.topology}"
+
+    def line(self) -> str:
+        return (f"{self.recipe} × {self.topology}: " + " · ".join(m.words() for m in self.members)
+                + f" — {self.verdict}" + (f": {self.reason}" if self.verdict != SERVING else ""))
+
+
+def _judge(topology: str, members: list[Member]) -> tuple[str, str]:
+    down = [m for m in members if not m.running and m.state not in ("created", "restarting")]
+    if down and any(m.running for m in members):
+        m = down[0]
+        if topology in _NEEDED and m.role in _NEEDED[topology]:
+            why = ("the tensor-parallel group cannot serve without every rank" if topology == "cluster-tp2"
+                   else "prefill and decode serve only together")
+            return BROKEN, f"{m.role} on {m.node} is {m.words().split(' ', 2)[2]}; {why}"
+        return BROKEN, f"{m.role} on {m.node} is {m.words().split(' ', 2)[2]}"
+    if down:
+        return BROKEN, "no member runs"
+    if any(not m.running for m in members):
+        return STARTING, "containers are starting"
+    return SERVING, ""
+
+
+def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
+    """Groups of labelled containers across `nodes` (objects with .name and .containers), largest first."""
+    seen: dict[tuple[str, str], tuple[tuple[str, str], Member]] = {}
+    for node in nodes:
+        for c in getattr(node, "containers", ()) or ():
+            labels = dict(getattr(c, "labels", None) or ())
+            recipe, topology = labels.get(LABEL + "recipe"), labels.get(LABEL + "topology")
+            if not recipe or not topology:
+                continue
+            where = labels.get(LABEL + "node") or str(node.name)
+            seen[(where, c.name)] = ((recipe, topology), Member(where, labels.get(LABEL + "role") or "?", c.name,
+                                                                c.state, c.exit_code, c.oom_killed))
+    groups: dict[tuple[str, str], list[Member]] = {}
+    for key, member in seen.values():
+        groups.setdefault(key, []).append(member)
+    out = []
+    for (recipe, topology), members in groups.items():
+        members.sort(key=lambda m: (m.role not in ("server", "prefill", "router"), m.node, m.container))
+        verdict, reason = _judge(topology, members)
+        out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason))
+    out.sort(key=lambda g: (-len(g.members), g.key))
+    return out

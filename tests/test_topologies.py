@@ -1,0 +1,198 @@
+"""The multi-node topologies serving real tokens: the tiny model on vLLM CPU, launched by `sparkconsole recipe
+launch` over real SSH onto two test nodes (127.0.0.2 and 127.0.0.3, OpenSSH sessions whose `docker` is the test
+bed's real engine), as an operator launches a recipe on two Sparks.
+
+- cluster-tp2, vLLM's own multi-node launch: rank 0 serves on node1, rank 1 runs --headless on node2;
+- cluster-tp2, Ray backend: the Ray cluster forms over both nodes, and vLLM's CPU platform refuses the Ray
+  executor, which the product says in one line (and preflight refuses before anything starts);
+- disagg: prefill on node1, decode on node2, NixlConnector moving the KV cache, vllm-router in PD mode in front;
+- the bench matrix over all four topologies.
+
+The two "nodes" share this machine's two cores: each node's vLLM gets its own core through the cluster file's
+vllm_env (VLLM_CPU_OMP_THREADS_BIND), as preflight asks for a CPU build whose ranks share a machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkconsole.launch.recipe import find_recipe
+from tests.helpers import free_port
+from tests.testbed.sshd import ADDRESSES, _ensure_sshd, start_sshd_nodes
+
+pytestmark = pytest.mark.slow
+PY_HOME = str(Path(sys.base_prefix).resolve())
+
+
+@dataclass
+class TopologyBed:
+    root: Path
+    cluster_file: Path
+    recipe: Path
+    sets: dict[str, str]
+    env: dict[str, str]
+    nodes: list            # SshdNode
+    engine: object         # DockerEngine
+    containers: tuple[str, str]
+    ports: tuple[int, int]
+
+    def sc(self, *args: str, timeout: float = 900, extra_env: dict | None = None) -> subprocess.CompletedProcess:
+        """`sparkconsole --cluster F ARGS`, as an operator types it."""
+        return subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(self.cluster_file), *args],
+                              capture_output=True, text=True, timeout=timeout, env={**self.env, **(extra_env or {})})
+
+    def recipe_args(self, *args: str) -> list[str]:
+        return [str(self.recipe), *args, *[a for k, v in self.sets.items() for a in ("--set", f"{k}={v}")]]
+
+    def ssh(self, node: int, command: str) -> str:
+        """A command on a test node through its own sshd, as the node's shell runs it."""
+        n = self.nodes[node]
+        r = subprocess.run(["ssh", "-i", n.identity, "-p", str(n.port), "-o", f"UserKnownHostsFile={n.known_hosts}",
+                            "-o", "BatchMode=yes", f"{n.user}@{n.address}", command],
+                           capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    def url(self, node: int) -> str:
+        return f"http://{ADDRESSES[node]}:{self.ports[node]}"
+
+
+@pytest.fixture(scope="module")
+def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env, litellm_env):
+    why = _ensure_sshd()
+    if why:
+        pytest.skip(why)
+    root = Path(tempfile.mkdtemp(prefix="sc-topologies-"))
+    # Every session on these nodes finds the test engine, with nothing set by the client: a real node's docker.
+    extra = f"SetEnv DOCKER_HOST={docker_engine.host} DOCKER_CONFIG={docker_engine.root / 'client-config'}\n"
+    nodes = start_sshd_nodes(root / "sshd", ADDRESSES, extra_config=extra)
+    containers = (f"sc_topo_{os.getpid()}_1", f"sc_topo_{os.getpid()}_2")
+    ports = tuple(free_port(a) for a in ADDRESSES)
+    cluster = root / "sparkconsole.yaml"
+    cluster.write_text("nodes:\n" + "".join(
+        f"  - name: {n.name}\n    address: {n.address}\n"
+        f"    ssh: {{user: {n.user}, port: {n.port}, identity: {n.identity}}}\n"
+        f"    container: {containers[i]}\n    vllm_port: {ports[i]}\n    eth_if: lo\n"
+        f"    vllm_env: {{VLLM_CPU_OMP_THREADS_BIND: \"{i}\"}}\n"
+        for i, n in enumerate(nodes)) + f"ssh: {{known_hosts: {nodes.known_hosts}}}\n")
+    # The bundled recipe with ports of this run's own: another test's router may hold 4000, its master 29511.
+    recipe = root / "tiny.yaml"
+    text = Path(find_recipe("tiny-testbed").source).read_text()
+    recipe.write_text(text.replace("    port: 4000\n", f"    port: {free_port('0.0.0.0')}\n")
+                      .replace("master_port: 29511", f"master_port: {free_port('127.0.0.2')}")
+                      .replace("side_channel_port: 5600", f"side_channel_port: {free_port('127.0.0.2')}"))
+    sets = {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "model_path": str(tiny_model.path),
+            "served_model_name": tiny_model.name, "router_venv": str(vllm_router_env.path),
+            "litellm_venv": str(litellm_env.path)}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
+    env.update(SPARKCONSOLE_STATE_DIR=str(root / "state"), NO_COLOR="1")
+    yield TopologyBed(root, cluster, recipe, sets, env, nodes, docker_engine, containers, ports)
+    keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")      # where to leave the servers' logs for reading
+    for c in containers:
+        if keep:
+            Path(keep).mkdir(parents=True, exist_ok=True)
+            r = docker_engine.run(["logs", c], check=False)
+            (Path(keep) / f"{c}.log").write_text(r.stdout + r.stderr)
+        docker_engine.run(["rm", "-f", c, f"{c}_router"], check=False)
+    nodes.stop()
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def names_on(bed: TopologyBed, node: int) -> list[str]:
+    """Containers of this run, as `docker ps -a` over the node's own SSH session lists them."""
+    out = bed.ssh(node, "docker ps -a --format '{{.Names}}'").split()
+    return sorted(n for n in out if n.startswith(bed.containers[0].rsplit("_", 1)[0]))
+
+
+def vllm_processes(model_path: str) -> list[str]:
+    """vLLM processes of this machine serving the test bed's model (the containers' processes run here)."""
+    out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
+    return [ln for ln in out.splitlines() if "vllm" in ln and model_path in ln and "ps -eo" not in ln]
+
+
+async def stream_chat(url: str, model: str, max_tokens: int, prompt: str = "hello there") -> tuple[int, int]:
+    """A streaming chat completion; returns (chunks that carried tokens, completion tokens in usage)."""
+    body = {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "ignore_eos": True, "stream": True, "stream_options": {"include_usage": True}}
+    chunks, usage, seen = 0, None, []
+    async with httpx.AsyncClient(trust_env=False, timeout=180) as client:
+        async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            assert r.status_code == 200, await r.aread()
+            async for line in r.aiter_lines():
+                seen.append(line)
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                doc = json.loads(line[6:])
+                if doc.get("choices"):
+                    chunks += 1
+                if doc.get("usage"):
+                    usage = doc["usage"]["completion_tokens"]
+    assert usage is not None, seen[-4:]
+    return chunks, usage
+
+
+def scrape(url: str) -> str:
+    return httpx.get(url + "/metrics", timeout=30, trust_env=False).text
+
+
+def counter(text: str, name: str, **labels: str) -> float:
+    """The sum of a metric family's samples whose labels include `labels` (prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+    total = 0.0
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
+                total += s.value
+    return total
+
+
+# --- cluster TP=2, vLLM's own multi-node launch -------------------------------------------------------------
+
+@pytest.mark.timeout(1500)
+def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_clean(bed, tiny_model):
+    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "cluster-tp2", "--yes", "--force"))
+    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+    out = launch.stdout
+    assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(0)), out), out[-2000:]
+    assert re.search(r"node2\s+ready\s+worker ready", out), out[-2000:]
+    assert names_on(bed, 0) == sorted(bed.containers) and names_on(bed, 1) == sorted(bed.containers)
+    head_args = bed.engine.inspect(bed.containers[0])["Args"]
+    worker_args = bed.engine.inspect(bed.containers[1])["Args"]
+    assert "--headless" in worker_args and "--headless" not in head_args
+    assert worker_args[worker_args.index("--node-rank") + 1] == "1"
+    assert worker_args[worker_args.index("--master-addr") + 1] == ADDRESSES[0]
+
+    chunks, usage = asyncio.run(stream_chat(bed.url(0), tiny_model.name, 24))
+    assert usage == 24 and chunks >= 12
+    assert counter(scrape(bed.url(0)), "vllm:generation_tokens_total") >= 24
+
+    # The worker goes away: the launch is seen broken (not a silent stall), and restart brings both back.
+    bed.engine.run(["kill", bed.containers[1]])
+    status = bed.sc("recipe", "status", *bed.recipe_args("-T", "cluster-tp2"), timeout=120)
+    assert status.returncode == 1, status.stdout + status.stderr
+    assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
+                     status.stdout), status.stdout
+    assert re.search(r"node1 +server .* running .*health ok", status.stdout), status.stdout
+    restart = bed.sc("recipe", "restart", *bed.recipe_args("-T", "cluster-tp2", "--yes", "--force"))
+    assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
+    order = [m.group(1) for m in re.finditer(r"(node\d)\s+step\s+start vLLM (?:server|worker)", restart.stdout)]
+    assert order == ["node1", "node2"], restart.stdout[-2000:]
+    assert asyncio.run(stream_chat(bed.url(0), tiny_model.name, 8))[1] == 8
+
+    stop = bed.sc("recipe", "stop", *bed.recipe_args("-T", "cluster-tp2", "--yes"), timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+    assert vllm_processes(str(tiny_model.path)) == []
