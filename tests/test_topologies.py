@@ -196,3 +196,80 @@ def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_cl
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
     assert vllm_processes(str(tiny_model.path)) == []
+
+
+# --- cluster TP=2, Ray backend -------------------------------------------------------------------------------
+
+@pytest.mark.timeout(900)
+def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed):
+    args = bed.recipe_args("-T", "cluster-tp2", "--backend", "ray", "--yes")
+    refused = bed.sc("recipe", "launch", *args, timeout=300)
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert "preflight refuses the launch: ray_on_cpu" in refused.stderr and "--backend mp" in refused.stderr
+    assert names_on(bed, 0) == []                                  # refused before anything started
+
+    launch = bed.sc("recipe", "launch", *args, "--force")
+    out = launch.stdout
+    assert launch.returncode == 2, out + launch.stderr
+    # The Ray cluster formed: head on node1, worker on node2, both counted by `ray status` on the head.
+    assert re.search(r"node1\s+ok\s+wait until the Ray cluster has 2 nodes: 2 found", out), out[-3000:]
+    # vLLM's refusal, in one line, with what to do instead; and nothing left on either node.
+    err = launch.stderr.strip().splitlines()
+    assert len(err) == 1 and "does not support ray" in err[0] and "--backend mp" in err[0], launch.stderr
+    assert "stopped what it had started on node1, node2" in err[0]
+    assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+
+
+# --- prefill/decode disaggregation over NIXL -----------------------------------------------------------------
+
+def prompt_of(tokens: int) -> str:
+    """A prompt of about `tokens` tokens for the tiny model's ASCII word-level vocabulary."""
+    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
+    return " ".join(words[i % len(words)] for i in range(tokens))
+
+
+@pytest.mark.timeout(1200)
+def test_disagg_moves_the_kv_cache_over_nixl_and_decode_serves_the_tokens(bed, tiny_model):
+    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "disagg", "--yes", "--force"))
+    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+    router = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
+    prefill, decode = bed.url(0), bed.url(1)
+    before_p, before_d = scrape(prefill), scrape(decode)
+
+    # One request through vllm-router in PD mode: prefill on node1, the KV cache over NIXL, decode on node2.
+    n_prompt = httpx.post(prefill + "/tokenize", json={"model": tiny_model.name, "prompt": prompt_of(120)},
+                          timeout=60, trust_env=False).json()["count"]
+    assert 300 < n_prompt < 1900
+    r = httpx.post(router + "/v1/completions", timeout=300, trust_env=False, json={
+        "model": tiny_model.name, "prompt": prompt_of(120), "max_tokens": 16, "ignore_eos": True})
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["completion_tokens"] == 16
+    after_p, after_d = scrape(prefill), scrape(decode)
+
+    def delta(before, after, name, **labels):
+        return counter(after, name, **labels) - counter(before, name, **labels)
+
+    # The KV cache crossed: decode took the prompt from the transfer, computed none of it itself.
+    assert delta(before_d, after_d, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == n_prompt
+    assert delta(before_d, after_d, "vllm:prompt_tokens_by_source_total", source="local_compute") == 0
+    moved = delta(before_d, after_d, "vllm:nixl_bytes_transferred_sum")
+    assert moved > 0 and delta(before_d, after_d, "vllm:nixl_bytes_transferred_count") >= 1
+    # Decode generated the answer; prefill produced at most the one token of its handoff.
+    assert delta(before_d, after_d, "vllm:generation_tokens_total") >= 15
+    assert delta(before_p, after_p, "vllm:generation_tokens_total") <= 1
+
+    # The product reads the same from its own parser, as the console's endpoint panel shows it.
+    from sparkconsole.serving import metrics as m
+    figures = m.engine_metrics(m.parse(after_d, only=m.CONSOLE_NAMES))
+    assert figures.kv_in_bytes == counter(after_d, "vllm:nixl_bytes_transferred_sum")
+    assert figures.prompt_tokens_external == counter(after_d, "vllm:prompt_tokens_by_source_total",
+                                                     source="external_kv_transfer")
+    window = m.engine_window(m.parse(before_d, time=1.0), m.parse(after_d, time=2.0))
+    assert window.external_share == 1.0 and window.kv_bytes_per_transfer == moved / window.kv_transfers
+    keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
+    if keep:
+        (Path(keep) / "decode-after-nixl.metrics").write_text(after_d)
+
+    stop = bed.sc("recipe", "stop", *bed.recipe_args("-T", "disagg", "--yes"), timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert names_on(bed, 0) == [] and names_on(bed, 1) == []

@@ -34,6 +34,14 @@ PREFIX_HIT_RATE_GAUGE = ("vllm:gpu_prefix_cache_hit_rate",)
 PROMPT_TOKENS = ("vllm:prompt_tokens_total", "vllm:prompt_tokens")
 GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens")
 TTFT = ("vllm:time_to_first_token_seconds",)
+# Prefill/decode disaggregation. On the decode side: where each prompt token came from (`source` label:
+# local_compute, external_kv_transfer, local_cache_hit) — the plain prompt counter rises alike with or without a
+# transfer, this one tells a transfer from a recompute; and NIXL's own histograms of bytes and time per transfer.
+PROMPT_BY_SOURCE = ("vllm:prompt_tokens_by_source_total",)
+SOURCE_EXTERNAL, SOURCE_LOCAL = "external_kv_transfer", "local_compute"
+KV_BYTES = ("vllm:nixl_bytes_transferred",)
+KV_XFER_TIME = ("vllm:nixl_xfer_time_seconds",)
+KV_FAILED = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers")
 ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
 
 # Routers. vllm-router (Rust, metrics on its own port, 29000 by default) and the LiteLLM proxy.
@@ -55,7 +63,8 @@ LITELLM_IN_FLIGHT = "litellm_deployment_in_progress_requests"
 # a /metrics page before the parser sees it — a real vLLM page is ~50 KB, mostly histograms nobody here reads.
 CONSOLE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(
     RUNNING + WAITING + KV_USAGE + tuple(n for pair in PREFIX_COUNTERS for names in pair for n in names)
-    + PREFIX_HIT_RATE_GAUGE + PROMPT_TOKENS + GENERATION_TOKENS + TTFT + ITL + ROUTER_REQUESTS + ROUTER_ERRORS
+    + PREFIX_HIT_RATE_GAUGE + PROMPT_TOKENS + GENERATION_TOKENS + TTFT + ITL + PROMPT_BY_SOURCE + KV_BYTES
+    + KV_XFER_TIME + KV_FAILED + ROUTER_REQUESTS + ROUTER_ERRORS
     + ROUTER_LATENCY + ROUTER_TTFT + (ROUTER_WORKER_HEALTH,) + ROUTER_WORKER_LOAD + ROUTER_BACKEND_REQUESTS
     + (LITELLM_DEPLOYMENT_STATE, LITELLM_IN_FLIGHT)))
 
@@ -319,6 +328,12 @@ class EngineMetrics:
     ttft: Histogram | None
     itl: Histogram | None
     models: tuple[str, ...] = ()         # model_name labels seen
+    # disaggregation (None where the server moves no KV cache)
+    prompt_tokens_external: float | None = None   # prompt tokens whose KV cache arrived by transfer
+    prompt_tokens_local: float | None = None      # prompt tokens computed here
+    kv_in_bytes: float | None = None              # bytes NIXL moved, since start
+    kv_transfers: float | None = None             # transfers, since start
+    kv_failed: float | None = None
 
     def pct(self, which: str, q: float) -> float | None:
         h = getattr(self, which)
@@ -335,10 +350,28 @@ class EngineWindow:
     prefix_hit_rate: float | None
     ttft: Histogram | None
     itl: Histogram | None
+    kv_bytes_per_transfer: float | None = None    # mean over the window's transfers
+    kv_transfers: float | None = None             # transfers in the window
+    kv_xfer: Histogram | None = None              # seconds per transfer
+    external_share: float | None = None           # 0..1 of the window's prompt tokens that came by transfer
 
     def pct(self, which: str, q: float) -> float | None:
         h = getattr(self, which)
         return h.quantile(q) if h is not None else None
+
+
+def _by_source(s: Scrape, source: str) -> float | None:
+    vals = [v for labels, v in s.values(PROMPT_BY_SOURCE[0]).items() if dict(labels).get("source") == source
+            and math.isfinite(v)]
+    return math.fsum(vals) if vals else None
+
+
+def _source_increase(prev: Scrape, cur: Scrape, source: str) -> float | None:
+    name = PROMPT_BY_SOURCE[0]
+    pick = {k: v for k, v in cur.values(name).items() if dict(k).get("source") == source}
+    if not pick:
+        return None
+    return _increase({k: v for k, v in prev.values(name).items() if k in pick}, pick)
 
 
 def _prefix_pair(s: Scrape) -> tuple[str, str] | None:
@@ -362,6 +395,9 @@ def engine_metrics(s: Scrape) -> EngineMetrics:
         prefix_hit_rate=_unit(rate), prompt_tokens=s.total(*PROMPT_TOKENS),
         generation_tokens=s.total(*GENERATION_TOKENS), ttft=s.histogram(*TTFT), itl=s.histogram(*ITL),
         models=s.label_values("model_name", *RUNNING, *GENERATION_TOKENS),
+        prompt_tokens_external=_by_source(s, SOURCE_EXTERNAL), prompt_tokens_local=_by_source(s, SOURCE_LOCAL),
+        kv_in_bytes=s.total(KV_BYTES[0] + "_sum"), kv_transfers=s.total(KV_BYTES[0] + "_count"),
+        kv_failed=s.total(*KV_FAILED),
     )
 
 
@@ -380,7 +416,17 @@ def engine_window(prev: Scrape, cur: Scrape) -> EngineWindow:
         prefix_hit_rate=_unit(rate),
         ttft=histogram_window(prev, cur, *TTFT),
         itl=histogram_window(prev, cur, *ITL),
+        **_kv_window(prev, cur),
     )
+
+
+def _kv_window(prev: Scrape, cur: Scrape) -> dict:
+    n = counter_increase(prev, cur, KV_BYTES[0] + "_count")
+    moved = counter_increase(prev, cur, KV_BYTES[0] + "_sum")
+    ext, loc = _source_increase(prev, cur, SOURCE_EXTERNAL), _source_increase(prev, cur, SOURCE_LOCAL)
+    share = ext / (ext + loc) if ext is not None and loc is not None and ext + loc > 0 else None
+    return {"kv_transfers": n, "kv_bytes_per_transfer": moved / n if n and moved is not None else None,
+            "kv_xfer": histogram_window(prev, cur, *KV_XFER_TIME) if n else None, "external_share": share}
 
 
 def _unit(v: float | None) -> float | None:
