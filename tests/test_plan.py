@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
-from sparkconsole.launch.plan import Step, flag_value, make_plan
+from sparkconsole.launch.plan import EXIT_MARK, Step, flag_value, make_plan
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a", vllm_port=8000),
@@ -110,8 +110,12 @@ def test_bundled_plan_field_by_field(key, topology, opts):
         if topology == "disagg":
             assert env["VLLM_NIXL_SIDE_CHANNEL_HOST"] == ADDR[svc.node]
             kv = flag_value(argv, "--kv-transfer-config")
-            assert yaml.safe_load(kv) == {"kv_connector": "NixlConnector", "kv_role": "kv_both"}
             assert svc.role == ("prefill" if svc.node == "spark1" else "decode")
+            want = {"kv_connector": "NixlConnector",
+                    "kv_role": "kv_producer" if svc.role == "prefill" else "kv_consumer"}
+            if r.disagg.kv_buffer_device:
+                want["kv_buffer_device"] = r.disagg.kv_buffer_device
+            assert yaml.safe_load(kv) == want
     # the endpoint is the router when there is one, else the head's server
     routers = [s for s in plan.services if s.role == "router"]
     if topology in ("2x-solo", "disagg"):
@@ -161,10 +165,15 @@ def test_ray_backend_plan():
     assert head.argv[-9:] == ("ray", "start", "--block", "--head", "--port", "29501", "--node-ip-address",
                               "192.168.100.10", "--disable-usage-stats")
     assert "--address" in worker.argv and "192.168.100.10:29501" in worker.argv
-    exec_step = plan.steps[-1] if plan.steps[-1].argv[1] == "exec" else next(s for s in plan.steps if s.argv[1] == "exec")
+    wait = next(s for s in plan.steps if s.expect)
+    assert wait.argv == ("docker", "exec", "vllm_a", "ray", "status") and wait.expect[1] == 2 and not wait.change
+    exec_step = next(s for s in plan.steps if s.argv[1:3] == ("exec", "-d"))
+    assert plan.steps.index(wait) < plan.steps.index(exec_step)         # vLLM starts once both nodes joined
     assert exec_step.node == "spark1" and exec_step.argv[:4] == ("docker", "exec", "-d", "vllm_a")
     inner = exec_step.argv[-1]
-    assert inner.startswith("exec vllm serve") and inner.endswith("--distributed-executor-backend ray >> /proc/1/fd/1 2>&1")
+    # the server's end is written to the container log: the Ray node, its main process, outlives it
+    assert inner.startswith("vllm serve") and "--distributed-executor-backend ray >> /proc/1/fd/1 2>&1; " in inner
+    assert inner.endswith(f'echo "{EXIT_MARK} $?" >> /proc/1/fd/1')
     assert plan.server_args["spark1/server"][-2:] == ("--distributed-executor-backend", "ray")
 
 
@@ -237,7 +246,7 @@ def test_cluster_overrides_tp_and_layers_and_interfaces():
 
 @pytest.mark.parametrize("key, topology, opts, needle", [
     ("deepseek-v4-flash", "solo", {}, "requires cluster mode"),
-    ("tiny-testbed", "cluster-tp2", {}, "does not support topology cluster-tp2"),
+    ("llama-3.1-8b", "cluster-tp2", {}, "does not support topology cluster-tp2"),
     ("gpt-oss-120b", "quad", {}, "unknown topology"),
     ("gpt-oss-120b", "solo", {"nodes": ["spark9"]}, "no node named 'spark9'"),
     ("gpt-oss-120b", "2x-solo", {"nodes": ["spark1", "spark1"]}, "named twice"),

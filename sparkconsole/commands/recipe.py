@@ -181,7 +181,11 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
                 model_config, weights = lint_mod.parse_model_probe(res.stdout)
         except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
             pass
-    return replace(facts, image_ids=image_ids, model_config=model_config, weights_bytes=weights), monitor
+    from ..launch.probe import probe_nodes
+    busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in monitor.nodes.items()
+                                                      if nm.transport is not None})
+    return replace(facts, image_ids=image_ids, model_config=model_config, weights_bytes=weights,
+                   busy_ports=busy, unreachable=unreach), monitor
 
 
 def _confirm(args: argparse.Namespace, question: str) -> None:

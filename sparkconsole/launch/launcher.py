@@ -27,6 +27,7 @@ from ..config import ClusterConfig
 from ..errors import UserError
 from . import lint
 from .plan import Plan, make_plan
+from .probe import probe_nodes
 from .recipe import Recipe, find_recipe
 from .runner import READY_TIMEOUT_S, Progress, Runner
 
@@ -176,7 +177,9 @@ class RecipeLauncher:
             except Exception:  # noqa: BLE001 — an unreadable node leaves the image rule unchecked for it
                 continue
             image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
-        return replace(facts, image_ids=image_ids)
+        busy, unreach = await probe_nodes(plan, self.cluster, {n: nm.transport for n, nm in used.items()
+                                                               if nm.transport is not None and nm.transport.connected})
+        return replace(facts, image_ids=image_ids, busy_ports=busy, unreachable=unreach)
 
     async def _check(self, recipe: Recipe, plan: Plan, topology: str, monitor) -> None:
         facts = await self._facts(plan, monitor)

@@ -18,6 +18,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
+from . import lint_topology
 from .plan import Plan, compromised_versions, flag_value, has_flag, make_plan
 from .recipe import Recipe
 
@@ -93,6 +94,9 @@ class Facts:
     model_config: Mapping[str, Any] | None = None                       # the model's config.json
     weights_bytes: int | None = None                                    # size of the weight files
     headroom_floor_gib: float = 8.0                                     # thresholds.headroom_floor_gib
+    boot_ids: Mapping[str, str] = field(default_factory=dict)           # node → boot id: which nodes share a machine
+    busy_ports: Mapping[str, Sequence[tuple[str, int, str]]] = field(default_factory=dict)  # node → (addr, port, why)
+    unreachable: Mapping[str, Sequence[tuple[str, str, str]]] = field(default_factory=dict)  # node → (peer, addr, why)
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -101,8 +105,11 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         from ..nodes.guard import evaluate_guards
     except ImportError:          # telemetry's guard rules not present: guards stay unknown
         evaluate_guards = None
-    guards, mem, unified = {}, {}, {}
+    guards, mem, unified, boots = {}, {}, {}, {}
     for name, nm in monitors.items():
+        boot = getattr(getattr(nm, "info", None), "boot_id", None)
+        if boot:
+            boots[name] = boot
         last = getattr(nm, "last", None)
         if last is None:
             continue
@@ -113,7 +120,7 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         if evaluate_guards is not None:
             guards[name] = list(evaluate_guards(last.guards, last.mem, getattr(nm, "containers", ()),
                                                 nm.config.container))
-    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib)
+    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots)
 
 
 def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts: Facts | Mapping | None = None, *,
@@ -138,6 +145,8 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts:
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
                  _images, _memory):
         findings.extend(rule(recipe, plan, used, facts))
+    for topo_rule in lint_topology.RULES:
+        findings.extend(topo_rule(plan, used, facts))
     return findings
 
 
@@ -339,7 +348,7 @@ def _size_gib(size: str | None) -> float | None:
 
 
 def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    if plan.topology != "cluster-tp2" or not facts.image_ids:
+    if plan.topology not in ("cluster-tp2", "disagg") or not facts.image_ids:
         return []
     out = []
     ids = {n.name: facts.image_ids.get(n.name) for n in nodes}

@@ -130,6 +130,9 @@ class Plan:
     params: Mapping[str, Any] = field(default_factory=dict)
     server_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # service key → vLLM argv
     notes: tuple[str, ...] = ()
+    server_env: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # service key → its env
+    listens: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)     # node → (address, port)
+    cpu_build: bool = False                     # vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, or no --gpus)
 
     def for_node(self, node: str) -> list[Step]:
         return [s for s in self.steps if s.node == node]
@@ -358,7 +361,13 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     steps: list[Step] = []
     services: list[Service] = []
     server_args: dict[str, tuple[str, ...]] = {}
+    server_env: dict[str, tuple[tuple[str, str], ...]] = {}
+    listens: dict[str, list[tuple[str, int]]] = {}
     notes: list[str] = []
+
+    def listen(node: NodeConfig, port: int | str | None) -> None:
+        if port is not None and (node.address, int(port)) not in listens.setdefault(node.name, []):
+            listens[node.name].append((node.address, int(port)))
     secrets = recipe.secrets
     base_name = recipe.container_settings.name
 
@@ -402,6 +411,9 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                           secrets=secrets, service=svc.key))
         services.append(svc)
         server_args[svc.key] = tuple(argv)
+        server_env[svc.key] = tuple(full_env)
+        if url:
+            listen(node, port)
         return svc
 
     endpoint: str | None = None
@@ -414,7 +426,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
         servers = [start_server(n, "server", [], node_port(n)) for n in nodes]
         router_used = router_choice
         endpoint = _add_router(recipe, topology, router_choice, nodes[0], servers, steps, services, notes, params,
-                               options.get("router_dir") or DEFAULT_ROUTER_DIR)
+                               options.get("router_dir") or DEFAULT_ROUTER_DIR, listens)
     elif topology == "disagg":
         prefill, decode = nodes
         servers = []
@@ -434,9 +446,10 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
             probe, _ = command_argv(recipe, server_params(node, node_port(node, port)), extra_args)
             extra = [] if has_flag(probe, "--kv-transfer-config") else ["--kv-transfer-config", kv]
             servers.append(start_server(node, role, env, node_port(node, port), extra))
+            listen(node, recipe.disagg.side_channel_port)
         router_used = "vllm-router"
         endpoint = _add_router(recipe, topology, "vllm-router", prefill, servers, steps, services, notes, params,
-                               options.get("router_dir") or DEFAULT_ROUTER_DIR, disagg=True)
+                               options.get("router_dir") or DEFAULT_ROUTER_DIR, listens, disagg=True)
     else:  # cluster-tp2
         head = nodes[0]
         port = node_port(head)
@@ -465,6 +478,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                         ("RAY_memory_monitor_refresh_ms", "0")]
             return env
 
+        listen(head, master_port)
         if backend == "mp":
             for rank, n in enumerate(nodes):
                 mn = ["--nnodes", str(len(nodes)), "--node-rank", str(rank), "--master-addr", head.address,
@@ -488,12 +502,13 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                 svc = Service(key=f"{n.name}/{role}", node=n.name, container=name, role=role,
                               url=f"http://{_url_host(head.address)}:{port}" if rank == 0 else None,
                               model=served_model(recipe, argv) if rank == 0 else None)
+                env = (*recipe.env.items(), *node_env(n), *n.vllm_env)
                 steps.append(Step(n.name, f"start the container with a Ray {'head' if rank == 0 else 'worker'}",
-                                  tuple(_docker_run(recipe, topology, role, n, name,
-                                                    [*recipe.env.items(), *node_env(n), *n.vllm_env],
-                                                    server_params(n, port), image, secrets) + ray),
+                                  tuple(_docker_run(recipe, topology, role, n, name, env, server_params(n, port),
+                                                    image, secrets) + ray),
                                   secrets=secrets, service=svc.key))
                 services.append(svc)
+                server_env[svc.key] = env
             # vLLM places its ranks on the Ray cluster as it finds it: wait until every node has joined.
             steps.append(Step(head.name, f"wait until the Ray cluster has {len(nodes)} nodes",
                               ("docker", "exec", cname(head), *ray_cli, "status"), change=False,
@@ -508,16 +523,19 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                                f"{text} >> /proc/1/fd/1 2>&1; echo \"{EXIT_MARK} $?\" >> /proc/1/fd/1")))
             server_args[f"{head.name}/server"] = (*argv, "--distributed-executor-backend", "ray")
             endpoint = services[0].url
+            listen(head, port)
 
     return Plan(recipe=recipe.key, recipe_name=recipe.name, topology=topology, nodes=tuple(n.name for n in nodes),
                 steps=tuple(steps), services=tuple(services), endpoint=endpoint, router=router_used,
                 backend=backend if topology == "cluster-tp2" else None, image=image, params=params,
-                server_args=server_args, notes=tuple(notes))
+                server_args=server_args, notes=tuple(notes), server_env=server_env,
+                listens={k: tuple(v) for k, v in listens.items()},
+                cpu_build=dict(recipe.env).get("VLLM_TARGET_DEVICE") == "cpu" or recipe.container_settings.gpus is None)
 
 
 def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, servers: list[Service],
                 steps: list[Step], services: list[Service], notes: list[str], params: Mapping[str, Any],
-                router_dir: str, disagg: bool = False) -> str:
+                router_dir: str, listens: dict[str, list[tuple[str, int]]], disagg: bool = False) -> str:
     port = recipe.router.port
     name = f"{head.container if not recipe.container_settings.name else recipe.container_settings.name}_router"
     url = f"http://{_url_host(head.address)}:{port}"
@@ -566,7 +584,7 @@ def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, se
         notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
     argv = ["docker", "run", "-d", "--name", name, "--label", f"sparkconsole.recipe={recipe.key}",
             "--label", f"sparkconsole.topology={topology}", "--label", "sparkconsole.role=router",
-            "--network", "host", "--init"]
+            "--label", f"sparkconsole.node={head.name}", "--network", "host", "--init"]
     for v in [*mounts, *impl.volumes]:
         argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
     for k, v in env:
@@ -579,6 +597,7 @@ def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, se
     argv += ["--entrypoint=", impl.image, *args]
     key = f"{head.name}/router"
     steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
+    listens.setdefault(head.name, []).append((head.address, port))
     services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
                             health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
     return url
