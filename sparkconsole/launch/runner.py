@@ -88,6 +88,7 @@ class _Follower:
         self.task: asyncio.Task | None = None
         self.stream = None
         self._last_emit = 0.0
+        self.known: str | None = None      # the first line that states a known refusal (KNOWN_REFUSALS)
 
     async def start(self) -> None:
         transport = self.runner.transports[self.svc.node]
@@ -101,6 +102,8 @@ class _Follower:
             async for line in self.stream:
                 line = secrets.redact(line.rstrip())
                 self.lines.append(line)
+                if self.known is None and known_refusal_fix(line):
+                    self.known = line.strip()[:500]     # a root cause scrolls away under its tracebacks
                 now = time.monotonic()
                 if now - self._last_emit >= 0.5:      # at most two log events a second per service
                     self._last_emit = now
@@ -335,14 +338,14 @@ class Runner:
                                               node=svc.node, fix="check the node and its network, then launch again")
                         if status not in ("running", "created", "restarting"):
                             await asyncio.sleep(0.3)          # let the follower catch the last lines
-                            line = error_line(list(fol.lines))
+                            line = fol.known or error_line(list(fol.lines))
                             raise LaunchError(f"{svc.role} on node {svc.node} stopped ({status}{', ' + detail if detail else ''})"
                                               + (f": {line}" if line else ""), node=svc.node, log_line=line,
                                               fix=known_refusal_fix(line) or
                                               f"read the whole log: docker logs {svc.container} (on {svc.node})")
                         ended = _exit_line(fol.lines)
                         if ended is not None:
-                            line = error_line([ln for ln in fol.lines if EXIT_MARK not in ln])
+                            line = fol.known or error_line([ln for ln in fol.lines if EXIT_MARK not in ln])
                             raise LaunchError(f"{svc.role} on node {svc.node} stopped ({ended})"
                                               + (f": {line}" if line else ""), node=svc.node, log_line=line,
                                               fix=known_refusal_fix(line) or
