@@ -83,6 +83,14 @@ class AlertEngine:
         return [a for a in self.active.values() if a.source == source]
 
     # --- nodes ----------------------------------------------------------------------------------------------
+    def observe_launches(self, groups: Sequence[Any]) -> list[Alert]:
+        """Multi-node launches (nodes/launches.py groups): a member down while the others run is one alert for
+        the whole launch — a tensor-parallel head keeps running without its worker and would otherwise stall
+        silently. `groups` are every labelled launch seen now; launches no longer seen clear."""
+        found = {f"launch:{g.key}": ("bad", f"{g.recipe} × {g.topology} BROKEN: {g.reason}")
+                 for g in groups if g.verdict == "BROKEN"}
+        return self._settle("launch:", "launches", self.clock(), found)
+
     def observe_node(self, node: Any, guards: Sequence[Any] | None = ()) -> list[Alert]:
         name = str(node.name)
         prefix = f"node:{name}:"

@@ -18,6 +18,7 @@ import asyncio
 import json
 import os
 import re
+import secrets
 import shutil
 import subprocess
 import sys
@@ -77,7 +78,10 @@ def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env
         pytest.skip(why)
     root = Path(tempfile.mkdtemp(prefix="sc-topologies-"))
     # Every session on these nodes finds the test engine, with nothing set by the client: a real node's docker.
-    extra = f"SetEnv DOCKER_HOST={docker_engine.host} DOCKER_CONFIG={docker_engine.root / 'client-config'}\n"
+    # LiteLLM's master key too: the router container takes it from the node's environment, by reference.
+    key = "sk-" + secrets.token_hex(16)
+    extra = (f"SetEnv DOCKER_HOST={docker_engine.host} DOCKER_CONFIG={docker_engine.root / 'client-config'} "
+             f"LITELLM_MASTER_KEY={key}\n")
     nodes = start_sshd_nodes(root / "sshd", ADDRESSES, extra_config=extra)
     containers = (f"sc_topo_{os.getpid()}_1", f"sc_topo_{os.getpid()}_2")
     ports = tuple(free_port(a) for a in ADDRESSES)
@@ -98,7 +102,7 @@ def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env
             "served_model_name": tiny_model.name, "router_venv": str(vllm_router_env.path),
             "litellm_venv": str(litellm_env.path)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
-    env.update(SPARKCONSOLE_STATE_DIR=str(root / "state"), NO_COLOR="1")
+    env.update(SPARKCONSOLE_STATE_DIR=str(root / "state"), NO_COLOR="1", SPARKCONSOLE_API_KEY=key)
     yield TopologyBed(root, cluster, recipe, sets, env, nodes, docker_engine, containers, ports)
     keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")      # where to leave the servers' logs for reading
     for c in containers:
@@ -144,6 +148,29 @@ async def stream_chat(url: str, model: str, max_tokens: int, prompt: str = "hell
     return chunks, usage
 
 
+async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60):
+    """The console's view: a ClusterMonitor over the cluster file (the agent reading each node's docker), its
+    containers grouped into launches, and the alert engine's events, until the launch reads `verdict`."""
+    from sparkconsole.alerts import AlertEngine
+    from sparkconsole.config import Thresholds, load_cluster
+    from sparkconsole.nodes.launches import launch_groups
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    monitor = ClusterMonitor(load_cluster(bed.cluster_file), history=4)
+    engine, events = AlertEngine(Thresholds()), []
+    await monitor.start()
+    try:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            groups = [g for g in launch_groups(monitor.nodes.values()) if g.topology == "cluster-tp2"]
+            events += engine.observe_launches(groups)
+            if groups and groups[0].verdict == verdict and len(groups[0].members) == 2:
+                return groups[0], events
+            await asyncio.sleep(0.3)
+        raise AssertionError(f"no launch read {verdict} in {timeout} s: {groups}")
+    finally:
+        await monitor.stop()
+
+
 def scrape(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=30, trust_env=False).text
 
@@ -181,6 +208,14 @@ def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_cl
 
     # The worker goes away: the launch is seen broken (not a silent stall), and restart brings both back.
     bed.engine.run(["kill", bed.containers[1]])
+    group, alerts = asyncio.run(watch_launch(bed, "BROKEN"))
+    assert [(m.node, m.role, m.state) for m in group.members] == [("node1", "server", "running"),
+                                                                  ("node2", "worker", "exited")]
+    assert "tensor-parallel group cannot serve" in group.reason
+    assert [a.message for a in alerts if a.key == f"launch:{group.key}" and a.active and a.severity == "bad"]
+    keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
+    if keep:   # recorded for the console's tests (tests/fixtures/docker-inspect-cluster-tp2-worker-lost.json)
+        (Path(keep) / "inspect.json").write_text(bed.engine.run(["inspect", *bed.containers]).stdout)
     status = bed.sc("recipe", "status", *bed.recipe_args("-T", "cluster-tp2"), timeout=120)
     assert status.returncode == 1, status.stdout + status.stderr
     assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
@@ -275,3 +310,35 @@ def test_disagg_moves_the_kv_cache_over_nixl_and_decode_serves_the_tokens(bed, t
     stop = bed.sc("recipe", "stop", *bed.recipe_args("-T", "disagg", "--yes"), timeout=300)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+
+
+# --- the topology matrix, for real -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(1800)      # seven vLLM CPU start-ups and a LiteLLM proxy on a loaded 2-core machine
+def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tiny_model):
+    from sparkconsole.bench.results import ResultsStore
+    results = bed.root / "matrix.sqlite"
+    topologies = ("solo", "cluster-tp2", "2x-solo-shuffle", "disagg")
+    r = bed.sc("bench", "matrix", "--recipe", *bed.recipe_args("--topologies", ",".join(topologies), "--force"),
+               "--pp", "64", "--tg", "16", "-c", "1,2,4,8", "--runs", "1", "--results", str(results), timeout=1700)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "measured 4, skipped 0, failed 0" in r.stdout and "SIMULATED" not in r.stdout
+    # launched through the runner: the TP group's worker on node2, PD's decode on node2, LiteLLM on node1
+    for needle in ("node2: worker ready", "node2: decode ready", "node1: router ready"):
+        assert needle in r.stderr, r.stderr[-3000:]
+    # the comparison table and the advisor's verdict, from these runs
+    assert "### Decode throughput" in r.stdout and all(t in r.stdout for t in topologies)
+    table = r.stdout.split("### Decode throughput")[1].split("###")[0]
+    rows = [ln for ln in table.splitlines() if re.match(r"\| \d+ \|", ln)]
+    assert [int(row.split("|")[1]) for row in rows] == [1, 2, 4, 8]
+    assert "### When to use which" in r.stdout and re.search(r"\| c1–c\d \| \S+ ", r.stdout), r.stdout[-2000:]
+    with ResultsStore(results) as store:
+        runs = {run.topology: run for run in store.runs()}
+        assert set(runs) == set(topologies)
+        for run in runs.values():
+            assert not run.simulated and run.model == tiny_model.name and run.recipe_hash
+            levels = store.levels(run.run_id)
+            assert [lv.key.concurrency for lv in levels] == [1, 2, 4, 8]
+            for lv in levels:
+                assert lv.metrics["requests_ok"] == lv.key.concurrency, (run.topology, lv.metrics)
+    assert names_on(bed, 0) == [] and names_on(bed, 1) == []         # every topology stopped

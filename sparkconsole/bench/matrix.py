@@ -53,6 +53,7 @@ class MatrixOutcome:
     skipped: list[str] = field(default_factory=list)       # already complete in the results file
     failed: dict[str, str] = field(default_factory=dict)   # topology -> one-line reason
     paused: str | None = None      # "topology after level: why" when `on_failure="pause"` stopped the matrix
+    run_ids: dict[str, str] = field(default_factory=dict)  # topology -> its run in the results file (this call)
 
 
 def recipe_hash(recipe: str) -> str | None:
@@ -101,6 +102,7 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
             say(f"[{i}/{len(topologies)}] {topo}: ready at {url}, sweeping")
             swept = await run_sweep(replace(spec, url=url), store, resume=resume, thermal_probe=thermal_probe,
                                     on_level=on_level, on_progress=on_progress)
+            out.run_ids[topo] = swept.run_id
             if swept.paused_after is not None:
                 # The operator asked to stop at a failed level: this topology is stopped (finally), the rest wait
                 # for --resume, which relaunches it and continues its open run from the next level.

@@ -375,10 +375,21 @@ async def _matrix(args: argparse.Namespace) -> int:
           f"results in {args.results}" + (" (SIMULATED)" if args.demo else ""))
     for topo, why in out.failed.items():
         print(f"  {topo}: {why}")
+    if out.run_ids:
+        _print_comparison(args.results, list(out.run_ids.values()))
     if out.paused is not None:
         print(f"paused at {out.paused} — fix the endpoint, then run the same command with --resume")
         return 1
     return 1 if out.failed else 0
+
+
+def _print_comparison(results: str, run_ids: list[str]) -> None:
+    """The matrix's own runs side by side, and the advisor's verdict on them (`bench report`/`advise` of them)."""
+    from ..bench.advisor import advise, markdown
+    from ..bench.report import comparison_markdown
+    with _existing(results) as store:
+        levels = [lv for r in run_ids for lv in store.levels(r)]
+    sys.stdout.write("\n" + comparison_markdown(levels) + "\n" + markdown(advise(levels)))
 
 
 def _existing(path: str):

@@ -69,6 +69,12 @@ class EndpointSnapshot:
     latency_p50_s: float | None = None     # routers: request duration
     latency_p95_s: float | None = None
     time_scale: float = 1.0                # a simulated server running N× real time (its X-Sim-Speed header)
+    # disaggregation, on the side that receives the KV cache (decode): lifetime, and per transfer in the window
+    kv_in_bytes: float | None = None       # bytes moved in, since start
+    kv_transfers: float | None = None      # transfers in, since start
+    kv_bytes_per_transfer: float | None = None   # recent window (latency window): mean bytes per transfer
+    kv_xfer_p50_s: float | None = None     # recent window: time per transfer
+    kv_external_share: float | None = None  # recent window: share of prompt tokens that arrived, not computed
 
     @property
     def state(self) -> str:
@@ -289,6 +295,7 @@ class EndpointMonitor:
         prompt_tps = gen_tps = None
         hit_rate = em.prefix_hit_rate
         ttft = itl = None
+        kv: dict = {}
         if rate_base is not None:
             rw = m.engine_window(rate_base, scrape)
             # A simulated server's counters run `scale`× faster than the console's clock: rates in its seconds.
@@ -296,13 +303,16 @@ class EndpointMonitor:
         if lat_base is not None:
             lw = m.engine_window(lat_base, scrape)
             ttft, itl = lw.ttft, lw.itl
+            kv = {"kv_bytes_per_transfer": lw.kv_bytes_per_transfer, "kv_xfer_p50_s": _q(lw.kv_xfer, 0.5),
+                  "kv_external_share": lw.external_share}
             if lw.prefix_hit_rate is not None:
                 hit_rate = lw.prefix_hit_rate
         snap = replace(snap, model=model or (em.models[0] if em.models else None), running=em.running,
                        waiting=em.waiting, kv_usage=em.kv_usage, prefix_hit_rate=hit_rate, prompt_tps=prompt_tps,
                        gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
                        itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens, time_scale=scale,
-                       prompt_tokens=em.prompt_tokens)
+                       prompt_tokens=em.prompt_tokens, kv_in_bytes=em.kv_in_bytes, kv_transfers=em.kv_transfers,
+                       **kv)
 
         rm = m.router_metrics(scrape)
         if rm is not None:

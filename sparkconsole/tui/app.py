@@ -18,6 +18,7 @@ from textual.binding import Binding
 from .. import audit
 from ..config import ClusterConfig
 from ..nodes.guard import evaluate_guards
+from ..nodes.launches import launch_groups
 from .palette import ConsoleCommands
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
@@ -205,6 +206,8 @@ class SparkConsoleApp(App):
                 panel.show(nm, guards, now, self.cluster.thresholds)
             if self.alerts is not None:
                 self._take_alerts(self.alerts.observe_node(nm, guards))
+        if dirty:
+            self._show_launches()
         eps, self._dirty_eps = self._dirty_eps, set()
         for name in eps:
             em = self.serving.endpoints.get(name) if self.serving else None
@@ -215,6 +218,13 @@ class SparkConsoleApp(App):
             panel.show(snap, now)
             if self.alerts is not None:
                 self._take_alerts(self.alerts.observe_endpoint(snap, self._endpoint_power(name)))
+
+    def _show_launches(self) -> None:
+        """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
+        groups = launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes if self.node_monitor(n.name))
+        self.dashboard.launches.show(groups)
+        if self.alerts is not None:
+            self._take_alerts(self.alerts.observe_launches(groups))
 
     def _endpoint_power(self, name: str) -> float | None:
         ep = next((e for e in self.cluster.endpoints if e.name == name), None)

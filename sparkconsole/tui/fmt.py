@@ -21,6 +21,16 @@ def gib(b: float | None) -> str:
     return DASH if b is None else f"{b / 2**30:.1f} GiB"
 
 
+def gib_or_mib(b: float | None) -> str:
+    """Sizes from KiB to GiB (a KV transfer of a short prompt is a few hundred KiB)."""
+    if b is None:
+        return DASH
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20)):
+        if b >= scale:
+            return f"{b / scale:.1f} {unit}"
+    return f"{b / 1024:.0f} KiB"
+
+
 def ms(seconds: float | None) -> str:
     if seconds is None:
         return DASH

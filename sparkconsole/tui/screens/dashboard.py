@@ -11,6 +11,7 @@ from textual.widgets import Footer, Header, Input
 from ..widgets.alert_log import AlertLog
 from ..widgets.endpoint_panel import EndpointPanel
 from ..widgets.guard_list import GuardList
+from ..widgets.launch_bar import LaunchBar
 from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
 
@@ -30,6 +31,7 @@ class DashboardScreen(Screen):
         if app.simulated:
             yield SimBadge()
         yield Input(placeholder="filter nodes by name (escape clears)", id="node-filter")
+        yield LaunchBar(id="launches")
         with VerticalScroll(id="nodes"):
             with Grid(id="node-grid"):
                 for node in app.cluster.nodes:
@@ -92,6 +94,10 @@ class DashboardScreen(Screen):
 
     def on_descendant_focus(self) -> None:
         self.app.mark_all_dirty()     # focus may scroll other panels into view
+
+    @property
+    def launches(self) -> LaunchBar:
+        return self.query_one(LaunchBar)
 
     @property
     def events(self) -> AlertLog:

@@ -9,7 +9,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from ..fmt import DASH, duration, ms, num, pct
+from ..fmt import DASH, duration, gib_or_mib, ms, num, pct
 
 
 class EndpointPanel(Static):
@@ -56,6 +56,14 @@ class EndpointPanel(Static):
                          Text(f"req/s {num(snap.requests_per_s, digits=1)}  err/s {num(snap.errors_per_s, digits=1)}",
                               style="red" if (snap.errors_per_s or 0) > 0 else ""),
                          Text(f"latency p50 {ms(snap.latency_p50_s)} p95 {ms(snap.latency_p95_s)}"), Text(""))
+        if snap.kv_transfers:
+            # a decode server of a disaggregated launch: what arrived over the KV connector instead of prefilling
+            grid.add_row(Text(f"KV in {num(snap.kv_transfers)} transfers  {gib_or_mib(snap.kv_in_bytes)}"),
+                         Text(f"per request {gib_or_mib(snap.kv_bytes_per_transfer)}"
+                              f"  xfer p50 {ms(snap.kv_xfer_p50_s)}"),
+                         Text(f"prompt from transfer {pct(snap.kv_external_share)}",
+                              style="yellow" if (snap.kv_external_share or 1) < 0.99 else ""),
+                         Text(""))
         grid.add_row(Text(f"prompt {num(snap.prompt_tps, ' t/s')}  gen {num(snap.gen_tps, ' t/s')}"),
                      Text(f"TTFT p50 {ms(snap.ttft_p50_s)} p95 {ms(snap.ttft_p95_s)}"),
                      Text(f"ITL p50 {ms(snap.itl_p50_s)} p95 {ms(snap.itl_p95_s)}"),

@@ -179,6 +179,11 @@ class NodePanel(Vertical, can_focus=True):
             line.append("  OOMKilled", style="bold red")
         elif c.state == "exited":
             line.append(f"  exit {num(c.exit_code)}", style=grey or "red")
+        labels = dict(c.labels)
+        if labels.get("sparkconsole.topology"):
+            # which launch it belongs to: a worker's row alone does not say it serves another node's endpoint
+            line.append(f"  {labels.get('sparkconsole.recipe', '?')} × {labels['sparkconsole.topology']} "
+                        f"{labels.get('sparkconsole.role', '')}", style=grey or "cyan")
         return line
 
     def action_logs(self) -> None:
