@@ -1,0 +1,59 @@
+"""`sparkconsole model` / `image` on this machine as the one node (no cluster file): real cache directories,
+one-line errors for bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sparkconsole.cli import main
+
+
+@pytest.fixture
+def here(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    hub = tmp_path / "hub"
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    snap = hub / "models--org--m" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (hub / "models--org--m" / "blobs").mkdir()
+    (hub / "models--org--m" / "blobs" / "b1").write_bytes(b"x" * 1000)
+    (snap / "config.json").symlink_to("../../blobs/b1")
+    half = hub / "models--org--half" / "snapshots" / "abc"
+    half.mkdir(parents=True)
+    (half / "model.safetensors").symlink_to("../../blobs/missing")      # a download cut short
+    return hub
+
+
+def test_model_list_json_and_text(here, capsys):
+    assert main(["model", "list", "--json"]) == 0
+    [row] = json.loads(capsys.readouterr().out)
+    assert row["hub"] == str(here)
+    assert {m["model"]: (m["size"], m["complete"]) for m in row["models"]} == {"org/m": (1000, True),
+                                                                               "org/half": (0, False)}
+    assert main(["model", "list"]) == 0
+    out = capsys.readouterr().out
+    assert "org/m" in out and "complete" in out and "INCOMPLETE" in out
+
+
+def test_model_rm_removes_from_the_named_node(here, capsys):
+    assert main(["model", "list", "--json"]) == 0
+    node = json.loads(capsys.readouterr().out)[0]["node"]
+    assert main(["model", "rm", "org/m", "--node", node, "--yes"]) == 0
+    assert "removed org/m" in capsys.readouterr().out and not (here / "models--org--m").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["model", "pull", "not a model", "--yes"], "MODEL: bad model id 'not a model' — fix:"),
+    (["model", "rm", "org/m", "--yes"], "--node: model rm needs the nodes to remove it from — fix:"),
+    (["model", "pull", "org/m", "--node", "nosuch", "--yes"], "--node: unknown node 'nosuch' — fix: use one of:"),
+    (["image", "pull", "a b", "--yes"], "IMAGE: bad image name 'a b' — fix:"),
+    (["model", "pull", "org/m"], "--yes: this changes the nodes and there is no terminal to confirm on"),
+])
+def test_bad_input_is_one_line(here, capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
