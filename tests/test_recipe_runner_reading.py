@@ -131,3 +131,11 @@ def test_repeated_nested_key_in_a_recipe_is_read_last():
             "defaults:\n  port: 1\n  port: 2\n")
     r = parse_recipe(load_text(text, "r.yaml", duplicates="last"))
     assert r.defaults == {"port": 2} and "r.yaml:7: duplicate key 'port' (first on line 6)" in r.warnings[0]
+
+
+def test_env_as_an_empty_list_is_no_variables_as_the_runner_reads_it():
+    r = load_recipe(FIX / "env-empty-list.yaml")
+    assert dict(r.env) == {} and any("env is an empty list" in w for w in r.warnings)
+    with pytest.raises(UserError, match="env: expected dict"):
+        parse_recipe(load_text('recipe_version: "1"\nname: n\ncontainer: c\ncommand: vllm serve m\nenv: [A]\n',
+                               "r.yaml"))

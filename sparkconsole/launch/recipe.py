@@ -282,6 +282,11 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
             raise doc.error(("defaults", k), f"bad placeholder name {str(k)[:40]!r}", "use letters, digits and _")
         if isinstance(v, (dict, list)):
             raise doc.error(("defaults", k), "a default must be a single value", "write a number or a text value")
+    if data.get("env") == []:
+        # The runner exports env only `if env_vars:`, so an empty list passes there: read it as no variables.
+        warnings.append(f"{doc.file}:{doc.line(('env',))}: env is an empty list; read as no variables, as the "
+                        "runner does — fix: write 'env: {}'")
+        data = {**data, "env": {}}
     env_raw = r.mapping(data, (), "env", "write 'env:' with one 'NAME: value' per line")
     env: dict[str, str] = {}
     for k, v in env_raw.items():
