@@ -70,6 +70,13 @@ def free(path):
         path = os.path.dirname(path) or "/"
     st = os.statvfs(path)
     return st.f_bavail * st.f_frsize
+def pump(src, dst):
+    while True:
+        b = src.read(1 << 20)
+        if not b:
+            break
+        dst.write(b)
+    dst.flush()
 mode, args = sys.argv[1], sys.argv[2:]
 try:
     if mode == "list":
@@ -102,26 +109,14 @@ try:
         with open(p, "ab") as f:
             f.truncate(off)
             f.seek(off)
-            src = sys.stdin.buffer
-            while True:
-                b = src.read(1 << 20)
-                if not b:
-                    break
-                f.write(b)
-            f.flush()
+            pump(sys.stdin.buffer, f)
             os.fsync(f.fileno())
         print(json.dumps({"size": os.path.getsize(p)}))
     elif mode == "read":
         p = os.path.join(H, safe(args[0]), safe(args[1]))
         with open(p, "rb") as f:
             f.seek(int(args[2]))
-            out = sys.stdout.buffer
-            while True:
-                b = f.read(1 << 20)
-                if not b:
-                    break
-                out.write(b)
-            out.flush()
+            pump(f, sys.stdout.buffer)
     elif mode == "commit":
         name = safe(args[0])
         staged, final = os.path.join(S, name), os.path.join(H, name)

@@ -70,3 +70,13 @@ def bash_command_lines(text: str) -> list[tuple[int, str]]:
         i += 1
     lines.append((start, "".join(cur).strip()))
     return [(no, ln) for no, ln in lines if ln]
+
+
+def command_warnings(command: str, file: str, line: int | None) -> list[str]:
+    """Where bash (the runner's reader) sees more than one command: each extra line runs only after vLLM
+    exits, so its flags never reach vLLM. Typically a commented-out flag in the middle of a continued command,
+    whose comment swallows the trailing backslash. Planned as the runner runs it (under bash), and said."""
+    commands = bash_command_lines(command)
+    return [f"{file}:{line}: command: line {no} of the command ({text[:40]!r}) is a command of its own as bash "
+            "reads it (the line before it does not continue; a comment swallows its trailing backslash) — "
+            "fix: join it to the vllm command or delete it" for no, text in commands[1:]]

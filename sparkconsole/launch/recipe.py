@@ -33,7 +33,7 @@ from typing import Any, Mapping
 
 from ..errors import UserError
 from ..yamlsrc import Located, load_file
-from .bashread import bash_command_lines
+from .bashread import command_warnings
 
 TOPOLOGIES = ("solo", "cluster-tp2", "2x-solo", "disagg")
 COMMUNITY_KEYS = {"recipe_version", "name", "description", "model", "container", "command", "defaults", "env",
@@ -273,7 +273,7 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_./:@-]{0,255}$", container):
         raise doc.error(("container",), f"bad image name {container[:60]!r}", "write an image reference like vllm-node:tag")
     command = r.get(data, (), "command", str, None, "write the vllm serve command as a block (command: |)")
-    warnings += _command_warnings(command, doc.file, doc.line(("command",)))
+    warnings += command_warnings(command, doc.file, doc.line(("command",)))
     description = r.get(data, (), "description", str, "", "write one line of text")
     model = r.get(data, (), "model", str, None, "write the Hugging Face model id, e.g. openai/gpt-oss-120b")
     defaults = r.mapping(data, (), "defaults", "write 'defaults:' with one 'name: value' per line")
@@ -428,16 +428,6 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
 
 
 ROUTER_CHOICES = ("vllm-router", "simple-shuffle", "least-busy")
-
-
-def _command_warnings(command: str, file: str, line: int | None) -> list[str]:
-    """Where bash (the runner's reader) sees more than one command: each extra line runs only after vLLM
-    exits, so its flags never reach vLLM. Typically a commented-out flag in the middle of a continued command,
-    whose comment swallows the trailing backslash. Planned as the runner runs it (under bash), and said."""
-    commands = bash_command_lines(command)
-    return [f"{file}:{line}: command: line {no} of the command ({text[:40]!r}) is a command of its own as bash "
-            "reads it (the line before it does not continue; a comment swallows its trailing backslash) — "
-            "fix: join it to the vllm command or delete it" for no, text in commands[1:]]
 
 
 def _iface(r: _Reader, m: Mapping, path: tuple, key: str) -> str | None:
