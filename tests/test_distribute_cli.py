@@ -57,3 +57,16 @@ def test_bad_input_is_one_line(here, capsys, argv, message):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_paths_and_links_a_node_reports_are_checked():
+    from sparkconsole.distribute.nodescript import check_link, check_rel
+    from sparkconsole.errors import UserError
+    assert check_link("snapshots/abc/config.json", "../../blobs/b1") == "../../blobs/b1"
+    for rel, target in (("snapshots/abc/x", "/etc/passwd"), ("snapshots/abc/x", "../../../../etc/passwd"),
+                        ("snapshots/abc/x", "")):
+        with pytest.raises(UserError, match="leaves the model's directory"):
+            check_link(rel, target)
+    for rel in ("../x", "/abs", "a/../../b", ""):
+        with pytest.raises(UserError, match="unsafe path"):
+            check_rel(rel)

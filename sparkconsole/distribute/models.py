@@ -18,7 +18,7 @@ from typing import Callable, Mapping, Sequence
 from .. import audit
 from ..errors import UserError
 from ..nodes.transport import Transport, TransportError
-from .nodescript import STAGE_DIR, cache_dir_name, check_rel, model_id, node_argv
+from .nodescript import STAGE_DIR, cache_dir_name, check_link, check_rel, model_id, node_argv
 from .progress import Progress, human
 from .relay import CHUNK, RelayError, relay
 
@@ -179,7 +179,8 @@ async def copy_model(src: Transport, dst: Transport, model: str, entries: list, 
             raise UserError(f"{src.node.name}: {rel} changed while it was copied ({got} of {n - off} bytes)",
                             fix="run the same command again")
         moved += got
-    entries_json = json.dumps([[check_rel(r), k, n, t] for r, k, n, t in entries]).encode()
+    entries_json = json.dumps([[check_rel(r), k, n, check_link(r, t) if k == "l" else None]
+                               for r, k, n, t in entries]).encode()
     await node_call(dst, "commit", name, input=entries_json)
     if on_progress:
         on_progress(prog, True)

@@ -176,6 +176,17 @@ def check_rel(rel: str) -> str:
     return rel
 
 
+def check_link(rel: str, target: str) -> str:
+    """A snapshot link a node reported: relative, and pointing inside the model's directory (huggingface_hub
+    writes `../../blobs/<hash>`), so a copy never plants a link to elsewhere on the receiving node."""
+    import posixpath
+    inside = posixpath.normpath(posixpath.join(posixpath.dirname(rel), target or ""))
+    if not target or target.startswith("/") or inside.startswith("..") or "\x00" in target:
+        raise UserError(f"a node reported a link {rel[:60]!r} → {str(target)[:60]!r} that leaves the model's "
+                        "directory", fix="check the model's cache directory on the source node")
+    return target
+
+
 def node_argv(env: Sequence[tuple[str, str]], python: str, mode: str, *args: str) -> list[str]:
     """The argv running NODE_SCRIPT on a node, with the node's environment (e.g. HF_HUB_CACHE) in front."""
     return ["env", *(f"{k}={v}" for k, v in env), python, "-c", NODE_SCRIPT, mode, *args]
