@@ -70,3 +70,23 @@ def test_paths_and_links_a_node_reports_are_checked():
     for rel in ("../x", "/abs", "a/../../b", ""):
         with pytest.raises(UserError, match="unsafe path"):
             check_rel(rel)
+
+
+def test_progress_rate_and_eta():
+    from sparkconsole.distribute.progress import Progress
+    now = [100.0]
+    p = Progress("m → spark2", total=4 * 1024**3, started=100.0, clock=lambda: now[0])
+    assert p.eta_s is None and "ETA --:--" in p.line()
+    now[0] = 110.0
+    p.add(1024**3)                                   # 1 GiB in 10 s
+    assert p.rate == pytest.approx(1024**3 / 10) and p.eta_s == pytest.approx(30.0)
+    assert "25.0%" in p.line() and "1.0 GiB/4.0 GiB" in p.line() and "ETA 00:30" in p.line()
+
+
+def test_from_node_is_added_to_the_nodes_it_reads():
+    from sparkconsole.commands.model import picked
+    from sparkconsole.config import ClusterConfig, NodeConfig
+    c = ClusterConfig(nodes=tuple(NodeConfig(name=f"s{i}", address=f"10.0.0.{i}") for i in (1, 2, 3)), endpoints=())
+    assert [n.name for n in picked(c, ["s2"], "s1")] == ["s2", "s1"]
+    assert [n.name for n in picked(c, None, "s1")] == ["s1", "s2", "s3"]
+    assert [n.name for n in picked(c, ["s3,s2"])] == ["s3", "s2"]

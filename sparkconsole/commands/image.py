@@ -42,7 +42,7 @@ async def run(args: argparse.Namespace) -> int:
     from ..distribute.progress import Printer, human
 
     cluster = cluster_of(args)
-    nodes = picked(cluster, args.nodes)
+    nodes = picked(cluster, args.nodes, getattr(args, "source", None))
     action = args.image_command
     if args.image:
         images.check_image(args.image)

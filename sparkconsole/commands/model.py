@@ -56,10 +56,14 @@ def cluster_of(args: argparse.Namespace) -> ClusterConfig:
     return load_cluster(path) if path else local_cluster()
 
 
-def picked(cluster: ClusterConfig, wanted: Sequence[str] | None) -> list:
+def picked(cluster: ClusterConfig, wanted: Sequence[str] | None, source: str | None = None) -> list:
+    """The --node list (default: every node), plus the --from node when it is not in it: a source is read, not
+    changed, so `pull M --node spark2 --from spark1` copies from spark1 to spark2 only."""
     names = [n for w in (wanted or []) for n in w.split(",") if n]
     if not names:
         return list(cluster.nodes)
+    if source and source not in names:
+        names.append(source)
     known = {n.name: n for n in cluster.nodes}
     for n in names:
         if n not in known:
@@ -90,7 +94,7 @@ async def run(args: argparse.Namespace) -> int:
     from ..distribute.progress import Printer, human
 
     cluster = cluster_of(args)
-    nodes = picked(cluster, args.nodes)
+    nodes = picked(cluster, args.nodes, getattr(args, "source", None))
     action = args.model_command
     if action == "rm" and not args.nodes:
         raise UserError("model rm needs the nodes to remove it from", field="--node",
