@@ -24,10 +24,11 @@ Path_ = tuple[str | int, ...]
 class Located:
     """A loaded document plus a map from key paths to 1-based line numbers."""
 
-    def __init__(self, data: Any, lines: dict[Path_, int], file: str) -> None:
+    def __init__(self, data: Any, lines: dict[Path_, int], file: str, warnings: list[str] | None = None) -> None:
         self.data = data
         self.lines = lines
         self.file = file
+        self.warnings = warnings or []     # e.g. a repeated key read the loader's way (duplicates="last")
 
     def line(self, path: Path_) -> int | None:
         # Walk up until a known path: a missing field is reported at its parent mapping.
@@ -44,8 +45,12 @@ class Located:
 
 
 class _Budget:
-    def __init__(self) -> None:
+    """What one walk shares: the expanded-node budget, how repeated keys are read, the warnings they leave."""
+
+    def __init__(self, duplicates: str = "error") -> None:
         self.left = MAX_NODES
+        self.duplicates = duplicates
+        self.warnings: list[str] = []
 
 
 def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], depth: int, file: str, budget: _Budget) -> Any:
@@ -64,10 +69,19 @@ def _walk(node: yaml.Node, path: Path_, lines: dict[Path_, int], depth: int, fil
             if not isinstance(key, (str, int, float, bool)) or key is None:
                 raise UserError("mapping keys must be plain scalars", file=file, line=knode.start_mark.line + 1,
                                 fix="use a plain name as the key")
-            if key in out:
-                raise UserError(f"duplicate key {key!r}", file=file, line=knode.start_mark.line + 1,
-                                fix="remove one of the two entries")
             kp = path + (str(key),)
+            if key in out:
+                if budget.duplicates != "last":
+                    raise UserError(f"duplicate key {key!r}", file=file, line=knode.start_mark.line + 1,
+                                    fix="remove one of the two entries")
+                # PyYAML's safe_load (what spark-vllm-docker's runner uses) keeps the last: so do we, and say so.
+                first = lines.get(kp)
+                budget.warnings.append(
+                    f"{file}:{knode.start_mark.line + 1}: duplicate key {str(key)[:40]!r} (first on line {first}); "
+                    "the last one is read, as the runner's YAML loader does — fix: remove one of the two")
+                for stale in [p for p in lines if p[:len(kp)] == kp]:
+                    del lines[stale]
+                del out[key]
             lines[kp] = knode.start_mark.line + 1
             out[str(key) if not isinstance(key, str) else key] = _walk(vnode, kp, lines, depth + 1, file, budget)
         return out
@@ -89,8 +103,9 @@ def _scalar(node: yaml.Node, file: str) -> Any:
         loader.dispose()
 
 
-def load_text(text: str, file: str) -> Located:
-    """Parse YAML text; every failure is a one-line UserError naming `file` and the line."""
+def load_text(text: str, file: str, duplicates: str = "error") -> Located:
+    """Parse YAML text; every failure is a one-line UserError naming `file` and the line. A repeated key is an
+    error, or with duplicates="last" (recipes: read as the runner reads them) the last wins with a warning."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         raise UserError(f"file larger than {MAX_BYTES} bytes", file=file, fix="this is not a config file; check the path")
     try:
@@ -110,11 +125,12 @@ def load_text(text: str, file: str) -> Located:
     lines: dict[Path_, int] = {}
     if node is None:
         return Located(None, {(): 1}, file)
+    budget = _Budget(duplicates)
     try:
-        data = _walk(node, (), lines, 0, file, _Budget())
+        data = _walk(node, (), lines, 0, file, budget)
     except RecursionError:
         raise UserError("nesting too deep", file=file, fix="flatten the document") from None
-    return Located(data, lines, file)
+    return Located(data, lines, file, budget.warnings)
 
 
 def read_user_file(path: str | Path, max_bytes: int) -> bytes:
@@ -133,11 +149,11 @@ def read_user_file(path: str | Path, max_bytes: int) -> bytes:
     return raw
 
 
-def load_file(path: str | Path) -> Located:
+def load_file(path: str | Path, duplicates: str = "error") -> Located:
     p = Path(path)
     raw = read_user_file(p, MAX_BYTES)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise UserError(f"not UTF-8 text (byte {exc.start})", file=str(p), fix="save the file as UTF-8") from None
-    return load_text(text, str(p))
+    return load_text(text, str(p), duplicates)

@@ -215,7 +215,15 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     shell when the command uses shell operators and runs under `bash -c`, its values then quoted for that
     shell."""
     recipe.render_command(params)            # names a missing placeholder with the file and line
-    template = re.sub(r"\\[ \t]*\r?\n", " ", recipe.command).strip()
+    # The runner writes the command into a bash script: read it as bash does (comments dropped, a line that
+    # does not end in a backslash ends the command). One command → argv; several → the shell path below.
+    from .bashread import bash_command_lines
+    commands = [text for _, text in bash_command_lines(recipe.command)]
+    template = "\n".join(commands)
+    if len(commands) > 1:
+        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
+        text = template.format(**quoted)
+        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
     try:
         words = shlex.split(template)
     except ValueError as exc:

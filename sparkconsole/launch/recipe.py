@@ -33,6 +33,7 @@ from typing import Any, Mapping
 
 from ..errors import UserError
 from ..yamlsrc import Located, load_file
+from .bashread import command_warnings
 
 TOPOLOGIES = ("solo", "cluster-tp2", "2x-solo", "disagg")
 COMMUNITY_KEYS = {"recipe_version", "name", "description", "model", "container", "command", "defaults", "env",
@@ -254,8 +255,9 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
     if not isinstance(data, dict):
         raise doc.error((), "a recipe must be a mapping with name, container and command",
                         "start the file with 'recipe_version: \"1\"' then 'name: …'")
-    warnings = [f"{doc.file}:{doc.line((k,))}: unknown key {str(k)[:40]!r} (kept, not used)"
-                for k in data if k not in COMMUNITY_KEYS and k != SECTION]
+    warnings = list(doc.warnings)
+    warnings += [f"{doc.file}:{doc.line((k,))}: unknown key {str(k)[:40]!r} (kept, not used)"
+                 for k in data if k not in COMMUNITY_KEYS and k != SECTION]
     for req in ("name", "container", "command"):
         if data.get(req) in (None, ""):
             raise doc.error((req,) if req in data else (), f"missing required field {req!r}",
@@ -273,6 +275,7 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
     if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_./:@-]{0,255}$", container):
         raise doc.error(("container",), f"bad image name {container[:60]!r}", "write an image reference like vllm-node:tag")
     command = r.get(data, (), "command", str, None, "write the vllm serve command as a block (command: |)")
+    warnings += command_warnings(command, doc.file, doc.line(("command",)))
     description = r.get(data, (), "description", str, "", "write one line of text")
     model = r.get(data, (), "model", str, None, "write the Hugging Face model id, e.g. openai/gpt-oss-120b")
     defaults = r.mapping(data, (), "defaults", "write 'defaults:' with one 'name: value' per line")
@@ -281,6 +284,11 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
             raise doc.error(("defaults", k), f"bad placeholder name {str(k)[:40]!r}", "use letters, digits and _")
         if isinstance(v, (dict, list)):
             raise doc.error(("defaults", k), "a default must be a single value", "write a number or a text value")
+    if data.get("env") == []:
+        # The runner exports env only `if env_vars:`, so an empty list passes there: read it as no variables.
+        warnings.append(f"{doc.file}:{doc.line(('env',))}: env is an empty list; read as no variables, as the "
+                        "runner does — fix: write 'env: {}'")
+        data = {**data, "env": {}}
     env_raw = r.mapping(data, (), "env", "write 'env:' with one 'NAME: value' per line")
     env: dict[str, str] = {}
     for k, v in env_raw.items():
@@ -454,7 +462,8 @@ def _router_impl(r: _Reader, m: Mapping, path: tuple, key: str, dflt: RouterImpl
 
 
 def load_recipe(path: str | Path) -> Recipe:
-    return parse_recipe(load_file(path), Path(path).stem)
+    # duplicates="last": a repeated key is read as the runner's PyYAML safe_load reads it, with a warning.
+    return parse_recipe(load_file(path, duplicates="last"), Path(path).stem)
 
 
 # --- where recipes live ----------------------------------------------------------------------------------------

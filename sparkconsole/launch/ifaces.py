@@ -1,0 +1,125 @@
+"""The link interfaces of a node, discovered over its transport (issue 18, item 5).
+
+As spark-vllm-docker's autodiscover does: `ibdev2netdev`'s Up ports give the RDMA devices (ib_if, comma-joined,
+for NCCL_IB_HCA) and, among their network devices, the ones with an IPv4 address are the Ethernet candidates
+(eth_if: the first whose name has no capital P — each ConnectX-7 port of a Spark has two names, enp1s0f1np1 and
+enP2p1s0f1np1, and the lower-case one is the one the playbooks use — else the first). Where there is no RDMA
+device (no ibdev2netdev, nothing Up, as on the test bed), the interface that routes to the peer's address
+(`ip -o route get PEER`) is the link, and ib_if stays None.
+
+Pure parsers plus one async `discover(transport, peer_address)`; the cluster file or the flags override
+what it finds (the plan's business, launch/plan.py).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+from dataclasses import dataclass
+
+from ..errors import UserError
+
+_IBDEV_RE = re.compile(r"^(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)")
+_SECTION = "----sparkconsole-ifaces----"
+
+
+@dataclass(frozen=True)
+class IbPort:
+    device: str          # the RDMA device, e.g. rocep1s0f1 (what NCCL_IB_HCA names)
+    port: int
+    netdev: str          # its network device, e.g. enp1s0f1np1
+    up: bool
+
+
+def parse_ibdev2netdev(text: str) -> list[IbPort]:
+    """`ibdev2netdev` lines (`rocep1s0f1 port 1 ==> enp1s0f1np1 (Up)`); other lines are skipped."""
+    out = []
+    for line in text.splitlines():
+        m = _IBDEV_RE.match(line.strip())
+        if m:
+            out.append(IbPort(m.group(1), int(m.group(2)), m.group(3), m.group(4).lower() == "up"))
+    return out
+
+
+def parse_ipv4_addrs(text: str) -> dict[str, list[str]]:
+    """`ip -o -4 addr show` → interface → its IPv4 addresses (CIDR), in order."""
+    out: dict[str, list[str]] = {}
+    for line in text.splitlines():
+        words = line.split()
+        # "4: eth0    inet 192.0.2.2/24 brd … scope global eth0\ …"
+        if len(words) >= 4 and words[2] == "inet":
+            out.setdefault(words[1].split("@", 1)[0], []).append(words[3])
+    return out
+
+
+def parse_route_get(text: str) -> str | None:
+    """`ip -o route get ADDR` → the device the route leaves by (`… dev lo src …`), None if there is none."""
+    words = text.split()
+    for i, w in enumerate(words[:-1]):
+        if w == "dev":
+            return words[i + 1]
+    return None
+
+
+def choose(ports: list[IbPort], addrs: dict[str, list[str]]) -> tuple[str | None, str | None]:
+    """(eth_if, ib_if) from the Up RDMA ports, as autodiscover chooses them; (None, None) when none is Up."""
+    up = [p for p in ports if p.up]
+    ib_if = ",".join(dict.fromkeys(p.device for p in up)) or None
+    candidates = [p.netdev for p in up if addrs.get(p.netdev)]
+    eth_if = next((c for c in candidates if "P" not in c), candidates[0] if candidates else None)
+    return eth_if, ib_if
+
+
+def probe_command(peer_address: str) -> str:
+    """One shell command printing the three outputs, separated; a missing ibdev2netdev prints nothing."""
+    return " ; ".join([
+        "command -v ibdev2netdev >/dev/null 2>&1 && ibdev2netdev 2>/dev/null",
+        f"echo {_SECTION}",
+        "ip -o -4 addr show 2>/dev/null",
+        f"echo {_SECTION}",
+        f"ip -o route get {shlex.quote(peer_address)} 2>&1",
+    ])
+
+
+def parse_probe(text: str) -> tuple[str | None, str | None, str]:
+    """The probe's output → (eth_if, ib_if, how): how says where each came from, for the plan."""
+    parts = text.split(_SECTION)
+    if len(parts) != 3:
+        raise ValueError("unexpected probe output")
+    ibdev, addrs, route = (p.strip("\n") for p in parts)
+    ports = parse_ibdev2netdev(ibdev)
+    eth_if, ib_if = choose(ports, parse_ipv4_addrs(addrs))
+    if eth_if and ib_if:
+        return eth_if, ib_if, "ibdev2netdev (Up ports; the one with an address for Ethernet)"
+    dev = parse_route_get(route)
+    if ib_if:
+        return dev, ib_if, "ibdev2netdev (Up ports; no Up port has an address: Ethernet from the route to the peer)"
+    return dev, None, "route to the peer (no RDMA port Up)"
+
+
+async def discover(transport, peer_address: str) -> tuple[str | None, str | None, str]:
+    """(eth_if, ib_if, how) of the node behind `transport`, for the link to `peer_address`. A node that cannot be
+    read, or an address that is not one, is a one-line UserError."""
+    try:
+        ipaddress.ip_address(peer_address)
+    except ValueError:
+        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9.-]{0,252}$", peer_address or ""):
+            raise UserError(f"bad peer address {str(peer_address)[:60]!r}", field="address",
+                            fix="write an IP address or a host name") from None
+    node = getattr(getattr(transport, "node", None), "name", "node")
+    from ..nodes.transport import TransportError   # lazy: keeps the parsers importable without asyncssh
+    try:
+        res = await transport.run(["sh", "-c", probe_command(peer_address)], timeout=20)
+    except TransportError as exc:
+        raise UserError(f"{node}: cannot discover the link interfaces ({exc})",
+                        fix="check that the node is reachable, or set eth_if/ib_if in the cluster file") from None
+    try:
+        eth_if, ib_if, how = parse_probe(res.stdout)
+    except ValueError:
+        raise UserError(f"{node}: cannot discover the link interfaces (no shell output)",
+                        fix="set eth_if/ib_if in the cluster file or with --eth-if/--ib-if") from None
+    if eth_if is None:
+        raise UserError(f"{node}: no interface routes to {peer_address} and no RDMA port is Up",
+                        fix="check the cable and the addresses, or set eth_if/ib_if in the cluster file")
+    return eth_if, ib_if, how
