@@ -100,6 +100,8 @@ class SparkConsoleApp(App):
             from ..alerts import AlertEngine
             self.alerts = AlertEngine(self.cluster.thresholds)
         await self.switch_mode("dashboard")
+        if self.read_only:
+            self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
         # Importing the SSH and HTTP stacks and connecting take longer than a frame: never before the first one.
