@@ -10,7 +10,6 @@ node-changing action). The page is textual-serve's own, minus its web-font link:
 
 from __future__ import annotations
 
-import os
 import re
 import shlex
 import sys
@@ -45,15 +44,13 @@ def _page_template() -> str:
 class ConsoleServer(Server):
     def __init__(self, listen: Listen, *, token: str | None, read_only: bool, demo: bool,
                  cluster: str | None = None) -> None:
-        super().__init__(shlex.join(console_argv(demo=demo, cluster=cluster)), host=listen.host, port=listen.port,
-                         title="sparkconsole" + (" (read-only)" if read_only else ""))
+        # Read-only is said in the child's environment, whatever this process's environment says.
+        env = ["env", f"{READ_ONLY_ENV}=1"] if read_only else ["env", "-u", READ_ONLY_ENV]
+        super().__init__(shlex.join(env + console_argv(demo=demo, cluster=cluster)), host=listen.host,
+                         port=listen.port, title="sparkconsole" + (" (read-only)" if read_only else ""))
         self.listen = listen
         self.token = token
         self.read_only = read_only
-        if read_only:
-            os.environ[READ_ONLY_ENV] = "1"          # inherited by every console child (textual-serve copies environ)
-        else:
-            os.environ.pop(READ_ONLY_ENV, None)
 
     def _authorised(self, request: web.Request) -> bool:
         if self.token is None:
