@@ -19,7 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from prometheus_client.registry import Collector
 
 from ..nodes.samples import REASON_BITS, NodeState
-from .readings import Readings, guards_of
+from .readings import Readings
 
 P = "sparkconsole_"
 GUARD_LEVEL = {"ok": 0, "warn": 1, "bad": 2}      # `unknown` has no level: the series is absent
@@ -175,7 +175,7 @@ class ConsoleCollector(Collector):
             fam.set("memory_pressure_full_avg10_ratio", "PSI memory `full` avg10: share of time all tasks waited "
                     "on memory (0..1).", ("node",), [n],
                     None if t.pressure.full_avg10 is None else t.pressure.full_avg10 / 100)
-        for r in guards_of(nm):
+        for r in self.readings.guards(nm):
             fam.set("oom_guard_state", "OOM guard: 0 ok, 1 warn, 2 bad (absent: unknown). See oom_guard_info.",
                     ("node", "guard"), [n, r.key], GUARD_LEVEL.get(r.status))
             fam.info("oom_guard", "OOM guard: its title, status and the command that fixes it.",

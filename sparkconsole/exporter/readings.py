@@ -39,11 +39,21 @@ class Readings:
         self.serving = serving
         self.alerts = alerts or AlertEngine(cluster.thresholds)
         self._unsub: list[Callable[[], None]] = []
+        self._guards: dict[str, tuple[object, tuple, list[GuardResult]]] = {}   # name -> (tick, containers, results)
         self._ep_node = {e.name: e.node for e in cluster.endpoints}
 
     # --- feeding the alert engine, as the console does on each redraw -------------------------------------
+    def guards(self, nm) -> list[GuardResult]:
+        """guards_of(nm), computed once per tick (the alert feed and every scrape read the same results)."""
+        cached = self._guards.get(nm.name)
+        if cached is not None and cached[0] is nm.last and cached[1] is nm.containers:
+            return cached[2]
+        results = guards_of(nm)
+        self._guards[nm.name] = (nm.last, nm.containers, results)
+        return results
+
     def _node_changed(self, nm) -> None:
-        self.alerts.observe_node(nm, guards_of(nm))
+        self.alerts.observe_node(nm, self.guards(nm))
 
     def _endpoint_changed(self, em) -> None:
         snap = getattr(em, "latest", None)
