@@ -10,7 +10,6 @@ import html
 import json
 import time
 import urllib.parse
-from pathlib import Path
 
 import pytest
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -25,7 +24,7 @@ from sparkconsole.nodes.samples import NodeState
 from sparkconsole.tui.app import SparkConsoleApp
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.webface.server import COOKIE, ConsoleServer
-from tests.helpers import free_port, wait_for
+from tests.helpers import free_port, until, wait_for
 from tests.test_tui_app import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,15 +149,6 @@ class Screen:
         return _ANSI.sub("", self.raw)
 
 
-async def _until(pred, timeout: float, what: str) -> float:
-    t0 = time.monotonic()
-    while time.monotonic() - t0 < timeout:
-        if pred():
-            return time.monotonic() - t0
-        await asyncio.sleep(0.05)
-    pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
-
-
 @pytest.mark.slow
 async def test_browser_shows_the_demo_console(tmp_path):
     """`sparkconsole serve --demo --read-only` in a subprocess, Debian's chromium through Playwright."""
@@ -182,7 +172,7 @@ async def test_browser_shows_the_demo_console(tmp_path):
                 # Only this machine: anything the page asks of another host is refused here, not sent.
                 await page.route(re.compile(r"^(?!https?://127\.0\.0\.1[:/]|ws://127\.0\.0\.1[:/]).*"),
                                  lambda route: route.abort())
-                await _until(lambda: _listening(port), 60, "the server to listen")
+                await until(lambda: _listening(port), 60, "the server to listen")
                 resp = await page.goto(base + "/")
                 assert resp.status == 401                                   # no token: refused
                 screen = Screen()
@@ -191,29 +181,28 @@ async def test_browser_shows_the_demo_console(tmp_path):
                 resp = await page.goto(base + f"/?token={TOKEN}")
                 assert resp.status == 200 and TOKEN not in page.url
                 temp = re.compile(r"\b\d{2,3}(\.\d)? ?°C")
-                await _until(lambda: temp.search(screen.text), 120, "a simulated node's temperature")
+                await until(lambda: temp.search(screen.text), 120, "a simulated node's temperature")
                 first_temp_s = time.monotonic() - t0
                 print(f"\nbrowser: page open to first temperature {first_temp_s:.2f} s")
                 # The first frames can pass before the frame listener is attached: a resize repaints everything.
                 await page.set_viewport_size({"width": 1680, "height": 1050})
-                await _until(lambda: "read-only console" in screen.text, 30, "the read-only notice")
+                await until(lambda: "read-only console" in screen.text, 30, "the read-only notice")
                 assert "SIMULATED" in screen.text
-                await _until(lambda: "spark2" in screen.text, 30, "both nodes")
+                await until(lambda: "spark2" in screen.text, 30, "both nodes")
                 await asyncio.sleep(2)                 # a few ticks: the graphs have something to draw
                 await page.screenshot(path=str(shots / "browser-dashboard.png"))
                 assert "Restart vLLM" not in screen.text
                 mark = len(screen.raw)
                 await page.keyboard.press("Tab")       # focus a node panel: its keys show in the footer
-                await _until(lambda: re.search(r"l\s*Logs", _ANSI.sub("", screen.raw[mark:])), 30,
+                await until(lambda: re.search(r"l\s*Logs", _ANSI.sub("", screen.raw[mark:])), 30,
                              "a node panel's keys in the footer")
                 await page.keyboard.press("r")
                 await asyncio.sleep(1)
                 after = _ANSI.sub("", screen.raw[mark:])
                 assert "Restart vLLM" not in after and "docker restart" not in after
-                Path("/tmp/serve-after.txt").write_text(after)
                 mark = len(screen.raw)
                 await page.keyboard.press("3")
-                await _until(lambda: "Start sweep" in _ANSI.sub("", screen.raw[mark:]), 30, "the bench screen")
+                await until(lambda: "Start sweep" in _ANSI.sub("", screen.raw[mark:]), 30, "the bench screen")
                 await asyncio.sleep(1)
                 await page.screenshot(path=str(shots / "browser-bench.png"))
             finally:
