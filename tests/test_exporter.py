@@ -267,3 +267,50 @@ def test_alert_rules_and_dashboard_are_valid():
     dash = json.loads((ROOT / "contrib" / "grafana" / "sparkconsole.json").read_text())
     exprs = [t["expr"] for p in dash["panels"] for t in p.get("targets", ())]
     assert exprs and all("sparkconsole_" in e for e in exprs)
+
+
+async def test_endpoint_figures_and_the_silent_stall_alert():
+    """A real HTTP server answering like vLLM (a real prometheus_client registry, tests/test_endpoint.py) polled by
+    the real ServingMonitor, on a replayed node: the engine figures become endpoint families, and requests running
+    with no new token while the node's GPU draws under stall_power_w raise the console's silent-stall alert."""
+    import asyncio
+
+    from sparkconsole.config import EndpointConfig, Thresholds
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.replay import replay_factory
+    from sparkconsole.serving.endpoint import ServingMonitor
+    from tests.test_endpoint import MODEL, Server, vllm_routes
+    from tests.test_serving_metrics import VllmExporter, seeded_workload
+
+    need_prometheus()
+    exp = seeded_workload(VllmExporter("v1"))          # 8 running, 3 waiting, and then no new token at all
+    async with Server(vllm_routes(exp)) as srv:
+        # stall_power_w above any recorded H100 reading: the stall rule's "GPU power low" holds
+        cluster = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),),
+                                endpoints=(EndpointConfig(name="vllm1", url=srv.url, node="spark1"),),
+                                thresholds=Thresholds(stall_seconds=0.6, stall_power_w=5000), source="<test>")
+        mon = ClusterMonitor(cluster, transport_factory=replay_factory(str(FIXTURES / "agent-h100-load.jsonl"),
+                                                                       interval=0.05))
+        readings = Readings(cluster, monitor=mon, serving=ServingMonitor(cluster, interval=0.2))
+        server = ExporterServer(readings, Listen("127.0.0.1", 0), None)
+        await server.start()
+        try:
+            await until(lambda: "endpoint:vllm1:stall" in readings.alerts.active, 20, "the silent-stall alert")
+            status, _, text = await asyncio.to_thread(get, f"http://127.0.0.1:{server.port}/metrics")
+        finally:
+            await server.stop()
+    assert status == 200
+    s = samples(text)
+    e = (("endpoint", "vllm1"),)
+    assert s[("sparkconsole_endpoint_up", e)] == 1
+    assert (s[("sparkconsole_endpoint_requests_running", e)], s[("sparkconsole_endpoint_requests_waiting", e)]) == (8, 3)
+    assert s[("sparkconsole_endpoint_kv_cache_usage_ratio", e)] == pytest.approx(0.41)
+    assert s[("sparkconsole_endpoint_generation_tokens_total", e)] == 40 * 128
+    assert s[("sparkconsole_endpoint_max_model_len_tokens", e)] == 4096
+    info = next(k for k in s if k[0] == "sparkconsole_endpoint_info")
+    assert dict(info[1]) == {"endpoint": "vllm1", "kind": "vllm", "model": MODEL, "version": "0.32.0",
+                             "node": "spark1", "url": srv.url}
+    assert s[("sparkconsole_alert_active", (("alert", "endpoint:vllm1:stall"), ("severity", "bad"),
+                                           ("source", "vllm1")))] == 2
+    r = promtool_metrics(text)
+    assert r.returncode == 0, r.stdout + r.stderr
