@@ -74,8 +74,12 @@ async def test_every_request_needs_the_token():
             async with s.get(base + "/") as r:
                 page = await r.text()
                 assert r.status == 200 and "googleapis" not in page and f"ws://127.0.0.1:{server.port}/ws" in page
-            ws = await s.ws_connect(base + "/ws?width=80&height=24")
+            ws = await s.ws_connect(base + "/ws?width=80&height=24", origin=base)
             await ws.close()
+            # A page of another site opening the websocket in the operator's browser carries that site's Origin.
+            with pytest.raises(aiohttp.WSServerHandshakeError) as e:
+                await s.ws_connect(base + "/ws", origin="http://evil.example")
+            assert e.value.status == 403
         async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {TOKEN}"}) as s:
             async with s.get(base + "/static/js/textual.js") as r:
                 assert r.status == 200

@@ -4,7 +4,7 @@ Each browser connection runs the console in a child process (`python -m sparkcon
 shlex-joined for textual-serve's shell). With a token, every request — the page, its static files and the
 websocket that drives the console — must carry it: `Authorization: Bearer …`, or `?token=…` once, which sets an
 HttpOnly, SameSite=Strict cookie and redirects to the bare URL (the websocket then sends the cookie). Anything
-else gets 401. Read-only is passed to the child as SPARKCONSOLE_READ_ONLY=1 (tui/app.py hides and refuses every
+else gets 401; a request whose Origin is another site's is refused (403) even on loopback. Read-only is passed to the child as SPARKCONSOLE_READ_ONLY=1 (tui/app.py hides and refuses every
 node-changing action). The page is textual-serve's own, minus its web-font link: nothing leaves loopback.
 """
 
@@ -41,6 +41,15 @@ def _page_template() -> str:
     return re.sub(r"<link[^>]*fonts\.googleapis\.com[^>]*>", "", text)
 
 
+def _same_origin(request: web.Request) -> bool:
+    """True without an Origin header (not a browser page's request) or when it names this server's own host."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    scheme, _, host = origin.partition("://")
+    return scheme in ("http", "https") and host == request.host
+
+
 class ConsoleServer(Server):
     def __init__(self, listen: Listen, *, token: str | None, read_only: bool, demo: bool,
                  cluster: str | None = None) -> None:
@@ -61,6 +70,10 @@ class ConsoleServer(Server):
     async def _make_app(self) -> web.Application:
         @web.middleware
         async def auth(request: web.Request, handler):
+            if not _same_origin(request):
+                # A page from another site opening this websocket in the operator's browser (cross-site
+                # WebSocket hijacking) would drive the console; on loopback without a token nothing else stops it.
+                raise web.HTTPForbidden(text="403: cross-origin request refused\n")
             if self.token is not None and "token" in request.query:
                 if not token_ok(request.query.get("token"), self.token):
                     raise web.HTTPUnauthorized(text="401: wrong token\n")
