@@ -17,7 +17,7 @@ from . import __version__
 from .errors import UserError
 
 # Order is the order shown in --help. A module that does not exist yet is skipped.
-COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image")
+COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve")
 
 
 def build_parser() -> argparse.ArgumentParser:

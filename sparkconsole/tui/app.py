@@ -8,6 +8,7 @@ mark a panel dirty; a timer redraws dirty panels a few times a second, so a burs
 from __future__ import annotations
 
 import asyncio
+import os
 import shlex
 import time
 from collections.abc import Callable
@@ -28,6 +29,9 @@ from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
+# Read-only (`sparkconsole serve --read-only`, which starts this app in a child process and says so here): every
+# node-changing action (restart, stop, launch, guard fixes) is hidden, and refused should one be reached anyway.
+READ_ONLY_ENV = "SPARKCONSOLE_READ_ONLY"
 
 
 def _import_layers(serving: bool) -> None:
@@ -54,7 +58,8 @@ class SparkConsoleApp(App):
     ]
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
-                 serving=None, alerts=None, monitor_factory: Callable | None = None) -> None:
+                 serving=None, alerts=None, monitor_factory: Callable | None = None,
+                 read_only: bool | None = None) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame)."""
         super().__init__()
@@ -65,7 +70,9 @@ class SparkConsoleApp(App):
         self.alerts = alerts
         self.simulated = simulated or cluster.simulated
         self.sim = sim
-        self.sub_title = ("SIMULATED · " if self.simulated else "") + cluster.source
+        self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
+        self.sub_title = ("SIMULATED · " if self.simulated else "") + ("READ-ONLY · " if self.read_only else "") \
+            + cluster.source
         self.dashboard = DashboardScreen()
         self.recipes_screen = RecipesScreen()
         self.logs_screen = LogsScreen()
@@ -94,6 +101,8 @@ class SparkConsoleApp(App):
             from ..alerts import AlertEngine
             self.alerts = AlertEngine(self.cluster.thresholds)
         await self.switch_mode("dashboard")
+        if self.read_only:
+            self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
         # Importing the SSH and HTTP stacks and connecting take longer than a frame: never before the first one.
@@ -273,6 +282,10 @@ class SparkConsoleApp(App):
                      lambda: self.run_on_node(node_name, f"guard-fix:{result.key}", result.fix), result.reason)
 
     def confirm(self, title: str, command: str, then: Callable[[], object], detail: str = "") -> None:
+        # Every node-changing action (container restart/stop, guard fixes, recipe launch/restart/stop) asks here.
+        if self.read_only:
+            self.notify("read-only console: nothing was run", severity="warning", timeout=4)
+            return
         def answered(yes: bool | None) -> None:
             if yes:
                 self.run_worker(then(), exit_on_error=False)
@@ -285,6 +298,8 @@ class SparkConsoleApp(App):
         nm = self.node_monitor(node_name)
         transport = getattr(nm, "transport", None)
         text = command if isinstance(command, str) else shlex.join(command)
+        if self.read_only:
+            return
         if transport is None:
             self.notify(f"{node_name} is not connected: nothing was run", severity="error")
             return
@@ -315,13 +330,16 @@ class SparkConsoleApp(App):
             ("Quit", self.action_quit, "q: agents end, connections close"),
             ("Bench: start sweep", lambda: self.bench_screen.action_start(), "b on the bench screen"),
             ("Bench: stop sweep", lambda: self.bench_screen.action_stop(), "x on the bench screen"),
-            ("Running recipe: restart", self.recipes_screen.action_restart, "asks first"),
-            ("Running recipe: stop", self.recipes_screen.action_stop, "asks first"),
         ]
+        cmds += [(f"Logs: {n.name}", lambda n=n.name: self.open_logs(n), f"docker logs -f {n.container}")
+                 for n in self.cluster.nodes]
+        if self.read_only:
+            return cmds
+        cmds += [("Running recipe: restart", self.recipes_screen.action_restart, "asks first"),
+                 ("Running recipe: stop", self.recipes_screen.action_stop, "asks first")]
         for node in self.cluster.nodes:
             n = node.name
-            cmds += [(f"Logs: {n}", lambda n=n: self.open_logs(n), f"docker logs -f {node.container}"),
-                     (f"Restart vLLM on {n}", lambda n=n: self.confirm_container(n, "restart"), "asks first"),
+            cmds += [(f"Restart vLLM on {n}", lambda n=n: self.confirm_container(n, "restart"), "asks first"),
                      (f"Stop vLLM on {n}", lambda n=n: self.confirm_container(n, "stop"), "asks first")]
         for label, recipe in self.recipes_screen.recipe_choices():
             cmds.append((f"Recipe: {label}", lambda r=recipe: self.recipes_screen.choose(r), "show its plan; enter launches"))

@@ -335,6 +335,10 @@ class RecipesScreen(Screen):
         self.app.confirm(f"{verb.capitalize()} {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
                          shown, go, detail)
 
+    def check_action(self, action: str, parameters) -> bool | None:
+        # Read-only console: node-changing keys are hidden from the footer and do nothing.
+        return not (action in ("restart", "stop", "launch") and getattr(self.app, "read_only", False))
+
     def action_restart(self) -> None:
         self._confirm_running("restart")
 

@@ -186,6 +186,10 @@ class NodePanel(Vertical, can_focus=True):
                         f"{labels.get('sparkconsole.role', '')}", style=grey or "cyan")
         return line
 
+    def check_action(self, action: str, parameters) -> bool | None:
+        # Read-only console: node-changing keys are hidden from the footer and do nothing.
+        return not (action in ("restart", "stop", "launch") and getattr(self.app, "read_only", False))
+
     def action_logs(self) -> None:
         self.app.open_logs(self.node_name)
 

@@ -1,0 +1,117 @@
+"""textual-serve with the checks a console reachable from another room needs.
+
+Each browser connection runs the console in a child process (`python -m sparkconsole … console|demo`, argv
+shlex-joined for textual-serve's shell). With a token, every request — the page, its static files and the
+websocket that drives the console — must carry it: `Authorization: Bearer …`, or `?token=…` once, which sets an
+HttpOnly, SameSite=Strict cookie and redirects to the bare URL (the websocket then sends the cookie). Anything
+else gets 401; a request whose Origin is another site's is refused (403) even on loopback. Read-only is passed to the child as SPARKCONSOLE_READ_ONLY=1 (tui/app.py hides and refuses every
+node-changing action). The page is textual-serve's own, minus its web-font link: nothing leaves loopback.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+import sys
+from pathlib import Path
+
+import aiohttp_jinja2
+import jinja2
+from aiohttp import web
+from textual_serve.server import Server
+
+from ..exporter.listen import Listen, bearer_ok, token_ok
+from ..tui.app import READ_ONLY_ENV
+
+COOKIE = "sparkconsole_token"
+TEMPLATE = "app_index.html"
+
+
+def console_argv(*, demo: bool, cluster: str | None) -> list[str]:
+    argv = [sys.executable, "-m", "sparkconsole"]
+    if cluster:
+        argv += ["--cluster", str(Path(cluster).expanduser().resolve())]
+    return argv + (["demo"] if demo else ["console"])
+
+
+def _page_template() -> str:
+    import textual_serve
+    text = (Path(textual_serve.__file__).parent / "templates" / TEMPLATE).read_text()
+    # The stock page loads a web font from a public CDN; the console must not reach past this machine's browser.
+    return re.sub(r"<link[^>]*fonts\.googleapis\.com[^>]*>", "", text)
+
+
+def _same_origin(request: web.Request) -> bool:
+    """True without an Origin header (not a browser page's request) or when it names this server's own host."""
+    origin = request.headers.get("Origin")
+    if origin is None:
+        return True
+    scheme, _, host = origin.partition("://")
+    return scheme in ("http", "https") and host == request.host
+
+
+class ConsoleServer(Server):
+    def __init__(self, listen: Listen, *, token: str | None, read_only: bool, demo: bool,
+                 cluster: str | None = None) -> None:
+        # Read-only is said in the child's environment, whatever this process's environment says.
+        env = ["env", f"{READ_ONLY_ENV}=1"] if read_only else ["env", "-u", READ_ONLY_ENV]
+        super().__init__(shlex.join(env + console_argv(demo=demo, cluster=cluster)), host=listen.host,
+                         port=listen.port, title="sparkconsole" + (" (read-only)" if read_only else ""))
+        self.listen = listen
+        self.token = token
+        self.read_only = read_only
+
+    def _authorised(self, request: web.Request) -> bool:
+        if self.token is None:
+            return True
+        return (bearer_ok(request.headers.get("Authorization"), self.token)
+                or token_ok(request.cookies.get(COOKIE), self.token))
+
+    async def _make_app(self) -> web.Application:
+        @web.middleware
+        async def auth(request: web.Request, handler):
+            if not _same_origin(request):
+                # A page from another site opening this websocket in the operator's browser (cross-site
+                # WebSocket hijacking) would drive the console; on loopback without a token nothing else stops it.
+                raise web.HTTPForbidden(text="403: cross-origin request refused\n")
+            if self.token is not None and "token" in request.query:
+                if not token_ok(request.query.get("token"), self.token):
+                    raise web.HTTPUnauthorized(text="401: wrong token\n")
+                # Swap the token in the URL for a cookie the websocket request will carry too.
+                resp = web.HTTPFound(location=request.rel_url.with_query(
+                    {k: v for k, v in request.query.items() if k != "token"}).human_repr())
+                resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict", path="/")
+                raise resp
+            if not self._authorised(request):
+                raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Bearer realm="sparkconsole"'},
+                                           text="401: this console needs its token (open the URL printed at start)\n")
+            return await handler(request)
+
+        app = web.Application(middlewares=[auth])
+        aiohttp_jinja2.setup(app, loader=jinja2.DictLoader({TEMPLATE: _page_template()}))
+        app.add_routes([
+            web.get("/", self.handle_index, name="index"),
+            web.get("/ws", self.handle_websocket, name="websocket"),
+            web.static("/static", self.statics_path, name="static"),
+        ])
+        app.on_startup.append(self.on_startup)
+        return app
+
+    @aiohttp_jinja2.template(TEMPLATE)
+    async def handle_index(self, request: web.Request) -> dict:
+        # URLs from the request's own host: the page works whatever name or address the browser used.
+        base = f"{request.scheme}://{request.host}"
+        font_size = request.query.get("fontsize", "16")
+        return {"font_size": int(font_size) if font_size.isdigit() else 16,
+                "app_websocket_url": ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws",
+                "config": {"static": {"url": f"{base}/static/"}},
+                "application": {"name": self.title}}
+
+    async def on_startup(self, app: web.Application) -> None:
+        print(f"sparkconsole serve: the console on {self.listen.url('/')}"
+              + (" (read-only)" if self.read_only else "") + (" — token required" if self.token else "")
+              + "; Ctrl+C stops", file=sys.stderr, flush=True)
+
+    def initialize_logging(self) -> None:
+        import logging
+        logging.basicConfig(level="WARNING", format="%(message)s")
