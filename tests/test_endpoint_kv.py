@@ -54,3 +54,12 @@ async def test_the_endpoint_panel_shows_what_came_over_the_kv_connector():
         await pilot.pause()
         text = widget_text(panel)
     assert "KV in 1 transfers  640 KiB" in text and "xfer p50" in text
+
+
+def test_a_level_reads_what_crossed_the_connector_and_says_when_it_could_not():
+    from sparkconsole.bench.sweep import kv_level
+    page = m.parse(RECORDED, only=m.CONSOLE_NAMES)
+    same = kv_level([page], [page], 4)                      # nothing moved between the two reads
+    assert same == {"read": True, "transfers": 0.0, "bytes_per_request": 0.0, "xfer_ms_mean": None,
+                    "prompt_external_share": None}
+    assert kv_level([None], [page], 4) == {"read": False}   # the server did not answer before the level

@@ -341,4 +341,12 @@ def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tin
             assert [lv.key.concurrency for lv in levels] == [1, 2, 4, 8]
             for lv in levels:
                 assert lv.metrics["requests_ok"] == lv.key.concurrency, (run.topology, lv.metrics)
+                # only the disaggregated launch has a KV connector to read around each level
+                assert ("kv" in lv.metrics) == (run.topology == "disagg")
+        kv = [lv.metrics["kv"] for lv in store.levels(runs["disagg"].run_id)]
+        assert all(f["read"] for f in kv) and sum(f["transfers"] for f in kv) >= 1, kv
+        moved = [f for f in kv if f["transfers"]]
+        assert all(f["bytes_per_request"] > 0 and f["xfer_ms_mean"] > 0 for f in moved), kv
+    report = bed.sc("bench", "report", str(results), "--run", runs["disagg"].run_id, timeout=60)
+    assert "KV cache over the connector" in report.stdout, report.stdout + report.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []         # every topology stopped

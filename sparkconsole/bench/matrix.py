@@ -100,7 +100,9 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
         try:
             url = await launcher.launch(recipe, topo)
             say(f"[{i}/{len(topologies)}] {topo}: ready at {url}, sweeping")
-            swept = await run_sweep(replace(spec, url=url), store, resume=resume, thermal_probe=thermal_probe,
+            # a disaggregated launch's receiving servers: each level records what crossed the KV connector
+            kv = tuple(getattr(launcher, "kv_metrics", ()) or ())
+            swept = await run_sweep(replace(spec, url=url, kv_metrics=kv), store, resume=resume, thermal_probe=thermal_probe,
                                     on_level=on_level, on_progress=on_progress)
             out.run_ids[topo] = swept.run_id
             if swept.paused_after is not None:

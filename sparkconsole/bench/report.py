@@ -74,6 +74,18 @@ def run_markdown(run: RunInfo, levels: Sequence[LevelResult]) -> str:
             f" | {ttft_p} | {itl_p} | {_fmt(_pct(lv, 'tpot_ms', 'p50'), '{:.1f}')}"
             f" | {'—' if ok is None else f'{ok}/{bad}'} | {_fmt(th.max_temp_c if th else None, '{:.0f}')}"
             f" | {', '.join(th.throttle_reasons) if th and th.throttle_reasons else '—'} |")
+    kv = [lv for lv in levels if (lv.metrics.get("kv") or {}).get("read")]
+    if kv:
+        lines += ["", "KV cache over the connector (receiving servers' /metrics around each level):", "",
+                  "| test | c | transfers | per request | ms per transfer | prompt from transfer |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for lv in kv:
+            k, f = lv.key, lv.metrics["kv"]
+            per = f.get("bytes_per_request")
+            share = f.get("prompt_external_share")
+            lines.append(f"| pp{k.pp} tg{k.tg} | {k.concurrency} | {_fmt(f.get('transfers'), '{:.0f}')}"
+                         f" | {'—' if per is None else f'{per / 1024:.0f} KiB'} | {_fmt(f.get('xfer_ms_mean'))}"
+                         f" | {'—' if share is None else f'{share * 100:.0f}%'} |")
     errors: dict[str, int] = {}
     for lv in levels:
         for e, n in (lv.metrics.get("errors") or {}).items():

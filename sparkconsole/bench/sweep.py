@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import aiohttp
 
@@ -54,6 +54,9 @@ class SweepSpec:
     recipe_hash: str | None = None
     label: str | None = None              # what reports compare by (default: topology, else the URL)
     on_failure: str = "continue"          # after a failed level: "continue", or "pause" (stop; --resume goes on)
+    # /metrics of the servers that receive a KV cache (a disaggregated launch's decode side): read before and after
+    # each level's measured batches, so a level says how many bytes crossed per request, and whether any did
+    kv_metrics: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("pp", "tg", "concurrency", "depth"):
@@ -83,7 +86,7 @@ class SweepSpec:
     def identity(self) -> dict:
         """What makes two sweeps the same measurement (for --resume); the URL only when no topology names it."""
         d = asdict(self)
-        for k in ("stall_timeout", "first_timeout", "request_timeout", "label", "on_failure"):
+        for k in ("stall_timeout", "first_timeout", "request_timeout", "label", "on_failure", "kv_metrics"):
             d.pop(k)
         if self.topology:
             d.pop("url")
@@ -128,6 +131,45 @@ class EndpointFacts:
 def _fmt_duration(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
+
+
+async def _kv_scrapes(session, urls: Sequence[str]) -> list:
+    """One /metrics page per receiving server (None where it did not answer), parsed for the KV figures."""
+    from ..serving import metrics as m
+    out = []
+    for url in urls:
+        try:
+            async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
+                out.append(m.parse(await r.text(), only=m.CONSOLE_NAMES) if r.status == 200 else None)
+        except (aiohttp.ClientError, asyncio.TimeoutError):
+            out.append(None)
+    return out
+
+
+def kv_level(before: Sequence, after: Sequence, requests: int) -> dict:
+    """What crossed the KV connector during a level's measured batches, over its receiving servers: transfers,
+    bytes per request, mean seconds per transfer, and the share of prompt tokens that arrived rather than being
+    computed again (1.0: no recompute)."""
+    from ..serving import metrics as m
+    transfers = moved = xfer_s = ext = local = 0.0
+    seen = False
+    for b, a in zip(before, after):
+        if b is None or a is None:
+            continue
+        n = m.counter_increase(b, a, m.KV_BYTES[0] + "_count")
+        if n is None:
+            continue
+        seen = True
+        transfers += n
+        moved += m.counter_increase(b, a, m.KV_BYTES[0] + "_sum") or 0.0
+        xfer_s += m.counter_increase(b, a, m.KV_XFER_TIME[0] + "_sum") or 0.0
+        ext += m.source_increase(b, a, m.SOURCE_EXTERNAL) or 0.0
+        local += m.source_increase(b, a, m.SOURCE_LOCAL) or 0.0
+    if not seen:
+        return {"read": False}
+    return {"read": True, "transfers": transfers, "bytes_per_request": moved / requests if requests else None,
+            "xfer_ms_mean": xfer_s / transfers * 1000 if transfers else None,
+            "prompt_external_share": ext / (ext + local) if ext + local else None}
 
 
 def api_headers() -> dict[str, str]:
@@ -339,6 +381,7 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                     if spec.warmup:
                         progress(idx, key, 0)
                         await batch(key, shape)
+                    kv_before = await _kv_scrapes(session, spec.kv_metrics)
                     for run_index in range(1, spec.runs + 1):
                         progress(idx, key, run_index)
                         results = await batch(key, shape)
@@ -351,6 +394,9 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
                 metrics = level_metrics(batches, expected_prompt=expected, latency_s=latency * facts.speed,
                                         scale=facts.speed)
                 metrics["prompt_source"] = shape.source
+                if spec.kv_metrics:
+                    metrics["kv"] = kv_level(kv_before, await _kv_scrapes(session, spec.kv_metrics),
+                                             metrics.get("requests_ok") or 0)
                 metrics["request_options"] = {"return_token_ids": token_ids, "exact_tg": exact_tg}
                 if metrics["requests_failed"]:
                     errors = metrics["errors"] or {"unknown error": metrics["requests_failed"]}

@@ -366,7 +366,7 @@ def _by_source(s: Scrape, source: str) -> float | None:
     return math.fsum(vals) if vals else None
 
 
-def _source_increase(prev: Scrape, cur: Scrape, source: str) -> float | None:
+def source_increase(prev: Scrape, cur: Scrape, source: str) -> float | None:
     name = PROMPT_BY_SOURCE[0]
     pick = {k: v for k, v in cur.values(name).items() if dict(k).get("source") == source}
     if not pick:
@@ -423,7 +423,7 @@ def engine_window(prev: Scrape, cur: Scrape) -> EngineWindow:
 def _kv_window(prev: Scrape, cur: Scrape) -> dict:
     n = counter_increase(prev, cur, KV_BYTES[0] + "_count")
     moved = counter_increase(prev, cur, KV_BYTES[0] + "_sum")
-    ext, loc = _source_increase(prev, cur, SOURCE_EXTERNAL), _source_increase(prev, cur, SOURCE_LOCAL)
+    ext, loc = source_increase(prev, cur, SOURCE_EXTERNAL), source_increase(prev, cur, SOURCE_LOCAL)
     share = ext / (ext + loc) if ext is not None and loc is not None and ext + loc > 0 else None
     return {"kv_transfers": n, "kv_bytes_per_transfer": moved / n if n and moved is not None else None,
             "kv_xfer": histogram_window(prev, cur, *KV_XFER_TIME) if n else None, "external_share": share}
