@@ -35,6 +35,15 @@ def variants():
                 yield pytest.param(r.key, t, o, id=f"{r.key}-{t}-{'-'.join(map(str, o.values())) or 'default'}")
 
 
+def served_port(r, topology: str, role: str, node: str) -> int:
+    """Where the runner serves: a topology's own port, else the recipe's, else the cluster file's vllm_port."""
+    own = {"prefill": r.disagg.prefill_port, "decode": r.disagg.decode_port}.get(role) if topology == "disagg" else None
+    for v in (own, r.topology_defaults.get(topology, {}).get("port"), r.defaults.get("port")):
+        if v is not None:
+            return int(v)
+    return PORT[node]
+
+
 def docker_run_parts(argv):
     """Split a `docker run` argv into (options, image, command) using the --entrypoint= marker."""
     assert argv[:3] == ("docker", "run", "-d")
@@ -89,9 +98,10 @@ def test_bundled_plan_field_by_field(key, topology, opts):
         assert tuple(cmd) == argv
         assert "--distributed-executor-backend" not in argv
         # one TP group serves on the head's port; single-node servers on their own node's port
-        assert flag_value(argv, "--port") == str(PORT["spark1" if topology == "cluster-tp2" else svc.node])
+        port = served_port(r, topology, svc.role, "spark1" if topology == "cluster-tp2" else svc.node)
+        assert flag_value(argv, "--port") == str(port)
         if svc.url:
-            assert svc.url == f"http://{ADDR[svc.node]}:{PORT[svc.node]}"
+            assert svc.url == f"http://{ADDR[svc.node]}:{port}"
         assert svc.model == flag_value(argv, "--served-model-name")
         tp = flag_value(argv, "--tensor-parallel-size")
         assert tp == ("2" if topology == "cluster-tp2" else "1")
@@ -241,7 +251,8 @@ def test_cluster_overrides_tp_and_layers_and_interfaces():
     assert envs["spark1"]["NCCL_SOCKET_IFNAME"] == "eth0" and envs["spark2"]["GLOO_SOCKET_IFNAME"] == "eth1"
     assert envs["spark2"]["NCCL_IB_HCA"] == "mlx5_0"
     nodes = make_plan(r, "solo", CLUSTER, {"nodes": ["spark2"]})
-    assert nodes.nodes == ("spark2",) and nodes.endpoint == "http://192.168.100.11:8001"
+    # the recipe's port (8000), as the runner serves it, not the cluster file's vllm_port (8001)
+    assert nodes.nodes == ("spark2",) and nodes.endpoint == "http://192.168.100.11:8000"
 
 
 @pytest.mark.parametrize("key, topology, opts, needle", [

@@ -80,7 +80,8 @@ def test_every_bundled_recipe_loads_with_its_topologies():
     for r in recipes.values():
         assert r.recipe_version == "1" and r.warnings == ()
         assert set(r.topologies) <= set(TOPOLOGIES)
-        r.render_command(r.params(r.topologies[0]) | {"node_address": "10.0.0.1"})   # every placeholder has a value
+        # every placeholder has a value (a recipe without a port serves on the cluster file's vllm_port)
+        r.render_command({"port": 8000} | r.params(r.topologies[0]) | {"node_address": "10.0.0.1"})
 
 
 def test_published_settings_are_in_the_bundled_recipes():

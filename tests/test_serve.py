@@ -106,9 +106,13 @@ async def test_read_only_console_has_no_node_changing_action(read_only, tmp_path
         assert "Logs: spark1" in titles
         panel = app.dashboard.panels["spark1"]
         panel.focus()
-        await pilot.pause(0.1)
-        footer = "\n".join(s.text for s in app.screen._compositor.render_strips()[-2:])
-        assert ("Restart vLLM" in footer) is not read_only
+
+        def footer() -> str:
+            return "\n".join(s.text for s in app.screen._compositor.render_strips()[-2:])
+        # the panel's own keys reach the footer on a later frame (slower under load): wait for one that both
+        # modes show, then read the rest
+        await wait_for(pilot, lambda: "Logs" in footer(), timeout=30, what="the node panel's keys in the footer")
+        assert ("Restart vLLM" in footer()) is not read_only
         await pilot.press("r")
         await pilot.pause(0.2)
         assert isinstance(app.screen, ConfirmScreen) is not read_only

@@ -179,9 +179,11 @@ def _url_host(address: str) -> str:
     return address
 
 
-def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | None) -> list[NodeConfig]:
-    """The nodes a topology uses: the named ones, else the head first and then the others in file order."""
-    need = {"solo": 1, "cluster-tp2": 2, "2x-solo": 2, "disagg": 2}[topology]
+def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | None,
+                 count: int | None = None) -> list[NodeConfig]:
+    """The nodes a topology uses: the named ones, else the head first and then the others in file order.
+    `count`: how many a cluster launch needs (its tensor × pipeline parallel size), default 2."""
+    need = {"solo": 1, "cluster-tp2": count or 2, "2x-solo": 2, "disagg": 2}[topology]
     if wanted:
         out = []
         for name in wanted:
@@ -198,12 +200,41 @@ def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | 
             raise UserError(f"{topology} runs on two nodes, {len(out)} named", field="--node", fix="name two nodes")
         if topology == "cluster-tp2" and len(out) < 2:
             raise UserError("cluster-tp2 needs at least two nodes", field="--node", fix="name two nodes")
+        if topology == "cluster-tp2" and count and len(out) != count:
+            raise UserError(f"the recipe's parallelism needs {count} nodes, {len(out)} named", field="--node",
+                            fix=f"name {count} nodes, or change tensor_parallel / pipeline_parallel with --set")
         return out
     ordered = [cluster.head, *[n for n in cluster.nodes if n.name != cluster.head.name]]
     if len(ordered) < need:
+        if topology == "cluster-tp2" and count:
+            raise UserError(f"the recipe runs on {need} nodes (tensor × pipeline parallel), the cluster file has "
+                            f"{len(ordered)}", file=cluster.source, field="nodes",
+                            fix=f"add nodes to the cluster file, or choose another split with --set "
+                                f"tensor_parallel=… (a model sized for {need} nodes may not fit on fewer)")
         raise UserError(f"{topology} needs {need} nodes, the cluster file has {len(ordered)}", file=cluster.source,
                         field="nodes", fix="add a node to the cluster file, or use --topology solo")
     return ordered[:need]
+
+
+def cluster_split(params: Mapping[str, Any], named: int | None, explicit: bool = False) -> tuple[int, int, int, str | None]:
+    """(tensor, pipeline, nodes, note) of a cluster launch. The recipe's own parallelism decides how many nodes
+    it runs on — a recipe written for 4 Sparks is never squeezed onto 2. A recipe that sets none (TP×PP of 1)
+    takes the topology's: tensor parallel over the named nodes, or two; the plan says so."""
+    try:
+        tp = int(params.get("tensor_parallel") or 1)
+        pp = int(params.get("pipeline_parallel") or 1)
+    except (TypeError, ValueError):
+        raise UserError("tensor_parallel and pipeline_parallel must be whole numbers", field="defaults",
+                        fix="write e.g. tensor_parallel: 2") from None
+    if tp < 1 or pp < 1:
+        raise UserError(f"tensor_parallel {tp} × pipeline_parallel {pp}", field="defaults", fix="use sizes ≥ 1")
+    if tp * pp >= 2:
+        return tp, pp, tp * pp, None
+    if explicit:      # asked for one GPU's worth on a cluster: planned as asked, preflight says why it cannot run
+        return tp, pp, named or 2, None
+    n = named or 2
+    return n, 1, n, (f"the recipe sets no parallelism above 1: tensor_parallel {n} spreads it over the "
+                     f"{n} nodes of the cluster launch")
 
 
 def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = (), *,
@@ -349,7 +380,16 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                         field="sparkconsole.topologies",
                         fix=f"use one of: {', '.join(recipe.topologies)}, or add {topology} to sparkconsole.topologies")
     options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
-    nodes = select_nodes(topology, cluster, options.get("nodes"))
+    asked = {**recipe.defaults, **recipe.topology_defaults.get(topology, {}),
+             **{k: v for k, v in overrides.items() if v is not None}}
+    split_note = None
+    if topology == "cluster-tp2":
+        tp_, pp_, count, split_note = cluster_split(
+            asked, len(options["nodes"]) if options.get("nodes") else None,
+            explicit=any(overrides.get(k) is not None for k in ("tensor_parallel", "pipeline_parallel")))
+        nodes = select_nodes(topology, cluster, options.get("nodes"), count)
+    else:
+        nodes = select_nodes(topology, cluster, options.get("nodes"))
     extra_args = tuple(options.get("extra_args") or ())
     backend = options.get("backend") or recipe.cluster.backend
     if backend not in ("mp", "ray"):
@@ -360,10 +400,13 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     master_port = int(options.get("master_port") or recipe.cluster.master_port)
     image = recipe.container
 
-    # Single-node servers run with TP=1 unless asked otherwise, as run-recipe.sh --solo does; a cluster spans its nodes.
-    forced: dict[str, Any] = {"tensor_parallel": len(nodes) if topology == "cluster-tp2" else 1}
-    params = {**recipe.defaults, **forced, **recipe.topology_defaults.get(topology, {})}
-    params.update({k: v for k, v in overrides.items() if v is not None})
+    # Single-node servers run with TP=1, as run-recipe.sh --solo does (--set can still ask otherwise); a cluster
+    # runs the recipe's own split over as many nodes (cluster_split).
+    if topology == "cluster-tp2":
+        params = {**asked, "tensor_parallel": tp_, "pipeline_parallel": pp_}
+    else:
+        params = {**recipe.defaults, "tensor_parallel": 1, **recipe.topology_defaults.get(topology, {})}
+        params.update({k: v for k, v in overrides.items() if v is not None})
     params.setdefault("host", "0.0.0.0")
 
     steps: list[Step] = []
@@ -371,7 +414,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     server_args: dict[str, tuple[str, ...]] = {}
     server_env: dict[str, tuple[tuple[str, str], ...]] = {}
     listens: dict[str, list[tuple[str, int]]] = {}
-    notes: list[str] = []
+    notes: list[str] = [split_note] if split_note else []
 
     def listen(node: NodeConfig, port: int | str | None) -> None:
         if port is not None and (node.address, int(port)) not in listens.setdefault(node.name, []):
@@ -383,9 +426,18 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
         return base_name or node.container
 
     def node_port(node: NodeConfig, explicit: int | None = None) -> int:
+        """Where a server listens: a topology's own port (disagg's), else --port, else the recipe's port, as the
+        runner serves it; only a recipe that names none takes the cluster file's vllm_port."""
         if explicit is not None:
             return explicit
-        return int(overrides["port"]) if overrides.get("port") is not None else node.vllm_port
+        for source in (overrides, recipe.topology_defaults.get(topology, {}), recipe.defaults):
+            if source.get("port") is not None:
+                try:
+                    return int(source["port"])
+                except (TypeError, ValueError):
+                    raise UserError(f"port {str(source['port'])[:20]!r} is not a number", file=recipe.source,
+                                    field="defaults.port", fix="write a port number, e.g. 8000") from None
+        return node.vllm_port
 
     def server_params(node: NodeConfig, port: int) -> dict[str, Any]:
         # node_address: a recipe can bind to the node's own address ({node_address}) instead of 0.0.0.0
