@@ -12,15 +12,18 @@ simulated time; `--speed F` runs that clock F times faster than real time.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
-import signal
 import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from ..sim.cluster import ROUTERS, TOPOLOGIES, Serving, SimCluster
+from . import LazyChoices
+
+if TYPE_CHECKING:      # the simulator is imported in run(): `demo --bad` and `--help` answer at once
+    from ..sim.cluster import SimCluster
+
+TOPOLOGIES = LazyChoices("sparkconsole.sim.cluster", "TOPOLOGIES")
+ROUTERS = LazyChoices("sparkconsole.sim.cluster", "ROUTERS")
 
 # Demo-only: weights "load" this much faster than the simulated disk would, so numbers appear at once.
 DEMO_LOAD_SPEEDUP = 20.0
@@ -31,10 +34,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speed", type=float, default=1.0, metavar="F",
                    help="simulated clock speed relative to real time (default 1)")
-    p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES,
-                   help="what is served at start (default: gpt-oss-120b, 2x solo behind the router)")
-    p.add_argument("--router", default="litellm-simple-shuffle", choices=ROUTERS,
-                   help="router in front of 2x-solo (default litellm-simple-shuffle)")
+    p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES, metavar="TOPOLOGY",
+                   help="%(choices)s: what is served at start (default: gpt-oss-120b, 2x solo behind the router)")
+    p.add_argument("--router", default="litellm-simple-shuffle", choices=ROUTERS, metavar="ROUTER",
+                   help="router in front of 2x-solo: %(choices)s (default litellm-simple-shuffle)")
     p.add_argument("--load", type=int, default=4, metavar="C",
                    help="concurrent streaming requests kept running so the dashboard moves (0: idle; default 4)")
     p.add_argument("--headless", action="store_true", help="no console: print the endpoints as JSON and keep "
@@ -64,6 +67,13 @@ def describe(sim: SimCluster) -> dict:
 
 
 async def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+    import json
+    import signal
+
+    from ..sim.cluster import Serving, SimCluster
+
     _check(args)
     sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router),
                      load_speedup=DEMO_LOAD_SPEEDUP)
@@ -95,6 +105,8 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _console(sim: SimCluster, args: argparse.Namespace) -> int:
+    import asyncio
+
     try:
         from ..tui.app import SparkConsoleApp
     except ImportError:
@@ -108,6 +120,8 @@ async def _console(sim: SimCluster, args: argparse.Namespace) -> int:
 
 async def _print_status(sim: SimCluster, args: argparse.Namespace) -> int:
     """Without the console: one status line per node every few seconds, from the real monitor."""
+    import asyncio
+
     from ..nodes.monitor import ClusterMonitor
     mon = ClusterMonitor(sim.cluster)
     await mon.start()
