@@ -9,8 +9,9 @@ Cases (each run once per round, rounds interleaved so a busy neighbour hits all 
 For the commands that do work, the heaviest imports (`python -X importtime`, cumulative) are listed: where the
 rest of the time goes.
 
-`--src DIR` runs the sparkconsole found in DIR instead (a checkout of another commit: `git worktree add /tmp/old
-REV`), for before/after figures from one venv. Prints one JSON object.
+`--src DIR` (repeatable) runs the sparkconsole found in DIR (a checkout of another commit: `git archive REV
+sparkconsole | tar -x -C /tmp/old`), for before/after figures from one venv, rounds interleaved. Prints one JSON
+object.
 """
 
 from __future__ import annotations
@@ -50,10 +51,10 @@ def heaviest_imports(cmd: list[str], cwd: Path, env: dict, top: int = 6) -> list
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--src", type=Path, default=ROOT, help="directory holding the sparkconsole package to time")
+    ap.add_argument("--src", type=Path, action="append", help="directory holding the sparkconsole package to time "
+                    "(repeat to compare checkouts: rounds interleave them; default: this checkout)")
     a = ap.parse_args()
-    src = a.src.resolve()
-    env = {**os.environ, "PYTHONPATH": str(src)}
+    srcs = [p.resolve() for p in (a.src or [ROOT])]
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
         cluster = Path(tmp) / "c.yaml"
@@ -71,21 +72,29 @@ def main() -> int:
                                                     "-T", "2x-solo"],
             "bench report (empty results)": [*sc, "bench", "report", "--results", str(results)],
         }
-        for cmd in cases.values():          # warm the page cache and the .pyc files once
-            _time(cmd, src, env)
-        times: dict[str, list[float]] = {k: [] for k in cases}
+        envs = {src: {**os.environ, "PYTHONPATH": str(src)} for src in srcs}
+        for src in srcs:
+            for cmd in cases.values():          # warm the page cache and the .pyc files once
+                _time(cmd, src, envs[src])
+        times = {src: {k: [] for k in cases} for src in srcs}
+        load = []
         for _ in range(a.runs):
+            load.append(os.getloadavg()[0])
             for name, cmd in cases.items():
-                times[name].append(_time(cmd, src, env))
-        floor = statistics.median(times["floor: python -c pass"])
-        out: dict = {"src": str(src), "runs": a.runs, "cpus": os.cpu_count(),
-                     "load_avg_1m": round(os.getloadavg()[0], 2), "floor_ms": round(floor * 1000, 1), "cases": {}}
-        for name, ts in times.items():
-            med = statistics.median(ts)
-            out["cases"][name] = {"median_ms": round(med * 1000, 1), "max_ms": round(max(ts) * 1000, 1),
-                                  "x_floor": round(med / floor, 2)}
-        for name in ("recipe plan gpt-oss-120b -T 2x-solo", "bench report (empty results)"):
-            out["cases"][name]["heaviest_imports_ms"] = heaviest_imports(cases[name], src, env)
+                for src in srcs:
+                    times[src][name].append(_time(cmd, src, envs[src]))
+        out: dict = {"runs": a.runs, "cpus": os.cpu_count(),
+                     "load_avg_1m": {"min": round(min(load), 2), "max": round(max(load), 2)}, "by_src": {}}
+        for src in srcs:
+            floor = statistics.median(times[src]["floor: python -c pass"])
+            r: dict = {"floor_ms": round(floor * 1000, 1), "cases": {}}
+            for name, ts in times[src].items():
+                med = statistics.median(ts)
+                r["cases"][name] = {"median_ms": round(med * 1000, 1), "max_ms": round(max(ts) * 1000, 1),
+                                    "x_floor": round(med / floor, 2)}
+            for name in ("recipe plan gpt-oss-120b -T 2x-solo", "bench report (empty results)"):
+                r["cases"][name]["heaviest_imports_ms"] = heaviest_imports(cases[name], src, envs[src])
+            out["by_src"][str(src)] = r
     print(json.dumps(out, indent=1))
     return 0
 

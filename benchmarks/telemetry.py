@@ -308,9 +308,15 @@ def agent_cost(args) -> dict:
                 f["nvml_sample"] = per_tick_cpu(lambda: nv.sample(errors), args.n)
                 f["nvml_whole_tick"] = per_tick_cpu(lambda: agent.make_tick(0, nv, "/proc", errors), args.n)
                 f["tick_bytes"] = len(json.dumps(agent.make_tick(0, nv, "/proc", errors), separators=(",", ":")))
+                if hasattr(agent, "REASON_COUNTERS_REFRESH_S"):     # the worst case: counters read every tick
+                    keep, agent.REASON_COUNTERS_REFRESH_S = agent.REASON_COUNTERS_REFRESH_S, 0.0
+                    f["nvml_sample_counters_every_tick"] = per_tick_cpu(lambda: nv.sample(errors), args.n)
+                    agent.REASON_COUNTERS_REFRESH_S = keep
             except Exception as exc:  # noqa: BLE001
                 figs["failures"][f"{path.name}:nvml"] = f"{type(exc).__name__}: {exc}"[:300]
         f["process"] = [process_cost(path, s, args.ticks, 0.01) for s in (("none", "nvml") if gpu else ("none",))]
+        if gpu and args.ticks_2hz:       # as a node runs it: 2 Hz, so refreshes fall where they would
+            f["process_2hz"] = process_cost(path, "nvml", args.ticks_2hz, 0.5)
         figs["agents"][str(path)] = f
     nvf = figs["floors"].get("nvml")
     for f in figs["agents"].values():
@@ -318,6 +324,9 @@ def agent_cost(args) -> dict:
             f["nvml_sample_x_floor"] = round(f["nvml_sample"]["cpu_ms"] / nvf["all_calls_of_a_tick_before"]["cpu_ms"], 2)
             steady = next(p for p in f["process"] if p["source"] == "nvml")["cpu_ms_per_tick_steady"]
             f["process_tick_x_nvml_floor"] = round(steady / nvf["all_calls_of_a_tick_before"]["cpu_ms"], 2)
+            if "process_2hz" in f:
+                f["process_2hz_tick_x_nvml_floor"] = round(
+                    f["process_2hz"]["cpu_ms_per_tick_steady"] / nvf["all_calls_of_a_tick_before"]["cpu_ms"], 2)
         f["host_tick_x_proc_floor"] = round(f["host_tick"]["cpu_ms"] / figs["floors"]["proc"]["all_files"]["cpu_ms"], 2)
     figs["errors"] = errors[:5]
     return figs
@@ -405,6 +414,7 @@ def main() -> int:
     c.add_argument("--agent", action="append", help="agent.py to measure (repeat; default: this checkout's)")
     c.add_argument("--n", type=int, default=2000)
     c.add_argument("--ticks", type=int, default=500)
+    c.add_argument("--ticks-2hz", type=int, default=30, help="ticks of the 2 Hz process run (0: skip)")
     c.add_argument("--out")
     s = sub.add_parser("ssh")
     s.add_argument("--seconds", type=float, default=20)
