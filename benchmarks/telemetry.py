@@ -6,6 +6,13 @@
         tick, and recordings of the agent's own output idle and under a matmul load (DIR/agent-h100-*.jsonl).
         Uses only the standard library, the agent and the machine's pynvml (+ torch for the load).
 
+    python benchmarks/telemetry.py agent-cost [--agent FILE ...] [--n 2000] [--out DIR]
+        The agent's CPU per tick against its floors, measured in one run: NVML (when the machine has a GPU) — the
+        in-process cost of exactly the calls a tick makes, each timed alone — and the host readings against
+        reading the same /proc files in a loop; then the whole agent process per tick (start-up measured
+        apart and taken out). Several --agent files (e.g. the agent before and after a change) are measured
+        side by side. Standard library and the machine's pynvml only.
+
     python benchmarks/telemetry.py ssh [--seconds 20] [--interval 0.1] [--nodes 2]
         Here: two real sshd nodes on loopback, the ClusterMonitor streaming agents over SSH; staleness =
         console receive time - node sample time per tick, p50/p99 (target: p99 within 50 ms), and the console's
@@ -18,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import resource
 import statistics
@@ -30,10 +38,10 @@ ROOT = Path(__file__).resolve().parent.parent
 AGENT = ROOT / "sparkconsole" / "agent.py"
 
 
-def _load_agent():
+def _load_agent(path: Path = AGENT, name: str = "sc_agent"):
     """The agent module by path: the device machine need not have the package's dependencies."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location("sc_agent", AGENT)
+    spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -181,6 +189,149 @@ def device(args) -> dict:
     return figs
 
 
+# ---------------------------------------------------------------- agent cost vs floors
+
+PROC_FILES_PER_TICK = ("meminfo", "pressure/memory", "swaps", "sys/vm/overcommit_memory", "sys/vm/min_free_kbytes",
+                       "sys/vm/swappiness")
+
+
+def proc_floor(n: int) -> dict:
+    """Reading the files a tick's host readings come from, nothing else: open, read, close."""
+    paths = [Path("/proc") / p for p in PROC_FILES_PER_TICK]
+    paths = [p for p in paths if p.exists()]
+
+    def read_all():
+        for p in paths:
+            with open(p, "rb") as fh:
+                fh.read()
+
+    def read_two():       # the two that change from tick to tick (memory, pressure)
+        for p in paths[:2]:
+            with open(p, "rb") as fh:
+                fh.read()
+    devnull = open(os.devnull, "w")  # noqa: SIM115
+    line = "x" * 1000
+
+    def wake():          # what any timed loop pays per tick: one line written and flushed, one short sleep
+        devnull.write(line + "\n")
+        devnull.flush()
+        time.sleep(0.01)
+    return {"all_files": per_tick_cpu(read_all, n), "meminfo_and_pressure": per_tick_cpu(read_two, n),
+            "write_and_sleep_10ms": per_tick_cpu(wake, min(n, 300)), "files": [str(p) for p in paths]}
+
+
+def nvml_floor(n: int) -> dict:
+    """The NVML calls a tick makes, straight through pynvml in a loop (no dicts, no error handling): per call and
+    together. The same readings as NvmlSource.sample, including the reason counters' field-values call."""
+    import pynvml as nv
+    nv.nvmlInit()
+    hs = [nv.nvmlDeviceGetHandleByIndex(i) for i in range(nv.nvmlDeviceGetCount())]
+    reasons = getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None) or nv.nvmlDeviceGetCurrentClocksThrottleReasons
+    ids = [74, 76, 269, 270, 271]
+    calls = {
+        "temperature": lambda h: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+        "reasons": reasons,
+        "field_values(5 counters)": lambda h: nv.nvmlDeviceGetFieldValues(h, ids),
+        "power": nv.nvmlDeviceGetPowerUsage,
+        "power_limit": nv.nvmlDeviceGetEnforcedPowerLimit,
+        "sm_clock": lambda h: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM),
+        "utilization": nv.nvmlDeviceGetUtilizationRates,
+        "memory": nv.nvmlDeviceGetMemoryInfo,
+    }
+    ok = {}
+    for name, fn in calls.items():
+        try:
+            fn(hs[0])
+            ok[name] = fn
+        except nv.NVMLError:
+            pass
+    per_call = {name: per_tick_cpu(lambda fn=fn: [fn(h) for h in hs], n) for name, fn in ok.items()}
+
+    def every(names):
+        fns = [ok[x] for x in names if x in ok]
+        return lambda: [fn(h) for h in hs for fn in fns]
+    per_tick = [k for k in ok if k != "power_limit"]      # power limit: read every 10 s by the new agent
+    # A candidate: power in the counters' field-values call (185: the 1 s average nvmlDeviceGetPowerUsage gives on
+    # Ampere and newer; 186: instant). Its cost and its values beside the power call's, for the record.
+    both = ids + [185, 186]
+    cand: dict = {}
+    try:
+        cand["field_values(counters+power)"] = per_tick_cpu(lambda: [nv.nvmlDeviceGetFieldValues(h, both) for h in hs], n)
+        fv = nv.nvmlDeviceGetFieldValues(hs[0], both)
+        cand["power_usage_mw"] = nv.nvmlDeviceGetPowerUsage(hs[0])
+        cand["field_185_186"] = [(f.nvmlReturn, int(f.value.uiVal)) for f in fv[-2:]]
+    except Exception as exc:  # noqa: BLE001
+        cand["error"] = str(exc)[:200]
+    return {"gpus": len(hs), "per_call": per_call, "candidate": cand,
+            "all_calls_of_a_tick_before": per_tick_cpu(every(list(ok)), n),
+            "all_calls_of_a_tick_now": per_tick_cpu(every(per_tick), n),
+            "six_calls_no_counters": per_tick_cpu(every(["temperature", "reasons", "power", "sm_clock", "utilization",
+                                                         "memory"]), n)}
+
+
+def process_cost(path: Path, source: str, ticks: int, interval: float) -> dict:
+    """The agent as a process: CPU per tick with its start-up (the same command with --count 1) taken out."""
+    def run(count: int) -> float:
+        k0 = _children_cpu()
+        r = subprocess.run([sys.executable, str(path), "--gpu-source", source, "--count", str(count), "--interval",
+                            str(interval), "--containers", "none"], capture_output=True, text=True, timeout=600)
+        if r.returncode != 0:
+            raise RuntimeError(r.stderr[-300:])
+        return _children_cpu() - k0
+    starts = sorted(run(1) for _ in range(5))
+    start = starts[2]
+    total = run(ticks)
+    return {"source": source, "ticks": ticks, "startup_cpu_ms": round(start * 1000, 2),
+            "cpu_ms_per_tick_with_startup": round(total / ticks * 1000, 4),
+            "cpu_ms_per_tick_steady": round(max(total - start, 0) / (ticks - 1) * 1000, 4)}
+
+
+def agent_cost(args) -> dict:
+    paths = [Path(p).resolve() for p in (args.agent or [AGENT])]
+    errors: list = []
+    figs: dict = {"host": platform.node(), "python": sys.version.split()[0], "cpus": os.cpu_count(),
+                  "floors": {"proc": proc_floor(args.n)}, "agents": {}, "failures": {}}
+    try:
+        figs["floors"]["nvml"] = nvml_floor(args.n)
+        gpu = True
+    except Exception as exc:  # noqa: BLE001 — no GPU here: the host half still means something
+        figs["failures"]["nvml_floor"] = f"{type(exc).__name__}: {exc}"[:300]
+        gpu = False
+    for k, path in enumerate(paths):
+        agent = _load_agent(path, f"sc_agent_{k}")
+        f: dict = {}
+        none = agent.NoGpu()
+        f["host_tick"] = per_tick_cpu(lambda: agent.make_tick(0, none, "/proc", errors), args.n)
+        if gpu:
+            try:
+                nv = agent.NvmlSource()
+                f["nvml_sample"] = per_tick_cpu(lambda: nv.sample(errors), args.n)
+                f["nvml_whole_tick"] = per_tick_cpu(lambda: agent.make_tick(0, nv, "/proc", errors), args.n)
+                f["tick_bytes"] = len(json.dumps(agent.make_tick(0, nv, "/proc", errors), separators=(",", ":")))
+                if hasattr(agent, "REASON_COUNTERS_REFRESH_S"):     # the worst case: counters read every tick
+                    keep, agent.REASON_COUNTERS_REFRESH_S = agent.REASON_COUNTERS_REFRESH_S, 0.0
+                    f["nvml_sample_counters_every_tick"] = per_tick_cpu(lambda: nv.sample(errors), args.n)
+                    agent.REASON_COUNTERS_REFRESH_S = keep
+            except Exception as exc:  # noqa: BLE001
+                figs["failures"][f"{path.name}:nvml"] = f"{type(exc).__name__}: {exc}"[:300]
+        f["process"] = [process_cost(path, s, args.ticks, 0.01) for s in (("none", "nvml") if gpu else ("none",))]
+        if gpu and args.ticks_2hz:       # as a node runs it: 2 Hz, so refreshes fall where they would
+            f["process_2hz"] = process_cost(path, "nvml", args.ticks_2hz, 0.5)
+        figs["agents"][str(path)] = f
+    nvf = figs["floors"].get("nvml")
+    for f in figs["agents"].values():
+        if nvf and "nvml_sample" in f:
+            f["nvml_sample_x_floor"] = round(f["nvml_sample"]["cpu_ms"] / nvf["all_calls_of_a_tick_before"]["cpu_ms"], 2)
+            steady = next(p for p in f["process"] if p["source"] == "nvml")["cpu_ms_per_tick_steady"]
+            f["process_tick_x_nvml_floor"] = round(steady / nvf["all_calls_of_a_tick_before"]["cpu_ms"], 2)
+            if "process_2hz" in f:
+                f["process_2hz_tick_x_nvml_floor"] = round(
+                    f["process_2hz"]["cpu_ms_per_tick_steady"] / nvf["all_calls_of_a_tick_before"]["cpu_ms"], 2)
+        f["host_tick_x_proc_floor"] = round(f["host_tick"]["cpu_ms"] / figs["floors"]["proc"]["all_files"]["cpu_ms"], 2)
+    figs["errors"] = errors[:5]
+    return figs
+
+
 # ---------------------------------------------------------------- ssh (here)
 
 async def ssh_staleness(seconds: float, interval: float, n_nodes: int = 2) -> dict:
@@ -259,13 +410,19 @@ def main() -> int:
     d.add_argument("--n-smi", type=int, default=30)
     d.add_argument("--idle-s", type=float, default=10)
     d.add_argument("--load-s", type=float, default=35)
+    c = sub.add_parser("agent-cost")
+    c.add_argument("--agent", action="append", help="agent.py to measure (repeat; default: this checkout's)")
+    c.add_argument("--n", type=int, default=2000)
+    c.add_argument("--ticks", type=int, default=500)
+    c.add_argument("--ticks-2hz", type=int, default=30, help="ticks of the 2 Hz process run (0: skip)")
+    c.add_argument("--out")
     s = sub.add_parser("ssh")
     s.add_argument("--seconds", type=float, default=20)
     s.add_argument("--interval", type=float, default=0.1)
     s.add_argument("--nodes", type=int, default=2, help="console-side nodes over the two sshd servers")
     s.add_argument("--out")
     args = ap.parse_args()
-    figs = device(args) if args.mode == "device" else ssh(args)
+    figs = {"device": device, "agent-cost": agent_cost, "ssh": ssh}[args.mode](args)
     text = json.dumps(figs, indent=1, default=str)
     print(text)
     if getattr(args, "out", None):

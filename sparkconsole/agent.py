@@ -16,18 +16,14 @@ Readings a source cannot give are left out, never reported as 0.
 
 from __future__ import annotations
 
-import argparse
-import csv
-import io
 import json
 import os
 import select
-import shutil
-import socket
-import subprocess
 import sys
-import threading
 import time
+
+# Imported where used (the nvidia-smi fallback, the container poller, the hello): a node pays for starting the
+# agent on every connection, and most of the standard library is not needed for a tick.
 
 AGENT_VERSION = "0.1.0"
 
@@ -40,6 +36,12 @@ REASON_BITS = (
 # "Clocks Event Reasons Counters". Ids 269-271 exist on drivers >= 535; older ones answer per field.
 REASON_COUNTER_FIELDS = (("sw_power_cap", 74), ("sync_boost", 76), ("sw_thermal", 269), ("hw_thermal", 270),
                          ("hw_power_brake", 271))
+REASON_COUNTER_NAMES = tuple(name for name, _ in REASON_COUNTER_FIELDS)
+REASON_COUNTER_IDS = [fid for _, fid in REASON_COUNTER_FIELDS]
+# Readings that change on an operator's command, not from tick to tick: read at most this often, repeated between.
+POWER_LIMIT_REFRESH_S = 10.0
+REASON_COUNTERS_REFRESH_S = 2.0
+GUARDS_REFRESH_S = 1.0
 
 # The nvidia-smi fallback's query: one CSV row per GPU, parsed by field name (parse_smi_csv).
 SMI_FIELDS = (
@@ -70,6 +72,9 @@ def _intish(v: float | None) -> float | int | None:
 
 def parse_smi_csv(text: str, fields: tuple[str, ...] | list[str] = SMI_FIELDS) -> list[dict]:
     """GPU dicts in the tick schema from `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits`."""
+    import csv
+    import io
+
     gpus = []
     for pos, row in enumerate(csv.reader(io.StringIO(text), skipinitialspace=True)):
         if not row or len(row) != len(fields):
@@ -152,6 +157,9 @@ class NvmlSource:
         self.unsupported: set[tuple[int, str]] = set()
         self.reason_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
+        self._limits: list | None = None
+        self._limits_at = 0.0
+        self._counters: dict[int, tuple[float, object, dict | None]] = {}   # gpu -> (read at, mask then, µs)
 
     def _try(self, fn, *args):
         try:
@@ -195,47 +203,77 @@ class NvmlSource:
                 errors.append(f"nvml gpu{i} {what}: {exc}")
             return None
 
+    def _power_limits(self, errors: list) -> list:
+        """The enforced power limit per GPU: an operator's `nvidia-smi -pl` changes it, a tick does not, so it is
+        read every POWER_LIMIT_REFRESH_S and repeated in the ticks between."""
+        now = time.monotonic()
+        if self._limits is None or now - self._limits_at >= POWER_LIMIT_REFRESH_S:
+            fn = self.nv.nvmlDeviceGetEnforcedPowerLimit
+            self._limits = [self._read(i, "power_limit", fn, h, errors=errors) for i, h in enumerate(self.handles)]
+            self._limits_at = now
+        return self._limits
+
+    def _reason_counters(self, i: int, h, mask, errors: list) -> dict | None:
+        """The clock-event time counters (µs), from one nvmlDeviceGetFieldValues. On an H100 that one call costs
+        ~0.68 ms of CPU, 50x the six other readings together, so it is made when the reasons mask changes (the
+        tick that shows a throttle starting or ending carries fresh counters) and otherwise every
+        REASON_COUNTERS_REFRESH_S; the ticks between repeat the last values (cumulative counters: they move only
+        while a reason is active)."""
+        now = time.monotonic()
+        last = self._counters.get(i)
+        if last is not None and last[1] == mask and now - last[0] < REASON_COUNTERS_REFRESH_S:
+            return last[2]
+        counters = self._read(i, "reason_counters", self.nv.nvmlDeviceGetFieldValues, h, REASON_COUNTER_IDS,
+                              errors=errors)
+        us = None
+        if counters is not None:
+            us = {}
+            for name, fv in zip(REASON_COUNTER_NAMES, counters):
+                if fv.nvmlReturn == 0:
+                    us[name] = int(fv.value.ullVal // 1000)   # ns -> us, as nvidia-smi -q shows them
+        self._counters[i] = (now, mask, us)
+        return us
+
     def sample(self, errors: list) -> list:
+        # Per GPU: temperature, reasons, power, SM clock, utilisation, memory each tick; the reason counters (one
+        # nvmlDeviceGetFieldValues) and the power limit when they can have moved; no call the driver already said
+        # it does not support. Static values (thresholds, max clock) come from self.static, read once.
         nv = self.nv
+        read = self._read
+        unsupported = self.unsupported
+        limits = self._power_limits(errors)
         out = []
         for i, h in enumerate(self.handles):
             g: dict = {"index": i}
             g.update(self.static[i])
-            t = self._read(i, "temp", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU, errors=errors)
+            t = read(i, "temp", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU, errors=errors)
             if t is not None:
                 g["temp_c"] = t
-            mask = self._read(i, "reasons", self.reason_fn, h, errors=errors)
+            mask = read(i, "reasons", self.reason_fn, h, errors=errors)
             if mask is not None:
                 g["reasons_mask"] = int(mask)
                 g["reasons"] = reasons_from_mask(int(mask))
-            counters = self._read(i, "reason_counters", nv.nvmlDeviceGetFieldValues, h,
-                                  [fid for _, fid in REASON_COUNTER_FIELDS], errors=errors)
-            if counters is not None:
-                us = {}
-                for (name, _), fv in zip(REASON_COUNTER_FIELDS, counters):
-                    if fv.nvmlReturn == 0:
-                        us[name] = int(fv.value.ullVal // 1000)   # ns -> us, as nvidia-smi -q shows them
-                if us:
-                    g["reason_us"] = us
-            p = self._read(i, "power", nv.nvmlDeviceGetPowerUsage, h, errors=errors)
+            us = self._reason_counters(i, h, mask, errors)
+            if us:
+                g["reason_us"] = us
+            p = read(i, "power", nv.nvmlDeviceGetPowerUsage, h, errors=errors)
             if p is not None:
                 g["power_w"] = round(p / 1000.0, 3)
-            pl = self._read(i, "power_limit", nv.nvmlDeviceGetEnforcedPowerLimit, h, errors=errors)
-            if pl is not None:
-                g["power_limit_w"] = round(pl / 1000.0, 3)
-            c = self._read(i, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM, errors=errors)
+            if limits[i] is not None:
+                g["power_limit_w"] = round(limits[i] / 1000.0, 3)
+            c = read(i, "sm_clock", nv.nvmlDeviceGetClockInfo, h, nv.NVML_CLOCK_SM, errors=errors)
             if c is not None:
                 g["sm_clock_mhz"] = c
-            u = self._read(i, "util", nv.nvmlDeviceGetUtilizationRates, h, errors=errors)
+            u = read(i, "util", nv.nvmlDeviceGetUtilizationRates, h, errors=errors)
             if u is not None:
                 g["util_pct"] = u.gpu
                 g["mem_util_pct"] = u.memory
-            m = self._read(i, "mem", nv.nvmlDeviceGetMemoryInfo, h, errors=errors)
+            m = read(i, "mem", nv.nvmlDeviceGetMemoryInfo, h, errors=errors)
             if m is not None:
                 g["mem_total_b"] = int(m.total)
                 g["mem_used_b"] = int(m.used)
             # NOT_SUPPORTED memory info = unified memory (GB10): the host's memory is the GPU's.
-            g["unified"] = (i, "mem") in self.unsupported
+            g["unified"] = (i, "mem") in unsupported
             out.append(g)
         return out
 
@@ -246,21 +284,30 @@ class SmiSource:
     simulated = False
 
     def __init__(self) -> None:
+        import shutil
+
         self.exe = shutil.which("nvidia-smi")
         if not self.exe:
             raise RuntimeError("nvidia-smi not found")
 
     def _query(self, fields) -> str:
+        import subprocess
+
         return subprocess.run([self.exe, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=10, check=True).stdout
 
     def hello(self) -> dict:
+        import csv
+        import io
+
         rows = list(csv.reader(io.StringIO(self._query(SMI_HELLO_FIELDS)), skipinitialspace=True))
         gpus = [{"index": int(r[0]), "uuid": r[1].strip(), "name": r[2].strip()} for r in rows if len(r) == 4]
         driver = rows[0][3].strip() if rows and len(rows[0]) == 4 else None
         return {"gpus": gpus, "driver": driver}
 
     def sample(self, errors: list) -> list | None:
+        import subprocess
+
         try:
             return parse_smi_csv(self._query(SMI_FIELDS))
         except (subprocess.SubprocessError, OSError) as exc:
@@ -354,6 +401,8 @@ def open_gpu_source(spec: str, errors: list):
             if spec == "nvml":
                 return NoGpu()
     if spec in ("auto", "nvidia-smi"):
+        import shutil
+
         try:
             return SmiSource()
         except Exception as exc:  # noqa: BLE001
@@ -380,6 +429,8 @@ def read_meminfo(proc_root: str) -> dict | None:
             parts = rest.split()
             if parts and parts[0].isdigit():
                 out[keys[k]] = int(parts[0])
+                if len(out) == len(keys):
+                    break            # SwapFree is line ~15 of ~55: the rest is not read into a tick
     return out or None
 
 
@@ -450,16 +501,22 @@ class ContainerPoller:
     """Reads containers from the docker CLI in a thread, so a slow daemon never delays a tick."""
 
     def __init__(self, interval: float) -> None:
+        import shutil
+
         self.interval = interval
         self.exe = shutil.which("docker")
         self.result: list | None = None
         self.error: str | None = None
+        import threading
+
         self.lock = threading.Lock()
         self.wake = threading.Event()
         if self.exe:
             threading.Thread(target=self._loop, name="containers", daemon=True).start()
 
     def _once(self) -> list:
+        import subprocess
+
         ids = subprocess.run([self.exe, "ps", "-aq", "--no-trunc"], capture_output=True, text=True, timeout=20,
                              check=True).stdout.split()
         if not ids:
@@ -475,6 +532,8 @@ class ContainerPoller:
         return conts
 
     def _loop(self) -> None:
+        import subprocess
+
         while True:
             try:
                 res, err = self._once(), None
@@ -505,6 +564,8 @@ def _boot_id(proc_root: str) -> str | None:
 
 
 def make_hello(source, proc_root: str, interval: float) -> dict:
+    import socket
+
     u = os.uname()
     h = {"type": "hello", "agent_version": AGENT_VERSION, "hostname": socket.gethostname() or u.nodename,
          "kernel": u.release, "boot_id": _boot_id(proc_root), "driver": None, "nvml_version": None,
@@ -526,8 +587,21 @@ def make_tick(seq: int, source, proc_root: str, errors: list) -> dict:
     pressure = read_pressure(proc_root)
     if pressure is not None:
         t["pressure"] = pressure
-    t["guards"] = read_guards(proc_root)
+    t["guards"] = guards_now(proc_root)
     return t
+
+
+_guards_cache: dict[str, tuple[float, dict]] = {}
+
+
+def guards_now(proc_root: str) -> dict:
+    """read_guards at most every GUARDS_REFRESH_S (swap and vm sysctls change on an operator's command; four
+    file reads a tick for them were a third of the host readings' cost)."""
+    now = time.monotonic()
+    hit = _guards_cache.get(proc_root)
+    if hit is None or now - hit[0] >= GUARDS_REFRESH_S:
+        hit = _guards_cache[proc_root] = (now, read_guards(proc_root))
+    return hit[1]
 
 
 def _stdin_closed(timeout: float) -> bool:
@@ -542,6 +616,8 @@ def _stdin_closed(timeout: float) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
+    import argparse
+
     ap = argparse.ArgumentParser(prog="agent")
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--container-interval", type=float, default=5.0)

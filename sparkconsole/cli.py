@@ -3,14 +3,15 @@
 
 `sparkconsole` with no subcommand opens the console on the cluster file (or this machine as one node).
 A `UserError` anywhere is printed as one line and exits 2 — never a traceback.
+
+Start-up cost: `--version`, `--help` and argument errors must answer at interpreter speed, so this module
+imports nothing of the product, and only the module of the command being run is imported (the others are
+listed from HELP). Global options (`--cluster`, `--version`) are accepted before and after the command.
 """
 
 from __future__ import annotations
 
 import argparse
-import asyncio
-import importlib
-import inspect
 import sys
 
 from . import __version__
@@ -19,37 +20,101 @@ from .errors import UserError
 # Order is the order shown in --help. A module that does not exist yet is skipped.
 COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve")
 
+# Each command's one-line help, so `sparkconsole --help` lists them without importing their modules
+# (tests/test_cli.py checks these against the modules' own). A command missing here still works: its
+# module is then imported to list it.
+HELP = {
+    "console": "open the console on the cluster (the default command)",
+    "demo": "a simulated two-node GB10 cluster with a model served, in the console",
+    "status": "one snapshot of every node (GPU, memory, OOM guards, containers)",
+    "recipe": "list, plan, lint, launch, stop and restart model recipes",
+    "bench": "benchmark sweeps, results, reports and the topology advisor",
+    "model": "models in each node's Hugging Face cache: list, pull to every node, rm",
+    "image": "container images on each node: list, copy to every node, rm",
+    "exporter": "serve the nodes' readings, guards, endpoints and alerts to Prometheus (/metrics)",
+    "serve": "serve the console in a browser tab (textual-serve)",
+}
 
-def build_parser() -> argparse.ArgumentParser:
+
+def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
+    """The options every level accepts. Below the top they default to SUPPRESS, so a subcommand that was not
+    given `--cluster` leaves the value given before the command (or the top's default) in place."""
+    have = parser._option_string_actions
+    extra = {} if top else {"default": argparse.SUPPRESS}
+    if "--version" not in have:
+        parser.add_argument("--version", action="version", version=f"sparkconsole {__version__}")
+    if "--cluster" not in have:
+        parser.add_argument("--cluster", metavar="PATH", **extra,
+                            help="cluster file (default: ./sparkconsole.yaml, then ~/.config/sparkconsole/sparkconsole.yaml)"
+                            if top else "cluster file (also accepted before the command)")
+
+
+def _subparser_actions(parser: argparse.ArgumentParser):
+    return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+def _add_global_options_below(parser: argparse.ArgumentParser) -> None:
+    for action in _subparser_actions(parser):
+        for child in set(action.choices.values()):      # aliases map to the same parser
+            _global_options(child, top=False)
+            _add_global_options_below(child)
+
+
+def _module(name: str):
+    import importlib
+
+    try:
+        return importlib.import_module(f"sparkconsole.commands.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name == f"sparkconsole.commands.{name}":
+            return None
+        raise
+
+
+def build_parser(command: str | None = None, *, all_commands: bool = False) -> argparse.ArgumentParser:
+    """The full parser for `command` (its module imported and registered); every other command is a stub
+    that only lists it and takes any arguments. `all_commands=True` registers every module (tests, docs)."""
     parser = argparse.ArgumentParser(prog="sparkconsole", description="Operations console for DGX Spark vLLM clusters.")
-    parser.add_argument("--version", action="version", version=f"sparkconsole {__version__}")
-    parser.add_argument("--cluster", metavar="PATH", help="cluster file (default: ./sparkconsole.yaml, "
-                        "then ~/.config/sparkconsole/sparkconsole.yaml)")
+    _global_options(parser, top=True)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            mod = importlib.import_module(f"sparkconsole.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"sparkconsole.commands.{name}":
-                continue
-            raise
-        mod.register(sub)
+        if all_commands or name == command or name not in HELP:
+            mod = _module(name)
+            if mod is not None:
+                mod.register(sub)
+            continue
+        stub = sub.add_parser(name, help=HELP[name], add_help=False)
+        stub.add_argument("_rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+    _add_global_options_below(parser)
     return parser
 
 
+def _command_of(argv: list[str]) -> str | None:
+    """Which command argv names, found by argparse itself on the stub parser (abbreviations, `--cluster=F`,
+    a file named like a command); exits for `--help`, `--version` and an unknown command, as argparse does."""
+    ns, _ = build_parser().parse_known_args(argv)
+    return ns.command
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = _command_of(argv)
+    if command is None:
+        if "console" not in COMMANDS or _module("console") is None:
+            build_parser().print_help()
+            return 0
+        command, argv = "console", [*argv, "console"]
+    parser = build_parser(command)
     args = parser.parse_args(argv)
     func = getattr(args, "func", None)
-    if func is None:
-        if "console" not in parser._subparsers._group_actions[0].choices:  # type: ignore[union-attr]
-            parser.print_help()
-            return 0
-        args = parser.parse_args(["console"] if argv is None else [*argv, "console"])
-        func = args.func
+    if func is None:                     # a command with actions, given none (`sparkconsole bench`)
+        _subparser_actions(parser)[0].choices[command].print_help(sys.stderr)
+        return 2
     try:
         result = func(args)
-        if inspect.iscoroutine(result):
+        if hasattr(result, "__await__"):
+            import asyncio
+
             result = asyncio.run(result)
         return int(result or 0)
     except UserError as err:

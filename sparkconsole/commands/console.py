@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..config import find_config, load_cluster, local_cluster
 from ..errors import UserError
 
 
@@ -22,6 +21,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_app(args: argparse.Namespace):
+    from ..config import find_config, load_cluster, local_cluster
     from ..tui.app import SparkConsoleApp
 
     path = find_config(getattr(args, "cluster", None))

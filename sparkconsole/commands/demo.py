@@ -12,18 +12,22 @@ simulated time; `--speed F` runs that clock F times faster than real time.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import contextlib
-import json
-import signal
-import sys
 import time
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
-from ..sim.cluster import ROUTERS, TOPOLOGIES, Serving, SimCluster
+from . import LazyChoices
+
+if TYPE_CHECKING:      # the simulator is imported in run(): `demo --bad` and `--help` answer at once
+    from ..sim.cluster import SimCluster
+
+TOPOLOGIES = LazyChoices("sparkconsole.sim.cluster", "TOPOLOGIES")
+ROUTERS = LazyChoices("sparkconsole.sim.cluster", "ROUTERS")
 
 # Demo-only: weights "load" this much faster than the simulated disk would, so numbers appear at once.
 DEMO_LOAD_SPEEDUP = 20.0
+# The model starts once a node reading is on screen, or after this long whatever the console is doing.
+NODES_FIRST_MAX_S = 5.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -31,10 +35,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speed", type=float, default=1.0, metavar="F",
                    help="simulated clock speed relative to real time (default 1)")
-    p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES,
-                   help="what is served at start (default: gpt-oss-120b, 2x solo behind the router)")
-    p.add_argument("--router", default="litellm-simple-shuffle", choices=ROUTERS,
-                   help="router in front of 2x-solo (default litellm-simple-shuffle)")
+    p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES, metavar="TOPOLOGY",
+                   help="%(choices)s: what is served at start (default: gpt-oss-120b, 2x solo behind the router)")
+    p.add_argument("--router", default="litellm-simple-shuffle", choices=ROUTERS, metavar="ROUTER",
+                   help="router in front of 2x-solo: %(choices)s (default litellm-simple-shuffle)")
     p.add_argument("--load", type=int, default=4, metavar="C",
                    help="concurrent streaming requests kept running so the dashboard moves (0: idle; default 4)")
     p.add_argument("--headless", action="store_true", help="no console: print the endpoints as JSON and keep "
@@ -64,42 +68,126 @@ def describe(sim: SimCluster) -> dict:
 
 
 async def run(args: argparse.Namespace) -> int:
+    import asyncio
+    import contextlib
+    import json
+    import signal
+
+    from ..sim.cluster import Serving, SimCluster
+
     _check(args)
     sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router),
                      load_speedup=DEMO_LOAD_SPEEDUP)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    if args.headless:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-    else:
-        print("sparkconsole demo: starting a simulated cluster (spark1 127.0.0.2, spark2 127.0.0.3)…",
-              file=sys.stderr, flush=True)
-    load_task = None
+    tasks: list[asyncio.Task] = []
     try:
-        await sim.start()
+        if not args.headless:
+            # Nodes first: they are up in tens of milliseconds and the console shows them at once; the model,
+            # the router and the load come up behind the dashboard, each noted as it does.
+            await sim.start_nodes()
+            return await _console(sim, args, tasks)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        await sim.start()           # headless: the endpoints are printed once they serve
         if args.load and sim.cluster.endpoints:
-            load_task = asyncio.create_task(sim.run_load(concurrency=args.load, seconds=None))
-        if args.headless:
-            print(json.dumps(describe(sim)), flush=True)
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(stop.wait(), args.duration)
-            return 0
-        return await _console(sim, args)
+            tasks.append(asyncio.create_task(sim.run_load(concurrency=args.load, seconds=None)))
+        print(json.dumps(describe(sim)), flush=True)
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(stop.wait(), args.duration)
+        return 0
     finally:
-        if load_task is not None:
-            load_task.cancel()
+        for t in tasks:
+            t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await load_task
+                await t
         await sim.stop()
 
 
-async def _console(sim: SimCluster, args: argparse.Namespace) -> int:
+async def _bring_up(sim: SimCluster, args: argparse.Namespace, say, after=None) -> None:
+    """The topology, then the load, behind an already running console; `say(line, style)` reports each step.
+    `after`: awaited first (the nodes on screen), so the model's processes do not compete with the first frame
+    and the first readings for the machine's cores."""
+    if after is not None:
+        await after
     try:
-        from ..tui.app import SparkConsoleApp
+        await sim.serve(progress=lambda line: say(line, "cyan"))
+    except UserError as err:
+        say(f"simulated serving failed: {err}", "red")
+        return
+    if args.load and sim.cluster.endpoints:
+        say(f"load: {args.load} streaming requests kept in flight", "cyan")
+        await sim.run_load(concurrency=args.load, seconds=None)
+
+
+class _Notes:
+    """Bring-up lines into the console's event log; lines from before the first frame wait for it."""
+
+    def __init__(self, app) -> None:
+        self.app = app
+        self.pending: list[tuple[str, str]] = []
+        self._flusher = None
+
+    def say(self, line: str, style: str = "") -> None:
+        import asyncio
+
+        if self.app.first_frame_at is not None and not self.pending:
+            self._write(line, style)
+            return
+        self.pending.append((line, style))
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        import asyncio
+
+        while self.app.first_frame_at is None:
+            await asyncio.sleep(0.05)
+        pending, self.pending = self.pending, []
+        for line, style in pending:
+            self._write(line, style)
+
+    def _write(self, line: str, style: str) -> None:
+        self.app.dashboard.events.note(f"sim: {line}", style)
+        if style == "red":
+            self.app.notify(line, title="simulator", severity="error", timeout=30)
+
+
+async def _nodes_shown(app) -> None:
+    """Until the console has drawn its first frame and holds a reading of a node (or NODES_FIRST_MAX_S)."""
+    import asyncio
+
+    deadline = time.monotonic() + NODES_FIRST_MAX_S
+    while time.monotonic() < deadline:
+        mon = app.monitor
+        if app.first_frame_at is not None and mon is not None and any(nm.last for nm in mon.nodes.values()):
+            return
+        await asyncio.sleep(0.05)
+
+
+def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
+    """The console on a cluster whose nodes are up (sim.start_nodes()): the bring-up of the model, router and
+    load is added to `tasks`; it starts once a node reading is on screen, each endpoint is polled once it serves."""
+    import asyncio
+
+    from ..tui.app import SparkConsoleApp
+
+    def staged(cluster):
+        from ..sim.staged import StagedServing
+        return StagedServing(cluster, sim.ready)
+
+    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim, serving_factory=staged)
+    tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
+    return app
+
+
+async def _console(sim: SimCluster, args: argparse.Namespace, tasks: list) -> int:
+    import asyncio
+
+    try:
+        app = console_app(sim, args, tasks)
     except ImportError:
+        tasks.append(asyncio.create_task(_bring_up(sim, args, lambda line, style: print(line, flush=True))))
         return await _print_status(sim, args)
-    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim)
     if args.duration:
         asyncio.get_running_loop().call_later(args.duration, app.exit)
     await app.run_async()
@@ -108,6 +196,8 @@ async def _console(sim: SimCluster, args: argparse.Namespace) -> int:
 
 async def _print_status(sim: SimCluster, args: argparse.Namespace) -> int:
     """Without the console: one status line per node every few seconds, from the real monitor."""
+    import asyncio
+
     from ..nodes.monitor import ClusterMonitor
     mon = ClusterMonitor(sim.cluster)
     await mon.start()

@@ -19,15 +19,19 @@ import argparse
 import shlex
 import sys
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import yaml
-
-from ..config import ClusterConfig, find_config, load_cluster, local_cluster
 from ..errors import UserError
-from ..launch import lint as lint_mod
-from ..launch.plan import Plan, make_plan
-from ..launch.recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, find_recipe, load_recipe, recipe_paths
+from . import LazyChoices
+
+if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
+    from ..config import ClusterConfig
+    from ..launch import lint as lint_mod
+    from ..launch.plan import Plan
+    from ..launch.recipe import Recipe
+
+TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")
+ROUTER_CHOICES = LazyChoices("sparkconsole.launch.recipe", "ROUTER_CHOICES")
 
 FACTS_TIMEOUT_S = 15.0
 
@@ -64,7 +68,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             epilog="Arguments after -- are appended to the vLLM command verbatim, as with "
                                    "run-recipe.sh: sparkconsole recipe plan NAME -- --seed 42")
         sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file")
-        sp.add_argument("--topology", "-T", choices=TOPOLOGIES, help="default: the recipe's first topology")
+        sp.add_argument("--topology", "-T", choices=TOPOLOGIES, metavar="TOPOLOGY",
+                        help="%(choices)s (default: the recipe's first topology)")
         sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
                         help="node(s) to use, head first (repeat); default: head, then file order")
         sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
@@ -75,7 +80,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sp.add_argument("--gpu-memory-utilization", "--gpu-mem", type=float, dest="gpu_memory_utilization")
         sp.add_argument("--max-model-len", type=int, dest="max_model_len")
         sp.add_argument("--max-num-batched-tokens", type=int, dest="max_num_batched_tokens")
-        sp.add_argument("--router", choices=ROUTER_CHOICES, help="2x-solo router (default: the recipe's)")
+        sp.add_argument("--router", choices=ROUTER_CHOICES, metavar="ROUTER",
+                        help="2x-solo router: %(choices)s (default: the recipe's)")
         sp.add_argument("--backend", choices=("mp", "ray"), help="cluster launch: vLLM's own (mp) or Ray")
         sp.add_argument("--eth-if", help="interface linking the nodes (NCCL/GLOO/UCX)")
         sp.add_argument("--ib-if", help="RDMA device for NCCL_IB_HCA")
@@ -89,6 +95,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _value(text: str) -> Any:
+    import yaml
+
     try:
         v = yaml.safe_load(text)
     except yaml.YAMLError:
@@ -116,11 +124,15 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
+    from ..config import find_config, load_cluster, local_cluster
+
     path = find_config(getattr(args, "cluster", None))
     return load_cluster(path) if path else local_cluster()
 
 
 def _list() -> int:
+    from ..launch.recipe import load_recipe, recipe_paths
+
     rows = []
     for key, path in sorted(recipe_paths().items()):
         try:
@@ -150,6 +162,8 @@ def _print_progress(verbose: bool):
 async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tuple[lint_mod.Facts, Any]:
     """Read the plan's nodes: one telemetry tick each (memory, guards, GPUs) and the image ID. Returns the
     facts and the running monitor, whose connections the runner then reuses (caller stops it)."""
+    from ..config import ClusterConfig
+    from ..launch import lint as lint_mod
     from ..nodes.monitor import ClusterMonitor
 
     sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
@@ -200,6 +214,7 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
 
 
 async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
+    from ..launch import lint as lint_mod
     from ..launch.runner import Runner
     from ..nodes.transport import TransportError, make_transport
 
@@ -269,6 +284,10 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
 def run(args: argparse.Namespace) -> int | Any:
     if args.recipe_command == "list":
         return _list()
+    from ..launch import lint as lint_mod
+    from ..launch.plan import make_plan
+    from ..launch.recipe import find_recipe
+
     recipe = find_recipe(args.recipe)
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]

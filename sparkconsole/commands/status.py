@@ -9,17 +9,14 @@ nothing within the timeout; a bad cluster file is a one-line error (exit 2).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import json
 import os
 import sys
 import time
-from dataclasses import asdict
+from typing import TYPE_CHECKING
 
-from ..config import ClusterConfig, find_config, load_cluster, local_cluster
-from ..nodes.guard import evaluate_guards
-from ..nodes.monitor import ClusterMonitor, NodeMonitor
-from ..nodes.samples import REASON_WORDS, NodeState
+if TYPE_CHECKING:      # imported inside the functions: `status --bad` and `--help` answer at interpreter speed
+    from ..config import ClusterConfig
+    from ..nodes.monitor import ClusterMonitor, NodeMonitor
 
 CONTAINER_WAIT_S = 2.0     # containers come at a slower cadence than ticks: give the first reading a moment
 
@@ -36,15 +33,24 @@ def register(subparsers) -> None:
 
 
 def load(args) -> ClusterConfig:
+    from ..config import find_config, load_cluster, local_cluster
+
     path = find_config(getattr(args, "cluster", None))
     return load_cluster(path) if path else local_cluster()
 
 
 def is_down(nm: NodeMonitor) -> bool:
+    from ..nodes.samples import NodeState
+
     return nm.state == NodeState.DOWN or nm.last is None
 
 
 def node_record(nm: NodeMonitor) -> dict:
+    from dataclasses import asdict
+
+    from ..nodes.guard import evaluate_guards
+    from ..nodes.samples import NodeState
+
     t = nm.last
     guards = evaluate_guards(t.guards if t else None, t.mem if t else None, nm.containers, nm.config.container) \
         if t else []
@@ -71,6 +77,8 @@ def _fmt(v, unit: str = "", nd: int = 0) -> str:
 
 
 def render_table(records: list[dict]) -> str:
+    from ..nodes.samples import REASON_WORDS, NodeState
+
     head = ("NODE", "STATE", "GPU", "TEMP °C", "POWER W", "SM MHz", "UTIL", "REASONS", "HOST MEM", "GUARDS")
     rows = []
     notes = []
@@ -113,6 +121,10 @@ def render_table(records: list[dict]) -> str:
 
 
 async def _wait_containers(mon: ClusterMonitor, timeout: float) -> None:
+    import asyncio
+
+    from ..nodes.samples import NodeState
+
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         waiting = [nm for nm in mon.nodes.values() if nm.state == NodeState.LIVE and not _containers_known(nm)]
@@ -126,6 +138,8 @@ def _containers_known(nm: NodeMonitor) -> bool:
 
 
 async def run(args: argparse.Namespace) -> int:
+    from ..nodes.monitor import ClusterMonitor
+
     cluster = load(args)
     mon = ClusterMonitor(cluster, history=16)
     await mon.start()
@@ -139,6 +153,9 @@ async def run(args: argparse.Namespace) -> int:
 
 
 async def _report(args: argparse.Namespace, cluster: ClusterConfig, mon: ClusterMonitor) -> int:
+    import asyncio
+    import json
+
     await mon.wait_first_ticks(args.timeout)
     await _wait_containers(mon, min(CONTAINER_WAIT_S, args.timeout))
     while True:

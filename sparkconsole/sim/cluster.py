@@ -2,6 +2,9 @@
 
     sim = SimCluster(speed=10)                 # spark1 127.0.0.2, spark2 127.0.0.3
     await sim.start()                          # nodes, then the topology through each node's docker shim
+    # or, nodes first (the demo's console draws them while the model loads):
+    await sim.start_nodes()                    # tens of ms: sim.cluster is complete, endpoints not up yet
+    await sim.serve(progress=print)            # containers, router; sim.ready[endpoint] set as each answers
     sim.cluster                                # ClusterConfig(simulated=True): local nodes + endpoints
     await sim.run_load(url, concurrency=8, seconds=30)
     await sim.stop()                           # containers removed, processes ended, state dir deleted
@@ -26,9 +29,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
-
-import aiohttp
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
@@ -55,6 +56,17 @@ class Serving:
 
 TOPOLOGIES = ("none", "solo", "cluster-tp2", "2x-solo")
 ROUTERS = ("litellm-simple-shuffle", "litellm-least-busy", "vllm-router")
+
+
+if TYPE_CHECKING:
+    import aiohttp
+
+# aiohttp (a fifth of a second to import) is only needed to reach the endpoints: it is imported when serve()
+# or run_load() first runs, in a thread, so a console drawing the nodes meanwhile does not stall.
+
+
+async def _aiohttp():
+    return await asyncio.to_thread(__import__, "aiohttp")
 
 
 PORT_CLAIMS = "sparkconsole-sim-ports.json"     # beside the state directories, in the temp dir
@@ -129,8 +141,12 @@ class SimCluster:
         self.nodes: dict[str, SimNode] = {}
         self.ports: dict[str, int] = {}
         self.router_url: str | None = None
+        self._router_port: int | None = None
         self.cluster: ClusterConfig | None = None
+        # One event per endpoint of self.cluster, set once it answers /health (serve() sets them).
+        self.ready: dict[str, asyncio.Event] = {}
         self._load_tasks: set[asyncio.Task] = set()
+        self._stopped = False
 
     # ---- layout ----------------------------------------------------------------------------------
     def node_dir(self, name: str) -> Path:
@@ -153,6 +169,17 @@ class SimCluster:
 
     # ---- lifecycle -------------------------------------------------------------------------------
     async def start(self, *, wait: bool = True, timeout: float = 300.0) -> None:
+        """Nodes, then the topology; with `wait`, until every endpoint serves."""
+        await self.start_nodes()
+        try:
+            await self.serve(wait=wait, timeout=timeout)
+        except BaseException:
+            await self.stop()
+            raise
+
+    async def start_nodes(self) -> None:
+        """The simulated nodes only (their agents can be read at once) and the ports the topology will use, so
+        `self.cluster` — nodes and endpoints — is complete before anything is served."""
         if self.root is None:
             sweep_stale(Path(tempfile.gettempdir()))
             self.root = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
@@ -163,13 +190,30 @@ class SimCluster:
                 await node.start()
                 self.nodes[name] = node
                 self.ports[name] = claim_port(addr, self.vllm_port_pref, self.root)
-            await self._launch()
+            if self.serving.topology == "2x-solo":
+                head = self.nodes[next(iter(self.nodes))].address
+                self._router_port = claim_port(head, self.router_port_pref, self.root)
+                self.router_url = f"http://{head}:{self._router_port}"
             self.cluster = self._config()
-            if wait:
-                await self.wait_ready(timeout)
+            self.ready = {ep.name: asyncio.Event() for ep in self.cluster.endpoints}
         except BaseException:
             await self.stop()
             raise
+
+    async def serve(self, *, wait: bool = True, timeout: float = 300.0,
+                    progress: Callable[[str], None] | None = None) -> None:
+        """Start the topology's containers through the nodes' docker shims (after start_nodes); with `wait`, until
+        every endpoint answers /health. `progress(line)` hears each step as it happens. On failure the nodes stay
+        up (the caller decides; stop() ends everything)."""
+        say = progress or (lambda line: None)
+        if self.serving.topology != "none":
+            say(f"starting {self.serving.model} as {self.serving.topology} on "
+                f"{', '.join(self.serving_nodes() if self.serving.topology != 'cluster-tp2' else self.nodes)}…")
+        await self._launch()
+        if self.router_url and self.serving.topology == "2x-solo":
+            say(f"router {self.serving.router} starting at {self.router_url}")
+        if wait:
+            await self.wait_ready(timeout, progress=say)
 
     def _vllm_run(self, node: str, extra: tuple[str, ...] = ()) -> list[str]:
         s = self.serving
@@ -198,7 +242,7 @@ class SimCluster:
     async def _launch_router(self, backends: list[str]) -> None:
         head = backends[0]
         addr = self.nodes[head].address
-        port = claim_port(addr, self.router_port_pref, self.root)
+        port = self._router_port or claim_port(addr, self.router_port_pref, self.root)
         urls = [f"http://{self.nodes[n].address}:{self.ports[n]}/v1" for n in backends]
         served = self.serving.model
         if self.serving.router == "vllm-router":
@@ -234,10 +278,13 @@ class SimCluster:
         names = list(self.nodes)
         return {"none": [], "solo": names[:1], "cluster-tp2": names[:1], "2x-solo": names[:2]}[self.serving.topology]
 
-    async def wait_ready(self, timeout: float = 300.0) -> None:
-        """Until every endpoint answers /health with 200 (vLLM binds only once the model is loaded)."""
+    async def wait_ready(self, timeout: float = 300.0, *, progress: Callable[[str], None] | None = None) -> None:
+        """Until every endpoint answers /health with 200 (vLLM binds only once the model is loaded); each one's
+        `self.ready` event is set (and `progress` told) as it does."""
         assert self.cluster is not None
-        deadline = time.monotonic() + timeout
+        aiohttp = await _aiohttp()
+        t0 = deadline = time.monotonic()
+        deadline += timeout
         pending = {ep.name: ep.url for ep in self.cluster.endpoints}
         async with aiohttp.ClientSession() as s:
             while pending:
@@ -246,6 +293,10 @@ class SimCluster:
                         async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=2)) as r:
                             if r.status == 200:
                                 del pending[name]
+                                if name in self.ready:
+                                    self.ready[name].set()
+                                if progress:
+                                    progress(f"{name} serving at {url} ({time.monotonic() - t0:.1f} s)")
                     except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
                         pass
                 if not pending:
@@ -261,6 +312,10 @@ class SimCluster:
                 await asyncio.sleep(0.2)
 
     async def stop(self) -> None:
+        # Once only: a second pass would run `docker` with the shims' directory gone, i.e. the host's docker.
+        if self._stopped:
+            return
+        self._stopped = True
         for t in list(self._load_tasks):
             t.cancel()
         async def clear(name: str) -> None:
@@ -301,6 +356,7 @@ class SimCluster:
         words = ("node cluster model token memory spark bandwidth router latency prefill decode batch cache "
                  "thermal power clock tensor parallel request stream").split()
 
+        aiohttp = await _aiohttp()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
             async with s.get(url + "/v1/models") as r:
                 model = (await r.json())["data"][0]["id"]

@@ -59,13 +59,15 @@ class SparkConsoleApp(App):
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
                  serving=None, alerts=None, monitor_factory: Callable | None = None,
-                 read_only: bool | None = None) -> None:
+                 read_only: bool | None = None, serving_factory: Callable | None = None) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
-        called once the first frame is up (the SSH stack's import costs more than the first frame)."""
+        called once the first frame is up (the SSH stack's import costs more than the first frame).
+        serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints."""
         super().__init__()
         self.cluster = cluster
         self.monitor = monitor
         self._monitor_factory = monitor_factory
+        self._serving_factory = serving_factory
         self.serving = serving
         self.alerts = alerts
         self.simulated = simulated or cluster.simulated
@@ -82,6 +84,7 @@ class SparkConsoleApp(App):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
         self._dirty_eps: set[str] = set()
+        self._shown: set[str] = set()      # nodes whose first reading has been drawn
         self._unsubscribe: list[Callable[[], None]] = []
         self._last_age_refresh = 0.0
         self._stopped = False
@@ -124,7 +127,7 @@ class SparkConsoleApp(App):
                     self.monitor = ClusterMonitor(self.cluster)
             if self.serving is None and self.cluster.endpoints:
                 from ..serving.endpoint import ServingMonitor
-                self.serving = ServingMonitor(self.cluster)
+                self.serving = (self._serving_factory or ServingMonitor)(self.cluster)
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
             if self.serving is not None:
                 self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
@@ -157,6 +160,11 @@ class SparkConsoleApp(App):
     # --- data in ---------------------------------------------------------------------------------------------
     def _node_changed(self, nm) -> None:
         self._dirty.add(nm.name)
+        if nm.name not in self._shown and nm.last is not None:
+            # A node's first reading is drawn now, not at the next redraw tick: the first temperature is what an
+            # operator waits for at start. Later ones batch at REDRAW_HZ.
+            self._shown.add(nm.name)
+            self.call_later(self._redraw)
 
     def _endpoint_changed(self, em) -> None:
         snap = getattr(em, "latest", em)

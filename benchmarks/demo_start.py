@@ -1,0 +1,140 @@
+"""`sparkconsole demo` start-up, as a new user sees it in a real terminal (tmux, 200x60).
+
+    .venv/bin/python benchmarks/demo_start.py [--runs 3] [--src DIR]
+
+From spawning the command until the terminal shows:
+  first_frame        the whole dashboard (nodes box and footer)
+  first_temperature  a node's GPU temperature ("GPU 41°C")            target: within 1.5 s
+  serving            an endpoint panel reading UP (the model answered /health through the console's monitor)
+and `demo --headless`'s JSON line (its endpoints, printed once they serve). The floor printed beside them is
+the console's own first full frame on a one-node replayed recording (no simulator): what any console start
+costs on this machine now.
+
+`--src DIR` (repeatable) times the sparkconsole found in DIR (a checkout of another commit) for before/after
+figures from one venv, runs interleaved. Prints one JSON object; medians of --runs, taken in one go on a shared machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
+POLL_S = 0.01
+TEMP = re.compile(r"GPU \d+°C")
+UP = re.compile(r"\bUP\b")
+
+
+class Pane:
+    def __init__(self, cmd: str, env: dict) -> None:
+        self.name = f"scd-{uuid.uuid4().hex[:8]}"
+        self.started = time.perf_counter()
+        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
+                       env={**env, "TERM": "xterm-256color"})
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+
+    def wait(self, pred, timeout: float = 60.0) -> float:
+        while time.perf_counter() - self.started < timeout:
+            if pred(self.screen()):
+                return time.perf_counter() - self.started
+            time.sleep(POLL_S)
+        raise TimeoutError(f"screen never matched; it shows:\n{self.screen()}")
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "send-keys", "-t", self.name, "q"], capture_output=True)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline and subprocess.run(["tmux", "has-session", "-t", self.name],
+                                                             capture_output=True).returncode == 0:
+            time.sleep(0.1)
+        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+
+
+def full_frame(screen: str) -> bool:
+    return "Nodes" in screen and "Quit" in screen and "╰" in screen
+
+
+def one_demo(py: str, src: Path, env: dict) -> dict:
+    p = Pane(f"cd {shlex.quote(str(src))} && exec {shlex.quote(py)} -m sparkconsole demo", env)
+    try:
+        return {"first_frame": p.wait(full_frame), "first_temperature": p.wait(lambda s: bool(TEMP.search(s))),
+                "serving": p.wait(lambda s: bool(UP.search(s)))}
+    finally:
+        p.close()
+
+
+def one_headless(py: str, src: Path, env: dict) -> float:
+    t0 = time.perf_counter()
+    proc = subprocess.Popen([py, "-m", "sparkconsole", "demo", "--headless", "--duration", "0.1"], cwd=src, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    line = proc.stdout.readline()
+    took = time.perf_counter() - t0
+    proc.wait(60)
+    if not line.startswith("{"):
+        raise RuntimeError("demo --headless printed no JSON line")
+    return took
+
+
+def console_floor(py: str, src: Path, env: dict, tmp: Path) -> float:
+    cluster = tmp / "one.yaml"
+    cluster.write_text("nodes:\n  - {name: spark1, address: 127.0.0.1}\nendpoints: []\n")
+    p = Pane(f"cd {shlex.quote(str(src))} && SPARKCONSOLE_STATE_DIR={shlex.quote(str(tmp / 'state'))} exec "
+             f"{shlex.quote(py)} -m sparkconsole --cluster {shlex.quote(str(cluster))} console "
+             f"--replay {shlex.quote(str(RECORDING))} --replay-interval 0.5", env)
+    try:
+        return p.wait(full_frame)
+    finally:
+        p.close()
+
+
+def med(xs: list[float]) -> dict:
+    return {"median_s": round(statistics.median(xs), 3), "max_s": round(max(xs), 3), "runs": [round(x, 3) for x in xs]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--src", type=Path, action="append", help="directory holding the sparkconsole package to time "
+                    "(repeat to compare checkouts: their runs are interleaved; default: this checkout)")
+    a = ap.parse_args()
+    srcs = [p.resolve() for p in (a.src or [ROOT])]
+    py = sys.executable
+    keys = ("floor_console_first_frame", "first_frame", "first_temperature", "serving", "headless_json")
+    runs = {src: {k: [] for k in keys} for src in srcs}
+    load = []
+    with tempfile.TemporaryDirectory(prefix="sc-demo-bench-") as d:
+        tmp = Path(d)
+        for src in srcs:
+            one_headless(py, src, {**os.environ, "PYTHONPATH": str(src)})    # warm the page cache and .pyc files
+        for _ in range(a.runs):
+            for src in srcs:
+                env = {**os.environ, "PYTHONPATH": str(src)}
+                load.append(os.getloadavg()[0])
+                runs[src]["floor_console_first_frame"].append(console_floor(py, src, env, tmp))
+                for k, v in one_demo(py, src, env).items():
+                    runs[src][k].append(v)
+                runs[src]["headless_json"].append(one_headless(py, src, env))
+    out = {"cpus": os.cpu_count(), "load_avg_1m": {"min": round(min(load), 2), "max": round(max(load), 2)},
+           "target_first_temperature_s": 1.5,
+           "by_src": {str(src): {k: med(v) for k, v in r.items()} for src, r in runs.items()}}
+    for r in out["by_src"].values():
+        r["first_temperature_x_floor"] = round(r["first_temperature"]["median_s"] /
+                                               r["floor_console_first_frame"]["median_s"], 2)
+    print(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
