@@ -17,7 +17,7 @@ from . import __version__
 from .errors import UserError
 
 # Order is the order shown in --help. A module that does not exist yet is skipped.
-COMMANDS = ("console", "demo", "status", "recipe", "bench")
+COMMANDS = ("console", "demo", "status", "recipe", "bench", "record", "postmortem")
 
 
 def build_parser() -> argparse.ArgumentParser:

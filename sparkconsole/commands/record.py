@@ -1,0 +1,66 @@
+"""`sparkconsole record`: the flight recorder without the dashboard (a tmux pane, a systemd user unit).
+
+    sparkconsole record [--file PATH] [--duration S]
+
+Watches every node of the cluster file as the console does and keeps every tick and state change in the
+cluster's recorder file (state dir; see recorder/store.py). Runs until Ctrl-C / SIGTERM or --duration; what
+was queued is committed before it exits, and a SIGKILL loses at most the last batch (≤ 0.5 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from ..errors import UserError
+from .status import load
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("record", help="keep every node's readings on disk, headless (flight recorder)",
+                              description="Record every node's ticks and state changes to the cluster's "
+                              "recorder file until stopped. `sparkconsole postmortem` and `console --at` read it.")
+    p.add_argument("--file", metavar="PATH", help="recorder file (default: one per cluster in the state dir)")
+    p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: never)")
+    p.set_defaults(func=run)
+
+
+async def run(args: argparse.Namespace) -> int:
+    from ..nodes.monitor import ClusterMonitor
+    from ..recorder.feed import Recorder
+
+    cluster = load(args)
+    if not cluster.recorder.enabled and not args.file:
+        raise UserError("the recorder is off in the cluster file", field="recorder.enabled",
+                        fix="set 'recorder: {enabled: true}' or pass --file PATH")
+    from dataclasses import replace
+    from ..config import RecorderSettings
+    if not cluster.recorder.enabled:
+        cluster = replace(cluster, recorder=RecorderSettings(**{**cluster.recorder.__dict__, "enabled": True}))
+    rec = Recorder.open(cluster, args.file)
+    assert rec is not None
+    mon = ClusterMonitor(cluster, history=16)
+    rec.attach(mon)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {rec.store.path}", flush=True)
+    await mon.start()
+    try:
+        if args.duration > 0:
+            try:
+                await asyncio.wait_for(stop.wait(), args.duration)
+            except asyncio.TimeoutError:
+                pass
+        else:
+            await stop.wait()
+    finally:
+        await mon.stop()
+        rec.close()
+    err = rec.store.error
+    print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches" + (f"; {err}" if err else ""),
+          file=sys.stderr if err else sys.stdout, flush=True)
+    return 1 if err else 0
