@@ -16,6 +16,7 @@ from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import ProtectSettings, Thresholds
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.protect import Guardian
+from sparkconsole.recorder.feed import Recorder
 from tests.helpers import until
 from tests.testbed.docker import TestbedImage, host_mounts
 
@@ -45,16 +46,20 @@ def watched(sshd_nodes, engine, container: str, protect_s: float):
     return dataclasses.replace(base, nodes=(node,), protect=ProtectSettings(protect_s))
 
 
-async def run_watch(cluster, engine, container, done):
+async def run_watch(cluster, engine, container, done, recorder=None, pms=()):
     alerts = AlertEngine(Thresholds())
     said: list[tuple[float, str]] = []
-    guardian = Guardian(cluster, alerts, say=lambda text, sev: said.append((time.time(), text)))
+    guardian = Guardian(cluster, alerts, recorder=recorder, say=lambda text, sev: said.append((time.time(), text)))
     mon = ClusterMonitor(cluster)
     mon.subscribe(guardian.on_node)
+    if recorder is not None:
+        recorder.attach(mon)
     await mon.start()
     try:
         await until(lambda: done(engine.inspect(container)["State"], said, guardian), 120, "the container's end")
         await guardian.wait_actions()
+        if recorder is not None:
+            await until(lambda: pms, 30, "the post-mortem of the container's exit")
     finally:
         await mon.stop()
     return said, guardian
@@ -65,14 +70,27 @@ def finished_at(state: dict) -> float:
     return datetime.fromisoformat(state["FinishedAt"][:26].rstrip("Z") + "+00:00").timestamp()
 
 
-async def test_container_warning_fires_before_the_cap(sshd_live, docker_engine, testbed_base_image):
+async def test_container_warning_fires_before_the_cap(sshd_live, docker_engine, testbed_base_image, tmp_path):
     container = start_allocator(docker_engine, testbed_base_image)
     try:
         cluster = watched(sshd_live, docker_engine, container, 0)
-        said, _ = await run_watch(cluster, docker_engine, container, lambda st, said, g: st["Status"] != "running")
+        rec = Recorder.open(cluster, tmp_path / "r.sqlite")
+        pms: list[dict] = []
+        rec.on_postmortem = pms.append
+        try:
+            said, _ = await run_watch(cluster, docker_engine, container, lambda st, said, g: st["Status"] != "running",
+                                      rec, pms)
+        finally:
+            await rec.wait_postmortems()
+            rec.close()
         state = docker_engine.inspect(container)["State"]
     finally:
         docker_engine.run(["rm", "-f", container], check=False)
+    # the recorder's post-mortem of the real OOM kill
+    (pm,) = pms
+    assert pm["verdict"] == "container-oom-kill" and pm["incident"]["kind"] == "container", pm["evidence"]
+    assert f"container {container} exited (exit 137, OOM-killed)" == pm["evidence"][0]
+    assert any(a.get("key") == f"exhaust:node1:{container}" for a in pm["alerts"])
     assert state["OOMKilled"] is True, state          # nothing stopped it: the kernel did, at the cap
     warnings = [(t, text) for t, text in said if f"container {container} reaches its 0.8 GiB cap" in text]
     assert warnings, said

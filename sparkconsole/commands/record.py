@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import signal
 import sys
+import time
 
 from ..errors import UserError
 from .status import load
@@ -43,6 +44,14 @@ async def run(args: argparse.Namespace) -> int:
     assert rec is not None
     mon = ClusterMonitor(cluster, history=16)
     rec.attach(mon)
+    # Unattended: the exhaustion warning, the opt-in guard and post-mortems run here too, said on stdout.
+    from ..alerts import AlertEngine
+    from ..protect import Guardian
+    from ..recorder.postmortem import one_line
+    say = lambda text, severity="info": print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
+    guardian = Guardian(cluster, AlertEngine(cluster.thresholds), recorder=rec, say=say)
+    mon.subscribe(guardian.on_node)
+    rec.on_postmortem = lambda pm: say(one_line(pm), "bad")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -59,6 +68,7 @@ async def run(args: argparse.Namespace) -> int:
             await stop.wait()
     finally:
         await mon.stop()
+        await guardian.wait_actions()
         rec.close()
     err = rec.store.error
     print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches" + (f"; {err}" if err else ""),

@@ -3,11 +3,31 @@
 from __future__ import annotations
 
 import json
+import re
 import sqlite3
+import time
+from datetime import datetime
 from pathlib import Path
 
 from ..errors import UserError
 from .store import TICK_COLUMNS, connect
+
+
+_REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*([smhd])$")
+
+
+def parse_at(text: str, now: float | None = None, *, field: str = "--at") -> float:
+    """'2026-11-24 03:10[:SS]' (local time), an ISO time, epoch seconds, or '-15m' / '-90s' / '-2h' / '-1d'."""
+    now = time.time() if now is None else now
+    s = text.strip()
+    m = _REL.match(s)
+    if m:
+        return now - float(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    try:
+        return float(s) if re.match(r"^\d{9,}(\.\d+)?$", s) else datetime.fromisoformat(s).timestamp()
+    except ValueError:
+        raise UserError(f"cannot read the time {s[:40]!r}", field=field,
+                        fix='write "2026-11-24 03:10" (local time) or a relative time such as -15m') from None
 
 
 class RecorderReader:
