@@ -53,7 +53,8 @@ class SparkConsoleApp(App):
     ]
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
-                 serving=None, alerts=None, monitor_factory: Callable | None = None) -> None:
+                 serving=None, alerts=None, monitor_factory: Callable | None = None,
+                 replay_at: float | None = None, record: bool = False) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame)."""
         super().__init__()
@@ -64,7 +65,11 @@ class SparkConsoleApp(App):
         self.alerts = alerts
         self.simulated = simulated or cluster.simulated
         self.sim = sim
-        self.sub_title = ("SIMULATED · " if self.simulated else "") + cluster.source
+        self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
+        self.record = record and replay_at is None
+        self.recorder = None
+        self.notifier = None
+        self.sub_title = self._title()
         self.dashboard = DashboardScreen()
         self.recipes_screen = RecipesScreen()
         self.logs_screen = LogsScreen()
@@ -78,6 +83,34 @@ class SparkConsoleApp(App):
         self._last_age_refresh = 0.0
         self._stopped = False
         self.first_frame_at: float | None = None
+
+    def _title(self, t: float | None = None) -> str:
+        replay = f"REPLAY {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t or self.replay_at))} · " \
+            if self.replay_at is not None else ""
+        return replay + ("SIMULATED · " if self.simulated else "") + self.cluster.source
+
+    def _start_guard(self) -> None:
+        """Flight recorder, exhaustion warning + opt-in guard, notifications, post-mortems (all below the TUI)."""
+        from ..notify.notifier import Notifier
+        from ..protect import Guardian
+        from ..recorder.feed import Recorder
+        from ..recorder.postmortem import one_line
+        colour = {"bad": "red", "warn": "yellow"}
+        say = lambda text, sev="info": self.dashboard.events.note(text, colour.get(sev, "cyan"))
+        if self.record:
+            try:
+                self.recorder = Recorder.open(self.cluster)
+            except Exception as exc:    # a disk problem must not take the console down: say it, run without
+                self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
+        if self.recorder is not None:
+            self.recorder.attach(self.monitor)
+            self.recorder.on_postmortem = lambda pm: (say(one_line(pm), "bad"),
+                                                      self.notify(one_line(pm), title=pm["node"], severity="error"))
+        guardian = Guardian(self.cluster, self.alerts, recorder=self.recorder, say=say,
+                            replay=self.replay_at is not None)
+        self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
+        self.notifier = Notifier(self.cluster.notify, bell=self.bell, cluster=self.cluster.source)
+        self._unsubscribe.append(self.alerts.subscribe(self.notifier.submit))
 
     @property
     def bench_screen(self):
@@ -116,6 +149,7 @@ class SparkConsoleApp(App):
                 from ..serving.endpoint import ServingMonitor
                 self.serving = ServingMonitor(self.cluster)
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
+            self._start_guard()
             if self.serving is not None:
                 self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
             await self.monitor.start()
@@ -136,6 +170,10 @@ class SparkConsoleApp(App):
             await self.serving.stop()
         if self.monitor is not None:
             await self.monitor.stop()
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.notifier is not None:
+            self.notifier.close()
 
     async def action_quit(self) -> None:
         await self.stop_monitors()
@@ -193,6 +231,10 @@ class SparkConsoleApp(App):
             self._last_age_refresh = now
             self.mark_all_dirty()
         dirty, self._dirty = self._dirty, set()
+        if self.replay_at is not None and self.monitor is not None:
+            shown = [nm.last.time for nm in self.monitor.nodes.values() if nm.last is not None]
+            if shown:
+                self.sub_title = self._title(max(shown))
         # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
         visible = self.dashboard.visible_panels() if dirty else set()
         for name in dirty:
