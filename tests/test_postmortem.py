@@ -41,7 +41,10 @@ def scenario(tmp_path, shape, *, incident=("state", {"state": "DOWN", "error": "
              other_ticks=True, stale_first=True, containers=None) -> dict:
     path = tmp_path / "r.sqlite"
     store = RecorderStore(path)
+    store.put_event("*", "session", {"endpoints": {"spark1-vllm": "spark1"}}, T0 - 1)
     store.put_event("spark1", "state", {"state": "LIVE"}, T0)
+    for i in range(100):
+        store.put_endpoint("spark1-vllm", {"healthy": True, "running": 4 + i // 10, "kv_usage": i / 100}, T0 + 20 + i)
     if containers:
         store.put_event("spark1", "containers", containers[0], T0)
     for i in range(240):                                  # 2 minutes at 2 Hz, then the incident
@@ -69,6 +72,7 @@ def test_memory_exhaustion_verdict(tmp_path):
     md = to_markdown(pm)
     assert md.startswith("# Post-mortem: spark1 — down at") and "**Verdict: memory-exhaustion**" in md
     assert "| MemAvailable GiB | 57.5 |" in md
+    assert pm["engine"]["spark1-vllm"]["last"]["running"] == 13 and "Engine spark1-vllm (100 polls)" in md
 
 
 def test_thermal_verdict(tmp_path):

@@ -2,8 +2,10 @@
 
     sparkconsole record [--file PATH] [--duration S]
 
-Watches every node of the cluster file as the console does and keeps every tick and state change in the
-cluster's recorder file (state dir; see recorder/store.py). Runs until Ctrl-C / SIGTERM or --duration; what
+Watches every node (and endpoint) of the cluster file as the console does and keeps every tick, endpoint poll
+and state change in the cluster's recorder file (state dir; see recorder/store.py). Unattended, it also runs
+the alert rules, the memory-exhaustion warning and the opt-in guard (protect:), sends notifications (notify:)
+and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
 was queued is committed before it exits, and a SIGKILL loses at most the last batch (≤ 0.5 s).
 """
 
@@ -49,15 +51,36 @@ async def run(args: argparse.Namespace) -> int:
     from ..protect import Guardian
     from ..recorder.postmortem import one_line
     say = lambda text, severity="info": print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
-    guardian = Guardian(cluster, AlertEngine(cluster.thresholds), recorder=rec, say=say)
+    from ..nodes.guard import evaluate_guards
+    from ..notify.notifier import Notifier
+    alerts = AlertEngine(cluster.thresholds)
+    guardian = Guardian(cluster, alerts, recorder=rec, say=say)
     mon.subscribe(guardian.on_node)
     rec.on_postmortem = lambda pm: say(one_line(pm), "bad")
+    notifier = Notifier(cluster.notify, bell=lambda: print("\a", end="", flush=True), cluster=cluster.source)
+    alerts.subscribe(notifier.submit)
+
+    def node_alerts(nm) -> None:
+        t = nm.last
+        guards = evaluate_guards(t.guards, t.mem, nm.containers, nm.config.container) if t else []
+        for a in alerts.observe_node(nm, guards):
+            rec.note(a.source, "alert", {"key": a.key, "severity": a.severity, "message": a.message,
+                                         "active": a.active})
+            say(a.message, a.severity if a.active else "info")
+    mon.subscribe(node_alerts)
+    serving = None
+    if cluster.endpoints:
+        from ..serving.endpoint import ServingMonitor
+        serving = ServingMonitor(cluster)
+        rec.attach_serving(serving)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {rec.store.path}", flush=True)
     await mon.start()
+    if serving is not None:
+        await serving.start()
     try:
         if args.duration > 0:
             try:
@@ -67,9 +90,14 @@ async def run(args: argparse.Namespace) -> int:
         else:
             await stop.wait()
     finally:
+        if serving is not None:
+            await serving.stop()
         await mon.stop()
         await guardian.wait_actions()
+        await rec.wait_postmortems()
         rec.close()
+        notifier.flush(10)
+        notifier.close()
     err = rec.store.error
     print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches" + (f"; {err}" if err else ""),
           file=sys.stderr if err else sys.stdout, flush=True)

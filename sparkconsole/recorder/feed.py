@@ -40,6 +40,7 @@ class Recorder:
         self.cluster = cluster
         self.store = store
         self._seen: dict[str, tuple] = {}      # node -> (last tick time, state, boot id, containers)
+        self._ep_seen: dict[str, float] = {}
         self._unsub: list[Callable[[], None]] = []
         self.on_postmortem: Callable[[dict], None] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -50,11 +51,24 @@ class Recorder:
             return None
         store = RecorderStore(path or recorder_path(cluster), cluster.recorder)
         store.put_event("*", "session", {"source": cluster.source, "simulated": cluster.simulated,
-                                         "nodes": [n.name for n in cluster.nodes]})
+                                         "nodes": [n.name for n in cluster.nodes],
+                                         "endpoints": {e.name: e.node for e in cluster.endpoints}})
         return cls(cluster, store)
 
     def attach(self, monitor) -> None:
         self._unsub.append(monitor.subscribe(self.on_node))
+
+    def attach_serving(self, serving) -> None:
+        """Every endpoint poll (engine metrics, router figures) as one row of its non-empty fields."""
+        self._unsub.append(serving.subscribe(self.on_endpoint))
+
+    def on_endpoint(self, em) -> None:
+        snap = getattr(em, "latest", em)
+        if snap is None or self._ep_seen.get(snap.name) == snap.time:
+            return
+        self._ep_seen[snap.name] = snap.time
+        row = {k: v for k, v in asdict(snap).items() if v not in (None, (), "") and k not in ("name", "url", "time")}
+        self.store.put_endpoint(snap.name, row, snap.time)
 
     def on_node(self, nm) -> None:
         prev = self._seen.get(nm.name, (None, None, None, None))

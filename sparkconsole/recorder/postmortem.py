@@ -97,6 +97,15 @@ def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entrie
     for other in r.nodes():
         if other != node:
             others[other] = len(r.ticks(other, silent_from + 0.001, t + AFTER_S)) >= 2
+    session = r.last_event_before("*", "session", t + 1)
+    eps = [e for e, n in ((session or {}).get("data") or {}).get("endpoints", {}).items() if n == node]
+    engine = {}
+    for ep in eps:
+        samples = r.endpoint_samples(ep, t - LOOKBACK_S, t + 1)
+        if samples:
+            keep = ("healthy", "running", "waiting", "kv_usage", "gen_tps", "ttft_p95_s", "error")
+            engine[ep] = {"samples": len(samples), "first": {k: samples[0].get(k) for k in keep},
+                          "last": {k: samples[-1].get(k) for k in keep}}
     entries = audit_entries if audit_entries is not None else audit.read(200, node=node)
     commands = [{"t": e.time, "action": e.action, "command": e.command} for e in entries
                 if t - 3600 <= e.time <= t + 1][-10:]
@@ -104,7 +113,8 @@ def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entrie
     return {"node": node, "time": t, "incident": inc, "verdict": verdict, "evidence": evidence,
             "lookback_s": LOOKBACK_S, "ticks": len(rows), "last_tick": last, "series": series,
             "clock_reasons": sorted(reasons), "states": states, "alerts": alerts,
-            "containers": cont["data"] if cont else None, "other_nodes_ticking": others, "commands": commands}
+            "containers": cont["data"] if cont else None, "engine": engine, "other_nodes_ticking": others,
+            "commands": commands}
 
 
 def _verdict(inc, last, series, reasons, states, alerts, others, rows) -> tuple[str, list[str]]:
@@ -204,6 +214,11 @@ def to_markdown(pm: dict) -> str:
     if pm["alerts"]:
         lines += ["", "## Alerts and guard actions", ""] + [
             f"- {a.get('message') or a.get('why') or a}" for a in pm["alerts"]]
+    for ep, e in pm.get("engine", {}).items():
+        f, last = e["first"], e["last"]
+        lines += ["", f"Engine {ep} ({e['samples']} polls): running {f.get('running')} → {last.get('running')}, "
+                  f"KV {f.get('kv_usage')} → {last.get('kv_usage')}, gen t/s {f.get('gen_tps')} → {last.get('gen_tps')}"
+                  + (f", last error: {last['error']}" if last.get("error") else "")]
     if pm["other_nodes_ticking"]:
         lines += ["", "Other nodes after it: " + ", ".join(
             f"{n} {'kept ticking' if v else 'silent'}" for n, v in pm["other_nodes_ticking"].items())]

@@ -88,6 +88,10 @@ class RecorderReader:
         return None if r is None else {"node": r["node"], "t": r["t"], "kind": r["kind"],
                                        "data": json.loads(r["data"]) if r["data"] else None}
 
+    def endpoint_samples(self, name: str, since: float, until: float) -> list[dict]:
+        return [{"t": r["t"], **json.loads(r["data"])} for r in self.db.execute(
+            "SELECT t, data FROM endpoint_samples WHERE name = ? AND t >= ? AND t <= ? ORDER BY t", (name, since, until))]
+
     def span(self) -> tuple[float, float] | None:
         r = self.db.execute("SELECT min(t), max(t) FROM ticks").fetchone()
         return None if r[0] is None else (r[0], r[1])

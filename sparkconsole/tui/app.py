@@ -104,6 +104,8 @@ class SparkConsoleApp(App):
                 self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
         if self.recorder is not None:
             self.recorder.attach(self.monitor)
+            if self.serving is not None:
+                self.recorder.attach_serving(self.serving)
             self.recorder.on_postmortem = lambda pm: (say(one_line(pm), "bad"),
                                                       self.notify(one_line(pm), title=pm["node"], severity="error"))
         guardian = Guardian(self.cluster, self.alerts, recorder=self.recorder, say=say,
