@@ -15,6 +15,9 @@ Every problem is a one-line `UserError` naming file, line, field and fix.
     thresholds: {temp_margin_c: 5, headroom_floor_gib: 8, stall_seconds: 30, stall_power_w: 30}
     ssh: {known_hosts: ~/.ssh/known_hosts, trust_on_first_use: false, connect_timeout_s: 10}
     agent: {interval_s: 0.5}
+    recorder: {enabled: true, full_rate_hours: 24, keep_days: 14, max_mb: 1024}    # docs/RECORDER.md
+    protect: {stop_container_before_exhaustion_s: 0}                               # 0: off
+    notify: {webhook: URL, ntfy: URL, bell: false, min_severity: warn, rate_limit_s: 60}
 """
 
 from __future__ import annotations

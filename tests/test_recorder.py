@@ -151,3 +151,26 @@ def test_record_process_sigkilled_keeps_a_sound_file_and_loses_at_most_the_last_
         # (a generous bound: on a loaded 2-core box the monitor itself can lag a tick or two)
         assert killed_at - rows[-1]["t"] < BATCH_S + 2.5, (killed_at, rows[-1]["t"])
         assert [e["data"]["state"] for e in r.events(node, 0, killed_at + 10) if e["kind"] == "state"][-1] == "LIVE"
+
+
+def test_cluster_file_sections_and_their_one_line_errors(tmp_path):
+    from sparkconsole.config import load_cluster
+    from sparkconsole.errors import UserError
+
+    def load(extra: str):
+        p = tmp_path / "c.yaml"
+        p.write_text("nodes:\n  - {name: a, address: 10.0.0.1}\n" + extra)
+        return load_cluster(p)
+    c = load("recorder: {full_rate_hours: 2, keep_days: 3, max_mb: 50}\nprotect: {stop_container_before_exhaustion_s: 15}\n"
+             "notify: {webhook: 'http://127.0.0.1:9/h', bell: true, min_severity: bad}\n")
+    assert (c.recorder.full_rate_hours, c.recorder.keep_days, c.recorder.max_mb) == (2, 3, 50)
+    assert c.protect.stop_container_before_exhaustion_s == 15 and c.notify.bell and c.notify.min_severity == "bad"
+    assert load("").protect.stop_container_before_exhaustion_s == 0       # the guard is off by default
+    for extra, where in (("recorder: {keep_days: 0.01, full_rate_hours: 24}\n", "recorder.keep_days"),
+                         ("protect: {stop_container: 5}\n", "protect.stop_container"),
+                         ("notify: {min_severity: info}\n", "notify.min_severity"),
+                         ("notify: {ntfy: 'ftp://u:sekrit-token@host/x'}\n", "notify.ntfy")):
+        with pytest.raises(UserError) as exc:
+            load(extra)
+        msg = str(exc.value)
+        assert "c.yaml:" in msg and where in msg and "fix" in msg and "\n" not in msg and "sekrit" not in msg, msg
