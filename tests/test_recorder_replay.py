@@ -66,3 +66,29 @@ async def test_console_at_shows_replay_label_and_the_guard_never_acts(tmp_path):
         nm.last = Tick.from_json(json.loads(line), 0)
         g.on_node(nm)
     assert g.actions and g.actions[0]["result"] == "not run (REPLAY)"
+
+
+async def test_live_console_scrubs_back_through_the_recorder_and_returns_live(tmp_path, monkeypatch):
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.replay import read_recording, replay_factory
+    from tests.test_tui_app import RECORDING, cluster
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    cfg = cluster(2)
+    live = ClusterMonitor(cfg, transport_factory=replay_factory(lambda n: read_recording(RECORDING), interval=0.1))
+    app = SparkConsoleApp(cfg, monitor=live, record=True)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.recorder is not None and all(len(nm.history) >= 10 for nm in live.nodes.values()),
+                       what="ticks recorded")
+        assert not app.sub_title.startswith("REPLAY")
+        await pilot.press("left_square_bracket")
+        await wait_for(pilot, lambda: app.monitor is not live and app.sub_title.startswith("REPLAY "), what="REPLAY")
+        replayed = app.monitor
+        await wait_for(pilot, lambda: replayed.nodes["spark1"].last is not None, what="a replayed tick")
+        assert app.node_monitor("spark1").transport.runs_commands is False    # a replay refuses commands
+        n_live = len(live.nodes["spark1"].history)
+        await wait_for(pilot, lambda: len(live.nodes["spark1"].history) > n_live, what="the live monitor still ticking")
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: app.monitor is live and not app.sub_title.startswith("REPLAY"), what="live again")
+    rows = RecorderReader(app.recorder.store.path).tick_counts()
+    assert set(rows) == {"spark1", "spark2"} and min(rows.values()) >= 10

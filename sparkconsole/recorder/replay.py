@@ -26,8 +26,11 @@ def agent_lines(r: RecorderReader, node: str, since: float, until: float) -> lis
                                         "simulated") if d.get(k) is not None})
         hello["gpus"] = [{"index": i, "name": n} for i, n in enumerate(d.get("gpu_names") or ())]
     hello["gpu_source"] = "replay"
+    rows = r.ticks(node, since, until)
+    if rows:
+        hello["time"] = rows[0]["t"]      # paced by recorded time: the first tick plays at once
     lines = [json.dumps(hello)]
-    for x in r.ticks(node, since, until):
+    for x in rows:
         t = {"type": "tick", "seq": x["seq"] or 0, "time": x["t"]}
         g = {k: x[c] for k, c in (("temp_c", "temp_c"), ("slowdown_c", "slowdown_c"), ("power_w", "power_w"),
                                   ("sm_clock_mhz", "clock_mhz"), ("util_pct", "util_pct"), ("reasons_mask", "reasons"))

@@ -50,7 +50,10 @@ class SparkConsoleApp(App):
         Binding("colon", "command_palette", "Commands", show=False),   # not priority: ':' still types in inputs
         Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True),
         Binding("q", "quit", "Quit"),
+        Binding("left_square_bracket", "scrub(-5)", "Back 5 min", show=False),
+        Binding("right_square_bracket", "scrub(5)", "Forward 5 min", show=False),
     ]
+    SCRUB_MAX_MIN = 60
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
                  serving=None, alerts=None, monitor_factory: Callable | None = None,
@@ -69,6 +72,9 @@ class SparkConsoleApp(App):
         self.record = record and replay_at is None
         self.recorder = None
         self.notifier = None
+        self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
+        self._scrub_back = 0                # minutes
+        self._scrub_unsub = None
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
         self.recipes_screen = RecipesScreen()
@@ -113,6 +119,45 @@ class SparkConsoleApp(App):
         self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
         self.notifier = Notifier(self.cluster.notify, bell=self.bell, cluster=self.cluster.source)
         self._unsubscribe.append(self.alerts.subscribe(self.notifier.submit))
+
+    async def action_scrub(self, minutes: int) -> None:
+        """[ / ]: the dashboard as it was 5 minutes further back / forward (an hour at most), from the flight
+        recorder, labelled REPLAY; back at 0 it is live again. The live monitor, the recorder and the guard keep
+        running underneath; alerts are not fed from the replay, and a replayed node refuses commands."""
+        if self.recorder is None:
+            self.notify("no flight recorder in this console: nothing to scrub back through", severity="warning")
+            return
+        back = max(0, min(self.SCRUB_MAX_MIN, self._scrub_back - minutes))
+        if back == self._scrub_back:
+            return
+        from ..recorder.replay import replay_monitor_factory
+        at = time.time() - back * 60
+        mon = None
+        if back:
+            await asyncio.to_thread(self.recorder.store.flush)
+            try:
+                mon = replay_monitor_factory(self.recorder.store.path, at)(self.cluster)
+            except Exception as exc:   # nothing recorded then: say so, stay where we are
+                self.notify(" ".join(str(exc).split())[:200], severity="warning")
+                return
+        await self._end_scrub()
+        self._scrub_back = back
+        if mon is not None:
+            self._live_monitor = self.monitor
+            self._scrub_unsub = mon.subscribe(self._node_changed)
+            self.monitor, self.replay_at = mon, at
+            await mon.start()
+        self.sub_title = self._title()
+        self.mark_all_dirty()
+
+    async def _end_scrub(self) -> None:
+        if self._live_monitor is None:
+            return
+        replayed, self.monitor, self._live_monitor = self.monitor, self._live_monitor, None
+        if self._scrub_unsub is not None:
+            self._scrub_unsub()
+        self.replay_at = None
+        await replayed.stop()
 
     @property
     def bench_screen(self):
@@ -165,6 +210,7 @@ class SparkConsoleApp(App):
         if self._stopped:
             return
         self._stopped = True
+        await self._end_scrub()
         for unsub in self._unsubscribe:
             unsub()
         self._unsubscribe.clear()
@@ -247,7 +293,7 @@ class SparkConsoleApp(App):
             guards = self.guards_for(nm)
             if name in visible:
                 panel.show(nm, guards, now, self.cluster.thresholds)
-            if self.alerts is not None:
+            if self.alerts is not None and self._live_monitor is None:   # never from a replay
                 self._take_alerts(self.alerts.observe_node(nm, guards))
         eps, self._dirty_eps = self._dirty_eps, set()
         for name in eps:
