@@ -514,6 +514,7 @@ class ContainerPoller:
                              text=True, timeout=20).stdout
         conts = []
         files = {}
+        own = cgroup_memory_files(os.getpid())
         for line in out.splitlines():
             try:
                 d = json.loads(line)
@@ -522,9 +523,10 @@ class ContainerPoller:
                 continue   # a container removed between ps and inspect
             conts.append(c)
             pid = (d.get("State") or {}).get("Pid")
-            if c.get("state") == "running" and isinstance(pid, int) and pid > 0:
+            if c.get("state") == "running" and isinstance(pid, int) and pid > 0 and not d.get("Simulated"):
                 f = cgroup_memory_files(pid)
-                if f:
+                # a process in the agent's own memory cgroup has no cgroup of its own: that would be the host's
+                if f and f != own:
                     files[c["name"]] = f
         self.cgroup_files = files      # one assignment: the tick loop reads whichever dict is current
         return conts

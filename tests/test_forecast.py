@@ -197,3 +197,26 @@ async def test_real_agent_on_a_runaway_proc_tree_warns_with_lead_time(tmp_path):
     assert lead >= 8, (lead, text)
     assert text.startswith("spark2: unified memory exhausted in ~") and "PSI some" in text
     assert [a.key for a in alerts.active.values()] == ["exhaust:spark2:node"]
+
+
+def test_agent_finds_a_containers_memory_cgroup_v1_and_v2(tmp_path):
+    from sparkconsole.agent import cgroup_memory_files, read_cgroup_memory
+    proc, cg = tmp_path / "proc", tmp_path / "cg"
+    (proc / "41").mkdir(parents=True)
+    (proc / "42").mkdir()
+    (proc / "41" / "cgroup").write_text("12:pids:/docker/abc\n4:memory:/docker/abc\n0::/\n")     # v1 (hybrid)
+    (proc / "42" / "cgroup").write_text("0::/system.slice/docker-def.scope\n")                  # v2
+    v1 = cg / "memory" / "docker" / "abc"
+    v1.mkdir(parents=True)
+    (v1 / "memory.usage_in_bytes").write_text("524288000\n")
+    (v1 / "memory.limit_in_bytes").write_text("805306368\n")
+    v2 = cg / "system.slice" / "docker-def.scope"
+    v2.mkdir(parents=True)
+    (v2 / "memory.current").write_text("1048576\n")
+    (v2 / "memory.max").write_text("max\n")
+    files = {"a": cgroup_memory_files(41, str(proc), str(cg)), "b": cgroup_memory_files(42, str(proc), str(cg))}
+    assert cgroup_memory_files(43, str(proc), str(cg)) is None
+    assert read_cgroup_memory(files) == [{"name": "a", "current_b": 524288000, "max_b": 805306368},
+                                         {"name": "b", "current_b": 1048576}]      # no cap: max_b absent
+    (v1 / "memory.usage_in_bytes").unlink()                                            # stopped meanwhile
+    assert [c["name"] for c in read_cgroup_memory(files)] == ["b"]

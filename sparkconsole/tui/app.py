@@ -102,7 +102,10 @@ class SparkConsoleApp(App):
         from ..recorder.feed import Recorder
         from ..recorder.postmortem import one_line
         colour = {"bad": "red", "warn": "yellow"}
-        say = lambda text, sev="info": self.dashboard.events.note(text, colour.get(sev, "cyan"))
+        def say(text: str, sev: str = "info") -> None:
+            self.dashboard.events.note(text, colour.get(sev, "cyan"))
+            if sev in ("warn", "bad"):
+                self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
         if self.record:
             try:
                 self.recorder = Recorder.open(self.cluster)
@@ -112,8 +115,7 @@ class SparkConsoleApp(App):
             self.recorder.attach(self.monitor)
             if self.serving is not None:
                 self.recorder.attach_serving(self.serving)
-            self.recorder.on_postmortem = lambda pm: (say(one_line(pm), "bad"),
-                                                      self.notify(one_line(pm), title=pm["node"], severity="error"))
+            self.recorder.on_postmortem = lambda pm: say(one_line(pm), "bad")
         guardian = Guardian(self.cluster, self.alerts, recorder=self.recorder, say=say,
                             replay=self.replay_at is not None)
         self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
