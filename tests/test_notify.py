@@ -133,3 +133,36 @@ def test_redact_url_shapes():
     assert redact_url(f"https://ntfy.sh/{TOKEN}") == "https://ntfy.sh/***"
     assert redact_url("http://127.0.0.1:9000/hook") == "http://127.0.0.1:9000/hook"
     assert redact_url(f"http://u:{TOKEN}@h/x?k={TOKEN}") == "http://***@h/x?k=***"
+
+
+@pytest.mark.sshd
+def test_unattended_record_sends_a_down_node_to_the_webhook(sshd_live, tmp_path):
+    """`sparkconsole record` (a real process, real sshd nodes) runs the alert rules and notifies: a node that
+    refuses connections is DOWN, and the webhook hears it; the file keeps the alert as an event."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from sparkconsole.recorder.reader import RecorderReader
+    from tests.test_status import cluster_yaml
+    rx = Receiver()
+    try:
+        with socket.socket() as s:         # bound, not listening: refused at once
+            s.bind(("127.0.0.4", 0))
+            extra = f"  - name: gone\n    address: 127.0.0.4\n    ssh: {{port: {s.getsockname()[1]}}}\n"
+            cfg = cluster_yaml(tmp_path / "c.yaml", sshd_live, extra_nodes=extra)
+            with open(cfg, "a") as fh:
+                fh.write(f"notify: {{webhook: '{rx.url}/hook/{TOKEN}'}}\n")
+            env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state")}
+            r = subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(cfg), "record", "--file",
+                                str(tmp_path / "r.sqlite"), "--duration", "6"], capture_output=True, text=True,
+                               cwd=Path(__file__).resolve().parent.parent, env=env, timeout=120)
+    finally:
+        rx.close()
+    assert r.returncode == 0, r.stderr
+    assert "gone DOWN" in r.stdout and TOKEN not in r.stdout + r.stderr
+    hooks = [json.loads(b) for _, _, b in rx.got]
+    assert any(h["node"] == "gone" and h["state"] == "raised" and h["severity"] == "bad" for h in hooks), hooks
+    alerts = [e["data"] for e in RecorderReader(tmp_path / "r.sqlite").events("gone", 0, 2e9, ("alert",))]
+    assert alerts and alerts[0]["key"] == "node:gone:state"
