@@ -65,10 +65,7 @@ class Guardian:
         for e in ests:
             if e.severity:
                 found[e.what] = (e.severity, describe(nm.name, e))
-        for ev in self.alerts.observe_exhaustion(nm.name, found):
-            if self.recorder is not None:
-                self.recorder.note(nm.name, "alert", {"key": ev.key, "severity": ev.severity, "message": ev.message,
-                                                      "active": ev.active})
+        for ev in self.alerts.observe_exhaustion(nm.name, found):   # (the recorder keeps alerts it is attached to)
             if ev.active:
                 self.say(ev.message + " — fix: " + FIXES[0], ev.severity)
         if self.threshold_s > 0:

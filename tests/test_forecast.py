@@ -129,8 +129,9 @@ def test_flat_or_noisy_memavailable_never_alerts(level_gib, noise_gib, seed, spi
             n = rng.uniform(-noise_gib, noise_gib)
         elif kind == "gauss":
             n = max(min(rng.gauss(0, noise_gib / 2), noise_gib), -noise_gib)
-        else:   # a bounded random walk: wanders, comes back
-            state["w"] = max(min(state["w"] + rng.uniform(-0.1, 0.1) * noise_gib, noise_gib), -noise_gib)
+        else:   # mean-reverting wander (time constant ~2.5 s): correlated noise, not a trend. (A free random
+            # walk drifting down for a minute IS a decline, and is rightly flagged near exhaustion.)
+            state["w"] = max(min(0.8 * state["w"] + rng.uniform(-0.3, 0.3) * noise_gib, noise_gib), -noise_gib)
             n = state["w"]
         for at, size in spikes:
             if at <= t < at + 2:

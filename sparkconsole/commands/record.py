@@ -31,30 +31,34 @@ def register(subparsers) -> None:
 
 
 async def run(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
+    from ..alerts import AlertEngine
+    from ..nodes.guard import evaluate_guards
     from ..nodes.monitor import ClusterMonitor
+    from ..notify.notifier import Notifier
+    from ..protect import Guardian
     from ..recorder.feed import Recorder
+    from ..recorder.postmortem import one_line
 
     cluster = load(args)
-    if not cluster.recorder.enabled and not args.file:
-        raise UserError("the recorder is off in the cluster file", field="recorder.enabled",
-                        fix="set 'recorder: {enabled: true}' or pass --file PATH")
-    from dataclasses import replace
-    from ..config import RecorderSettings
     if not cluster.recorder.enabled:
-        cluster = replace(cluster, recorder=RecorderSettings(**{**cluster.recorder.__dict__, "enabled": True}))
+        if not args.file:
+            raise UserError("the recorder is off in the cluster file", field="recorder.enabled",
+                            fix="set 'recorder: {enabled: true}' or pass --file PATH")
+        cluster = replace(cluster, recorder=replace(cluster.recorder, enabled=True))   # --file asks for it
     rec = Recorder.open(cluster, args.file)
     assert rec is not None
     mon = ClusterMonitor(cluster, history=16)
     rec.attach(mon)
-    # Unattended: the exhaustion warning, the opt-in guard and post-mortems run here too, said on stdout.
-    from ..alerts import AlertEngine
-    from ..protect import Guardian
-    from ..recorder.postmortem import one_line
-    say = lambda text, severity="info": print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
-    from ..nodes.guard import evaluate_guards
-    from ..notify.notifier import Notifier
+
+    # Unattended: the alert rules, the exhaustion warning, the opt-in guard, notifications and post-mortems run
+    # here too, said on stdout (one line each).
+    def say(text: str, severity: str = "info") -> None:
+        print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
     alerts = AlertEngine(cluster.thresholds)
-    guardian = Guardian(cluster, alerts, recorder=rec, say=say)
+    rec.attach_alerts(alerts)
+    guardian = Guardian(cluster, alerts, say=say, recorder=rec)
     mon.subscribe(guardian.on_node)
     rec.on_postmortem = lambda pm: say(one_line(pm), "bad")
     notifier = Notifier(cluster.notify, bell=lambda: print("\a", end="", flush=True), cluster=cluster.source)
@@ -64,8 +68,6 @@ async def run(args: argparse.Namespace) -> int:
         t = nm.last
         guards = evaluate_guards(t.guards, t.mem, nm.containers, nm.config.container) if t else []
         for a in alerts.observe_node(nm, guards):
-            rec.note(a.source, "alert", {"key": a.key, "severity": a.severity, "message": a.message,
-                                         "active": a.active})
             say(a.message, a.severity if a.active else "info")
     mon.subscribe(node_alerts)
     serving = None
@@ -82,13 +84,10 @@ async def run(args: argparse.Namespace) -> int:
     if serving is not None:
         await serving.start()
     try:
-        if args.duration > 0:
-            try:
-                await asyncio.wait_for(stop.wait(), args.duration)
-            except asyncio.TimeoutError:
-                pass
-        else:
-            await stop.wait()
+        try:
+            await asyncio.wait_for(stop.wait(), args.duration if args.duration > 0 else None)
+        except asyncio.TimeoutError:
+            pass
     finally:
         if serving is not None:
             await serving.stop()

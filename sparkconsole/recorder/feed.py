@@ -58,6 +58,11 @@ class Recorder:
     def attach(self, monitor) -> None:
         self._unsub.append(monitor.subscribe(self.on_node))
 
+    def attach_alerts(self, alerts) -> None:
+        """Every alert raised or cleared (node, endpoint, exhaustion) kept as an event: post-mortem evidence."""
+        self._unsub.append(alerts.subscribe(lambda a: self.note(a.source, "alert", {
+            "key": a.key, "severity": a.severity, "message": a.message, "active": a.active})))
+
     def attach_serving(self, serving) -> None:
         """Every endpoint poll (engine metrics, router figures) as one row of its non-empty fields."""
         self._unsub.append(serving.subscribe(self.on_endpoint))

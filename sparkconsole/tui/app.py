@@ -113,6 +113,7 @@ class SparkConsoleApp(App):
                 self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
         if self.recorder is not None:
             self.recorder.attach(self.monitor)
+            self.recorder.attach_alerts(self.alerts)
             if self.serving is not None:
                 self.recorder.attach_serving(self.serving)
             self.recorder.on_postmortem = lambda pm: say(one_line(pm), "bad")
