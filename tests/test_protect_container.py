@@ -54,6 +54,7 @@ async def run_watch(cluster, engine, container, done, recorder=None, pms=()):
     mon.subscribe(guardian.on_node)
     if recorder is not None:
         recorder.attach(mon)
+        recorder.attach_alerts(alerts)
     await mon.start()
     try:
         await until(lambda: done(engine.inspect(container)["State"], said, guardian), 120, "the container's end")
