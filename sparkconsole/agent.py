@@ -9,7 +9,7 @@ Readings a source cannot give are left out, never reported as 0.
 
     python3 agent.py [--interval 0.5] [--container-interval 5] [--count N]
         [--gpu-source auto|nvml|nvidia-smi|none|replay:FILE|sim:FILE] [--proc-root /proc]
-        [--containers docker|none] [--watch-stdin]
+        [--containers docker|none] [--docker-host URL] [--watch-stdin]
 
 --watch-stdin: end when stdin reaches end-of-file (the console left); the bootstrap sets it.
 """
@@ -481,6 +481,56 @@ def read_guards(proc_root: str) -> dict:
 _INSPECT_FORMAT = "{{json .}}"
 
 
+# Past this a cgroup v1 memory.limit_in_bytes means "no limit" (the kernel writes PAGE_COUNTER_MAX there).
+_NO_LIMIT = 1 << 60
+
+
+def cgroup_memory_files(pid: int, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> tuple | None:
+    """(usage file, limit file) of the memory cgroup that process `pid` (a container's init) lives in.
+
+    cgroup v2 (DGX OS 7): <root>/<path>/memory.current and memory.max; v1 (older hosts, this test bed):
+    <root>/memory/<path>/memory.usage_in_bytes and memory.limit_in_bytes. None when neither can be read."""
+    try:
+        with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8", errors="replace") as fh:
+            lines = fh.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and "memory" in parts[1].split(","):
+            d = os.path.join(cgroup_root, "memory", parts[2].lstrip("/"))
+            if os.path.exists(os.path.join(d, "memory.usage_in_bytes")):
+                return os.path.join(d, "memory.usage_in_bytes"), os.path.join(d, "memory.limit_in_bytes")
+    for line in lines:
+        parts = line.split(":", 2)
+        if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
+            d = os.path.join(cgroup_root, parts[2].lstrip("/"))
+            if os.path.exists(os.path.join(d, "memory.current")):
+                return os.path.join(d, "memory.current"), os.path.join(d, "memory.max")
+    return None
+
+
+def read_cgroup_memory(files: dict) -> list:
+    """[{"name", "current_b", "max_b"}] for each running container's cgroup ({name: (usage, limit)});
+    max_b is left out when the cgroup has no limit. Read every tick: two small files per container."""
+    out = []
+    for name, (usage, limit) in files.items():
+        cur = _read_int(usage)
+        if cur is None:
+            continue              # the container just stopped; the poller drops it on its next pass
+        c = {"name": name, "current_b": cur}
+        try:
+            with open(limit, encoding="ascii") as fh:
+                text = fh.read().strip()
+            lim = int(text) if text.isdigit() else None
+        except (OSError, ValueError):
+            lim = None
+        if lim is not None and 0 < lim < _NO_LIMIT:
+            c["max_b"] = lim
+        out.append(c)
+    return out
+
+
 def container_from_inspect(d: dict) -> dict:
     st = d.get("State") or {}
     hc = d.get("HostConfig") or {}
@@ -511,6 +561,7 @@ class ContainerPoller:
 
         self.lock = threading.Lock()
         self.wake = threading.Event()
+        self.cgroup_files: dict = {}   # running container name -> (usage file, limit file); replaced whole
         if self.exe:
             threading.Thread(target=self._loop, name="containers", daemon=True).start()
 
@@ -524,11 +575,22 @@ class ContainerPoller:
         out = subprocess.run([self.exe, "inspect", "--format", _INSPECT_FORMAT, *ids], capture_output=True,
                              text=True, timeout=20).stdout
         conts = []
+        files = {}
+        own = cgroup_memory_files(os.getpid())
         for line in out.splitlines():
             try:
-                conts.append(container_from_inspect(json.loads(line)))
+                d = json.loads(line)
+                c = container_from_inspect(d)
             except (ValueError, AttributeError):
                 continue   # a container removed between ps and inspect
+            conts.append(c)
+            pid = (d.get("State") or {}).get("Pid")
+            if c.get("state") == "running" and isinstance(pid, int) and pid > 0 and not d.get("Simulated"):
+                f = cgroup_memory_files(pid)
+                # a process in the agent's own memory cgroup has no cgroup of its own: that would be the host's
+                if f and f != own:
+                    files[c["name"]] = f
+        self.cgroup_files = files      # one assignment: the tick loop reads whichever dict is current
         return conts
 
     def _loop(self) -> None:
@@ -625,6 +687,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpu-source", default="auto")
     ap.add_argument("--proc-root", default="/proc")
     ap.add_argument("--containers", choices=("docker", "none"), default="docker")
+    ap.add_argument("--docker-host", default=None, help="DOCKER_HOST for the container poller (a non-default engine)")
     ap.add_argument("--watch-stdin", action="store_true")
     args = ap.parse_args(argv)
     interval = max(args.interval, 0.01)
@@ -632,6 +695,8 @@ def main(argv: list[str] | None = None) -> int:
     pending_errors: list[str] = []   # said once, on the first tick
     source = open_gpu_source(args.gpu_source, pending_errors)
     poller = None
+    if args.docker_host:
+        os.environ["DOCKER_HOST"] = args.docker_host
     if args.containers == "docker":
         poller = ContainerPoller(args.container_interval)
         if not poller.exe:
@@ -649,6 +714,9 @@ def main(argv: list[str] | None = None) -> int:
             errors, pending_errors = pending_errors, []
             tick = make_tick(seq, source, args.proc_root, errors)
             if poller is not None:
+                cg = read_cgroup_memory(poller.cgroup_files)
+                if cg:
+                    tick["cgroups"] = cg
                 conts, cerr = poller.take()
                 if conts is not None:
                     tick["containers"] = conts

@@ -160,6 +160,14 @@ class AlertEngine:
                 found[ckey] = ("warn", f"{name} container {c.name} is unhealthy")
         return self._settle(prefix, name, now, found)
 
+    # --- memory exhaustion forecasts (nodes/forecast.py) ----------------------------------------------------------
+    def observe_exhaustion(self, name: str, found: dict[str, tuple[str, str]]) -> list[Alert]:
+        """found: {series ("node" or a container's name): (severity, message)} for the series estimated to run
+        out soon; the rest clear. Keys live under "exhaust:NAME:", apart from observe_node's, so each side
+        settles only its own."""
+        prefix = f"exhaust:{name}:"
+        return self._settle(prefix, name, self.clock(), {prefix + k: v for k, v in found.items()})
+
     # --- endpoints ------------------------------------------------------------------------------------------
     def observe_endpoint(self, snap: Any, gpu_power_w: float | None = None) -> list[Alert]:
         name = str(snap.name)

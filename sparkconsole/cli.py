@@ -18,7 +18,8 @@ from . import __version__
 from .errors import UserError
 
 # Order is the order shown in --help. A module that does not exist yet is skipped.
-COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve")
+COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve", "record",
+            "postmortem")
 
 # Each command's one-line help, so `sparkconsole --help` lists them without importing their modules
 # (tests/test_cli.py checks these against the modules' own). A command missing here still works: its
@@ -33,6 +34,8 @@ HELP = {
     "image": "container images on each node: list, copy to every node, rm",
     "exporter": "serve the nodes' readings, guards, endpoints and alerts to Prometheus (/metrics)",
     "serve": "serve the console in a browser tab (textual-serve)",
+    "record": "keep every node's readings on disk, headless (flight recorder)",
+    "postmortem": "explain a node's last DOWN / reboot / container exit from the recorder",
 }
 
 

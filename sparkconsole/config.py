@@ -16,6 +16,9 @@ Every problem is a one-line `UserError` naming file, line, field and fix.
     thresholds: {temp_margin_c: 5, headroom_floor_gib: 8, stall_seconds: 30, stall_power_w: 30}
     ssh: {known_hosts: ~/.ssh/known_hosts, trust_on_first_use: false, connect_timeout_s: 10}
     agent: {interval_s: 0.5}
+    recorder: {enabled: true, full_rate_hours: 24, keep_days: 14, max_mb: 1024}    # docs/RECORDER.md
+    protect: {stop_container_before_exhaustion_s: 0}                               # 0: off
+    notify: {webhook: URL, ntfy: URL, bell: false, min_severity: warn, rate_limit_s: 60}
 """
 
 from __future__ import annotations
@@ -87,6 +90,32 @@ class SshPolicy:
 
 
 @dataclass(frozen=True)
+class RecorderSettings:
+    """The flight recorder (sparkconsole/recorder): what is kept, and for how long."""
+    enabled: bool = True
+    full_rate_hours: float = 24.0    # every tick kept this long…
+    keep_days: float = 14.0          # …then per-10-s min/mean/max until this age…
+    max_mb: float = 1024.0           # …or until the file passes this size (oldest dropped first)
+
+
+@dataclass(frozen=True)
+class ProtectSettings:
+    """Opt-in guard action: stop a node's vLLM container when memory is estimated to run out within this many
+    seconds (0: off, the default). See nodes/forecast.py for the estimate."""
+    stop_container_before_exhaustion_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class NotifySettings:
+    """Where alerts go besides the screen (sparkconsole/notify)."""
+    webhook: str | None = None       # JSON POST of each alert
+    ntfy: str | None = None          # ntfy-style topic URL: plain-text POST with Title/Priority headers
+    bell: bool = False               # terminal bell on a bad alert
+    min_severity: str = "warn"       # warn | bad
+    rate_limit_s: float = 60.0       # at most one message per alert key in this long (clears always pass)
+
+
+@dataclass(frozen=True)
 class ClusterConfig:
     nodes: tuple[NodeConfig, ...]
     endpoints: tuple[EndpointConfig, ...]
@@ -95,6 +124,9 @@ class ClusterConfig:
     agent_interval_s: float = 0.5
     source: str = "<built-in>"
     simulated: bool = False
+    recorder: RecorderSettings = field(default_factory=RecorderSettings)
+    protect: ProtectSettings = field(default_factory=ProtectSettings)
+    notify: NotifySettings = field(default_factory=NotifySettings)
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -189,7 +221,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     data = doc.data
     if not isinstance(data, dict):
         raise doc.error((), "the cluster file must be a mapping with a 'nodes' list", "start the file with 'nodes:'")
-    _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent"})
+    _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent", "recorder", "protect", "notify"})
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise doc.error(("nodes",), "at least one node is required", "add a 'nodes:' list with name and address")
@@ -295,7 +327,52 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     _unknown(doc, ra, ("agent",), {"interval_s"})
     interval = _number(doc, ra, ("agent",), "interval_s", 0.5, 0.05, 60)
     return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
-                         agent_interval_s=interval, source=doc.file)
+                         agent_interval_s=interval, source=doc.file, recorder=_recorder(doc, data),
+                         protect=_protect(doc, data), notify=_notify(doc, data))
+
+
+def _section(doc: Located, data: dict, key: str, example: str, allowed: set[str]) -> dict:
+    m = data.get(key) or {}
+    if not isinstance(m, dict):
+        raise doc.error((key,), f"{key} must be a mapping", f"write '{key}: {example}'")
+    _unknown(doc, m, (key,), allowed)
+    return m
+
+
+def _recorder(doc: Located, data: dict) -> RecorderSettings:
+    m = _section(doc, data, "recorder", "{full_rate_hours: 24, keep_days: 14, max_mb: 1024}",
+                 {"enabled", "full_rate_hours", "keep_days", "max_mb"})
+    p = ("recorder",)
+    full = _number(doc, m, p, "full_rate_hours", 24.0, 0.1, 24 * 365)
+    keep = _number(doc, m, p, "keep_days", 14.0, 0.01, 3650)
+    if keep * 24 < full:
+        raise doc.error(p + ("keep_days",), f"keep_days {keep:g} is shorter than full_rate_hours {full:g}",
+                        "keep the 10-s summaries at least as long as the full-rate ticks")
+    return RecorderSettings(enabled=_get(doc, m, p, "enabled", bool, True, "write true or false"),
+                            full_rate_hours=full, keep_days=keep, max_mb=_number(doc, m, p, "max_mb", 1024.0, 1, 1 << 20))
+
+
+def _protect(doc: Located, data: dict) -> ProtectSettings:
+    m = _section(doc, data, "protect", "{stop_container_before_exhaustion_s: 15}", {"stop_container_before_exhaustion_s"})
+    return ProtectSettings(stop_container_before_exhaustion_s=_number(
+        doc, m, ("protect",), "stop_container_before_exhaustion_s", 0.0, 0, 600))
+
+
+def _notify(doc: Located, data: dict) -> NotifySettings:
+    m = _section(doc, data, "notify", "{webhook: http://127.0.0.1:9000/hook, bell: true}",
+                 {"webhook", "ntfy", "bell", "min_severity", "rate_limit_s"})
+    p = ("notify",)
+    urls = {}
+    for key in ("webhook", "ntfy"):
+        v = _get(doc, m, p, key, str, None, "write http(s)://HOST[:PORT]/PATH")
+        if v is not None and not re.match(r"^https?://[^\s/]+(/\S*)?$", v):
+            raise doc.error(p + (key,), "bad url (not shown: it may carry a token)", "write http(s)://HOST[:PORT]/PATH")
+        urls[key] = v
+    sev = _get(doc, m, p, "min_severity", str, "warn", "write warn or bad")
+    if sev not in ("warn", "bad"):
+        raise doc.error(p + ("min_severity",), f"unknown severity {sev[:20]!r}", "write warn or bad")
+    return NotifySettings(**urls, bell=_get(doc, m, p, "bell", bool, False, "write true or false"), min_severity=sev,
+                          rate_limit_s=_number(doc, m, p, "rate_limit_s", 60.0, 0, 86400))
 
 
 def _check_url(doc: Located, path: tuple, url: str) -> None:

@@ -17,6 +17,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    "instead of connecting to them")
     p.add_argument("--replay-interval", metavar="S", type=float, default=None,
                    help="seconds between replayed ticks (default: the recording's interval)")
+    p.add_argument("--at", metavar="T", help='open the dashboard as it was at T, from the flight recorder '
+                   '("2026-11-24 03:10" local time, or -15m); labelled REPLAY')
     p.set_defaults(func=run)
 
 
@@ -28,6 +30,14 @@ def build_app(args: argparse.Namespace):
     if path is not None and not path.is_file():
         raise UserError("cluster file not found", file=str(path), fix="check the path given to --cluster")
     cluster = load_cluster(path) if path is not None else local_cluster()
+    at = getattr(args, "at", None)
+    if at:
+        from ..recorder.feed import recorder_path
+        from ..recorder.reader import parse_at
+        from ..recorder.replay import replay_monitor_factory
+        when = parse_at(at)
+        return SparkConsoleApp(cluster, monitor_factory=replay_monitor_factory(recorder_path(cluster), when),
+                               replay_at=when)
     replay = getattr(args, "replay", None)
     if replay:
         from ..nodes.recording import read_recording, split_recording
@@ -48,7 +58,7 @@ def build_app(args: argparse.Namespace):
             return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
         return SparkConsoleApp(cluster, monitor_factory=replayed)
     # The monitor (and the SSH stack under it) is built after the first frame.
-    return SparkConsoleApp(cluster)
+    return SparkConsoleApp(cluster, record=True)     # the flight recorder keeps live clusters only
 
 
 def run(args: argparse.Namespace) -> int:

@@ -21,6 +21,8 @@ Wire format (one JSON object per line on the agent's stdout; see agent.py):
    "containers": [{"name": "vllm_node", "image": "vllm-node", "state": "running", "health": "healthy",
                    "started_at": "2026-…Z", "restart_count": 0, "memory_limit_b": 107374182400,
                    "oom_killed": false, "exit_code": 0}],               # only on container ticks (slower cadence)
+   "cgroups": [{"name": "vllm_node", "current_b": 5368709120, "max_b": 107374182400}],  # running containers'
+                                                                       # memory cgroup, every tick; max_b absent: no cap
    "errors": ["nvml: …"]}                                              # optional, one short text per failing source
 
 Readings a source cannot give are ABSENT (None here), never zero.
@@ -220,6 +222,18 @@ class ContainerInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class CgroupMemory:
+    """A running container's memory cgroup: usage (memory.current / usage_in_bytes) against its cap."""
+    name: str
+    current_b: int | None = None
+    max_b: int | None = None          # None: no cap
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "CgroupMemory":
+        return cls(name=_s(d, "name") or "?", current_b=_i(d, "current_b"), max_b=_i(d, "max_b"))
+
+
+@dataclass(frozen=True, slots=True)
 class NodeInfo:
     """The agent's first line: what the node is."""
     hostname: str | None = None
@@ -254,6 +268,7 @@ class Tick:
     guards: GuardInputs | None = None
     containers: tuple[ContainerInfo, ...] | None = None   # None: not sampled on this tick (keep the last)
     errors: tuple[str, ...] = ()
+    cgroups: tuple[CgroupMemory, ...] = ()                 # agents before 0.2 never send it
 
     @classmethod
     def from_json(cls, d: dict[str, Any], received: float) -> "Tick":
@@ -275,4 +290,6 @@ class Tick:
             containers=tuple(ContainerInfo.from_json(c) for c in conts if isinstance(c, dict))
             if isinstance(conts, list) else None,
             errors=tuple(str(e)[:200] for e in errs[:16]) if isinstance(errs, list) else (),
+            cgroups=tuple(CgroupMemory.from_json(c) for c in d["cgroups"][:64] if isinstance(c, dict))
+            if isinstance(d.get("cgroups"), list) else (),
         )

@@ -55,11 +55,15 @@ class SparkConsoleApp(App):
         Binding("colon", "command_palette", "Commands", show=False),   # not priority: ':' still types in inputs
         Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True),
         Binding("q", "quit", "Quit"),
+        Binding("left_square_bracket", "scrub(-5)", "Back 5 min", show=False),
+        Binding("right_square_bracket", "scrub(5)", "Forward 5 min", show=False),
     ]
+    SCRUB_MAX_MIN = 60
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
                  serving=None, alerts=None, monitor_factory: Callable | None = None,
-                 read_only: bool | None = None, serving_factory: Callable | None = None) -> None:
+                 read_only: bool | None = None, serving_factory: Callable | None = None,
+                 replay_at: float | None = None, record: bool = False) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
         serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints."""
@@ -73,8 +77,14 @@ class SparkConsoleApp(App):
         self.simulated = simulated or cluster.simulated
         self.sim = sim
         self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
-        self.sub_title = ("SIMULATED · " if self.simulated else "") + ("READ-ONLY · " if self.read_only else "") \
-            + cluster.source
+        self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
+        self.record = record and replay_at is None
+        self.recorder = None
+        self.notifier = None
+        self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
+        self._scrub_back = 0                # minutes
+        self._scrub_unsub = None
+        self.sub_title = self._title()
         self.dashboard = DashboardScreen()
         self.recipes_screen = RecipesScreen()
         self.logs_screen = LogsScreen()
@@ -89,6 +99,79 @@ class SparkConsoleApp(App):
         self._last_age_refresh = 0.0
         self._stopped = False
         self.first_frame_at: float | None = None
+
+    def _title(self, t: float | None = None) -> str:
+        replay = f"REPLAY {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t or self.replay_at))} · " \
+            if self.replay_at is not None else ""
+        return replay + ("SIMULATED · " if self.simulated else "") + ("READ-ONLY · " if self.read_only else "") \
+            + self.cluster.source
+
+    def _start_guard(self) -> None:
+        """Flight recorder, exhaustion warning + opt-in guard, notifications, post-mortems (all below the TUI)."""
+        from ..notify.notifier import Notifier
+        from ..protect import Guardian
+        from ..recorder.feed import Recorder
+        from ..recorder.postmortem import one_line
+        colour = {"bad": "red", "warn": "yellow"}
+        def say(text: str, sev: str = "info") -> None:
+            self.dashboard.events.note(text, colour.get(sev, "cyan"))
+            if sev in ("warn", "bad"):
+                self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
+        if self.record:
+            try:
+                self.recorder = Recorder.open(self.cluster)
+            except Exception as exc:    # a disk problem must not take the console down: say it, run without
+                self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
+        if self.recorder is not None:
+            self.recorder.attach(self.monitor)
+            self.recorder.attach_alerts(self.alerts)
+            if self.serving is not None:
+                self.recorder.attach_serving(self.serving)
+            self.recorder.on_postmortem = lambda pm: say(one_line(pm), "bad")
+        guardian = Guardian(self.cluster, self.alerts, recorder=self.recorder, say=say,
+                            replay=self.replay_at is not None)
+        self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
+        self.notifier = Notifier(self.cluster.notify, bell=self.bell, cluster=self.cluster.source)
+        self._unsubscribe.append(self.alerts.subscribe(self.notifier.submit))
+
+    async def action_scrub(self, minutes: int) -> None:
+        """[ / ]: the dashboard as it was 5 minutes further back / forward (an hour at most), from the flight
+        recorder, labelled REPLAY; back at 0 it is live again. The live monitor, the recorder and the guard keep
+        running underneath; alerts are not fed from the replay, and a replayed node refuses commands."""
+        if self.recorder is None:
+            self.notify("no flight recorder in this console: nothing to scrub back through", severity="warning")
+            return
+        back = max(0, min(self.SCRUB_MAX_MIN, self._scrub_back - minutes))
+        if back == self._scrub_back:
+            return
+        from ..recorder.replay import replay_monitor_factory
+        at = time.time() - back * 60
+        mon = None
+        if back:
+            await asyncio.to_thread(self.recorder.store.flush)
+            try:
+                mon = replay_monitor_factory(self.recorder.store.path, at)(self.cluster)
+            except Exception as exc:   # nothing recorded then: say so, stay where we are
+                self.notify(" ".join(str(exc).split())[:200], severity="warning")
+                return
+        await self._end_scrub()
+        self._scrub_back = back
+        if mon is not None:
+            self._live_monitor = self.monitor
+            self._scrub_unsub = mon.subscribe(self._node_changed)
+            self.monitor, self.replay_at = mon, at
+            await mon.start()
+        self.sub_title = self._title()
+        self.mark_all_dirty()
+
+    async def _end_scrub(self) -> None:
+        if self._live_monitor is None:
+            return
+        replayed, self.monitor, self._live_monitor = self.monitor, self._live_monitor, None
+        if self._scrub_unsub is not None:
+            self._scrub_unsub()
+        self.replay_at = None
+        await replayed.stop()
 
     @property
     def bench_screen(self):
@@ -129,6 +212,7 @@ class SparkConsoleApp(App):
                 from ..serving.endpoint import ServingMonitor
                 self.serving = (self._serving_factory or ServingMonitor)(self.cluster)
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
+            self._start_guard()
             if self.serving is not None:
                 self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
             await self.monitor.start()
@@ -142,6 +226,7 @@ class SparkConsoleApp(App):
         if self._stopped:
             return
         self._stopped = True
+        await self._end_scrub()
         for unsub in self._unsubscribe:
             unsub()
         self._unsubscribe.clear()
@@ -149,6 +234,10 @@ class SparkConsoleApp(App):
             await self.serving.stop()
         if self.monitor is not None:
             await self.monitor.stop()
+        if self.recorder is not None:
+            self.recorder.close()
+        if self.notifier is not None:
+            self.notifier.close()
 
     async def action_quit(self) -> None:
         await self.stop_monitors()
@@ -211,6 +300,10 @@ class SparkConsoleApp(App):
             self._last_age_refresh = now
             self.mark_all_dirty()
         dirty, self._dirty = self._dirty, set()
+        if self.replay_at is not None and self.monitor is not None:
+            shown = [nm.last.time for nm in self.monitor.nodes.values() if nm.last is not None]
+            if shown:
+                self.sub_title = self._title(max(shown))
         # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
         visible = self.dashboard.visible_panels() if dirty else set()
         for name in dirty:
@@ -221,7 +314,7 @@ class SparkConsoleApp(App):
             guards = self.guards_for(nm)
             if name in visible:
                 panel.show(nm, guards, now, self.cluster.thresholds)
-            if self.alerts is not None:
+            if self.alerts is not None and self._live_monitor is None:   # never from a replay
                 self._take_alerts(self.alerts.observe_node(nm, guards))
         if dirty:
             self._show_launches()

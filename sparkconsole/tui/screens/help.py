@@ -11,7 +11,7 @@ from textual.widgets import Static
 
 KEYS = [
     ("everywhere", [("1 2 3 4", "dashboard · recipes · bench · logs"), (": or ctrl+p", "command palette: every action, every recipe"),
-                    ("?", "this help"), ("/", "filter (nodes, recipes) or search (logs)"), ("tab", "next pane"), ("q", "quit: agents end, connections close")]),
+                    ("?", "this help"), ("[ / ]", "back / forward 5 min through the flight recorder (REPLAY; ] to live)"), ("/", "filter (nodes, recipes) or search (logs)"), ("tab", "next pane"), ("q", "quit: agents end, connections close")]),
     ("node panel", [("l", "tail the node's vLLM container log"), ("r", "restart the vLLM container (asks first)"),
                     ("s", "stop the vLLM container (asks first)"), ("enter on a guard", "show the fixing command, run it after a confirmation")]),
     ("recipes", [("enter", "launch the chosen recipe on the chosen topology (asks first)"), ("t", "next topology"),

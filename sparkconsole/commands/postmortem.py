@@ -1,0 +1,36 @@
+"""`sparkconsole postmortem NODE [--at T] [--format md|json] [--file PATH]`: why a node went DOWN, rebooted
+or lost its container, from the flight recorder (see recorder/postmortem.py for the verdicts)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from .status import load
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser("postmortem", help="explain a node's last DOWN / reboot / container exit from the recorder",
+                              description=__doc__)
+    p.add_argument("node", metavar="NODE")
+    p.add_argument("--at", metavar="T", help='the incident at or before T: "2026-11-24 03:10" or -15m (default: the latest)')
+    p.add_argument("--format", choices=("md", "json"), default="md")
+    p.add_argument("--file", metavar="PATH", help="recorder file (default: the cluster's in the state dir)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..recorder.feed import recorder_path
+    from ..recorder.postmortem import build, to_markdown
+    from ..recorder.reader import RecorderReader, parse_at
+
+    path = args.file or recorder_path(load(args))
+    at = parse_at(args.at) if args.at else None
+    reader = RecorderReader(path)
+    try:
+        pm = build(reader, args.node, at)
+    finally:
+        reader.close()
+    sys.stdout.write(json.dumps(pm, indent=1, default=str) + "\n" if args.format == "json" else to_markdown(pm))
+    return 0

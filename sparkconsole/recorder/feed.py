@@ -1,0 +1,145 @@
+"""Feeds a RecorderStore from a ClusterMonitor: each new tick, and what changed about a node (state, boot id,
+containers) as events. Runs in the monitor's subscriber callback: it only queues rows (store.put_*).
+
+    rec = Recorder.open(cluster)            # the cluster's file in the state dir, or None when recorder: off
+    rec.attach(monitor)                     # subscribe; rec.close() unsubscribes and flushes
+    rec.on_postmortem = lambda pm: ...      # when set: a post-mortem is built after each incident (DOWN,
+                                            # reboot, the node's container leaving running) and passed here
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+from .. import paths
+from ..config import ClusterConfig
+from .store import RecorderStore
+
+log = logging.getLogger(__name__)
+
+POSTMORTEM_DELAY_S = 2.0
+
+
+def recorder_path(cluster: ClusterConfig) -> Path:
+    """state_dir()/recorder/<cluster file stem>-<hash of its full path>.sqlite: one file per cluster file."""
+    src = cluster.source
+    stem = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in Path(src).stem)[:40] or "cluster"
+    if cluster.simulated:
+        stem = "SIMULATED-" + stem      # simulated history never mixes with a real cluster's
+    digest = hashlib.sha256(str(Path(src).expanduser().resolve() if "<" not in src else src).encode()).hexdigest()[:10]
+    return paths.state_dir() / "recorder" / f"{stem}-{digest}.sqlite"
+
+
+class Recorder:
+    def __init__(self, cluster: ClusterConfig, store: RecorderStore) -> None:
+        self.cluster = cluster
+        self.store = store
+        self._seen: dict[str, tuple] = {}      # node -> (last tick time, state, boot id, containers)
+        self._ep_seen: dict[str, float] = {}
+        self._unsub: list[Callable[[], None]] = []
+        self.on_postmortem: Callable[[dict], None] | None = None
+        self._tasks: set[asyncio.Task] = set()
+
+    @classmethod
+    def open(cls, cluster: ClusterConfig, path: str | Path | None = None) -> "Recorder | None":
+        if not cluster.recorder.enabled:
+            return None
+        store = RecorderStore(path or recorder_path(cluster), cluster.recorder)
+        store.put_event("*", "session", {"source": cluster.source, "simulated": cluster.simulated,
+                                         "nodes": [n.name for n in cluster.nodes],
+                                         "endpoints": {e.name: e.node for e in cluster.endpoints}})
+        return cls(cluster, store)
+
+    def attach(self, monitor) -> None:
+        self._unsub.append(monitor.subscribe(self.on_node))
+
+    def attach_alerts(self, alerts) -> None:
+        """Every alert raised or cleared (node, endpoint, exhaustion) kept as an event: post-mortem evidence."""
+        self._unsub.append(alerts.subscribe(lambda a: self.note(a.source, "alert", {
+            "key": a.key, "severity": a.severity, "message": a.message, "active": a.active})))
+
+    def attach_serving(self, serving) -> None:
+        """Every endpoint poll (engine metrics, router figures) as one row of its non-empty fields."""
+        self._unsub.append(serving.subscribe(self.on_endpoint))
+
+    def on_endpoint(self, em) -> None:
+        snap = getattr(em, "latest", em)
+        if snap is None or self._ep_seen.get(snap.name) == snap.time:
+            return
+        self._ep_seen[snap.name] = snap.time
+        row = {k: v for k, v in asdict(snap).items() if v not in (None, (), "") and k not in ("name", "url", "time")}
+        self.store.put_endpoint(snap.name, row, snap.time)
+
+    def on_node(self, nm) -> None:
+        prev = self._seen.get(nm.name, (None, None, None, None))
+        tick = nm.last
+        if tick is not None and tick.time != prev[0]:
+            self.store.put_tick(nm.name, tick, nm.config.container)
+        state = nm.state.value
+        incident = False
+        if state != prev[1]:
+            self.store.put_event(nm.name, "state", {"state": state, "error": nm.last_error}, nm.since)
+            incident |= state == "DOWN" and prev[1] is not None
+        boot = nm.info.boot_id if nm.info else None
+        if boot != prev[2] and boot is not None:
+            self.store.put_event(nm.name, "hello", asdict(nm.info))
+            incident |= prev[2] is not None
+        conts = nm.containers
+        if conts != prev[3] and conts is not None:
+            self.store.put_event(nm.name, "containers", [asdict(c) for c in conts])
+            was = {c.name: c.state for c in prev[3] or ()}
+            incident |= any(was.get(c.name) == "running" and c.state != "running" for c in conts
+                            if c.name == nm.config.container)
+        self._seen[nm.name] = (tick.time if tick else None, state, boot, conts)
+        if incident and self.on_postmortem is not None:
+            self._postmortem_later(nm.name)
+
+    def _postmortem_later(self, node: str) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        task = loop.create_task(self._postmortem(node))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _postmortem(self, node: str) -> None:
+        from .postmortem import build
+        from .reader import RecorderReader
+
+        def work() -> dict:
+            self.store.flush()                  # the incident's own rows are committed first
+            reader = RecorderReader(self.store.path)
+            try:
+                return build(reader, node)
+            finally:
+                reader.close()
+        await asyncio.sleep(POSTMORTEM_DELAY_S)     # let the other nodes show whether they kept ticking
+        try:
+            pm = await asyncio.to_thread(work)
+        except Exception:   # noqa: BLE001 — a post-mortem that cannot be built must not take the console down
+            log.exception("post-mortem for %s", node)
+            return
+        self.store.put_event(node, "postmortem", {"verdict": pm["verdict"], "evidence": pm["evidence"],
+                                                   "incident": pm["incident"]})
+        if self.on_postmortem is not None:
+            self.on_postmortem(pm)
+
+    async def wait_postmortems(self) -> None:
+        while self._tasks:
+            await asyncio.gather(*list(self._tasks), return_exceptions=True)
+
+    def note(self, node: str, kind: str, data) -> None:
+        """An alert, a guard action, a post-mortem: anything the console decided, kept with the readings."""
+        self.store.put_event(node, kind, data)
+
+    def close(self) -> None:
+        for u in self._unsub:
+            u()
+        self._unsub.clear()
+        self.store.close()

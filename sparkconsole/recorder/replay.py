@@ -1,0 +1,65 @@
+"""Replays the flight recorder as live nodes: `sparkconsole console --at T` opens the dashboard as it was.
+
+Each node's recorded rows from T on are turned back into agent lines (a hello, then ticks with their recorded
+times) and played through nodes/replay.py's ReplayTransport in real time: not re-stamped (the console shows
+the recorded time, labelled REPLAY), not looped, and refusing every command (a replayed node is never acted on).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from ..config import ClusterConfig
+from ..errors import UserError
+from .reader import RecorderReader
+
+REPLAY_SPAN_S = 3600.0      # how much is played from T on
+
+
+def agent_lines(r: RecorderReader, node: str, since: float, until: float) -> list[str]:
+    hello_ev = r.last_event_before(node, "hello", since) or next(iter(r.events(node, since, until, ("hello",))), None)
+    hello = {"type": "hello", "interval_s": 0.5, "gpu_source": "replay", "time": since}
+    if hello_ev and isinstance(hello_ev["data"], dict):
+        d = hello_ev["data"]
+        hello.update({k: d[k] for k in ("hostname", "kernel", "boot_id", "driver", "agent_version", "interval_s",
+                                        "simulated") if d.get(k) is not None})
+        hello["gpus"] = [{"index": i, "name": n} for i, n in enumerate(d.get("gpu_names") or ())]
+    hello["gpu_source"] = "replay"
+    rows = r.ticks(node, since, until)
+    if rows:
+        hello["time"] = rows[0]["t"]      # paced by recorded time: the first tick plays at once
+    lines = [json.dumps(hello)]
+    for x in rows:
+        t = {"type": "tick", "seq": x["seq"] or 0, "time": x["t"]}
+        g = {k: x[c] for k, c in (("temp_c", "temp_c"), ("slowdown_c", "slowdown_c"), ("power_w", "power_w"),
+                                  ("sm_clock_mhz", "clock_mhz"), ("util_pct", "util_pct"), ("reasons_mask", "reasons"))
+             if x[c] is not None}
+        if g:
+            t["gpus"] = [{"index": 0, **g}]
+        mem = {k: x[k] for k in ("total_kb", "cached_kb", "swap_free_kb", "swap_total_kb") if x[k] is not None}
+        if x["avail_kb"] is not None:
+            mem["available_kb"] = x["avail_kb"]
+        if mem:
+            t["mem"] = mem
+        if x["psi_some"] is not None:
+            t["pressure"] = {"some_avg10": x["psi_some"], "full_avg10": x["psi_full"]}
+        lines.append(json.dumps(t))
+    return lines
+
+
+def replay_monitor_factory(path: str | Path, at: float):
+    """A monitor_factory for the console: every node of the cluster plays its recorded rows from `at`."""
+    r = RecorderReader(path)
+    span = r.span()
+    if span is None or at > span[1]:
+        raise UserError("nothing recorded at or after that time", field="--at",
+                        fix="pick a time the recorder covers" + (f" (it has ticks up to {span[1]:.0f})" if span else ""))
+
+    def factory(cluster: ClusterConfig):
+        from ..nodes.monitor import ClusterMonitor
+        from ..nodes.replay import replay_factory
+        lines = {n.name: agent_lines(r, n.name, at, at + REPLAY_SPAN_S) for n in cluster.nodes}
+        return ClusterMonitor(cluster, transport_factory=replay_factory(
+            lines, speed=1.0, loop=False, retime=False, runs_commands=False))
+    return factory

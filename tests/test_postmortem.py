@@ -1,0 +1,164 @@
+"""Post-mortems: each verdict from recorder data in a real SQLite file, and the real path over the sshd test nodes
+(a silent partition then a cut connection; the agent killed), written by the Recorder as the incidents happen."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparkconsole.nodes.monitor import ClusterMonitor
+from sparkconsole.nodes.samples import NodeState, Tick
+from sparkconsole.recorder.feed import Recorder
+from sparkconsole.recorder.postmortem import build, one_line, to_markdown
+from sparkconsole.recorder.reader import RecorderReader, parse_at
+from sparkconsole.recorder.store import RecorderStore
+from tests.helpers import until
+
+GIB_KB = 1 << 20
+T0 = 1_700_000_000.0
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def tick(t, *, avail_gib=100.0, temp=60.0, reasons=0, psi_full=0.0, swap_free_gib=0.0, cg=None):
+    d = {"type": "tick", "seq": int((t - T0) * 2), "time": t,
+         "gpus": [{"index": 0, "temp_c": temp, "slowdown_c": 89, "power_w": 90, "reasons_mask": reasons}],
+         "mem": {"total_kb": 128 * GIB_KB, "available_kb": int(avail_gib * GIB_KB), "cached_kb": 2 * GIB_KB,
+                 "swap_total_kb": 16 * GIB_KB, "swap_free_kb": int(swap_free_gib * GIB_KB)},
+         "pressure": {"some_avg10": psi_full * 2, "full_avg10": psi_full}}
+    if cg:
+        d["cgroups"] = [{"name": "vllm_node", "current_b": cg[0], "max_b": cg[1]}]
+    return Tick.from_json(d, t)
+
+
+def scenario(tmp_path, shape, *, incident=("state", {"state": "DOWN", "error": "no tick for 9.0 s"}),
+             other_ticks=True, stale_first=True, containers=None) -> dict:
+    path = tmp_path / "r.sqlite"
+    store = RecorderStore(path)
+    store.put_event("*", "session", {"endpoints": {"spark1-vllm": "spark1"}}, T0 - 1)
+    store.put_event("spark1", "state", {"state": "LIVE"}, T0)
+    for i in range(100):
+        store.put_endpoint("spark1-vllm", {"healthy": True, "running": 4 + i // 10, "kv_usage": i / 100}, T0 + 20 + i)
+    if containers:
+        store.put_event("spark1", "containers", containers[0], T0)
+    for i in range(240):                                  # 2 minutes at 2 Hz, then the incident
+        t = T0 + i / 2
+        store.put_tick("spark1", tick(t, **shape(i / 2)), container="vllm_node")
+        store.put_tick("spark2", tick(t), container="vllm_node")
+    if stale_first:
+        store.put_event("spark1", "state", {"state": "STALE", "error": "no tick for 1.6 s"}, T0 + 121)
+    store.put_event("spark1", *incident, T0 + 125)
+    if other_ticks:
+        for i in range(10):
+            store.put_tick("spark2", tick(T0 + 125 + i / 2))
+    store.close()
+    r = RecorderReader(path)
+    return build(r, "spark1", audit_entries=[])
+
+
+def test_memory_exhaustion_verdict(tmp_path):
+    pm = scenario(tmp_path, lambda t: {"avail_gib": max(60 - t / 2, 1.5), "psi_full": min(t / 4, 40),
+                                       "swap_free_gib": max(16 - t / 10, 0)})
+    assert pm["verdict"] == "memory-exhaustion"
+    ev = " | ".join(pm["evidence"])
+    assert "MemAvailable fell 57.5 → 1.5 GiB" in ev and "PSI full peaked at 30%" in ev and "swap used grew" in ev
+    assert "hung (STALE, then DOWN" in ev
+    md = to_markdown(pm)
+    assert md.startswith("# Post-mortem: spark1 — down at") and "**Verdict: memory-exhaustion**" in md
+    assert "| MemAvailable GiB | 57.5 |" in md
+    assert pm["engine"]["spark1-vllm"]["last"]["running"] == 13 and "Engine spark1-vllm (100 polls)" in md
+
+
+def test_thermal_verdict(tmp_path):
+    pm = scenario(tmp_path, lambda t: {"temp": min(60 + t / 3, 92), "reasons": 0x40 if t > 100 else 0})
+    assert pm["verdict"] == "thermal"
+    assert any("GPU reached 92 °C (slowdown at 89 °C)" in e for e in pm["evidence"])
+    assert pm["clock_reasons"] == ["hw_thermal"]
+
+
+def test_container_oom_kill_verdict(tmp_path):
+    running = [{"name": "vllm_node", "state": "running", "oom_killed": False, "exit_code": 0}]
+    dead = [{"name": "vllm_node", "state": "exited", "oom_killed": True, "exit_code": 137}]
+    pm = scenario(tmp_path, lambda t: {"cg": (int((1 + t / 10) * 2**30), 13 * 2**30)},
+                  incident=("containers", dead), containers=(running,), stale_first=False)
+    assert pm["verdict"] == "container-oom-kill"
+    assert pm["evidence"][0] == "container vllm_node exited (exit 137, OOM-killed)"
+    assert "container memory rose 1536 → 13261 MiB of a 13312 MiB cap" in pm["evidence"][1]
+
+
+def test_network_loss_and_unknown_verdicts(tmp_path):
+    pm = scenario(tmp_path, lambda t: {})
+    assert pm["verdict"] == "network-loss"
+    assert pm["evidence"][0] == "other node(s) kept ticking: spark2" and "hung" in pm["evidence"][-1]
+    (tmp_path / "r.sqlite").unlink()
+    pm = scenario(tmp_path, lambda t: {}, other_ticks=False, stale_first=False,
+                  incident=("state", {"state": "DOWN", "error": "agent ended (exit 0)"}))
+    assert pm["verdict"] == "unknown"
+    assert any("every node went silent at once" in e for e in pm["evidence"])
+    assert "the agent's stream ended (agent ended (exit 0))" in pm["evidence"]
+
+
+def test_postmortem_command_md_and_json_and_bad_input(tmp_path):
+    scenario(tmp_path, lambda t: {"avail_gib": max(60 - t / 2, 1.5)})
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state")}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "sparkconsole", *a], capture_output=True, text=True,
+                                    cwd=ROOT, env=env, timeout=60)
+    r = run("postmortem", "spark1", "--file", str(tmp_path / "r.sqlite"))
+    assert r.returncode == 0 and "**Verdict: memory-exhaustion**" in r.stdout, r.stderr
+    r = run("postmortem", "spark1", "--file", str(tmp_path / "r.sqlite"), "--format", "json")
+    assert json.loads(r.stdout)["verdict"] == "memory-exhaustion"
+    r = run("postmortem", "spark9", "--file", str(tmp_path / "r.sqlite"))
+    assert r.returncode == 2 and "spark9" in r.stderr and "spark1" in r.stderr and "Traceback" not in r.stderr
+    r = run("postmortem", "spark1", "--file", str(tmp_path / "r.sqlite"), "--at", "yesterday-ish")
+    assert r.returncode == 2 and "--at" in r.stderr and "-15m" in r.stderr
+    assert parse_at("-15m", now=1000.0) == 100.0
+
+
+def agent_pids(sshd_node) -> list[int]:
+    return [p for p in sshd_node.session_pids()
+            if "--watch-stdin" not in " ".join(psutil.Process(p).cmdline()) and "agent" in " ".join(
+                psutil.Process(p).cmdline())] or [p for p in sshd_node.session_pids()
+                                                   if psutil.Process(p).name().startswith("python")]
+
+
+@pytest.mark.sshd
+async def test_real_incidents_over_sshd_get_network_loss_post_mortems(sshd_live, tmp_path):
+    cluster = sshd_live.cluster_config(interval_s=0.25)
+    rec = Recorder.open(cluster, tmp_path / "r.sqlite")
+    pms: list[dict] = []
+    rec.on_postmortem = pms.append
+    mon = ClusterMonitor(cluster)
+    rec.attach(mon)
+    await mon.start()
+    try:
+        n1, n2 = mon.nodes["node1"], mon.nodes["node2"]
+        await until(lambda: len(n1.history) > 8 and len(n2.history) > 8, 30, "both nodes ticking")
+        # 1) a silent partition, then the connection cut: the stream hung, node2 kept ticking
+        sshd_live[0].freeze()
+        await until(lambda: n1.state == NodeState.STALE, 10, "node1 STALE")
+        sshd_live[0].kill()
+        await until(lambda: pms, 30, "a post-mortem for node1")
+        first = pms[0]
+        assert first["node"] == "node1" and first["verdict"] == "network-loss", first
+        assert any("hung (STALE, then DOWN" in e for e in first["evidence"])
+        assert first["other_nodes_ticking"] == {"node2": True}
+        # 2) the agent on node2 killed: its stream ended
+        for pid in agent_pids(sshd_live[1]):
+            os.kill(pid, signal.SIGKILL)
+        await until(lambda: len(pms) >= 2, 30, "a post-mortem for node2")
+        second = pms[1]
+        assert second["node"] == "node2" and second["incident"]["kind"] == "down"
+        assert any("stream ended" in e for e in second["evidence"]), second["evidence"]
+        assert one_line(second).startswith("post-mortem node2: ")
+    finally:
+        await mon.stop()
+        await rec.wait_postmortems()
+        rec.close()
+    kinds = [e["kind"] for e in RecorderReader(tmp_path / "r.sqlite").events(None, 0, 2e9)]
+    assert kinds.count("postmortem") >= 2
