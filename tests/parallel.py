@@ -26,7 +26,7 @@ import pytest
 TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_pair", "vllm_container",
                     "testbed_image", "testbed_base_image", "docker_engine", "vllm_router", "vllm_router_factory",
                     "litellm_router", "vllm_pd_router", "benchy"}
-NETNS_MODULES = ("test_link_cut.py",)
+NETNS_MODULES = ("test_link_cut.py", "test_postmortem_link_cut.py")
 # Docker modules of minutes each (vLLM containers launched one after another): each gets a worker, and with it
 # a Docker engine of its own (an engine starts in under a second), instead of queueing behind the others.
 DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_container_killed.py", "test_topologies.py")
