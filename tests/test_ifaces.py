@@ -90,3 +90,33 @@ async def test_discover_refuses_a_bad_address_and_names_a_vanished_node(sshd_liv
         assert "\n" not in str(ei.value)
     finally:
         await t.close()
+
+
+@pytest.mark.sshd
+def test_a_cluster_plan_without_interfaces_gets_them_from_the_nodes(sshd_nodes, tmp_path):
+    """`recipe plan -T cluster-tp2` of a recipe and a cluster file that name no interface: each node's is read
+    from the node over SSH and shown in the plan; `--offline` reads nothing and says what is missing."""
+    import subprocess
+    import sys
+    import yaml
+    from sparkconsole.launch.recipe import find_recipe
+    doc = yaml.safe_load(open(find_recipe("gpt-oss-120b").source).read())
+    doc["sparkconsole"]["cluster"].pop("eth_if", None)
+    doc["sparkconsole"]["cluster"].pop("ib_if", None)
+    recipe = tmp_path / "no-ifaces.yaml"
+    recipe.write_text(yaml.safe_dump(doc, sort_keys=False))
+    cluster = tmp_path / "sparkconsole.yaml"
+    cluster.write_text("nodes:\n" + "".join(
+        f"  - {{name: {n.name}, address: {n.address}, ssh: {{user: {n.user}, port: {n.port}, identity: {n.identity}}}}}\n"
+        for n in sshd_nodes) + f"ssh: {{known_hosts: {sshd_nodes.known_hosts}}}\n")
+
+    def plan(*extra):
+        return subprocess.run([sys.executable, "-m", "sparkconsole", "recipe", "plan", str(recipe), "-T", "cluster-tp2",
+                               "--cluster", str(cluster), *extra], capture_output=True, text=True, timeout=120)
+    r = plan()
+    assert r.returncode == 0, r.stderr
+    assert "note: node1: eth_if lo discovered (route to the peer" in r.stdout
+    assert "note: node2: eth_if lo discovered (route to the peer" in r.stdout
+    assert r.stdout.count("NCCL_SOCKET_IFNAME=lo") == 2
+    off = plan("--offline")
+    assert off.returncode == 2 and "needs the network interface" in off.stderr and len(off.stderr.splitlines()) == 1

@@ -281,6 +281,29 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             await monitor.stop()
 
 
+def _run_async(coro):
+    import asyncio
+    return asyncio.run(coro)
+
+
+async def _discover_links(recipe, topology: str, cluster, overrides: dict):
+    """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
+    from ..launch.ifaces import plan_links
+    from ..nodes.transport import make_transport
+    opened = []
+
+    async def connect(node):
+        t = make_transport(node, cluster.ssh)
+        await t.connect()
+        opened.append(t)
+        return t
+    try:
+        return await plan_links(recipe, topology, cluster, overrides, connect)
+    finally:
+        for t in opened:
+            await t.close()
+
+
 def run(args: argparse.Namespace) -> int | Any:
     if args.recipe_command == "list":
         return _list()
@@ -291,7 +314,13 @@ def run(args: argparse.Namespace) -> int | Any:
     recipe = find_recipe(args.recipe)
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]
-    plan = make_plan(recipe, topology, cluster, overrides_from(args))
+    overrides, found = overrides_from(args), []
+    if topology == "cluster-tp2" and not args.offline:
+        overrides, found = _run_async(_discover_links(recipe, topology, cluster, overrides))
+    plan = make_plan(recipe, topology, cluster, overrides)
+    if found:
+        from dataclasses import replace as _replace
+        plan = _replace(plan, notes=(*plan.notes, *found))
     if args.recipe_command == "plan":
         for w in recipe.warnings:
             print(f"warning: {w}")

@@ -123,3 +123,32 @@ async def discover(transport, peer_address: str) -> tuple[str | None, str | None
         raise UserError(f"{node}: no interface routes to {peer_address} and no RDMA port is Up",
                         fix="check the cable and the addresses, or set eth_if/ib_if in the cluster file")
     return eth_if, ib_if, how
+
+
+async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -> tuple[dict, list[str]]:
+    """The link interfaces a cluster plan needs and nobody wrote down (no --eth-if, none in the cluster file or
+    the recipe), discovered on each node the plan uses, towards its peer (the head for a worker, the first worker
+    for the head). Returns (overrides with per-node `eth_if`/`ib_if` added, a note per node saying how each was
+    found). `connect(node_config)` gives a connected transport. Nothing to find: the overrides as given."""
+    from .plan import make_plan
+    if topology != "cluster-tp2" or overrides.get("eth_if") or recipe.cluster.eth_if:
+        return overrides, []
+    probe = make_plan(recipe, topology, cluster, {**overrides, "eth_if": "lo"})    # which nodes, in order
+    nodes = [cluster.node(n) for n in probe.nodes]
+    missing = [n for n in nodes if not n.eth_if]
+    if not missing:
+        return overrides, []
+    eth: dict[str, str] = {n.name: n.eth_if for n in nodes if n.eth_if}
+    ib: dict[str, str] = {}
+    notes = []
+    for n in missing:
+        peer = nodes[1] if n.name == nodes[0].name else nodes[0]
+        e, i, how = await discover(await connect(n), peer.address)
+        eth[n.name] = e
+        if i and not n.ib_if and not overrides.get("ib_if") and not recipe.cluster.ib_if:
+            ib[n.name] = i
+        notes.append(f"{n.name}: eth_if {e}" + (f", ib_if {i}" if i else "") + f" discovered ({how})")
+    out = {**overrides, "eth_if": eth}
+    if ib:
+        out["ib_if"] = ib
+    return out, notes

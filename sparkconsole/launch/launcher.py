@@ -27,6 +27,7 @@ from ..config import ClusterConfig
 from ..errors import UserError
 from . import lint
 from .plan import Plan, make_plan
+from .ifaces import plan_links
 from .probe import probe_nodes
 from .recipe import Recipe, find_recipe
 from .runner import READY_TIMEOUT_S, Progress, Runner
@@ -94,14 +95,20 @@ class RecipeLauncher:
     async def launch(self, recipe: str, topology: str) -> str:
         r = self._recipe(recipe)
         topo, opts = resolve_topology(topology)
-        plan = make_plan(r, topo, self.cluster, {**self.overrides, **opts})
+        overrides, found = await plan_links(r, topo, self.cluster, {**self.overrides, **opts}, self._connect)
+        plan = make_plan(r, topo, self.cluster, overrides)
+        if found:
+            plan = replace(plan, notes=(*plan.notes, *found))
+            for note in found:
+                if self.on_progress is not None:
+                    self.on_progress(Progress(note.split(":")[0], "info", note))
         if plan.endpoint is None:
             raise UserError(f"the {topology} plan of {r.key} has no endpoint to benchmark",
                             fix="use a topology whose plan serves HTTP")
         monitor = await self._ensure_monitor() if self.preflight else None
         if self.preflight:
             await self._check(r, plan, topology, monitor)
-        runner = Runner(self.cluster, await self._transports(plan, monitor), ready_timeout=self.ready_timeout,
+        runner = Runner(self.cluster, await self._transports(plan), ready_timeout=self.ready_timeout,
                         poll_interval=self.poll_interval)
         self.plan = plan
         await runner.launch(plan, self.on_progress)          # cleans up after itself when it fails
@@ -208,24 +215,23 @@ class RecipeLauncher:
                             fix=(first.fix or "see `sparkconsole recipe lint`")
                             + ("" if first.severity == "block" else "; or pass --force"))
 
-    async def _transports(self, plan: Plan, monitor) -> dict[str, Any]:
+    async def _connect(self, node) -> Any:
+        """A connected transport to `node`: the monitor's where it has one, else one of our own."""
+        nm = self._monitor.nodes.get(node.name) if self._monitor is not None else None
+        t = getattr(nm, "transport", None)
+        if t is not None and t.connected:
+            return t
+        own = self._own_transports.get(node.name)
+        if own is None or not own.connected:
+            from ..nodes.transport import make_transport
+            own = (self._factory or make_transport)(node, self.cluster.ssh)
+            await own.connect()
+            self._own_transports[node.name] = own
+        return own
+
+    async def _transports(self, plan: Plan) -> dict[str, Any]:
         """The monitor's live connections where it has them; otherwise one of our own per node."""
-        out: dict[str, Any] = {}
-        for name in plan.nodes:
-            nm = monitor.nodes.get(name) if monitor is not None else None
-            t = getattr(nm, "transport", None)
-            if t is not None and t.connected:
-                out[name] = t
-                continue
-            own = self._own_transports.get(name)
-            if own is None or not own.connected:
-                from ..nodes.transport import make_transport
-                factory = self._factory or make_transport
-                own = factory(self.cluster.node(name), self.cluster.ssh)
-                await own.connect()
-                self._own_transports[name] = own
-            out[name] = own
-        return out
+        return {name: await self._connect(self.cluster.node(name)) for name in plan.nodes}
 
 
 __all__ = ["RecipeLauncher", "TOPOLOGY_NAMES", "resolve_topology"]
