@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
+from sparkconsole.launch import lint
 from sparkconsole.launch.plan import EXIT_MARK, Step, flag_value, make_plan
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 
@@ -310,3 +311,49 @@ def test_any_placeholder_value_is_exactly_one_argument(value):
     assert argv[argv.index("--served-model-name") + 1] == value
     start = next(s for s in plan.steps if s.service)
     assert shlex.split(start.shell()) == list(start.argv)
+
+
+def _nodes(n: int) -> ClusterConfig:
+    nodes = tuple(NodeConfig(name=f"spark{i + 1}", address=f"192.168.100.{10 + i}", role="head" if i == 0 else "worker",
+                             container="vllm_node") for i in range(n))
+    return ClusterConfig(nodes=nodes, endpoints=(), source="n.yaml")
+
+
+@pytest.mark.parametrize("tp, pp", [(3, 1), (4, 1), (8, 1), (2, 2), (2, 3), (1, 2)])
+def test_a_cluster_runs_on_as_many_nodes_as_the_recipe_splits_over(tp, pp):
+    n = tp * pp
+    plan = make_plan(_TINY, "cluster-tp2", _nodes(8), {"tensor_parallel": tp, "pipeline_parallel": pp})
+    assert plan.nodes == tuple(f"spark{i + 1}" for i in range(n))            # head first, then file order
+    for rank, node in enumerate(plan.nodes):
+        key = f"{node}/{'server' if rank == 0 else 'worker'}"
+        argv = plan.server_args[key]
+        assert flag_value(argv, "--tensor-parallel-size") == str(tp)
+        assert flag_value(argv, "--pipeline-parallel-size") == str(pp)
+        assert flag_value(argv, "--nnodes") == str(n) and flag_value(argv, "--node-rank") == str(rank)
+        assert flag_value(argv, "--master-addr") == "192.168.100.10"
+        assert ("--headless" in argv) == (rank > 0)
+        assert dict(plan.server_env[key])["VLLM_HOST_IP"] == f"192.168.100.{10 + rank}"
+    assert not [f for f in lint.preflight(_TINY, "cluster-tp2", _nodes(8).nodes, plan=plan)
+                if f.rule == "parallel_size"]
+
+
+def test_a_recipe_for_more_nodes_than_the_cluster_has_is_refused_in_one_line():
+    r = replace(_TINY, defaults={**_TINY.defaults, "tensor_parallel": 4})
+    with pytest.raises(UserError) as ei:
+        make_plan(r, "cluster-tp2", _nodes(2))
+    msg = str(ei.value)
+    assert "the recipe runs on 4 nodes" in msg and "has 2" in msg and "\n" not in msg
+    with pytest.raises(UserError, match="needs 4 nodes, 2 named"):
+        make_plan(r, "cluster-tp2", _nodes(4), {"nodes": ["spark1", "spark2"]})
+    # a recipe that sets no split takes the topology's own, and the plan says so
+    two = make_plan(_TINY, "cluster-tp2", _nodes(3))
+    assert two.nodes == ("spark1", "spark2") and any("tensor_parallel 2 spreads it" in n for n in two.notes)
+
+
+def test_ray_cluster_of_four_starts_a_worker_per_node_and_waits_for_all():
+    plan = make_plan(_TINY, "cluster-tp2", _nodes(4), {"tensor_parallel": 4, "backend": "ray"})
+    workers = [s for s in plan.steps if s.service and s.service.endswith("/worker")]
+    assert [s.node for s in workers] == ["spark2", "spark3", "spark4"]
+    assert all("192.168.100.10:29511" in s.argv for s in workers)
+    wait = next(s for s in plan.steps if s.expect)
+    assert wait.expect[1] == 4

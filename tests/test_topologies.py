@@ -350,3 +350,20 @@ def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tin
     report = bed.sc("bench", "report", str(results), "--run", runs["disagg"].run_id, timeout=60)
     assert "KV cache over the connector" in report.stdout, report.stdout + report.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []         # every topology stopped
+
+
+# --- pipeline parallel across the two nodes -------------------------------------------------------------------
+
+@pytest.mark.timeout(900)
+def test_pipeline_parallel_2_serves_across_the_two_nodes(bed, tiny_model):
+    args = bed.recipe_args("-T", "cluster-tp2", "--set", "tensor_parallel=1", "--set", "pipeline_parallel=2")
+    launch = bed.sc("recipe", "launch", *args, "--yes", "--force")
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    worker_args = bed.engine.inspect(bed.containers[1])["Args"]
+    assert worker_args[worker_args.index("--pipeline-parallel-size") + 1] == "2"
+    assert worker_args[worker_args.index("--tensor-parallel-size") + 1] == "1" and "--headless" in worker_args
+    chunks, usage = asyncio.run(stream_chat(bed.url(0), tiny_model.name, 16))
+    assert usage == 16 and chunks >= 8
+    stop = bed.sc("recipe", "stop", *args, "--yes", timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert names_on(bed, 0) == [] and names_on(bed, 1) == []
