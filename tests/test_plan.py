@@ -14,7 +14,9 @@ from hypothesis import strategies as st
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
 from sparkconsole.launch import lint
-from sparkconsole.launch.plan import EXIT_MARK, Step, flag_value, make_plan
+from sparkconsole.launch.argv import flag_value
+from sparkconsole.launch.plan import make_plan
+from sparkconsole.launch.steps import EXIT_MARK, Step
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a", vllm_port=8000),

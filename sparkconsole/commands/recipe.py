@@ -27,7 +27,7 @@ from . import LazyChoices
 if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
     from ..config import ClusterConfig
     from ..launch import lint as lint_mod
-    from ..launch.plan import Plan
+    from ..launch.steps import Plan
     from ..launch.recipe import Recipe
 
 TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")

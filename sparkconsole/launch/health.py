@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .plan import Plan, Service
+from .steps import Plan, Service
 
 SERVING, STARTING, BROKEN, DOWN = "SERVING", "STARTING", "BROKEN", "DOWN"
 RUNNING = ("running",)

@@ -26,7 +26,8 @@ from typing import Any, Callable, Mapping
 from ..config import ClusterConfig
 from ..errors import UserError
 from . import lint
-from .plan import Plan, make_plan
+from .plan import make_plan
+from .steps import Plan
 from .ifaces import plan_links
 from .probe import probe_nodes
 from .recipe import Recipe, find_recipe

@@ -19,7 +19,10 @@ from typing import Any, Iterable, Mapping, Sequence
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from . import lint_topology
-from .plan import Plan, compromised_versions, flag_value, has_flag, make_plan
+from .argv import flag_value, has_flag
+from .plan import make_plan
+from .routers import compromised_versions
+from .steps import Plan
 from .recipe import Recipe
 
 GIB = 1024 ** 3

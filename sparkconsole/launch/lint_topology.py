@@ -11,7 +11,7 @@ import ipaddress
 from typing import TYPE_CHECKING
 
 from ..config import NodeConfig
-from .plan import Plan
+from .steps import Plan
 
 if TYPE_CHECKING:
     from .lint import Facts, Finding

@@ -18,165 +18,20 @@ Topologies:
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import re
 import shlex
-from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
-from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, RouterImpl, SecretRef, fill
+from .argv import command_argv, has_flag, served_model
+from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, SecretRef, fill
+from .routers import DEFAULT_ROUTER_DIR, add_router
+from .steps import EXIT_MARK, RAY_JOIN_TIMEOUT_S, RAY_NODE_LINE, Plan, Service, Step, url_host
 
-SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
-# `ray status` lists each live node as " 1 node_<id>" under "Active:"
-RAY_NODE_LINE = r"^\s*1 node_[0-9a-f]+"
-RAY_JOIN_TIMEOUT_S = 120.0
-# A server started by `docker exec` (vLLM on a Ray cluster) is not the container's main process: its end is
-# written to the container log as this line and its exit code.
-EXIT_MARK = "sparkconsole: vLLM exited with code"
-# Added first-token latency measured on this project's test bed (docs/testbed notes): shown in the plan.
-ROUTER_OVERHEAD_NOTE = {
-    "vllm-router": "vllm-router added about 0.5 ms to first token on the test bed",
-    "litellm": "LiteLLM proxy added about 12 ms to first token on the test bed (single event loop, ~1,500 chunks/s)",
-}
 # Plan options taken out of overrides; every other override key is a placeholder value.
-# LiteLLM releases from a supply-chain attack (seed 001): refused when planned, linted and launched.
-COMPROMISED_LITELLM = ("1.82.7", "1.82.8")
-
-
-def compromised_versions(impl: RouterImpl, *, litellm: bool) -> list[str]:
-    """The compromised LiteLLM versions a router pin names (its version or its image tag)."""
-    if not litellm and "litellm" not in (impl.image or "").lower():
-        return []
-    tag = (impl.image or "").rsplit("/", 1)[-1].partition(":")[2]
-    found = {impl.version or "", *re.findall(r"\d+\.\d+\.\d+", tag)}
-    return sorted(v for v in found if v in COMPROMISED_LITELLM)
-
-
 OPTION_KEYS = {"nodes", "extra_args", "backend", "router", "drop_caches", "eth_if", "ib_if", "master_port",
                "router_dir"}
-
-
-@dataclass(frozen=True)
-class Step:
-    node: str
-    what: str                                   # what it is, in words
-    argv: tuple[str, ...]
-    change: bool = True                         # changes the node: confirmed and written to the audit log
-    input: bytes | None = None                  # stdin (a config file's text)
-    secrets: tuple[SecretRef, ...] = ()         # read on the node at run time, by reference
-    tolerate: tuple[str, ...] = ()              # stderr text that still counts as success
-    service: str | None = None                  # the service this step starts
-    expect: tuple[str, int] | None = None       # (regex, n): success needs n stdout lines matching it…
-    retry_s: float = 0.0                        # …tried again each second for this long
-
-    def shell(self) -> str:
-        """The command line as the node's shell gets it: argv quoted, file secrets read there."""
-        prefix = []
-        for s in self.secrets:
-            if s.source.startswith("file:"):
-                path = s.source[5:]
-                quoted = '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
-                prefix.append(f'{s.name}="$(cat -- {quoted})"')
-        return " ".join([*prefix, shlex.join(self.argv)])
-
-
-@dataclass(frozen=True)
-class Service:
-    """Something a plan starts and the runner follows: a vLLM server, a headless worker, or a router."""
-    key: str                                    # unique in the plan, e.g. "spark1/server"
-    node: str
-    container: str
-    role: str                                   # server | worker | router | prefill | decode
-    url: str | None                             # base URL answering health and /v1/models; None: headless
-    model: str | None = None                    # served model name expected in /v1/models
-    health_path: str = "/health"
-    models_path: str | None = "/v1/models"
-
-    @property
-    def logs_argv(self) -> tuple[str, ...]:
-        return ("docker", "logs", "-f", "--tail", "200", self.container)
-
-    @property
-    def state_argv(self) -> tuple[str, ...]:
-        return ("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
-                self.container)
-
-    def stop_steps(self) -> tuple[Step, ...]:
-        return (Step(self.node, f"stop {self.role} container {self.container}",
-                     ("docker", "stop", "-t", "30", self.container), tolerate=("No such container",)),
-                Step(self.node, f"remove container {self.container}", ("docker", "rm", self.container),
-                     tolerate=("No such container", "is already in progress")))
-
-    def restart_step(self) -> Step:
-        return Step(self.node, f"restart {self.role} container {self.container}",
-                    ("docker", "restart", "-t", "30", self.container))
-
-
-@dataclass(frozen=True)
-class Plan:
-    recipe: str                                 # recipe key
-    recipe_name: str
-    topology: str
-    nodes: tuple[str, ...]
-    steps: tuple[Step, ...]
-    services: tuple[Service, ...]
-    endpoint: str | None                        # the URL clients use
-    router: str | None = None                   # vllm-router | simple-shuffle | least-busy
-    backend: str | None = None                  # mp | ray (cluster)
-    image: str = ""
-    params: Mapping[str, Any] = field(default_factory=dict)
-    server_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # service key → vLLM argv
-    notes: tuple[str, ...] = ()
-    server_env: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # service key → its env
-    listens: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)     # node → (address, port)
-    cpu_build: bool = False                     # vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, or no --gpus)
-
-    def for_node(self, node: str) -> list[Step]:
-        return [s for s in self.steps if s.node == node]
-
-    def service(self, key: str) -> Service:
-        return next(s for s in self.services if s.key == key)
-
-    @property
-    def restartable_in_place(self) -> bool:
-        # A tensor-parallel group must come up together; single-node servers can restart one by one.
-        return self.topology != "cluster-tp2"
-
-    def render(self, addresses: Mapping[str, str] | None = None) -> str:
-        from .. import secrets as _secrets
-        lines = [f"Plan: {self.recipe} ({self.recipe_name}) × {self.topology} on {', '.join(self.nodes)}"]
-        if self.endpoint:
-            lines.append(f"Endpoint: {self.endpoint}")
-        order = {id(s): i + 1 for i, s in enumerate(self.steps)}   # numbers give the execution order
-        for node in self.nodes:
-            steps = self.for_node(node)
-            if not steps:
-                continue
-            addr = f" {addresses[node]}" if addresses and node in addresses else ""
-            lines.append(f"[{node}{addr}]")
-            for s in steps:
-                lines.append(f"  {order[id(s)]}. {s.what}")
-                lines.append(f"     $ {_secrets.redact(s.shell())}")
-                if s.input is not None:
-                    lines.append("     (stdin: " + _secrets.redact(s.input.decode("utf-8", "replace")).strip()
-                                 .replace("\n", "\n             ") + ")")
-        for note in self.notes:
-            lines.append(f"note: {note}")
-        return "\n".join(lines)
-
-
-# --- building ----------------------------------------------------------------------------------------------
-
-def _url_host(address: str) -> str:
-    try:
-        if ipaddress.ip_address(address).version == 6:
-            return f"[{address}]"
-    except ValueError:
-        pass
-    return address
 
 
 def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | None,
@@ -237,93 +92,10 @@ def cluster_split(params: Mapping[str, Any], named: int | None, explicit: bool =
                      f"{n} nodes of the cluster launch")
 
 
-def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = (), *,
-                 multi_node: bool = False) -> tuple[list[str], bool]:
-    """The recipe's command as argv: the template split into words first, then each word's placeholders
-    filled, so a value can never become several arguments. The executor flag is the topology's business where
-    it must be: a multi-node launch drops any (it adds ray, or mp's default serves), a one-node launch drops
-    only `ray` (it would need a Ray cluster nobody started) and keeps `uni` or `mp`. Returns (argv, shell):
-    shell when the command uses shell operators and runs under `bash -c`, its values then quoted for that
-    shell."""
-    recipe.render_command(params)            # names a missing placeholder with the file and line
-    # The runner writes the command into a bash script: read it as bash does (comments dropped, a line that
-    # does not end in a backslash ends the command). One command → argv; several → the shell path below.
-    from .bashread import bash_command_lines
-    commands = [text for _, text in bash_command_lines(recipe.command)]
-    template = "\n".join(commands)
-    if len(commands) > 1:
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
-    try:
-        words = shlex.split(template)
-    except ValueError as exc:
-        raise UserError(f"the command cannot be split into arguments ({exc})", file=recipe.source,
-                        line=recipe.command_line, field="command", fix="balance the quotes in the command") from None
-    if not words:
-        raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
-                        fix="write the vllm serve command")
-    if any(w in SHELL_OPERATORS for w in words):
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
-    values = {k: _plain(v) for k, v in params.items()}
-    argv = [w.format(**values) for w in words]
-    out: list[str] = []
-    i = 0
-    while i < len(argv):
-        a = argv[i]
-        if a == "--distributed-executor-backend" or a.startswith("--distributed-executor-backend="):
-            value = a.partition("=")[2] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
-            if multi_node or value == "ray":
-                i += 1 if "=" in a else 2
-                continue
-        out.append(a)
-        i += 1
-    return [*out, *extra_args], False
-
-
-def _plain(v: Any) -> Any:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return v
-
-
-def flag_value(argv: Sequence[str], *names: str) -> str | None:
-    """The last value of a flag written `--flag V` or `--flag=V` (vLLM: last one wins)."""
-    found = None
-    for i, a in enumerate(argv):
-        for n in names:
-            if a == n and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif a.startswith(n + "="):
-                found = a[len(n) + 1:]
-    return found
-
-
-def has_flag(argv: Sequence[str], *names: str) -> bool:
-    return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
-
-
-def served_model(recipe: Recipe, argv: Sequence[str]) -> str | None:
-    name = flag_value(argv, "--served-model-name")
-    if name:
-        return name
-    for i, a in enumerate(argv[:-1]):
-        if a == "serve" and not argv[i + 1].startswith("-"):
-            return argv[i + 1]
-    return flag_value(argv, "--model") or recipe.model
-
-
 def _iface(value: Any, node: str) -> str | None:
     if isinstance(value, Mapping):
         return value.get(node)
     return value
-
-
-# Where router configs go on the head node. Not a valid Python package name on purpose: a directory called
-# "sparkconsole" in /tmp would shadow the real package for any script run from /tmp.
-DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 
 
 def _node_iface(options: Mapping[str, Any], recipe_value: str | None, node: NodeConfig, key: str) -> str | None:
@@ -464,7 +236,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
         full_env = [*recipe.env.items(), *env, *node.vllm_env]
         pre_steps(node, name)
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=name, role=role,
-                      url=f"http://{_url_host(node.address)}:{port}" if url else None,
+                      url=f"http://{url_host(node.address)}:{port}" if url else None,
                       model=served_model(recipe, argv))
         steps.append(Step(node.name, f"start vLLM {role} ({image})",
                           tuple(_docker_run(recipe, topology, role, node, name, full_env, p, image, secrets) + argv),
@@ -485,7 +257,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     elif topology == "2x-solo":
         servers = [start_server(n, "server", [], node_port(n)) for n in nodes]
         router_used = router_choice
-        endpoint = _add_router(recipe, topology, router_choice, nodes[0], servers, steps, services, notes, params,
+        endpoint = add_router(recipe, topology, router_choice, nodes[0], servers, steps, services, notes, params,
                                options.get("router_dir") or DEFAULT_ROUTER_DIR, listens)
     elif topology == "disagg":
         prefill, decode = nodes
@@ -508,7 +280,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
             servers.append(start_server(node, role, env, node_port(node, port), extra))
             listen(node, recipe.disagg.side_channel_port)
         router_used = "vllm-router"
-        endpoint = _add_router(recipe, topology, "vllm-router", prefill, servers, steps, services, notes, params,
+        endpoint = add_router(recipe, topology, "vllm-router", prefill, servers, steps, services, notes, params,
                                options.get("router_dir") or DEFAULT_ROUTER_DIR, listens, disagg=True)
     else:  # cluster-tp2
         head = nodes[0]
@@ -555,12 +327,12 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                 name = cname(n)
                 pre_steps(n, name)
                 ray = ([*ray_cli, "start", "--block", "--head", "--port", str(master_port)] if rank == 0 else
-                       [*ray_cli, "start", "--block", "--address", f"{_url_host(head.address)}:{master_port}"])
+                       [*ray_cli, "start", "--block", "--address", f"{url_host(head.address)}:{master_port}"])
                 ray += ["--node-ip-address", n.address, "--disable-usage-stats"]
                 role = "server" if rank == 0 else "worker"
                 # The head's container is the server: it answers once vLLM (started below) is up.
                 svc = Service(key=f"{n.name}/{role}", node=n.name, container=name, role=role,
-                              url=f"http://{_url_host(head.address)}:{port}" if rank == 0 else None,
+                              url=f"http://{url_host(head.address)}:{port}" if rank == 0 else None,
                               model=served_model(recipe, argv) if rank == 0 else None)
                 env = (*recipe.env.items(), *node_env(n), *n.vllm_env)
                 steps.append(Step(n.name, f"start the container with a Ray {'head' if rank == 0 else 'worker'}",
@@ -591,86 +363,3 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                 server_args=server_args, notes=tuple(notes), server_env=server_env,
                 listens={k: tuple(v) for k, v in listens.items()},
                 cpu_build=dict(recipe.env).get("VLLM_TARGET_DEVICE") == "cpu" or recipe.container_settings.gpus is None)
-
-
-def _add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, servers: list[Service],
-                steps: list[Step], services: list[Service], notes: list[str], params: Mapping[str, Any],
-                router_dir: str, listens: dict[str, list[tuple[str, int]]], disagg: bool = False) -> str:
-    port = recipe.router.port
-    name = f"{head.container if not recipe.container_settings.name else recipe.container_settings.name}_router"
-    url = f"http://{_url_host(head.address)}:{port}"
-    model = servers[0].model
-    impl: RouterImpl
-    steps.append(Step(head.name, f"remove a stopped leftover router container {name} (refused if it is running)",
-                      ("docker", "rm", name), tolerate=("No such container",)))
-    if choice == "vllm-router":
-        impl = recipe.router.vllm_router
-        if compromised_versions(impl, litellm=False):
-            raise UserError("the router image is a compromised LiteLLM release (seed 001)", file=recipe.source,
-                            field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
-        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
-                "--host", "0.0.0.0", "--port", str(port)]
-        if disagg:
-            prefill, decode = servers
-            args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]
-            if recipe.disagg.connector == "NixlConnector":
-                args += ["--kv-connector", "nixl"]
-        else:
-            args += ["--worker-urls", *[str(s.url) for s in servers], "--policy", impl.policy or "round_robin"]
-        health = "/health"
-        env: list[tuple[str, str]] = []
-        mounts: list[str] = []
-        secrets: tuple[SecretRef, ...] = ()
-        notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
-    else:
-        impl = recipe.router.litellm
-        bad = compromised_versions(impl, litellm=True)
-        if bad:
-            raise UserError(f"LiteLLM {bad[0]} is a compromised release (supply-chain attack, seed 001)",
-                            file=recipe.source, field="sparkconsole.router.litellm",
-                            fix="pin a known-good LiteLLM, e.g. version 1.106.2")
-        cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
-        cfg = litellm_config(model or "model", servers, choice)
-        steps.append(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
-                          ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", cfg_path),
-                          input=cfg.encode()))
-        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.litellm.command") for c in impl.command],
-                "--config", "/etc/litellm/config.yaml", "--host", "0.0.0.0", "--port", str(port)]
-        health = "/health/liveliness"
-        # Offline start (no price-map download); the master key comes from the node, by reference.
-        env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")]
-        mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
-        secrets = (SecretRef("LITELLM_MASTER_KEY"),)
-        notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
-    argv = ["docker", "run", "-d", "--name", name, "--label", f"sparkconsole.recipe={recipe.key}",
-            "--label", f"sparkconsole.topology={topology}", "--label", "sparkconsole.role=router",
-            "--label", f"sparkconsole.node={head.name}", "--network", "host", "--init"]
-    for v in [*mounts, *impl.volumes]:
-        argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
-    for k, v in env:
-        argv += ["-e", f"{k}={v}"]
-    for s in secrets:
-        argv += ["-e", s.name]
-    if not impl.image:
-        raise UserError(f"no image for the {choice} router", file=recipe.source, field="sparkconsole.router",
-                        fix="set the router's image in the recipe's sparkconsole.router section")
-    argv += ["--entrypoint=", impl.image, *args]
-    key = f"{head.name}/router"
-    steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
-    listens.setdefault(head.name, []).append((head.address, port))
-    services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
-                            health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
-    return url
-
-
-def litellm_config(model: str, servers: Sequence[Service], strategy: str) -> str:
-    """LiteLLM proxy config: one deployment per backend under one model name, the routing strategy chosen."""
-    import yaml
-    doc = {
-        "model_list": [{"model_name": model,
-                        "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": f"{s.url}/v1"}}
-                       for s in servers],
-        "router_settings": {"routing_strategy": strategy},
-        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
-    }
-    return yaml.safe_dump(doc, sort_keys=False)

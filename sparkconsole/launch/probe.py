@@ -16,7 +16,7 @@ import shlex
 from typing import Any, Mapping
 
 from ..config import ClusterConfig
-from .plan import Plan
+from .steps import Plan
 
 PROBE_TIMEOUT_S = 20.0
 CONNECT_TIMEOUT_S = 3.0

@@ -27,7 +27,7 @@ from ..config import ClusterConfig
 from ..errors import UserError
 from ..nodes.transport import Transport, TransportError
 from .health import LaunchHealth, MemberState, judge
-from .plan import EXIT_MARK, Plan, Service, Step
+from .steps import EXIT_MARK, Plan, Service, Step
 
 ProgressCallback = Callable[["Progress"], Any]
 STEP_TIMEOUT_S = 300.0            # docker run of a large image can take a while to create the container

@@ -1,0 +1,89 @@
+"""A recipe's command as argv, and reading flags back out of an argv (vLLM's rule: the last one wins)."""
+
+from __future__ import annotations
+
+import shlex
+from typing import Any, Mapping, Sequence
+
+from ..errors import UserError
+from .recipe import Recipe
+
+SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
+
+
+def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence[str] = (), *,
+                 multi_node: bool = False) -> tuple[list[str], bool]:
+    """The recipe's command as argv: the template split into words first, then each word's placeholders
+    filled, so a value can never become several arguments. The executor flag is the topology's business where
+    it must be: a multi-node launch drops any (it adds ray, or mp's default serves), a one-node launch drops
+    only `ray` (it would need a Ray cluster nobody started) and keeps `uni` or `mp`. Returns (argv, shell):
+    shell when the command uses shell operators and runs under `bash -c`, its values then quoted for that
+    shell."""
+    recipe.render_command(params)            # names a missing placeholder with the file and line
+    # The runner writes the command into a bash script: read it as bash does (comments dropped, a line that
+    # does not end in a backslash ends the command). One command → argv; several → the shell path below.
+    from .bashread import bash_command_lines
+    commands = [text for _, text in bash_command_lines(recipe.command)]
+    template = "\n".join(commands)
+    if len(commands) > 1:
+        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
+        text = template.format(**quoted)
+        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+    try:
+        words = shlex.split(template)
+    except ValueError as exc:
+        raise UserError(f"the command cannot be split into arguments ({exc})", file=recipe.source,
+                        line=recipe.command_line, field="command", fix="balance the quotes in the command") from None
+    if not words:
+        raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
+                        fix="write the vllm serve command")
+    if any(w in SHELL_OPERATORS for w in words):
+        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
+        text = template.format(**quoted)
+        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+    values = {k: _plain(v) for k, v in params.items()}
+    argv = [w.format(**values) for w in words]
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        a = argv[i]
+        if a == "--distributed-executor-backend" or a.startswith("--distributed-executor-backend="):
+            value = a.partition("=")[2] if "=" in a else (argv[i + 1] if i + 1 < len(argv) else "")
+            if multi_node or value == "ray":
+                i += 1 if "=" in a else 2
+                continue
+        out.append(a)
+        i += 1
+    return [*out, *extra_args], False
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v
+
+
+def flag_value(argv: Sequence[str], *names: str) -> str | None:
+    """The last value of a flag written `--flag V` or `--flag=V` (vLLM: last one wins)."""
+    found = None
+    for i, a in enumerate(argv):
+        for n in names:
+            if a == n and i + 1 < len(argv):
+                found = argv[i + 1]
+            elif a.startswith(n + "="):
+                found = a[len(n) + 1:]
+    return found
+
+
+def has_flag(argv: Sequence[str], *names: str) -> bool:
+    return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
+
+
+def served_model(recipe: Recipe, argv: Sequence[str]) -> str | None:
+    name = flag_value(argv, "--served-model-name")
+    if name:
+        return name
+    for i, a in enumerate(argv[:-1]):
+        if a == "serve" and not argv[i + 1].startswith("-"):
+            return argv[i + 1]
+    return flag_value(argv, "--model") or recipe.model

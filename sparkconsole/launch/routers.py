@@ -1,0 +1,117 @@
+"""The router in front of a plan's servers: vllm-router (also in prefill/decode mode) or a LiteLLM proxy, as steps
+on the head node; and the refusal of compromised LiteLLM releases wherever a recipe pins one."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping, Sequence
+
+from ..config import NodeConfig
+from ..errors import UserError
+from .recipe import Recipe, RouterImpl, SecretRef, fill
+from .steps import Service, Step, url_host
+
+# Added first-token latency measured on this project's test bed (docs/testbed notes): shown in the plan.
+ROUTER_OVERHEAD_NOTE = {
+    "vllm-router": "vllm-router added about 0.5 ms to first token on the test bed",
+    "litellm": "LiteLLM proxy added about 12 ms to first token on the test bed (single event loop, ~1,500 chunks/s)",
+}
+# LiteLLM releases from a supply-chain attack (seed 001): refused when planned, linted and launched.
+COMPROMISED_LITELLM = ("1.82.7", "1.82.8")
+
+
+def compromised_versions(impl: RouterImpl, *, litellm: bool) -> list[str]:
+    """The compromised LiteLLM versions a router pin names (its version or its image tag)."""
+    if not litellm and "litellm" not in (impl.image or "").lower():
+        return []
+    tag = (impl.image or "").rsplit("/", 1)[-1].partition(":")[2]
+    found = {impl.version or "", *re.findall(r"\d+\.\d+\.\d+", tag)}
+    return sorted(v for v in found if v in COMPROMISED_LITELLM)
+
+
+# Where router configs go on the head node. Not a valid Python package name on purpose: a directory called
+# "sparkconsole" in /tmp would shadow the real package for any script run from /tmp.
+DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
+
+
+def add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, servers: list[Service],
+                steps: list[Step], services: list[Service], notes: list[str], params: Mapping[str, Any],
+                router_dir: str, listens: dict[str, list[tuple[str, int]]], disagg: bool = False) -> str:
+    port = recipe.router.port
+    name = f"{head.container if not recipe.container_settings.name else recipe.container_settings.name}_router"
+    url = f"http://{url_host(head.address)}:{port}"
+    model = servers[0].model
+    impl: RouterImpl
+    steps.append(Step(head.name, f"remove a stopped leftover router container {name} (refused if it is running)",
+                      ("docker", "rm", name), tolerate=("No such container",)))
+    if choice == "vllm-router":
+        impl = recipe.router.vllm_router
+        if compromised_versions(impl, litellm=False):
+            raise UserError("the router image is a compromised LiteLLM release (seed 001)", file=recipe.source,
+                            field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
+        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
+                "--host", "0.0.0.0", "--port", str(port)]
+        if disagg:
+            prefill, decode = servers
+            args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]
+            if recipe.disagg.connector == "NixlConnector":
+                args += ["--kv-connector", "nixl"]
+        else:
+            args += ["--worker-urls", *[str(s.url) for s in servers], "--policy", impl.policy or "round_robin"]
+        health = "/health"
+        env: list[tuple[str, str]] = []
+        mounts: list[str] = []
+        secrets: tuple[SecretRef, ...] = ()
+        notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
+    else:
+        impl = recipe.router.litellm
+        bad = compromised_versions(impl, litellm=True)
+        if bad:
+            raise UserError(f"LiteLLM {bad[0]} is a compromised release (supply-chain attack, seed 001)",
+                            file=recipe.source, field="sparkconsole.router.litellm",
+                            fix="pin a known-good LiteLLM, e.g. version 1.106.2")
+        cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
+        cfg = litellm_config(model or "model", servers, choice)
+        steps.append(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
+                          ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", cfg_path),
+                          input=cfg.encode()))
+        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.litellm.command") for c in impl.command],
+                "--config", "/etc/litellm/config.yaml", "--host", "0.0.0.0", "--port", str(port)]
+        health = "/health/liveliness"
+        # Offline start (no price-map download); the master key comes from the node, by reference.
+        env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")]
+        mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
+        secrets = (SecretRef("LITELLM_MASTER_KEY"),)
+        notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
+    argv = ["docker", "run", "-d", "--name", name, "--label", f"sparkconsole.recipe={recipe.key}",
+            "--label", f"sparkconsole.topology={topology}", "--label", "sparkconsole.role=router",
+            "--label", f"sparkconsole.node={head.name}", "--network", "host", "--init"]
+    for v in [*mounts, *impl.volumes]:
+        argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
+    for k, v in env:
+        argv += ["-e", f"{k}={v}"]
+    for s in secrets:
+        argv += ["-e", s.name]
+    if not impl.image:
+        raise UserError(f"no image for the {choice} router", file=recipe.source, field="sparkconsole.router",
+                        fix="set the router's image in the recipe's sparkconsole.router section")
+    argv += ["--entrypoint=", impl.image, *args]
+    key = f"{head.name}/router"
+    steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
+    listens.setdefault(head.name, []).append((head.address, port))
+    services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
+                            health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
+    return url
+
+
+def litellm_config(model: str, servers: Sequence[Service], strategy: str) -> str:
+    """LiteLLM proxy config: one deployment per backend under one model name, the routing strategy chosen."""
+    import yaml
+    doc = {
+        "model_list": [{"model_name": model,
+                        "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": f"{s.url}/v1"}}
+                       for s in servers],
+        "router_settings": {"routing_strategy": strategy},
+        "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
+    }
+    return yaml.safe_dump(doc, sort_keys=False)

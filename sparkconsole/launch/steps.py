@@ -1,0 +1,135 @@
+"""What a plan is made of: the steps each node runs, the services they start, and the plan itself (launch/plan.py
+builds them, launch/runner.py runs them, launch/health.py judges them). Data only, and its rendering."""
+
+from __future__ import annotations
+
+import ipaddress
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .recipe import SecretRef
+
+# `ray status` lists each live node as " 1 node_<id>" under "Active:"
+RAY_NODE_LINE = r"^\s*1 node_[0-9a-f]+"
+RAY_JOIN_TIMEOUT_S = 120.0
+# A server started by `docker exec` (vLLM on a Ray cluster) is not the container's main process: its end is
+# written to the container log as this line and its exit code.
+EXIT_MARK = "sparkconsole: vLLM exited with code"
+
+@dataclass(frozen=True)
+class Step:
+    node: str
+    what: str                                   # what it is, in words
+    argv: tuple[str, ...]
+    change: bool = True                         # changes the node: confirmed and written to the audit log
+    input: bytes | None = None                  # stdin (a config file's text)
+    secrets: tuple[SecretRef, ...] = ()         # read on the node at run time, by reference
+    tolerate: tuple[str, ...] = ()              # stderr text that still counts as success
+    service: str | None = None                  # the service this step starts
+    expect: tuple[str, int] | None = None       # (regex, n): success needs n stdout lines matching it…
+    retry_s: float = 0.0                        # …tried again each second for this long
+
+    def shell(self) -> str:
+        """The command line as the node's shell gets it: argv quoted, file secrets read there."""
+        prefix = []
+        for s in self.secrets:
+            if s.source.startswith("file:"):
+                path = s.source[5:]
+                quoted = '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
+                prefix.append(f'{s.name}="$(cat -- {quoted})"')
+        return " ".join([*prefix, shlex.join(self.argv)])
+
+
+@dataclass(frozen=True)
+class Service:
+    """Something a plan starts and the runner follows: a vLLM server, a headless worker, or a router."""
+    key: str                                    # unique in the plan, e.g. "spark1/server"
+    node: str
+    container: str
+    role: str                                   # server | worker | router | prefill | decode
+    url: str | None                             # base URL answering health and /v1/models; None: headless
+    model: str | None = None                    # served model name expected in /v1/models
+    health_path: str = "/health"
+    models_path: str | None = "/v1/models"
+
+    @property
+    def logs_argv(self) -> tuple[str, ...]:
+        return ("docker", "logs", "-f", "--tail", "200", self.container)
+
+    @property
+    def state_argv(self) -> tuple[str, ...]:
+        return ("docker", "inspect", "-f", "{{.State.Status}} {{.State.ExitCode}} {{.State.OOMKilled}}",
+                self.container)
+
+    def stop_steps(self) -> tuple[Step, ...]:
+        return (Step(self.node, f"stop {self.role} container {self.container}",
+                     ("docker", "stop", "-t", "30", self.container), tolerate=("No such container",)),
+                Step(self.node, f"remove container {self.container}", ("docker", "rm", self.container),
+                     tolerate=("No such container", "is already in progress")))
+
+    def restart_step(self) -> Step:
+        return Step(self.node, f"restart {self.role} container {self.container}",
+                    ("docker", "restart", "-t", "30", self.container))
+
+
+@dataclass(frozen=True)
+class Plan:
+    recipe: str                                 # recipe key
+    recipe_name: str
+    topology: str
+    nodes: tuple[str, ...]
+    steps: tuple[Step, ...]
+    services: tuple[Service, ...]
+    endpoint: str | None                        # the URL clients use
+    router: str | None = None                   # vllm-router | simple-shuffle | least-busy
+    backend: str | None = None                  # mp | ray (cluster)
+    image: str = ""
+    params: Mapping[str, Any] = field(default_factory=dict)
+    server_args: Mapping[str, tuple[str, ...]] = field(default_factory=dict)  # service key → vLLM argv
+    notes: tuple[str, ...] = ()
+    server_env: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # service key → its env
+    listens: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)     # node → (address, port)
+    cpu_build: bool = False                     # vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, or no --gpus)
+
+    def for_node(self, node: str) -> list[Step]:
+        return [s for s in self.steps if s.node == node]
+
+    def service(self, key: str) -> Service:
+        return next(s for s in self.services if s.key == key)
+
+    @property
+    def restartable_in_place(self) -> bool:
+        # A tensor-parallel group must come up together; single-node servers can restart one by one.
+        return self.topology != "cluster-tp2"
+
+    def render(self, addresses: Mapping[str, str] | None = None) -> str:
+        from .. import secrets as _secrets
+        lines = [f"Plan: {self.recipe} ({self.recipe_name}) × {self.topology} on {', '.join(self.nodes)}"]
+        if self.endpoint:
+            lines.append(f"Endpoint: {self.endpoint}")
+        order = {id(s): i + 1 for i, s in enumerate(self.steps)}   # numbers give the execution order
+        for node in self.nodes:
+            steps = self.for_node(node)
+            if not steps:
+                continue
+            addr = f" {addresses[node]}" if addresses and node in addresses else ""
+            lines.append(f"[{node}{addr}]")
+            for s in steps:
+                lines.append(f"  {order[id(s)]}. {s.what}")
+                lines.append(f"     $ {_secrets.redact(s.shell())}")
+                if s.input is not None:
+                    lines.append("     (stdin: " + _secrets.redact(s.input.decode("utf-8", "replace")).strip()
+                                 .replace("\n", "\n             ") + ")")
+        for note in self.notes:
+            lines.append(f"note: {note}")
+        return "\n".join(lines)
+
+
+def url_host(address: str) -> str:
+    try:
+        if ipaddress.ip_address(address).version == 6:
+            return f"[{address}]"
+    except ValueError:
+        pass
+    return address
