@@ -22,7 +22,8 @@ from sparkconsole import audit
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import find_recipe, load_recipe
-from sparkconsole.launch.runner import LaunchError, Runner, error_line
+from sparkconsole.launch.logread import error_line
+from sparkconsole.launch.runner import LaunchError, Runner
 from sparkconsole.nodes.transport import LocalTransport, make_transport
 from tests.helpers import free_port
 

@@ -13,7 +13,7 @@ import errno
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Sequence
 
 from .. import audit
 from ..errors import UserError
