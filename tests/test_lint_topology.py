@@ -134,3 +134,34 @@ def test_probe_finds_a_busy_port_and_a_closed_peer_over_real_ssh(sshd_nodes):
         assert "refused" in unreach["node2"][0][2].lower()
     finally:
         holder.close()
+
+
+def test_a_missing_model_or_image_is_refused_with_the_command_that_copies_it():
+    gpt = find_recipe("gpt-oss-120b")
+    c = cluster(addresses=("192.168.100.10", "192.168.100.11"))
+    facts = lint.Facts(model_missing=("node2",), image_ids={"node1": "sha256:a", "node2": None})
+    found = rules("cluster-tp2", c, facts, recipe=gpt)
+    assert found["model_missing"].node == "node2"
+    assert found["model_missing"].fix == "sparkconsole model pull openai/gpt-oss-120b --node node2 --yes"
+    assert found["image_missing"].fix == f"sparkconsole image pull {gpt.container} --node node2 --yes"
+    other = rules("cluster-tp2", c, lint.Facts(image_ids={"node1": "sha256:a", "node2": "sha256:b"}), recipe=gpt)
+    assert other["image_mismatch"].fix == f"sparkconsole image pull {gpt.container} --from node1 --node node2 --yes"
+
+
+# Lines vLLM 0.32 CPU wrote on the test bed while the multi-node topologies were made to run (docs/TESTBED.md).
+RECORDED_REFUSALS = {
+    "(Worker_TP0 pid=37) ERROR 11-24 22:01:22 [multiproc_executor.py:1063] torch._inductor.exc.InductorError: "
+    "OSError: /tmp/torchinductor_root/q2/cq2q.main.so: failed to map segment from shared object.  The most common "
+    "reason this may occur is if the /tmp folder is mounted with noexec": "/tmp:exec",
+    "ValueError: current platform cpu does not support ray.": "--backend mp",
+    "AssertionError: Not enough allowed NUMA nodes to bind threads of 2 local CPUWorkers. Allowed NUMA nodes are "
+    "[0]. Please try to bind threads manually or decrease DP/TP/PP.": "VLLM_CPU_OMP_THREADS_BIND",
+}
+
+
+@pytest.mark.parametrize("line, fix", RECORDED_REFUSALS.items())
+def test_known_vllm_refusals_read_as_their_fix(line, fix):
+    from sparkconsole.launch.logread import error_line, known_refusal_fix
+    assert fix in known_refusal_fix(line)
+    assert error_line(["INFO starting", line, "Traceback (most recent call last):"]) is not None
+    assert known_refusal_fix("INFO Application startup complete.") is None

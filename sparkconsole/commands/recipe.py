@@ -184,22 +184,26 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
             image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
         except Exception:  # noqa: BLE001 — an unreadable node shows up as an unknown guard, not a crash
             continue
-    # The model's config.json and weight size, read on the head where it is reachable (memory_fit rule).
-    model_config, weights = None, None
-    head = monitor.nodes.get(plan.nodes[0])
+    # The model's config.json and weight size (memory_fit rule), and whether every node has the model at all.
+    model_config, weights, missing = None, None, []
     source = lint_mod.model_source(next(iter(plan.server_args.values()), ()))
-    if head is not None and head.transport is not None and source:
+    for name in plan.nodes:
+        nm = monitor.nodes.get(name)
+        if nm is None or nm.transport is None or not source:
+            continue
         try:
-            res = await head.transport.run(lint_mod.model_probe_command(source), timeout=30)
-            if res.rc == 0:
-                model_config, weights = lint_mod.parse_model_probe(res.stdout)
+            res = await nm.transport.run(lint_mod.model_probe_command(source), timeout=30)
         except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
-            pass
+            continue
+        if res.rc == 3:
+            missing.append(name)
+        elif res.rc == 0 and model_config is None:
+            model_config, weights = lint_mod.parse_model_probe(res.stdout)
     from ..launch.probe import probe_nodes
     busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in monitor.nodes.items()
                                                       if nm.transport is not None})
     return replace(facts, image_ids=image_ids, model_config=model_config, weights_bytes=weights,
-                   busy_ports=busy, unreachable=unreach), monitor
+                   busy_ports=busy, unreachable=unreach, model_missing=tuple(missing)), monitor
 
 
 def _confirm(args: argparse.Namespace, question: str) -> None:

@@ -100,6 +100,7 @@ class Facts:
     boot_ids: Mapping[str, str] = field(default_factory=dict)           # node → boot id: which nodes share a machine
     busy_ports: Mapping[str, Sequence[tuple[str, int, str]]] = field(default_factory=dict)  # node → (addr, port, why)
     unreachable: Mapping[str, Sequence[tuple[str, str, str]]] = field(default_factory=dict)  # node → (peer, addr, why)
+    model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -146,7 +147,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts:
             return [*findings, Finding("plan", "refuse", str(err), "plan")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
-                 _images, _memory):
+                 _images, _memory, _model_missing):
         findings.extend(rule(recipe, plan, used, facts))
     for topo_rule in lint_topology.RULES:
         findings.extend(topo_rule(plan, used, facts))
@@ -358,12 +359,13 @@ def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
     for node, iid in ids.items():
         if not iid:
             out.append(Finding("image_missing", "refuse", f"image {plan.image} is not on this node", SRC_IMAGE,
-                               f"copy it: docker save {plan.image} | ssh NODE docker load", node))
+                               f"sparkconsole image pull {shlex.quote(plan.image)} --node {node} --yes", node))
     present = {i for i in ids.values() if i}
     if len(present) > 1:
         detail = ", ".join(f"{k}={(v or 'absent')[:19]}" for k, v in ids.items())
         out.append(Finding("image_mismatch", "refuse", f"image {plan.image} differs between nodes ({detail})",
-                           SRC_IMAGE, "copy the head's image to every node (docker save | docker load)"))
+                           SRC_IMAGE, f"sparkconsole image pull {shlex.quote(plan.image)} --from {plan.nodes[0]} "
+                                      + " ".join(f"--node {n}" for n in plan.nodes[1:]) + " --yes"))
     return out
 
 
@@ -456,6 +458,21 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                                    "stop what holds the memory, drop the page cache, or lower gpu_memory_utilization",
                                    node))
     return _dedupe(out)
+
+
+SRC_MODEL = "spark-vllm-docker run-recipe.py --setup and hf-download.sh --distribute: every node needs the weights"
+
+
+def _model_missing(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    source = model_source(next(iter(plan.server_args.values()), ()))
+    out = []
+    for node in facts.model_missing:
+        if node not in plan.nodes or not source:
+            continue
+        fix = (f"copy {source} to that node (same path)" if source.startswith(("/", "~/"))
+               else f"sparkconsole model pull {shlex.quote(source)} --node {node} --yes")
+        out.append(Finding("model_missing", "refuse", f"model {source} is not on this node", SRC_MODEL, fix, node))
+    return out
 
 
 def _dedupe(findings: list[Finding]) -> list[Finding]:
