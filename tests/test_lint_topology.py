@@ -148,7 +148,7 @@ def test_a_missing_model_or_image_is_refused_with_the_command_that_copies_it():
     assert other["image_mismatch"].fix == f"sparkconsole image pull {gpt.container} --from node1 --node node2 --yes"
 
 
-# Lines vLLM 0.32 CPU wrote on the test bed while the multi-node topologies were made to run (docs/TESTBED.md).
+# The noexec line as vLLM 0.32 CPU wrote it on the test bed; the other two as vLLM 0.32's source words them.
 RECORDED_REFUSALS = {
     "(Worker_TP0 pid=37) ERROR 11-24 22:01:22 [multiproc_executor.py:1063] torch._inductor.exc.InductorError: "
     "OSError: /tmp/torchinductor_root/q2/cq2q.main.so: failed to map segment from shared object.  The most common "
