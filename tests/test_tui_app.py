@@ -485,3 +485,24 @@ async def test_serving_panel_polls_a_real_endpoint_and_shows_it_down(recording):
             await pilot.press("q")
     finally:
         await runner.cleanup()
+
+
+async def test_recipes_keys_offer_the_model_and_image_copy_preflight_names(recording, state_dir):
+    app, factory, mon = make_app(fixed_guards(recording))
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        await pilot.press("2")
+        rs = app.recipes_screen
+        await wait_for(pilot, lambda: rs.is_current, what="recipes screen")
+        rs.choose(rs._recipe("gpt-oss-120b"))
+        await wait_for(pilot, lambda: rs.plan is not None, what="a plan")
+        await pilot.press("m")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the model copy's confirmation")
+        text = screen_text(app)
+        assert "sparkconsole model pull openai/gpt-oss-120b" in text and f"--node {rs.plan.nodes[0]}" in text
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="cancelled")
+        await pilot.press("i")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the image copy's confirmation")
+        assert f"sparkconsole image pull {rs.plan.image}" in screen_text(app)
+        await pilot.press("n")

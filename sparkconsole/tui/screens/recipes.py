@@ -39,6 +39,8 @@ class RecipesScreen(Screen):
         Binding("t", "next_topology", "Topology"),
         Binding("r", "restart", "Restart running"),
         Binding("s", "stop", "Stop running"),
+        Binding("m", "copy_model", "Model to nodes"),
+        Binding("i", "copy_image", "Image to nodes"),
         Binding("slash", "filter", "Filter"),
         Binding("escape", "clear_filter", "Clear filter", show=False),
     ]
@@ -337,7 +339,53 @@ class RecipesScreen(Screen):
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console: node-changing keys are hidden from the footer and do nothing.
-        return not (action in ("restart", "stop", "launch") and getattr(self.app, "read_only", False))
+        return not (action in ("restart", "stop", "launch", "copy_model", "copy_image")
+                    and getattr(self.app, "read_only", False))
+
+    def copy_argv(self, what: str) -> list[str] | None:
+        """`sparkconsole model|image pull X --node …` for the plan's nodes: the command preflight names when a
+        node lacks the model or the image (distribute/), run from here as the operator would run it."""
+        if self.plan is None:
+            return None
+        from ...launch.lint import model_source
+        item = (model_source(next(iter(self.plan.server_args.values()), ())) if what == "model"
+                else self.plan.image)
+        if not item:
+            return None
+        argv = ["sparkconsole", what, "pull", item, *[a for n in self.plan.nodes for a in ("--node", n)], "--yes"]
+        source = self.app.cluster.source
+        if source and not source.startswith("<"):
+            argv += ["--cluster", source]
+        return argv
+
+    def _confirm_copy(self, what: str) -> None:
+        argv = self.copy_argv(what)
+        if argv is None:
+            self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
+            return
+        import shlex
+
+        async def go() -> None:
+            import asyncio
+            import sys
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
+                line = raw.decode(errors="replace").strip()
+                if line:
+                    self.progress[what] = line[-160:]
+                    self._draw_progress()
+            ok = await proc.wait() == 0
+            self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
+                            title="recipes", severity="information" if ok else "error")
+        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+                         f"Nodes that have it already are left as they are; progress shows below the plan.")
+
+    def action_copy_model(self) -> None:
+        self._confirm_copy("model")
+
+    def action_copy_image(self) -> None:
+        self._confirm_copy("image")
 
     def action_restart(self) -> None:
         self._confirm_running("restart")
