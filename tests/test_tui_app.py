@@ -329,13 +329,11 @@ async def test_guard_row_enter_shows_the_fix_and_runs_it_after_confirmation(reco
         row = next(i for i, r in enumerate(gl.results) if r.key == "overcommit")
         result = gl.results[row]
         assert result.status == "bad" and result.fix     # the recording has vm.overcommit_memory=1
-        await pilot.pause(0.3)
-        assert f"✗ {result.title}" in widget_text(gl)
+        await wait_for(pilot, lambda: f"✗ {result.title}" in widget_text(gl), timeout=30, what="the guard row drawn")
         gl.focus()
         gl.highlighted = row
         await pilot.press("enter")
-        await pilot.pause(0.1)
-        assert isinstance(app.screen, ConfirmScreen)
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), timeout=30, what="the confirmation")
         assert result.fix in screen_text(app)
         await pilot.press("y")
         t = factory.made["spark1"]

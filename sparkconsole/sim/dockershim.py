@@ -825,6 +825,9 @@ def cmd_exec(store: Store, args: list[str]) -> int:
             if cmd[0] == "echo":
                 out(" ".join(cmd[1:]))
                 return 0
+            if os.path.basename(cmd[0]) == "ray" and cmd[1:2] == ["status"]:
+                out(ray_status(store, rec))
+                return 0
             raise DockerError(f'OCI runtime exec failed: exec failed: simulated container cannot run "{cmd[0]}"', 126)
         pid = spawn(store, rec, "sparkconsole.sim.server", vargs, exec_=True)
         rec.setdefault("exec_pids", []).append(pid)
@@ -834,6 +837,23 @@ def cmd_exec(store: Store, args: list[str]) -> int:
     while pid_alive(pid):
         time.sleep(0.2)
     return 0
+
+
+def ray_status(store: Store, head: dict) -> str:
+    """`ray status` on a simulated Ray head: one Active line per running `ray start` container, on any simulated
+    node of this cluster (the node directories side by side), that is this head or joined its address."""
+    def opt(cmd: list[str], name: str) -> str | None:
+        return cmd[cmd.index(name) + 1] if name in cmd[:-1] else None
+    address = f"{opt(head['cmd'], '--node-ip-address')}:{opt(head['cmd'], '--port')}"
+    lines = []
+    for path in sorted(store.node_dir.parent.glob("*/containers/*/container.json")):
+        rec = read_json(path)
+        if not isinstance(rec, dict) or rec.get("state") != "running" or "start" not in rec.get("cmd", []):
+            continue
+        if rec["id"] == head["id"] or opt(rec["cmd"], "--address") == address:
+            lines.append(f" 1 node_{rec['id'][:56]}")
+    return ("======== Autoscaler status: SIMULATED ========\nNode status\n" + "-" * 63 + "\nActive:\n"
+            + "\n".join(lines) + "\nPending:\n (no pending nodes)")
 
 
 def cmd_images(store: Store, args: list[str]) -> int:
