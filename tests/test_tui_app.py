@@ -334,7 +334,8 @@ async def test_guard_row_enter_shows_the_fix_and_runs_it_after_confirmation(reco
         gl.highlighted = row
         await pilot.press("enter")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), timeout=30, what="the confirmation")
-        assert result.fix in screen_text(app)
+        # the screen is pushed before its first frame is drawn: wait for the command on screen
+        await wait_for(pilot, lambda: result.fix in screen_text(app), timeout=30, what="the fix on the confirmation")
         await pilot.press("y")
         t = factory.made["spark1"]
         await wait_for(pilot, lambda: result.fix in t.commands, what="fix sent")
