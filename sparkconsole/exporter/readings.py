@@ -5,11 +5,13 @@ would raise. Everything here is updated by the monitors' own tasks; a scrape onl
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 
 from ..alerts import AlertEngine
 from ..config import ClusterConfig
 from ..nodes.guard import GuardResult, evaluate_guards
+from ..nodes.launches import launch_groups, served_endpoints
 
 
 def guards_of(nm) -> list[GuardResult]:
@@ -41,6 +43,9 @@ class Readings:
         self._unsub: list[Callable[[], None]] = []
         self._guards: dict[str, tuple[object, tuple, list[GuardResult]]] = {}   # name -> (tick, containers, results)
         self._ep_node = {e.name: e.node for e in cluster.endpoints}
+        self._wanted = tuple(cluster.endpoints)
+        self._follow_lock = asyncio.Lock()
+        self._tasks: set[asyncio.Task] = set()
 
     # --- feeding the alert engine, as the console does on each redraw -------------------------------------
     def guards(self, nm) -> list[GuardResult]:
@@ -54,6 +59,21 @@ class Readings:
 
     def _node_changed(self, nm) -> None:
         self.alerts.observe_node(nm, self.guards(nm))
+        if self.serving is None:
+            return
+        # the console's rule: poll where the launches serve (a recipe's own port, a router)
+        wanted = served_endpoints(launch_groups(self.monitor.nodes.values()), self.cluster.endpoints)
+        if wanted != self._wanted:
+            self._wanted = wanted
+            task = asyncio.get_running_loop().create_task(self._follow())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _follow(self) -> None:
+        async with self._follow_lock:
+            wanted = self._wanted
+            await self.serving.follow(wanted)
+            self._ep_node = {e.name: e.node for e in wanted}
 
     def _endpoint_changed(self, em) -> None:
         snap = getattr(em, "latest", None)

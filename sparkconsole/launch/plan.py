@@ -27,7 +27,7 @@ from ..errors import UserError
 from .argv import command_argv, has_flag, served_model
 from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe, SecretRef, fill
 from .routers import DEFAULT_ROUTER_DIR, add_router
-from .steps import EXIT_MARK, RAY_JOIN_TIMEOUT_S, RAY_NODE_LINE, Plan, Service, Step, url_host
+from .steps import EXIT_MARK, RAY_JOIN_TIMEOUT_S, RAY_NODE_LINE, Plan, Service, Step, launch_labels, url_host
 
 # Plan options taken out of overrides; every other override key is a placeholder value.
 OPTION_KEYS = {"nodes", "extra_args", "backend", "router", "drop_caches", "eth_if", "ib_if", "master_port",
@@ -105,13 +105,9 @@ def _node_iface(options: Mapping[str, Any], recipe_value: str | None, node: Node
 
 def _docker_run(recipe: Recipe, topology: str, role: str, node: NodeConfig, name: str,
                 env: Sequence[tuple[str, str]], params: Mapping[str, Any], image: str,
-                secrets: Sequence[SecretRef]) -> list[str]:
+                secrets: Sequence[SecretRef], url: str | None) -> list[str]:
     cs = recipe.container_settings
-    # The labels let the console group one launch's containers across nodes (launch/members.py), also where
-    # several "nodes" share one Docker engine, as on the test bed.
-    argv = ["docker", "run", "-d", "--name", name,
-            "--label", f"sparkconsole.recipe={recipe.key}", "--label", f"sparkconsole.topology={topology}",
-            "--label", f"sparkconsole.role={role}", "--label", f"sparkconsole.node={node.name}",
+    argv = ["docker", "run", "-d", "--name", name, *launch_labels(recipe, topology, role, node, url),
             "--network", "host"]
     if cs.gpus:
         argv += ["--gpus", cs.gpus]
@@ -239,7 +235,8 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                       url=f"http://{url_host(node.address)}:{port}" if url else None,
                       model=served_model(recipe, argv))
         steps.append(Step(node.name, f"start vLLM {role} ({image})",
-                          tuple(_docker_run(recipe, topology, role, node, name, full_env, p, image, secrets) + argv),
+                          tuple(_docker_run(recipe, topology, role, node, name, full_env, p, image, secrets, svc.url)
+                                + argv),
                           secrets=secrets, service=svc.key))
         services.append(svc)
         server_args[svc.key] = tuple(argv)
@@ -337,7 +334,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                 env = (*recipe.env.items(), *node_env(n), *n.vllm_env)
                 steps.append(Step(n.name, f"start the container with a Ray {'head' if rank == 0 else 'worker'}",
                                   tuple(_docker_run(recipe, topology, role, n, name, env, server_params(n, port),
-                                                    image, secrets) + ray),
+                                                    image, secrets, svc.url) + ray),
                                   secrets=secrets, service=svc.key))
                 services.append(svc)
                 server_env[svc.key] = env

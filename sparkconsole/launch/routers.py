@@ -9,7 +9,7 @@ from typing import Any, Mapping, Sequence
 from ..config import NodeConfig
 from ..errors import UserError
 from .recipe import Recipe, RouterImpl, SecretRef, fill
-from .steps import Service, Step, url_host
+from .steps import Service, Step, launch_labels, url_host
 
 # Added first-token latency measured on this project's test bed (docs/testbed notes): shown in the plan.
 ROUTER_OVERHEAD_NOTE = {
@@ -83,9 +83,8 @@ def add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, ser
         mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
         secrets = (SecretRef("LITELLM_MASTER_KEY"),)
         notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
-    argv = ["docker", "run", "-d", "--name", name, "--label", f"sparkconsole.recipe={recipe.key}",
-            "--label", f"sparkconsole.topology={topology}", "--label", "sparkconsole.role=router",
-            "--label", f"sparkconsole.node={head.name}", "--network", "host", "--init"]
+    argv = ["docker", "run", "-d", "--name", name, *launch_labels(recipe, topology, "router", head, url),
+            "--network", "host", "--init"]
     for v in [*mounts, *impl.volumes]:
         argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
     for k, v in env:

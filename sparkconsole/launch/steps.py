@@ -8,7 +8,8 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .recipe import SecretRef
+from ..config import NodeConfig
+from .recipe import Recipe, SecretRef
 
 # `ray status` lists each live node as " 1 node_<id>" under "Active:"
 RAY_NODE_LINE = r"^\s*1 node_[0-9a-f]+"
@@ -133,3 +134,12 @@ def url_host(address: str) -> str:
     except ValueError:
         pass
     return address
+
+
+def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, url: str | None) -> list[str]:
+    """`--label` arguments that let the console group one launch's containers across nodes and poll where it
+    serves (nodes/launches.py), also where several "nodes" share one Docker engine, as on the test bed."""
+    labels = [f"recipe={recipe.key}", f"topology={topology}", f"role={role}", f"node={node.name}"]
+    if url:
+        labels.append(f"url={url}")
+    return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]

@@ -11,13 +11,16 @@ and live `docker inspect` answers; this one needs no plan, only what the agents 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Iterable
+
+from ..config import EndpointConfig
 
 LABEL = "sparkconsole."
 SERVING, STARTING, BROKEN = "SERVING", "STARTING", "BROKEN"
 # roles whose loss stops the whole launch from serving, per topology
 _NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
+VLLM_ROLES = ("server", "prefill", "decode")
 
 
 @dataclass(frozen=True)
@@ -28,6 +31,7 @@ class Member:
     state: str | None
     exit_code: int | None = None
     oom_killed: bool | None = None
+    url: str | None = None          # where it serves (`sparkconsole.url`); None for a headless rank
 
     @property
     def running(self) -> bool:
@@ -84,7 +88,8 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
                 continue
             where = labels.get(LABEL + "node") or str(node.name)
             seen[(where, c.name)] = ((recipe, topology), Member(where, labels.get(LABEL + "role") or "?", c.name,
-                                                                c.state, c.exit_code, c.oom_killed))
+                                                                c.state, c.exit_code, c.oom_killed,
+                                                                (labels.get(LABEL + "url") or "").rstrip("/") or None))
     groups: dict[tuple[str, str], list[Member]] = {}
     for key, member in seen.values():
         groups.setdefault(key, []).append(member)
@@ -95,3 +100,38 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
         out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason))
     out.sort(key=lambda g: (-len(g.members), g.key))
     return out
+
+
+def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[EndpointConfig]) -> tuple[EndpointConfig, ...]:
+    """The endpoints to poll: the cluster file's, moved to where the launches serve.
+
+    A recipe serves on its own port (e.g. 54351), not the cluster file's `vllm_port`: a vLLM server, prefill or
+    decode member moves its node's one vLLM endpoint to its URL, and anything else that serves (a router, a
+    second server on a node) is added as `NODE ROLE`. Once the containers are gone, the endpoints are the
+    cluster file's again. Members whose URL is already polled change nothing."""
+    configured = tuple(configured)
+    members = [m for g in groups for m in g.members if m.url]
+    out = {ep.name: ep for ep in configured}
+    polled = {ep.url for ep in configured}
+    # an endpoint a launch already serves at stays where it is (a disagg router on the cluster file's port),
+    # as what the launch put there
+    kept: set[str] = set()
+    for m in members:
+        for ep in configured:
+            if ep.url == m.url:
+                kept.add(ep.name)
+                out[ep.name] = replace(ep, kind="router" if m.role == "router" else ep.kind)
+    for m in members:
+        if m.url in polled:
+            continue
+        polled.add(m.url)
+        own = [ep for ep in configured if ep.kind == "vllm" and ep.node == m.node]
+        if m.role in VLLM_ROLES and len(own) == 1 and own[0].name not in kept:
+            kept.add(own[0].name)
+            out[own[0].name] = replace(own[0], url=m.url, metrics_url=None)
+            continue
+        name = f"{m.node} {m.role}"
+        if name in out:
+            name = f"{name} {m.url.rsplit(':', 1)[-1]}"
+        out[name] = EndpointConfig(name, m.url, kind="router" if m.role == "router" else "vllm", node=m.node)
+    return tuple(out.values())

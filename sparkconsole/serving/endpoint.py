@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import httpx
@@ -339,15 +339,38 @@ class ServingMonitor:
     def __init__(self, config: ClusterConfig, interval: float = 1.0, *, history: int = 600) -> None:
         self.config = config
         self.interval = interval
-        self._timeout = timeout = min(5.0, max(1.0, 2 * interval))
-        self._client = make_client(timeout)
-        self.endpoints: dict[str, EndpointMonitor] = {
-            ep.name: EndpointMonitor(ep, interval, client=self._client, history=history, timeout=timeout,
-                                     metrics_url=ep.metrics_url)
-            for ep in config.endpoints}
+        self._history = history
+        self._timeout = min(5.0, max(1.0, 2 * interval))
+        self._client = make_client(self._timeout)
+        self._started = False
         self._subs: Subscribers[EndpointMonitor] = Subscribers("serving")
-        for mon in self.endpoints.values():
-            mon.subscribe(self._subs.notify)
+        self.endpoints: dict[str, EndpointMonitor] = {ep.name: self._monitor(ep) for ep in config.endpoints}
+
+    def _monitor(self, ep: EndpointConfig) -> EndpointMonitor:
+        mon = EndpointMonitor(ep, self.interval, client=self._client, history=self._history, timeout=self._timeout,
+                              metrics_url=ep.metrics_url)
+        mon.subscribe(self._subs.notify)
+        return mon
+
+    async def follow(self, wanted: Iterable[EndpointConfig]) -> tuple[list[str], list[str], list[str]]:
+        """Poll exactly `wanted` from now on (nodes/launches.served_endpoints: the cluster file's endpoints, moved
+        to where launches serve). An endpoint whose URL changed starts afresh. Returns (added, moved, removed)."""
+        wanted = {ep.name: ep for ep in wanted}
+        added, moved, removed = [], [], []
+        for name in [n for n in self.endpoints if n not in wanted]:
+            await self.endpoints.pop(name).stop()
+            removed.append(name)
+        for name, ep in wanted.items():
+            old = self.endpoints.get(name)
+            if old is not None and old.config == ep:
+                continue
+            if old is not None:
+                await old.stop()
+            self.endpoints[name] = mon = self._monitor(ep)
+            (moved if old is not None else added).append(name)
+            if self._started:
+                await mon.start()
+        return added, moved, removed
 
     def subscribe(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
         """cb(endpoint_monitor) after any endpoint's poll; returns unsubscribe."""
@@ -366,9 +389,11 @@ class ServingMonitor:
             self._client = make_client(self._timeout)
             for mon in self.endpoints.values():
                 mon._client, mon._own_client = self._client, False
+        self._started = True
         for mon in self.endpoints.values():
             await mon.start()
 
     async def stop(self) -> None:
+        self._started = False
         await asyncio.gather(*(mon.stop() for mon in self.endpoints.values()))
         await self._client.aclose()

@@ -19,7 +19,7 @@ from textual.binding import Binding
 from .. import audit
 from ..config import ClusterConfig
 from ..nodes.guard import evaluate_guards
-from ..nodes.launches import launch_groups
+from ..nodes.launches import launch_groups, served_endpoints
 from .palette import ConsoleCommands
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
@@ -94,6 +94,8 @@ class SparkConsoleApp(App):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
         self._dirty_eps: set[str] = set()
+        self._wanted_eps: tuple = ()        # the endpoints to poll: the cluster file's, moved where launches serve
+        self._follow_lock = asyncio.Lock()
         self._shown: set[str] = set()      # nodes whose first reading has been drawn
         self._unsubscribe: list[Callable[[], None]] = []
         self._last_age_refresh = 0.0
@@ -335,9 +337,34 @@ class SparkConsoleApp(App):
         self.dashboard.launches.show(groups)
         if self.alerts is not None:
             self._take_alerts(self.alerts.observe_launches(groups))
+        wanted = served_endpoints(groups, self.cluster.endpoints)
+        if wanted != (self._wanted_eps or self.cluster.endpoints) and self.replay_at is None \
+                and self._live_monitor is None and not self._stopped:
+            self._wanted_eps = wanted
+            self.run_worker(self._follow_endpoints(), name="follow-endpoints", exit_on_error=False)
+
+    async def _follow_endpoints(self) -> None:
+        """Poll where the launches serve (a recipe's own port, a router): panels appear, move and go with them."""
+        async with self._follow_lock:
+            if self._stopped:
+                return
+            if self.serving is None:
+                from dataclasses import replace
+                from ..serving.endpoint import ServingMonitor
+                self.serving = (self._serving_factory or ServingMonitor)(replace(self.cluster, endpoints=()))
+                self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
+                await self.serving.start()
+            wanted = self._wanted_eps
+            added, moved, removed = await self.serving.follow(wanted)
+            if added or moved or removed:
+                await self.dashboard.follow_endpoints({ep.name: ep for ep in wanted}, added, moved, removed)
+                for name in moved:
+                    ep = self.serving.endpoints[name].config
+                    self.dashboard.events.note(f"{name}: polling {ep.url}, where the launch serves", "cyan")
 
     def _endpoint_power(self, name: str) -> float | None:
-        ep = next((e for e in self.cluster.endpoints if e.name == name), None)
+        em = self.serving.endpoints.get(name) if self.serving is not None else None
+        ep = em.config if em is not None else None
         nm = self.node_monitor(ep.node) if ep and ep.node else None
         if nm is None or nm.last is None or not nm.last.gpus:
             return None

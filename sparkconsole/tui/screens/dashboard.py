@@ -52,6 +52,27 @@ class DashboardScreen(Screen):
         if self.panels:
             next(iter(self.panels.values())).focus()
 
+    async def follow_endpoints(self, endpoints: dict, added: list[str], moved: list[str], removed: list[str]) -> None:
+        """Panels for the endpoints the serving monitor now polls (ServingMonitor.follow's answer)."""
+        for name in removed:
+            panel = self.endpoint_panels.pop(name, None)
+            if panel is not None:
+                await panel.remove()
+        for name in moved:
+            if name in self.endpoint_panels:
+                ep = endpoints[name]
+                self.endpoint_panels[name].retarget(ep.url, ep.kind)
+        if not added:
+            return
+        if not self.query("#serving"):
+            await self.mount(VerticalScroll(id="serving"), before=self.query_one("#events"))
+        box = self.query_one("#serving")
+        for name in added:
+            ep = endpoints[name]
+            p = EndpointPanel(ep.name, ep.url, ep.kind, id=f"ep-{_safe(ep.name)}", classes="endpoint")
+            self.endpoint_panels[name] = p
+            await box.mount(p)
+
     def action_filter(self) -> None:
         box = self.query_one("#node-filter", Input)
         box.display = True

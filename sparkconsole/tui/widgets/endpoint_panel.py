@@ -18,8 +18,16 @@ class EndpointPanel(Static):
     def __init__(self, name: str, url: str, kind: str, **kwargs) -> None:
         super().__init__(Text(f"{url}: waiting for the first poll…", style="dim"), **kwargs)
         self.endpoint_name = name
+        self.url = url
         self.border_title = f"{name} · {kind}"
         self._snap = None
+
+    def retarget(self, url: str, kind: str) -> None:
+        """The endpoint moved (a launch serves on its recipe's port): start over at the new URL."""
+        self.url, self._snap = url, None
+        self.border_title = f"{self.endpoint_name} · {kind}"
+        self.border_subtitle = ""
+        self.update(Text(f"{url}: waiting for the first poll…", style="dim"))
 
     def show(self, snap, now: float | None = None) -> None:
         if snap is self._snap:
