@@ -15,6 +15,7 @@ vllm_env (VLLM_CPU_OMP_THREADS_BIND), as preflight asks for a CPU build whose ra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -47,8 +48,8 @@ class TopologyBed:
     env: dict[str, str]
     nodes: list            # SshdNode
     engine: object         # DockerEngine
-    containers: tuple[str, str]
-    ports: tuple[int, int]
+    containers: tuple[str, ...]
+    ports: tuple[int, ...]
 
     def sc(self, *args: str, timeout: float = 900, extra_env: dict | None = None) -> subprocess.CompletedProcess:
         """`sparkconsole --cluster F ARGS`, as an operator types it."""
@@ -68,11 +69,13 @@ class TopologyBed:
         return r.stdout
 
     def url(self, node: int) -> str:
-        return f"http://{ADDRESSES[node]}:{self.ports[node]}"
+        return f"http://{self.nodes[node].address}:{self.ports[node]}"
 
 
-@pytest.fixture(scope="module")
-def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env, litellm_env):
+@contextlib.contextmanager
+def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_env, addresses=ADDRESSES):
+    """sshd nodes at `addresses`, a cluster file over them (a core each, round robin over this machine's cores,
+    through vllm_env), and the bundled tiny recipe with ports of this run's own."""
     why = _ensure_sshd()
     if why:
         pytest.skip(why)
@@ -82,37 +85,46 @@ def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env
     key = "sk-" + secrets.token_hex(16)
     extra = (f"SetEnv DOCKER_HOST={docker_engine.host} DOCKER_CONFIG={docker_engine.root / 'client-config'} "
              f"LITELLM_MASTER_KEY={key}\n")
-    nodes = start_sshd_nodes(root / "sshd", ADDRESSES, extra_config=extra)
-    containers = (f"sc_topo_{os.getpid()}_1", f"sc_topo_{os.getpid()}_2")
-    ports = tuple(free_port(a) for a in ADDRESSES)
+    nodes = start_sshd_nodes(root / "sshd", addresses, extra_config=extra)
+    containers = tuple(f"sc_topo_{os.getpid()}_{i + 1}" for i in range(len(addresses)))
+    ports = tuple(free_port(a) for a in addresses)
+    cores = len(os.sched_getaffinity(0))
     cluster = root / "sparkconsole.yaml"
     cluster.write_text("nodes:\n" + "".join(
         f"  - name: {n.name}\n    address: {n.address}\n"
         f"    ssh: {{user: {n.user}, port: {n.port}, identity: {n.identity}}}\n"
         f"    container: {containers[i]}\n    vllm_port: {ports[i]}\n    eth_if: lo\n"
-        f"    vllm_env: {{VLLM_CPU_OMP_THREADS_BIND: \"{i}\"}}\n"
+        f"    vllm_env: {{VLLM_CPU_OMP_THREADS_BIND: \"{i % cores}\"}}\n"
         for i, n in enumerate(nodes)) + f"ssh: {{known_hosts: {nodes.known_hosts}}}\n")
     # The bundled recipe with ports of this run's own: another test's router may hold 4000, its master 29511.
     recipe = root / "tiny.yaml"
     text = Path(find_recipe("tiny-testbed").source).read_text()
     recipe.write_text(text.replace("    port: 4000\n", f"    port: {free_port('0.0.0.0')}\n")
-                      .replace("master_port: 29511", f"master_port: {free_port('127.0.0.2')}")
-                      .replace("side_channel_port: 5600", f"side_channel_port: {free_port('127.0.0.2')}"))
+                      .replace("master_port: 29511", f"master_port: {free_port(addresses[0])}")
+                      .replace("side_channel_port: 5600", f"side_channel_port: {free_port(addresses[0])}"))
     sets = {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "model_path": str(tiny_model.path),
             "served_model_name": tiny_model.name, "router_venv": str(vllm_router_env.path),
             "litellm_venv": str(litellm_env.path)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
     env.update(SPARKCONSOLE_STATE_DIR=str(root / "state"), NO_COLOR="1", SPARKCONSOLE_API_KEY=key)
-    yield TopologyBed(root, cluster, recipe, sets, env, nodes, docker_engine, containers, ports)
-    keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")      # where to leave the servers' logs for reading
-    for c in containers:
-        if keep:
-            Path(keep).mkdir(parents=True, exist_ok=True)
-            r = docker_engine.run(["logs", c], check=False)
-            (Path(keep) / f"{c}.log").write_text(r.stdout + r.stderr)
-        docker_engine.run(["rm", "-f", c, f"{c}_router"], check=False)
-    nodes.stop()
-    shutil.rmtree(root, ignore_errors=True)
+    try:
+        yield TopologyBed(root, cluster, recipe, sets, env, nodes, docker_engine, containers, ports)
+    finally:
+        keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")      # where to leave the servers' logs for reading
+        for c in containers:
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                r = docker_engine.run(["logs", c], check=False)
+                (Path(keep) / f"{c}.log").write_text(r.stdout + r.stderr)
+            docker_engine.run(["rm", "-f", c, f"{c}_router"], check=False)
+        nodes.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env, litellm_env):
+    with topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_env) as b:
+        yield b
 
 
 def names_on(bed: TopologyBed, node: int) -> list[str]:
@@ -148,7 +160,7 @@ async def stream_chat(url: str, model: str, max_tokens: int, prompt: str = "hell
     return chunks, usage
 
 
-async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60):
+async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60, members: int = 2):
     """The console's view: a ClusterMonitor over the cluster file (the agent reading each node's docker), its
     containers grouped into launches, and the alert engine's events, until the launch reads `verdict`."""
     from sparkconsole.alerts import AlertEngine
@@ -163,7 +175,7 @@ async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60):
         while time.monotonic() < deadline:
             groups = [g for g in launch_groups(monitor.nodes.values()) if g.topology == "cluster-tp2"]
             events += engine.observe_launches(groups)
-            if groups and groups[0].verdict == verdict and len(groups[0].members) == 2:
+            if groups and groups[0].verdict == verdict and len(groups[0].members) == members:
                 return groups[0], events
             await asyncio.sleep(0.3)
         raise AssertionError(f"no launch read {verdict} in {timeout} s: {groups}")
