@@ -46,3 +46,36 @@ def levels_done(path) -> int:
             db.close()
     except sqlite3.Error:
         return 0
+
+
+RECORDED_METRICS = "metrics-vllm-0.32.0-cpu-recorded.txt"
+
+
+async def recorded_vllm_endpoint():
+    """A loopback HTTP server answering as a vLLM 0.32 (CPU) serving `tiny-llama`: /health, /v1/models, /version,
+    and /metrics recorded from the real one. Returns (aiohttp runner: `await runner.cleanup()` stops it, base URL)."""
+    from pathlib import Path
+
+    from aiohttp import web
+    text = (Path(__file__).parent / "fixtures" / RECORDED_METRICS).read_text()
+
+    async def health(_):
+        return web.Response(text="")
+
+    async def models(_):
+        return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 2048}]})
+
+    async def version(_):
+        return web.json_response({"version": "0.32.0"})
+
+    async def prom(_):
+        return web.Response(text=text, content_type="text/plain")
+
+    app = web.Application()
+    app.add_routes([web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
+                    web.get("/metrics", prom)])
+    runner = web.AppRunner(app, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"

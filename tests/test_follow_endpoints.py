@@ -14,10 +14,9 @@ from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.nodes.launches import LaunchGroup, Member, served_endpoints
-from tests.helpers import wait_for
+from tests.helpers import recorded_vllm_endpoint, wait_for
 from tests.test_tui_app import widget_text
 
-METRICS = Path(__file__).parent / "fixtures" / "metrics-vllm-0.32.0-cpu-recorded.txt"
 
 
 def node_eps(*names: str, port: int = 8000) -> tuple[EndpointConfig, ...]:
@@ -84,35 +83,9 @@ def test_the_plan_labels_every_serving_container_with_its_url():
     assert labelled["router@spark1"].startswith("http://10.0.0.1:")
 
 
-async def _metrics_server():
-    from aiohttp import web
-    text = METRICS.read_text()
-
-    async def health(_):
-        return web.Response(text="")
-
-    async def models(_):
-        return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 2048}]})
-
-    async def version(_):
-        return web.json_response({"version": "0.32.0"})
-
-    async def prom(_):
-        return web.Response(text=text, content_type="text/plain")
-
-    app = web.Application()
-    app.add_routes([web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
-                    web.get("/metrics", prom)])
-    runner = web.AppRunner(app, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
-
-
 async def test_the_serving_monitor_follows_moves_and_drops_endpoints():
     from sparkconsole.serving.endpoint import ServingMonitor
-    runner, url = await _metrics_server()
+    runner, url = await recorded_vllm_endpoint()
     dead = EndpointConfig("spark1", "http://127.0.0.1:9", node="spark1")
     mon = ServingMonitor(ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1"),), endpoints=(dead,)), interval=0.1)
     try:
@@ -139,8 +112,8 @@ async def test_the_serving_monitor_follows_moves_and_drops_endpoints():
 async def test_console_panels_follow_a_labelled_container_on_a_real_engine(docker_engine, testbed_base_image):
     from sparkconsole.nodes.monitor import ClusterMonitor
     from sparkconsole.tui.app import SparkConsoleApp
-    runner, url = await _metrics_server()
-    router_runner, router_url = await _metrics_server()
+    runner, url = await recorded_vllm_endpoint()
+    router_runner, router_url = await recorded_vllm_endpoint()
     names = ("sc-follow-server", "sc-follow-router")
     env = {**docker_engine.env(), "PATH": f"{Path(docker_engine.cli).parent}:{os.environ['PATH']}"}
     node = NodeConfig("spark1", "127.0.0.1", role="head", local=True, env=tuple(env.items()))

@@ -17,7 +17,7 @@ from sparkconsole.nodes.replay import read_recording, replay_factory, split_reco
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.tui.screens.help import HelpScreen
 from sparkconsole.tui.widgets.sim_badge import SimBadge
-from tests.helpers import wait_for
+from tests.helpers import recorded_vllm_endpoint, wait_for
 
 RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"
 SIZE = (120, 40)
@@ -442,30 +442,8 @@ async def test_mouse_click_focuses_a_node_and_its_keys_act_on_it(recording):
 
 async def test_serving_panel_polls_a_real_endpoint_and_shows_it_down(recording):
     """A loopback HTTP server answering with /metrics recorded from a real vLLM 0.32 (CPU)."""
-    from aiohttp import web
     from sparkconsole.config import EndpointConfig
-    metrics = (Path(__file__).parent / "fixtures" / "metrics-vllm-0.32.0-cpu-recorded.txt").read_text()
-
-    async def health(_):
-        return web.Response(text="")
-
-    async def models(_):
-        return web.json_response({"object": "list", "data": [{"id": "tiny-llama", "max_model_len": 2048}]})
-
-    async def version(_):
-        return web.json_response({"version": "0.32.0"})
-
-    async def prom(_):
-        return web.Response(text=metrics, content_type="text/plain")
-
-    server = web.Application()
-    server.add_routes([web.get("/health", health), web.get("/v1/models", models), web.get("/version", version),
-                       web.get("/metrics", prom)])
-    runner = web.AppRunner(server, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+    runner, url = await recorded_vllm_endpoint()
     try:
         cfg = ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1", role="head"),),
                             endpoints=(EndpointConfig("spark1", url, kind="vllm", node="spark1"),))
