@@ -358,9 +358,11 @@ class SparkConsoleApp(App):
             added, moved, removed = await self.serving.follow(wanted)
             if added or moved or removed:
                 await self.dashboard.follow_endpoints({ep.name: ep for ep in wanted}, added, moved, removed)
+                configured = {ep.name: ep.url for ep in self.cluster.endpoints}
                 for name in moved:
-                    ep = self.serving.endpoints[name].config
-                    self.dashboard.events.note(f"{name}: polling {ep.url}, where the launch serves", "cyan")
+                    url = self.serving.endpoints[name].config.url
+                    why = "the cluster file's endpoint" if configured.get(name) == url else "where the launch serves"
+                    self.dashboard.events.note(f"{name}: polling {url}, {why}", "cyan")
 
     def _endpoint_power(self, name: str) -> float | None:
         em = self.serving.endpoints.get(name) if self.serving is not None else None
