@@ -92,3 +92,30 @@ async def test_live_console_scrubs_back_through_the_recorder_and_returns_live(tm
         await wait_for(pilot, lambda: app.monitor is live and not app.sub_title.startswith("REPLAY"), what="live again")
     rows = RecorderReader(app.recorder.store.path).tick_counts()
     assert set(rows) == {"spark1", "spark2"} and min(rows.values()) >= 10
+
+
+async def test_a_node_that_goes_down_gets_its_post_mortem_on_its_panel(tmp_path, monkeypatch):
+    """The recorder's post-mortem reaches the node's own panel (and the events pane), from a recorded H100 session
+    whose connection drops: red while the node is out, the verdict and the command for the whole of it."""
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.replay import read_recording, replay_factory
+    from tests.test_tui_app import RECORDING, cluster
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    cfg = cluster(2)
+    live = ClusterMonitor(cfg, transport_factory=replay_factory(
+        lambda n: read_recording(RECORDING), interval=0.1, per_node={"spark2": {"drop_after": 30}}))
+    app = SparkConsoleApp(cfg, monitor=live, record=True)
+    async with app.run_test(size=SIZE) as pilot:
+        panel = app.dashboard.panels["spark2"]
+        assert "Post-mortem" not in widget_text(panel) and not panel.has_class("-postmortem")
+        await wait_for(pilot, lambda: panel.postmortem is not None, timeout=60, what="spark2's post-mortem")
+        await pilot.pause(0.3)
+        row = widget_text(panel.query_one(".postmortem"))
+        assert row.startswith("Post-mortem ") and panel.postmortem["verdict"] in row, row
+        assert panel.postmortem["evidence"][0][:10] in row
+        assert panel.has_class("-postmortem") and panel.query_one(".postmortem").display
+        assert app.dashboard.panels["spark1"].postmortem is None
+        events = widget_text(app.dashboard.events)
+        assert f"post-mortem spark2: {panel.postmortem['verdict']}" in events
+        assert "sparkconsole postmortem spark2" in events

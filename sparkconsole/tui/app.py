@@ -13,6 +13,7 @@ import shlex
 import time
 from collections.abc import Callable
 
+from textual import events
 from textual.app import App
 from textual.binding import Binding
 
@@ -20,6 +21,7 @@ from .. import audit
 from ..config import ClusterConfig
 from ..nodes.guard import evaluate_guards
 from ..nodes.launches import launch_groups, served_endpoints
+from .heap import SETTLE_S, HeapKeeper
 from .palette import ConsoleCommands
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
@@ -101,6 +103,7 @@ class SparkConsoleApp(App):
         self._last_age_refresh = 0.0
         self._stopped = False
         self.first_frame_at: float | None = None
+        self.heap = HeapKeeper()
 
     def _title(self, t: float | None = None) -> str:
         replay = f"REPLAY {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t or self.replay_at))} · " \
@@ -129,12 +132,19 @@ class SparkConsoleApp(App):
             self.recorder.attach_alerts(self.alerts)
             if self.serving is not None:
                 self.recorder.attach_serving(self.serving)
-            self.recorder.on_postmortem = lambda pm: say(one_line(pm), "bad")
+            self.recorder.on_postmortem = lambda pm: (
+                say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad"),
+                self._show_postmortem(pm))
         guardian = Guardian(self.cluster, self.alerts, recorder=self.recorder, say=say,
                             replay=self.replay_at is not None)
         self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
         self.notifier = Notifier(self.cluster.notify, bell=self.bell, cluster=self.cluster.source)
         self._unsubscribe.append(self.alerts.subscribe(self.notifier.submit))
+
+    def _show_postmortem(self, pm: dict) -> None:
+        panel = self.dashboard.panels.get(pm["node"])
+        if panel is not None:
+            panel.show_postmortem(pm)
 
     async def action_scrub(self, minutes: int) -> None:
         """[ / ]: the dashboard as it was 5 minutes further back / forward (an hour at most), from the flight
@@ -220,6 +230,10 @@ class SparkConsoleApp(App):
             await self.monitor.start()
             if self.serving is not None:
                 await self.serving.start()
+            # Everything start-up made (modules, screens, connections) lives as long as the console: out of the
+            # collector's view before the first key can wait on it, then the survivors every SETTLE_S.
+            self.heap.settle()
+            self.set_interval(SETTLE_S, self.heap.settle)
         except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
             self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
             self.dashboard.events.note(f"monitor: {exc}", "red")
@@ -247,6 +261,12 @@ class SparkConsoleApp(App):
 
     async def on_unmount(self) -> None:
         await self.stop_monitors()
+        self.heap.release()
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, (events.Key, events.MouseDown)):
+            self.heap.touched()
+        await super().on_event(event)
 
     # --- data in ---------------------------------------------------------------------------------------------
     def _node_changed(self, nm) -> None:

@@ -12,13 +12,14 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Static
+from textual.widgets import Header, Static
 
 from ...nodes.samples import THROTTLING
 from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
+from ..widgets.steady_footer import SteadyFooter
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (
@@ -80,7 +81,7 @@ class BenchScreen(Screen):
         with Grid(id="bench-charts"):
             for cid, title, unit, _ in METRICS:
                 yield CurveChart(title, unit, id=f"chart-{cid}")
-        yield Footer()
+        yield SteadyFooter()
 
     def charts(self) -> dict[str, CurveChart]:
         return {cid: self.query_one(f"#chart-{cid}", CurveChart) for cid, *_ in METRICS}

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input
+from textual.widgets import Header, Input
 
 from ..widgets.alert_log import AlertLog
 from ..widgets.endpoint_panel import EndpointPanel
@@ -14,6 +14,7 @@ from ..widgets.guard_list import GuardList
 from ..widgets.launch_bar import LaunchBar
 from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
+from ..widgets.steady_footer import SteadyFooter
 
 
 class DashboardScreen(Screen):
@@ -45,7 +46,7 @@ class DashboardScreen(Screen):
                     self.endpoint_panels[ep.name] = p
                     yield p
         yield AlertLog(id="events")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         self.query_one("#nodes").border_title = f"Nodes · {self.app.cluster.source}"

@@ -10,10 +10,11 @@ from textual import work
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, RichLog, Static
+from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
 from ..widgets.sim_badge import SimBadge
+from ..widgets.steady_footer import SteadyFooter
 
 MAX_LINES = 5000
 
@@ -46,7 +47,7 @@ class LogsScreen(Screen):
         yield Static("", id="logs-status")
         yield Input(placeholder="search the log (escape clears)", id="log-search")
         yield RichLog(id="log", max_lines=MAX_LINES, wrap=False, markup=False, auto_scroll=True)
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         name = self.node_name or (self.app.cluster.nodes[0].name if self.app.cluster.nodes else None)

@@ -9,11 +9,12 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Footer, Header, Input, OptionList, Static
+from textual.widgets import Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...errors import UserError
 from ..widgets.sim_badge import SimBadge
+from ..widgets.steady_footer import SteadyFooter
 
 _VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 
@@ -125,7 +126,7 @@ class RecipesScreen(Screen):
                 with VerticalScroll(id="plan-scroll"):
                     yield Static("", id="plan")
                 yield Static("", id="launch-progress")
-        yield Footer()
+        yield SteadyFooter()
 
     def on_mount(self) -> None:
         self.load()

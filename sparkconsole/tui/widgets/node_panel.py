@@ -1,6 +1,7 @@
 """One node: temperature and its history against the slowdown line, throttle reasons with how long each has been
 active, power / SM clock / utilization, unified-memory headroom, the OOM-guard checklist and the vLLM container row.
-A STALE or DOWN node says so and keeps its last values, greyed."""
+A STALE or DOWN node says so and keeps its last values, greyed; once the flight recorder has explained an incident
+(DOWN, a reboot, a dead container), its post-mortem's verdict stays on the panel until a newer one."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ class NodePanel(Vertical, can_focus=True):
         self.container_name = container_name
         self.border_title = node_name
         self.state: str = "CONNECTING"
+        self.postmortem: dict | None = None
         self._lines: dict[str, Text] = {}
 
     def compose(self) -> ComposeResult:
@@ -49,6 +51,7 @@ class NodePanel(Vertical, can_focus=True):
         yield MemoryBar()
         yield GuardList()
         yield Static("", classes="container")
+        yield Static("", classes="postmortem")
 
     def _put(self, selector: str, text: Text) -> None:
         """Update a one-row line only when it changed; its height is fixed, so no layout pass is needed."""
@@ -157,6 +160,25 @@ class NodePanel(Vertical, can_focus=True):
         bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
         self.query_one(GuardList).set_results(guards, stale)
         self._put(".container", self._container_line(nm.containers, now, grey))
+        if self.postmortem is not None:
+            self._draw_postmortem()
+
+    def show_postmortem(self, pm: dict) -> None:
+        """The recorder's post-mortem of this node (recorder/postmortem.py's dict)."""
+        self.postmortem = pm
+        self.add_class("-postmortem")
+        self._draw_postmortem()
+
+    def _draw_postmortem(self) -> None:
+        """One row: red while the node is still out, yellow once it is back."""
+        pm, live = self.postmortem, self.state == "LIVE"
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("Post-mortem ", style="bold")
+        line.append(time.strftime("%H:%M:%S ", time.localtime(pm["time"])), style="dim")
+        line.append(pm["verdict"], style="yellow" if live else "bold red")
+        if pm.get("evidence"):     # the whole of it: `sparkconsole postmortem NODE`, as the events pane says
+            line.append(f" — {pm['evidence'][0]}")
+        self._put(".postmortem", line)
 
     def _container_line(self, containers, now: float, grey: str | None) -> Text:
         line = Text(no_wrap=True, overflow="ellipsis")
