@@ -1,0 +1,59 @@
+"""What a key press waits for: the key bar is rebuilt only when the keys it shows change, and the heap keeper
+moves long-lived objects out of the collector's view, with a full pass only while nobody presses a key."""
+
+from __future__ import annotations
+
+import gc
+
+from textual.widgets._footer import FooterKey
+
+from sparkconsole.tui.heap import HeapKeeper
+from sparkconsole.tui.screens.help import HelpScreen
+from sparkconsole.tui.widgets.steady_footer import SteadyFooter
+from tests.helpers import wait_for
+from tests.test_tui_app import SIZE, make_app, recording, state_dir  # noqa: F401  (fixtures)
+
+
+def footer_keys(app) -> list:
+    return list(app.dashboard.query_one(SteadyFooter).query(FooterKey))
+
+
+async def test_help_over_the_dashboard_keeps_the_key_bar_and_a_new_focus_redraws_it(recording):
+    app, _, _ = make_app(recording, n=4)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: any(k.description == "Logs" for k in footer_keys(app)), what="the node keys")
+        before = footer_keys(app)
+        for _ in range(2):
+            await pilot.press("question_mark")
+            await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
+        await pilot.pause(0.2)
+        assert footer_keys(app) == before and all(a is b for a, b in zip(footer_keys(app), before))
+        # the filter box has other keys than a node panel: the bar follows the focus
+        await pilot.press("slash")
+        await wait_for(pilot, lambda: not any(k.description == "Logs" for k in footer_keys(app)),
+                       what="the key bar without the node's keys")
+        await pilot.press("escape")
+        await pilot.press("q")
+
+
+class Cycle:
+    def __init__(self) -> None:
+        self.me = self
+
+
+def test_heap_keeper_freezes_survivors_and_collects_only_when_idle_and_due():
+    keeper = HeapKeeper(settle_s=60, collect_s=0.0, idle_s=3600)
+    try:
+        gc.collect()
+        Cycle()                                   # garbage only the cycle collector can free
+        keeper.touched()
+        keeper.settle()                           # a key was just pressed: no full pass, the survivors frozen
+        assert keeper.collected == 0 and gc.get_freeze_count() > 0
+        keeper.idle_s = 0.0
+        keeper.settle()                           # idle and due: unfreeze, collect, freeze again
+        assert keeper.collected >= 1 and gc.get_freeze_count() > 0
+    finally:
+        keeper.release()
+    assert gc.get_freeze_count() == 0
