@@ -136,3 +136,15 @@ def test_no_command_opens_the_console_with_global_options(cluster_file, monkeypa
     monkeypatch.setattr(console_mod, "run", lambda args: seen.setdefault("cluster", args.cluster) and 0)
     assert cli.main(["--cluster", cluster_file]) == 0
     assert seen == {"cluster": cluster_file}
+
+
+def test_status_of_local_nodes_reads_them_without_the_ssh_stack(tmp_path):
+    """asyncssh (~0.15 s to import) is for remote nodes only: a local cluster's `status --json` reads the node
+    (the simulator and the demo go the same way) and never imports it."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\nendpoints: []\n")
+    p, mods = imported("--cluster", str(cfg), "status", "--json", "--timeout", "20")
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert "sparkconsole.nodes.monitor" in mods and "sparkconsole.nodes.transport" in mods
+    assert not [m for m in mods if m == "asyncssh" or m.startswith("asyncssh.")]
+    assert "sparkconsole.nodes.ssh" not in mods

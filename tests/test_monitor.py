@@ -220,7 +220,7 @@ def test_backoff_grows_with_jitter_and_is_capped():
 @pytest.mark.sshd
 async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
     """No kill: the node just stops answering. Keepalives find out; when it answers again, it comes back."""
-    from sparkconsole.nodes.transport import SshTransport
+    from sparkconsole.nodes.ssh import SshTransport
 
     cfg = sshd_live.cluster_config(interval_s=INTERVAL, nodes=[sshd_live[0]])
     mon = ClusterMonitor(cfg, transport_factory=lambda n, p: SshTransport(n, p, keepalive_interval=0.5,

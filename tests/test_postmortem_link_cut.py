@@ -11,7 +11,7 @@ import pytest
 from sparkconsole.config import SshSettings
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.nodes.samples import NodeState
-from sparkconsole.nodes.transport import SshTransport
+from sparkconsole.nodes.ssh import SshTransport
 from sparkconsole.recorder.feed import Recorder
 from tests.faults.netns import netns_node, netns_unavailable
 from tests.helpers import until

@@ -14,7 +14,8 @@ import pytest
 
 from sparkconsole.config import NodeConfig, SshPolicy
 from sparkconsole.errors import UserError
-from sparkconsole.nodes.transport import (LocalTransport, SshTransport, TransportError, make_transport, to_command)
+from sparkconsole.nodes.ssh import SshTransport
+from sparkconsole.nodes.transport import LocalTransport, TransportError, make_transport, to_command
 
 pytestmark = pytest.mark.sshd
 

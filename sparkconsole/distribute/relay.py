@@ -14,8 +14,8 @@ from typing import Callable, Sequence
 
 import asyncssh
 
-from ..nodes.transport import (LocalTransport, Transport, TransportError, _end_remote, _killpg, _reason,
-                               tagged, to_command)
+from ..nodes.ssh import _end_remote
+from ..nodes.transport import LocalTransport, Transport, TransportError, _killpg, _reason, tagged, to_command
 
 CHUNK = 1 << 20
 

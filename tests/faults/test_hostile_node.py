@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from sparkconsole.nodes.monitor import MAX_LINE, STALE_TICKS, ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
-from sparkconsole.nodes.transport import SshTransport
+from sparkconsole.nodes.ssh import SshTransport
 from tests.helpers import until
 
 pytestmark = pytest.mark.sshd
