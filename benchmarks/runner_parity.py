@@ -47,6 +47,11 @@ from typing import Any, Iterable, Sequence
 ROOT = Path(__file__).resolve().parents[1]
 FAKE_NET = "192.0.2."          # RFC 5737 documentation addresses: never a real host
 RUNNER_TIMEOUT_S = 60
+BASH_OWN = {"PATH", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "PARITY_LOG", "PARITY_OTHER", "PYTHONCOERCECLOCALE"}
+# What a cluster launch sets on every node besides the recipe's env: the runner's launch-cluster.sh sets these
+# at launch time (outside the printed script), sparkconsole's plan writes them into `docker run -e`.
+LAUNCH_ENV = re.compile(r"^(VLLM_HOST_IP|NCCL_.*|GLOO_SOCKET_IFNAME|TP_SOCKET_IFNAME|UCX_NET_DEVICES|OMPI_MCA_.*|"
+                        r"RAY_.*)$")
 
 # --- normalisation: spelling only ----------------------------------------------------------------------------
 
@@ -173,7 +178,13 @@ class Sandbox:
         rec = (f"#!{sys.executable}\nimport json, os, sys\n"
                "with open(os.environ['PARITY_LOG'], 'a') as f:\n"
                "    f.write(json.dumps([os.path.basename(sys.argv[0]), *sys.argv[1:]]) + '\\n')\n")
-        _write_exec(self.bin / "vllm", rec)
+        # The `vllm` stand-in also keeps the environment the script exported (bash's own variables left out).
+        vllm = (f"#!{sys.executable}\nimport json, os, sys\n"
+                f"skip = {sorted(BASH_OWN)!r}\n"
+                "env = {k: v for k, v in os.environ.items() if k not in skip}\n"
+                "with open(os.environ['PARITY_LOG'], 'a') as f:\n"
+                "    f.write(json.dumps({'argv': sys.argv[1:], 'env': env}) + '\\n')\n")
+        _write_exec(self.bin / "vllm", vllm)
         for name in ("docker", "ssh", "scp", "rsync", "hf", "huggingface-cli"):
             _write_exec(self.guard / name, rec + "sys.exit(1)\n")
 
@@ -182,7 +193,7 @@ class Sandbox:
             return []
         return [c for c in map(json.loads, self.log.read_text().splitlines()) if c and c[0] != "vllm"]
 
-    def bash_argv(self, script: str, work: Path) -> tuple[list[list[str]], list[str]]:
+    def bash_argv(self, script: str, work: Path) -> tuple[list[tuple[list[str], dict[str, str]]], list[str]]:
         """Run a launch script as bash does, with nothing but the `vllm` stand-in on PATH: the vllm argvs it
         would run, and any other command it names (recorded, not run)."""
         work.mkdir(parents=True, exist_ok=True)
@@ -194,16 +205,17 @@ class Sandbox:
                    'source "$1"\n')
         subprocess.run(["/bin/bash", "--noprofile", "--norc", "-c", wrapper, "bash", str(s)], cwd=work,
                        env={"PATH": str(self.bin), "HOME": str(work), "PARITY_LOG": str(log),
-                            "PARITY_OTHER": str(other)},
+                            "PARITY_OTHER": str(other), "PYTHONCOERCECLOCALE": "0"},
                        stdin=subprocess.DEVNULL, capture_output=True, timeout=30)
-        calls = [json.loads(x)[1:] for x in log.read_text().splitlines()] if log.exists() else []
+        calls = [json.loads(x) for x in log.read_text().splitlines()] if log.exists() else []
         others = other.read_text().split() if other.exists() else []
-        return [["vllm", *c] for c in calls], others
+        return [(["vllm", *c["argv"]], c["env"]) for c in calls], others
 
 
 @dataclass
 class Side:
     argv: list[str] | None = None
+    env: dict[str, str] = field(default_factory=dict)
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -266,7 +278,7 @@ def run_runner(fork_dir: Path, recipe: Path, mode: str, n: int, sb: Sandbox, wor
     if len(calls) != 1:
         side.refused = f"the launch script runs vllm {len(calls)} times"
         return side
-    side.argv = calls[0]
+    side.argv, side.env = calls[0]
     return side
 
 
@@ -282,19 +294,34 @@ def cluster_file(root: Path, n: int) -> Path:
 _STEP = re.compile(r"^\s+\d+\. (start vLLM server|start vLLM on the Ray cluster)")
 
 
-def parse_plan(text: str) -> tuple[list[str] | None, list[str]]:
-    """The head server's argv (after the image) from `recipe plan` output, and its warning/note lines."""
+def _docker_env(words: Sequence[str]) -> dict[str, str]:
+    env = {}
+    for i, w in enumerate(words[:-1]):
+        if w == "-e" and "=" in words[i + 1]:          # `-e NAME` alone: a secret by reference, no value
+            k, _, v = words[i + 1].partition("=")
+            env[k] = v
+    return env
+
+
+def parse_plan(text: str) -> tuple[list[str] | None, dict[str, str], list[str]]:
+    """The head server's argv (after the image) and `-e` environment from `recipe plan` output, and its
+    warning/note lines."""
     lines = text.splitlines()
     notes = [ln for ln in lines if ln.startswith(("warning: ", "note: "))]
+    env: dict[str, str] = {}
     for i, ln in enumerate(lines):
-        if _STEP.match(ln) and i + 1 < len(lines) and lines[i + 1].lstrip().startswith("$ "):
-            words = shlex.split(lines[i + 1].lstrip()[2:])
+        if not (i + 1 < len(lines) and lines[i + 1].lstrip().startswith("$ ")):
+            continue
+        words = shlex.split(lines[i + 1].lstrip()[2:])
+        if "start the container with a Ray head" in ln:
+            env = _docker_env(words)
+        if _STEP.match(ln):
             if words[:3] == ["docker", "exec", "-d"]:      # the Ray backend: docker exec -d NAME bash -c TEXT
-                return ["bash", "-c", words[-1].split(" >> /proc/1/fd/1")[0]], notes
+                return ["bash", "-c", words[-1].split(" >> /proc/1/fd/1")[0]], env, notes
             if "--entrypoint=" in words:
                 k = words.index("--entrypoint=")
-                return words[k + 2:], notes
-    return None, notes
+                return words[k + 2:], _docker_env(words[:k]), notes
+    return None, env, notes
 
 
 def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, sb: Sandbox, work: Path) -> Side:
@@ -305,8 +332,8 @@ def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, s
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()] or [f"exit {res.returncode}"]
         return Side(refused=lines[-1].removeprefix("sparkconsole: ")[:300])
-    argv, notes = parse_plan(res.stdout)
-    side = Side(notes=notes)
+    argv, env, notes = parse_plan(res.stdout)
+    side = Side(notes=notes, env=env)
     if argv is None:
         side.refused = "(no vLLM server step found in the plan output)"
         return side
@@ -316,7 +343,7 @@ def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, s
         if len(calls) != 1:
             side.refused = f"the plan's shell command runs vllm {len(calls)} times"
             return side
-        argv = calls[0]
+        argv = calls[0][0]
     side.argv = argv
     return side
 
@@ -339,6 +366,7 @@ class Result:
     digest: str = ""
     runner_argv: list[str] | None = None
     sparkconsole_argv: list[str] | None = None
+    env_diffs: list[str] = field(default_factory=list)
 
 
 def refusal_reason(line: str) -> str:
@@ -370,7 +398,21 @@ def judge(fork: str, rel: str, mode: str, n: int, runner: Side, ours: Side, dige
                 r.reason = "parallelism (TP 1 recipe spread over the cluster, as the plan notes)"
         else:
             r.outcome = "same"
+        r.env_diffs = compare_env(runner.env, ours.env)
     return r
+
+
+def compare_env(runner: dict[str, str], ours: dict[str, str]) -> list[str]:
+    """The recipe's environment as the runner's script exports it against sparkconsole's `docker run -e`.
+    The cluster link variables are the launch's (LAUNCH_ENV), not the recipe's: left out on both sides."""
+    out = []
+    for k in sorted(set(runner) | set(ours)):
+        if LAUNCH_ENV.match(k):
+            continue
+        a, b = runner.get(k), ours.get(k)
+        if a != b:
+            out.append(f"{k}: runner {a!r} | sparkconsole {b!r}")
+    return out
 
 
 def check_recipe(fork: str, fork_dir: Path, recipe: Path, sc_cmd: Sequence[str], sb: Sandbox, root: Path,
@@ -394,7 +436,8 @@ OUTCOMES = ("same", "different", "refused-sparkconsole", "refused-runner", "refu
 
 def summary(results: Sequence[Result]) -> dict[str, Any]:
     c = collections.Counter(r.outcome for r in results)
-    return {"tried": len(results), **{o: c.get(o, 0) for o in OUTCOMES}}
+    return {"tried": len(results), **{o: c.get(o, 0) for o in OUTCOMES},
+            "env-different": sum(1 for r in results if r.env_diffs)}
 
 
 def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, str], guard_calls: list,
@@ -409,13 +452,15 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
     out.append("")
     for fork, why in skipped.items():
         out.append(f"{fork}: skipped ({why})")
-    head = f"{'fork':<14} {'mode':<8} {'tried':>5} {'same':>5} {'diff':>5} {'ref-sc':>6} {'ref-run':>7} {'ref-both':>8}"
+    head = (f"{'fork':<14} {'mode':<8} {'tried':>5} {'same':>5} {'diff':>5} {'ref-sc':>6} {'ref-run':>7} "
+            f"{'ref-both':>8} {'env-diff':>8}")
     out += [head, "-" * len(head)]
 
     def row(label: str, mode: str, rs: Sequence[Result]) -> str:
         s = summary(rs)
         return (f"{label:<14} {mode:<8} {s['tried']:>5} {s['same']:>5} {s['different']:>5} "
-                f"{s['refused-sparkconsole']:>6} {s['refused-runner']:>7} {s['refused-both']:>8}")
+                f"{s['refused-sparkconsole']:>6} {s['refused-runner']:>7} {s['refused-both']:>8} "
+                f"{s['env-different']:>8}")
     for fork in forks:
         for mode in ("solo", "cluster"):
             rs = [r for r in results if r.fork == fork and r.mode == mode]
@@ -439,12 +484,15 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
             out.append(f"  {mode:<8} {outcome:<21} {reason}: {k}")
         out.append("")
     for r in results:
-        if r.outcome == "same" and not verbose:
+        if r.outcome == "same" and not verbose and not r.env_diffs and not any(
+                n.startswith("warning") for n in r.notes):
             continue
         label = f"[{r.fork}] {r.recipe} {r.mode}" + (f" on {r.nodes} nodes" if r.mode == "cluster" else "")
         out.append(f"{label}: {r.outcome}" + (f" ({r.reason})" if r.reason else ""))
         for d in r.diffs:
             out.append(f"    {d}")
+        for d in r.env_diffs:
+            out.append(f"    env {d}")
         if r.outcome.startswith("refused"):
             if r.runner:
                 out.append(f"    runner: {r.runner}")
