@@ -147,8 +147,11 @@ def compare(runner: Sequence[str], ours: Sequence[str], cluster: bool) -> tuple[
     return diffs, used
 
 
-def reason_of(diffs: Sequence[str]) -> str:
+def reason_of(diffs: Sequence[str], extra: Sequence[str] = ()) -> str:
     names = {d.split(":", 1)[0] for d in diffs}
+    extra_flags = {ALIASES.get(a, a).partition("=")[0] for a in extra if _is_flag(a)}
+    if names and names <= extra_flags and all(" runner (absent) | " in d for d in diffs):
+        return "extra arguments lost by the runner (appended after the command's trailing comment)"
     if names <= {"--tensor-parallel-size", "--pipeline-parallel-size"}:
         return "parallelism"
     if names <= {"--port"}:
@@ -258,9 +261,11 @@ def cluster_size(path: Path) -> int:
     return max(n, 2)
 
 
-def run_runner(fork_dir: Path, recipe: Path, mode: str, n: int, sb: Sandbox, work: Path) -> Side:
+def run_runner(fork_dir: Path, recipe: Path, mode: str, n: int, sb: Sandbox, work: Path,
+               extra: Sequence[str] = ()) -> Side:
     args = [sys.executable, str(fork_dir / "run-recipe.py"), str(recipe), "--dry-run"]
     args += ["--solo"] if mode == "solo" else ["-n", ",".join(f"{FAKE_NET}{i + 1}" for i in range(n))]
+    args += ["--", *extra] if extra else []
     env = {**os.environ, "PATH": f"{sb.guard}:{os.environ.get('PATH', '/usr/bin:/bin')}", "PARITY_LOG": str(sb.log),
            "HOME": str(work)}
     env.pop("HF_TOKEN", None)
@@ -324,9 +329,11 @@ def parse_plan(text: str) -> tuple[list[str] | None, dict[str, str], list[str]]:
     return None, env, notes
 
 
-def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, sb: Sandbox, work: Path) -> Side:
+def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, sb: Sandbox, work: Path,
+                     extra: Sequence[str] = ()) -> Side:
     topo = "solo" if mode == "solo" else "cluster-tp2"
-    res = subprocess.run([*cmd, "recipe", "plan", str(recipe), "-T", topo, "--offline", "--cluster", str(cfile)],
+    res = subprocess.run([*cmd, "recipe", "plan", str(recipe), "-T", topo, "--offline", "--cluster", str(cfile),
+                          *(["--", *extra] if extra else [])],
                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=work.parent,
                          env={**os.environ, "XDG_CONFIG_HOME": str(work.parent / "xdg")})
     if res.returncode != 0:
@@ -380,7 +387,8 @@ def refusal_reason(line: str) -> str:
     return "other"
 
 
-def judge(fork: str, rel: str, mode: str, n: int, runner: Side, ours: Side, digest: str) -> Result:
+def judge(fork: str, rel: str, mode: str, n: int, runner: Side, ours: Side, digest: str,
+          extra: Sequence[str] = ()) -> Result:
     r = Result(fork, rel, mode, n, "", runner=runner.refused, sparkconsole=ours.refused,
                notes=runner.notes + ours.notes, digest=digest, runner_argv=runner.argv, sparkconsole_argv=ours.argv)
     if runner.refused and ours.refused:
@@ -390,10 +398,10 @@ def judge(fork: str, rel: str, mode: str, n: int, runner: Side, ours: Side, dige
     elif runner.refused:
         r.outcome, r.reason = "refused-runner", refusal_reason(runner.refused)
     else:
-        diffs, used = compare(runner.argv or [], ours.argv or [], cluster=mode == "cluster")
+        diffs, used = compare(runner.argv or [], ours.argv or [], cluster=mode != "solo")
         r.applied = dict(used)
         if diffs:
-            r.outcome, r.reason, r.diffs = "different", reason_of(diffs), diffs
+            r.outcome, r.reason, r.diffs = "different", reason_of(diffs, extra), diffs
             if r.reason == "parallelism" and any("spreads it over" in x for x in ours.notes):
                 r.reason = "parallelism (TP 1 recipe spread over the cluster, as the plan notes)"
         else:
@@ -416,21 +424,28 @@ def compare_env(runner: dict[str, str], ours: dict[str, str]) -> list[str]:
 
 
 def check_recipe(fork: str, fork_dir: Path, recipe: Path, sc_cmd: Sequence[str], sb: Sandbox, root: Path,
-                 modes: Iterable[str]) -> list[Result]:
+                 modes: Iterable[str], extra: Sequence[str] = ()) -> list[Result]:
     rel = str(recipe.relative_to(fork_dir))
     digest = hashlib.sha256(recipe.read_bytes()).hexdigest()[:12]
     out = []
     for mode in modes:
         n = 1 if mode == "solo" else cluster_size(recipe)
+        if mode == "squeeze":          # a recipe for more than two Sparks, on a two-node cluster file
+            if n <= 2:
+                continue
+            n = 2
         work = root / "work" / fork / rel.replace("/", "__") / mode
-        runner = run_runner(fork_dir, recipe, mode, n, sb, work)
-        ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, n), sb, work)
-        if ours.refused:      # its one line names the file: name it as the fork does, not by the temp dir
-            ours.refused = ours.refused.replace(str(fork_dir) + "/", "")
-        out.append(judge(fork, rel, mode, n, runner, ours, digest))
+        runner = run_runner(fork_dir, recipe, mode, n, sb, work, extra)
+        ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, n), sb, work, extra)
+        # its lines name the file: name it as the fork does, not by the temp dir
+        if ours.refused:
+            ours.refused = ours.refused.replace(str(fork_dir) + "/", "").replace(str(root) + "/", "")
+        ours.notes = [x.replace(str(fork_dir) + "/", "") for x in ours.notes]
+        out.append(judge(fork, rel, mode, n, runner, ours, digest, extra))
     return out
 
 
+MODES = ("solo", "cluster", "squeeze")
 OUTCOMES = ("same", "different", "refused-sparkconsole", "refused-runner", "refused-both")
 
 
@@ -441,7 +456,7 @@ def summary(results: Sequence[Result]) -> dict[str, Any]:
 
 
 def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, str], guard_calls: list,
-           verbose: bool) -> str:
+           verbose: bool, extra: Sequence[str] = ()) -> str:
     out: list[str] = ["Runner parity: run-recipe.py --dry-run vs sparkconsole recipe plan (vLLM serve argv)", ""]
     out.append("Normalisations (spelling only; count = times applied over all comparisons):")
     used: collections.Counter = collections.Counter()
@@ -449,6 +464,8 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
         used.update(r.applied)
     for k, text in NORMALISATIONS.items():
         out.append(f"  - {text}  [{used.get(k, 0)}]")
+    if extra:
+        out.append(f"Extra vLLM arguments given to both after `--`: {shlex.join(extra)}")
     out.append("")
     for fork, why in skipped.items():
         out.append(f"{fork}: skipped ({why})")
@@ -462,11 +479,11 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
                 f"{s['refused-sparkconsole']:>6} {s['refused-runner']:>7} {s['refused-both']:>8} "
                 f"{s['env-different']:>8}")
     for fork in forks:
-        for mode in ("solo", "cluster"):
+        for mode in MODES:
             rs = [r for r in results if r.fork == fork and r.mode == mode]
             if rs:
                 out.append(row(fork, mode, rs))
-    for mode in ("solo", "cluster"):
+    for mode in MODES:
         rs = [r for r in results if r.mode == mode]
         if rs:
             out.append(row("TOTAL", mode, rs))
@@ -487,7 +504,7 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
         if r.outcome == "same" and not verbose and not r.env_diffs and not any(
                 n.startswith("warning") for n in r.notes):
             continue
-        label = f"[{r.fork}] {r.recipe} {r.mode}" + (f" on {r.nodes} nodes" if r.mode == "cluster" else "")
+        label = f"[{r.fork}] {r.recipe} {r.mode}" + (f" on {r.nodes} nodes" if r.mode != "solo" else "")
         out.append(f"{label}: {r.outcome}" + (f" ({r.reason})" if r.reason else ""))
         for d in r.diffs:
             out.append(f"    {d}")
@@ -512,12 +529,17 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="a spark-vllm-docker fork: bare git dir or checkout (repeat)")
     ap.add_argument("--sparkconsole", default=f"{sys.executable} -m sparkconsole",
                     help="how to run sparkconsole (default: this interpreter's -m sparkconsole)")
-    ap.add_argument("--mode", action="append", choices=("solo", "cluster"), help="default: both")
+    ap.add_argument("--mode", action="append", choices=MODES,
+                    help="solo; cluster (on the nodes the recipe asks for); squeeze (a recipe for more than two "
+                         "Sparks on a two-node cluster file). Default: all three")
+    ap.add_argument("--extra", default="", metavar="ARGS",
+                    help="extra vLLM arguments given to both after `--` (e.g. --extra '--seed 42')")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", type=Path, help="write every result as JSON here")
     ap.add_argument("--verbose", "-v", action="store_true", help="also list the recipes planned the same")
     args = ap.parse_args(argv)
-    modes = args.mode or ["solo", "cluster"]
+    modes = args.mode or list(MODES)
+    extra = shlex.split(args.extra)
     sc_cmd = shlex.split(args.sparkconsole)
     results: list[Result] = []
     forks: list[str] = []
@@ -539,13 +561,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             forks.append(name)
             jobs += [(name, fork_dir, p) for p in recipe_files(fork_dir)]
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as ex:
-            futs = [ex.submit(check_recipe, f, d, p, sc_cmd, sb, root, modes) for f, d, p in jobs]
+            futs = [ex.submit(check_recipe, f, d, p, sc_cmd, sb, root, modes, extra) for f, d, p in jobs]
             for fut in futs:
                 results += fut.result()
         guard = sb.guard_calls()
-    print(report(results, forks, skipped, guard, args.verbose))
+    print(report(results, forks, skipped, guard, args.verbose, extra))
     if args.json:
-        args.json.write_text(json.dumps({"forks": forks, "skipped": skipped, "normalisations": NORMALISATIONS,
+        args.json.write_text(json.dumps({"forks": forks, "extra": extra, "skipped": skipped, "normalisations": NORMALISATIONS,
                                          "results": [asdict(r) for r in results]}, indent=1))
     return 0
 
