@@ -229,6 +229,15 @@ def export_fork(mirror: Path, dest: Path) -> tuple[str, bool]:
     name = name.split("+", 1)[0]
     dest.mkdir(parents=True)
     git_dir = mirror if (mirror / "HEAD").exists() and not (mirror / ".git").exists() else mirror / ".git"
+    if not git_dir.exists():            # a plain directory (the test's stand-in fork): copied as it is
+        import shutil
+        for p in ("run-recipe.py", "recipes"):
+            src = mirror / p
+            if src.is_dir():
+                shutil.copytree(src, dest / p)
+            elif src.is_file():
+                shutil.copy2(src, dest / p)
+        return name, (dest / "run-recipe.py").is_file() and (dest / "recipes").is_dir()
     listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", "HEAD"],
                              capture_output=True, text=True)
     present = set(listing.stdout.split())
