@@ -11,7 +11,13 @@ every recipe (`recipes/*.yaml`, `recipes/*/*.yaml`):
 - solo: the runner's `--dry-run --solo` against `sparkconsole recipe plan FILE -T solo` on a one-node cluster file;
 - cluster: the runner's `--dry-run -n IP1,…,IPn` (documentation addresses 192.0.2.x) against `sparkconsole recipe
   plan FILE -T cluster-tp2` on a cluster file of n local nodes, n = the recipe's tensor_parallel ×
-  pipeline_parallel (2 when that is 1), the head's server compared.
+  pipeline_parallel (2 when that is 1), the head's server compared;
+- squeeze: a recipe written for more than two Sparks, planned on a two-node cluster file (the runner's `-n`
+  with two addresses): sparkconsole should refuse in one line naming the nodes it needs (issue 18, item 4).
+
+`--extra '--seed 42'` gives both the same extra vLLM arguments after `--`; `--lint` also runs `recipe lint
+--offline` on each plan and counts the preflight rules that would refuse the launch. The recipe's environment is compared
+too (the script's `export`s against the plan's `docker run -e`), reported apart from the argv verdict.
 
 Both vLLM argvs are read as data. The runner writes the recipe's command into a bash script (printed by
 --dry-run); that script is run by bash with a PATH holding only a `vllm` stand-in that records its argv, so
@@ -219,6 +225,7 @@ class Sandbox:
 class Side:
     argv: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
+    preflight: list[str] = field(default_factory=list)     # sparkconsole: offline preflight's refusing rules
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -339,7 +346,7 @@ def parse_plan(text: str) -> tuple[list[str] | None, dict[str, str], list[str]]:
 
 
 def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, sb: Sandbox, work: Path,
-                     extra: Sequence[str] = ()) -> Side:
+                     extra: Sequence[str] = (), lint: bool = False) -> Side:
     topo = "solo" if mode == "solo" else "cluster-tp2"
     res = subprocess.run([*cmd, "recipe", "plan", str(recipe), "-T", topo, "--offline", "--cluster", str(cfile),
                           *(["--", *extra] if extra else [])],
@@ -361,6 +368,13 @@ def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, s
             return side
         argv = calls[0][0]
     side.argv = argv
+    if lint:
+        # What `recipe launch` would say before starting anything, read offline (no node facts): its refusals.
+        res = subprocess.run([*cmd, "recipe", "lint", str(recipe), "-T", topo, "--offline", "--cluster", str(cfile),
+                              *(["--", *extra] if extra else [])],
+                             capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=work.parent,
+                             env={**os.environ, "XDG_CONFIG_HOME": str(work.parent / "xdg")})
+        side.preflight = sorted({m.group(1) for m in re.finditer(r"^(?:REFUSE|BLOCK) (\w+):", res.stdout, re.M)})
     return side
 
 
@@ -383,6 +397,7 @@ class Result:
     runner_argv: list[str] | None = None
     sparkconsole_argv: list[str] | None = None
     env_diffs: list[str] = field(default_factory=list)
+    preflight: list[str] = field(default_factory=list)
 
 
 def refusal_reason(line: str) -> str:
@@ -399,7 +414,8 @@ def refusal_reason(line: str) -> str:
 def judge(fork: str, rel: str, mode: str, n: int, runner: Side, ours: Side, digest: str,
           extra: Sequence[str] = ()) -> Result:
     r = Result(fork, rel, mode, n, "", runner=runner.refused, sparkconsole=ours.refused,
-               notes=runner.notes + ours.notes, digest=digest, runner_argv=runner.argv, sparkconsole_argv=ours.argv)
+               notes=runner.notes + ours.notes, digest=digest, runner_argv=runner.argv, sparkconsole_argv=ours.argv,
+               preflight=ours.preflight)
     if runner.refused and ours.refused:
         r.outcome, r.reason = "refused-both", refusal_reason(ours.refused)
     elif ours.refused:
@@ -433,7 +449,7 @@ def compare_env(runner: dict[str, str], ours: dict[str, str]) -> list[str]:
 
 
 def check_recipe(fork: str, fork_dir: Path, recipe: Path, sc_cmd: Sequence[str], sb: Sandbox, root: Path,
-                 modes: Iterable[str], extra: Sequence[str] = ()) -> list[Result]:
+                 modes: Iterable[str], extra: Sequence[str] = (), lint: bool = False) -> list[Result]:
     rel = str(recipe.relative_to(fork_dir))
     digest = hashlib.sha256(recipe.read_bytes()).hexdigest()[:12]
     out = []
@@ -445,7 +461,7 @@ def check_recipe(fork: str, fork_dir: Path, recipe: Path, sc_cmd: Sequence[str],
             n = 2
         work = root / "work" / fork / rel.replace("/", "__") / mode
         runner = run_runner(fork_dir, recipe, mode, n, sb, work, extra)
-        ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, n), sb, work, extra)
+        ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, n), sb, work, extra, lint)
         # its lines name the file: name it as the fork does, not by the temp dir
         if ours.refused:
             ours.refused = ours.refused.replace(str(fork_dir) + "/", "").replace(str(root) + "/", "")
@@ -504,6 +520,19 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
     for r in results:
         if r.outcome not in ("same",):
             why[(r.mode, r.outcome, r.reason)] += 1
+    pre: collections.Counter = collections.Counter()
+    for r in results:
+        for rule in r.preflight:
+            pre[(r.mode, rule)] += 1
+    if pre:
+        out.append("Offline preflight (`recipe lint --offline`) refusing rules on planned recipes (--force overrides):")
+        for mode in MODES:
+            planned = [r for r in results if r.mode == mode and r.sparkconsole_argv]
+            if planned:
+                clean = sum(1 for r in planned if not r.preflight)
+                out.append(f"  {mode:<8} {len(planned)} planned, {clean} with no refusal; "
+                           + ", ".join(f"{rule}: {k}" for (m, rule), k in sorted(pre.items()) if m == mode))
+        out.append("")
     if why:
         out.append("By reason:")
         for (mode, outcome, reason), k in sorted(why.items()):
@@ -544,6 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--extra", default="", metavar="ARGS",
                     help="extra vLLM arguments given to both after `--` (e.g. --extra '--seed 42')")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--lint", action="store_true",
+                    help="also run `recipe lint --offline` on each plan and count the preflight rules that refuse "
+                         "(what `recipe launch` would refuse before starting anything, without --force)")
     ap.add_argument("--json", type=Path, help="write every result as JSON here")
     ap.add_argument("--verbose", "-v", action="store_true", help="also list the recipes planned the same")
     args = ap.parse_args(argv)
@@ -570,7 +602,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             forks.append(name)
             jobs += [(name, fork_dir, p) for p in recipe_files(fork_dir)]
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as ex:
-            futs = [ex.submit(check_recipe, f, d, p, sc_cmd, sb, root, modes, extra) for f, d, p in jobs]
+            futs = [ex.submit(check_recipe, f, d, p, sc_cmd, sb, root, modes, extra, args.lint)
+                    for f, d, p in jobs]
             for fut in futs:
                 results += fut.result()
         guard = sb.guard_calls()
