@@ -16,8 +16,8 @@ every recipe (`recipes/*.yaml`, `recipes/*/*.yaml`):
   with two addresses): sparkconsole should refuse in one line naming the nodes it needs (issue 18, item 4).
 
 `--extra '--seed 42'` gives both the same extra vLLM arguments after `--`; `--lint` also runs `recipe lint
---offline` on each plan and counts the preflight rules that would refuse the launch. The recipe's environment is compared
-too (the script's `export`s against the plan's `docker run -e`), reported apart from the argv verdict.
+--offline` on each plan and counts the preflight rules that would refuse the launch. The recipe's environment is
+compared too (the script's `export`s against the plan's `docker run -e`), reported apart from the argv verdict.
 
 Both vLLM argvs are read as data. The runner writes the recipe's command into a bash script (printed by
 --dry-run); that script is run by bash with a PATH holding only a `vllm` stand-in that records its argv, so
@@ -609,7 +609,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         guard = sb.guard_calls()
     print(report(results, forks, skipped, guard, args.verbose, extra))
     if args.json:
-        args.json.write_text(json.dumps({"forks": forks, "extra": extra, "skipped": skipped, "normalisations": NORMALISATIONS,
+        args.json.write_text(json.dumps({"forks": forks, "extra": extra, "skipped": skipped,
+                                         "normalisations": NORMALISATIONS,
                                          "results": [asdict(r) for r in results]}, indent=1))
     return 0
 
