@@ -33,7 +33,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
-from .node import NodeTuning, SimNode, pid_alive, read_json, write_atomic
+from .files import pid_alive, read_json, write_atomic
+from .node import NodeTuning, SimNode
 
 DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
 CONTAINER = "vllm_node"

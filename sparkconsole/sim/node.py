@@ -27,6 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .dockershim import install
+from .files import pid_alive, read_json, write_atomic
+
 GIB = 1 << 30
 KIB = 1024
 
@@ -85,37 +88,6 @@ class NodeTuning:
     def stock(cls) -> "NodeTuning":
         """An untouched install: a swap file and the kernel's default reserve."""
         return cls(swap_kb=16 * GIB // KIB, overcommit_memory=0, min_free_kbytes=None, swappiness=60)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Readers never see a half-written file: write beside it, then rename over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True for a live, non-zombie process."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
@@ -238,7 +210,6 @@ class SimNode:
     # ---- lifecycle ---------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Create the directory tree and write the first readings (no task needed)."""
-        from .dockershim import install
         for sub in ("proc/sys/vm", "proc/pressure", "bin", "containers", "load"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / "sim.json", json.dumps({
