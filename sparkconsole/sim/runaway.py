@@ -237,7 +237,8 @@ class ThermalRunaway(Runaway):
             self.start_c = node.thermal.temp_c
             self.note(f"{self.node}: cooling failure — the GPU heats whatever its clock does; "
                       f"{self.start_c:.0f} °C now, shutdown at {spec.shutdown_c:.0f} °C (SIMULATED)")
-        floor = self.start_c + (spec.shutdown_c + 0.5 - self.start_c) * _curve(self.elapsed_s / self.duration_s, HEAT_K)
+        top = spec.shutdown_c + 1.0       # where it stays until the node goes (HOLD_S)
+        floor = min(top, self.start_c + (top - self.start_c) * _curve(self.elapsed_s / self.duration_s, HEAT_K))
         if node.thermal.temp_c < floor:
             node.thermal = dataclasses.replace(node.thermal, temp_c=floor)
 
