@@ -74,7 +74,7 @@ async def test_memory_runaway_warns_then_freezes_and_reads_as_memory_exhaustion(
         url = sim.cluster.endpoints[0].url
         async with Watch(sim, tmp_path / "r.sqlite") as w:
             await until(w.ticking, 30, "both nodes ticking")
-            rw = sim.runaway("spark1", "memory", duration_s=25)
+            rw = sim.runaway("spark1", "memory", duration_s=20)
             await until(lambda: rw.over, 90, "the memory runaway's end")
             assert rw.outcome == "frozen", rw.notes
             assert not await answers(url), "a frozen node's endpoint still answers"
