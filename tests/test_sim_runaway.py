@@ -6,6 +6,7 @@ Guardian's exhaustion forecasts. Each kind must end in its post-mortem verdict: 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 import aiohttp
@@ -25,8 +26,11 @@ KEEPALIVE_S = 3.0       # the simulated SSH keepalive: a hung node reads STALE t
 class Watch:
     """What the console runs below its TUI, on a simulated cluster."""
 
-    def __init__(self, sim: SimCluster, path) -> None:
+    def __init__(self, sim: SimCluster, path, *, protect_s: float = 0.0) -> None:
         self.cluster = sim.cluster
+        if protect_s:
+            self.cluster = dataclasses.replace(self.cluster, protect=dataclasses.replace(
+                self.cluster.protect, stop_container_before_exhaustion_s=protect_s))
         self.rec = Recorder.open(self.cluster, path)
         self.pms: list[dict] = []
         self.rec.on_postmortem = self.pms.append
@@ -135,5 +139,29 @@ async def test_link_cut_hangs_the_node_and_reads_as_network_loss(tmp_path):
         assert pm["evidence"][0] == "other node(s) kept ticking: spark2"
         assert any("the agent's stream hung (STALE, then DOWN" in e for e in pm["evidence"]), pm["evidence"]
         assert pm["other_nodes_ticking"] == {"spark2": True}
+    finally:
+        await sim.stop()
+
+
+@pytest.mark.slow
+async def test_the_opt_in_guard_stops_the_container_and_the_node_does_not_freeze(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))     # the guard's audit log
+    sim = SimCluster(speed=1.0, load_speedup=200, serving=Serving(topology="solo"), keepalive_s=KEEPALIVE_S)
+    await sim.start()
+    try:
+        async with Watch(sim, tmp_path / "r.sqlite", protect_s=30) as w:
+            await until(w.ticking, 30, "both nodes ticking")
+            rw = sim.runaway("spark1", "memory", duration_s=20)
+            await until(lambda: rw.over, 90, "the memory runaway's end")
+            assert rw.outcome == "averted", rw.notes
+            await w.guardian.wait_actions()
+            (act,) = w.guardian.actions
+            assert act["node"] == "spark1" and act["container"] == "vllm_node" and act["result"] == "stopped", act
+            assert any(text.startswith("SIMULATED: guard: stopping vllm_node on spark1") for _, text in w.said)
+            spark1 = w.mon.nodes["spark1"]
+            seen = len(spark1.history)
+            await until(lambda: len(spark1.history) >= seen + 6, 15, "spark1 ticking on")
+            assert spark1.state == NodeState.LIVE and sim.nodes["spark1"].silence is None
+            assert spark1.last.mem.available_kb > 100 << 20      # the leak went with the container
     finally:
         await sim.stop()
