@@ -95,3 +95,33 @@ def test_headless_demo_runaway_ends_in_the_consoles_post_mortem(tmp_path):
     pm = lines[-1]
     assert pm["postmortem"] == "spark2" and pm["verdict"] == "thermal", pm
     assert list((tmp_path / "state" / "recorder").glob("SIMULATED-*.sqlite"))
+
+
+@pytest.mark.slow
+async def test_demo_console_notes_the_runaway_and_shows_its_post_mortem(tmp_path, monkeypatch):
+    import asyncio
+    import contextlib
+
+    from tests.helpers import until
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    sim = SimCluster(serving=Serving(topology="solo"), load_speedup=demo.DEMO_LOAD_SPEEDUP, keepalive_s=3.0)
+    await sim.start_nodes()
+    tasks: list[asyncio.Task] = []
+    args = argparse.Namespace(load=0, duration=None, runaway="link")
+    args.runaway_target = demo.runaway_target(sim, args.runaway)
+    try:
+        app = demo.console_app(sim, args, tasks)
+        async with app.run_test(size=(200, 60)) as pilot:
+            events = lambda: "\n".join(app.dashboard.events.history)  # noqa: E731
+            await until(lambda: "sim: link runaway on spark1 in 5 s (SIMULATED)" in events(), 60, "the runaway announced")
+            await until(lambda: "sim: spark1: link cut" in events(), 30, "the link cut noted")
+            await until(lambda: "post-mortem spark1: network-loss" in events(), 40, "the post-mortem in the events")
+            assert app.recorder is not None and "SIMULATED-" in app.recorder.store.path.name
+            assert app.monitor.nodes["spark2"].state.value == "LIVE"
+            await pilot.press("q")
+    finally:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await sim.stop()
