@@ -2,18 +2,23 @@
 
     sparkconsole demo [--speed F] [--topology 2x-solo|solo|cluster-tp2|none] [--router NAME] [--load C]
     sparkconsole demo --headless [--duration S]      # start everything, print the endpoints as JSON
+    sparkconsole demo --runaway memory|thermal|link[:NODE]   # and a runaway on one node once the model serves
 
 spark1 (127.0.0.2) and spark2 (127.0.0.3) run the real agent over the local transport against simulated
 GPUs, /proc trees and docker; the model is started through each node's docker shim with the commands a
 recipe plan sends. Everything lives in a temporary directory removed at exit. Every figure shown is in
 simulated time; `--speed F` runs that clock F times faster than real time.
+
+`--runaway KIND[:NODE]` starts a runaway on NODE (default: spark1 for solo, else spark2) RUNAWAY_AFTER_S seconds
+after the model serves: `memory` (the vLLM container's memory grows until the node freezes), `thermal` (cooling
+fails, the GPU heats to shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
 """
 
 from __future__ import annotations
 
 import argparse
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Awaitable, Callable
 
 from ..errors import UserError
 from . import LazyChoices
@@ -28,6 +33,9 @@ ROUTERS = LazyChoices("sparkconsole.sim.cluster", "ROUTERS")
 DEMO_LOAD_SPEEDUP = 20.0
 # The model starts once a node reading is on screen, or after this long whatever the console is doing.
 NODES_FIRST_MAX_S = 5.0
+# --runaway starts this long (real seconds) after the model serves.
+RUNAWAY_AFTER_S = 5.0
+RUNAWAYS = ("memory", "thermal", "link")     # sim/runaway.py KINDS (not imported: `demo --bad` answers at once)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -44,6 +52,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--headless", action="store_true", help="no console: print the endpoints as JSON and keep "
                    "running until Ctrl-C or --duration")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of real time")
+    p.add_argument("--runaway", metavar="KIND[:NODE]",
+                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (the node "
+                   "freezes), thermal (it shuts down) or link (it is cut off); NODE defaults to spark1 for solo, "
+                   "else spark2")
     p.set_defaults(func=run)
 
 
@@ -54,6 +66,74 @@ def _check(args: argparse.Namespace) -> None:
         raise UserError(f"duration {args.duration} must be positive", field="--duration", fix="give seconds, e.g. 30")
     if not 0 <= args.load <= 256:
         raise UserError(f"load {args.load} out of range", field="--load", fix="give 0 to 256 concurrent requests")
+    if args.runaway is not None:
+        kind = args.runaway.partition(":")[0]
+        if kind not in RUNAWAYS:
+            raise UserError(f"unknown runaway {kind!r}", field="--runaway",
+                            fix="give memory, thermal or link, optionally :NODE (e.g. memory:spark2)")
+
+
+def runaway_target(sim: SimCluster, spec: str) -> tuple[str, str]:
+    """(kind, node) of --runaway KIND[:NODE]; the node checked against the cluster's."""
+    kind, _, node = spec.partition(":")
+    names = [n for n, _ in sim.node_specs]
+    if not node:
+        node = names[0] if sim.serving.topology == "solo" or len(names) < 2 else names[-1]
+    if node not in names:
+        raise UserError(f"no simulated node {node!r}", field="--runaway", fix="name one of " + ", ".join(names))
+    return kind, node
+
+
+async def start_runaway(sim: SimCluster, kind: str, node: str, say, after_s: float = RUNAWAY_AFTER_S):
+    """The runaway, `after_s` seconds from now (the model serving); `say(line, outcome)` hears each step (`outcome`
+    on the last: frozen, shutdown, cut, or averted when the container was stopped in time). Returns it."""
+    import asyncio
+
+    say(f"{kind} runaway on {node} in {after_s:g} s (SIMULATED)", None)
+    await asyncio.sleep(after_s)
+    started: list = []
+    rw = sim.runaway(node, kind, say=lambda line: say(line, started[0].outcome if started else None))
+    started.append(rw)
+    return rw
+
+
+async def watch_headless(sim: SimCluster, emit) -> "Callable[[], Awaitable[None]]":
+    """What the console runs below its dashboard — monitor, flight recorder, alerts, the exhaustion warning (and the
+    guard, if the cluster asks for it) and post-mortems — for `demo --headless --runaway`: `emit(dict)` gets each
+    alert and post-mortem. Returns the coroutine function that stops it."""
+    from ..alerts import AlertEngine
+    from ..nodes.guard import evaluate_guards
+    from ..nodes.monitor import ClusterMonitor
+    from ..protect import Guardian
+    from ..recorder.feed import Recorder
+
+    cluster = sim.cluster
+    rec = Recorder.open(cluster)
+    mon = ClusterMonitor(cluster)
+    alerts = AlertEngine(cluster.thresholds)
+    alerts.subscribe(lambda a: emit({"alert": a.key, "severity": a.severity, "active": a.active, "message": a.message}))
+    if rec is not None:
+        rec.attach(mon)
+        rec.attach_alerts(alerts)
+        rec.on_postmortem = lambda pm: emit({"postmortem": pm["node"], "verdict": pm["verdict"],
+                                             "evidence": pm["evidence"]})
+    guardian = Guardian(cluster, alerts, recorder=rec, say=lambda text, sev: emit({"guard": text, "severity": sev})
+                        if "guard" in text else None)
+    mon.subscribe(guardian.on_node)
+
+    def node_alerts(nm) -> None:
+        t = nm.last
+        alerts.observe_node(nm, evaluate_guards(t.guards, t.mem, nm.containers, nm.config.container) if t else [])
+    mon.subscribe(node_alerts)
+    await mon.start()
+
+    async def stop() -> None:
+        await mon.stop()
+        await guardian.wait_actions()
+        if rec is not None:
+            await rec.wait_postmortems()
+            rec.close()
+    return stop
 
 
 def describe(sim: SimCluster) -> dict:
@@ -78,7 +158,10 @@ async def run(args: argparse.Namespace) -> int:
     _check(args)
     sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router),
                      load_speedup=DEMO_LOAD_SPEEDUP)
+    if args.runaway is not None:
+        args.runaway_target = runaway_target(sim, args.runaway)
     tasks: list[asyncio.Task] = []
+    stop_watch = None
     try:
         if not args.headless:
             # Nodes first: they are up in tens of milliseconds and the console shows them at once; the model,
@@ -91,11 +174,26 @@ async def run(args: argparse.Namespace) -> int:
         await sim.start()           # headless: the endpoints are printed once they serve
         if args.load and sim.cluster.endpoints:
             tasks.append(asyncio.create_task(sim.run_load(concurrency=args.load, seconds=None)))
-        print(json.dumps(describe(sim)), flush=True)
+        info = describe(sim)
+        if args.runaway is not None:
+            kind, node = args.runaway_target
+            info["runaway"] = {"kind": kind, "node": node, "after_s": RUNAWAY_AFTER_S}
+        print(json.dumps(info), flush=True)
+        if args.runaway is not None:
+            # After the description, one JSON line per step of the runaway, and per alert and post-mortem of the
+            # console's own rules watching the cluster.
+            def emit(d: dict) -> None:
+                print(json.dumps({"simulated": True, "time": round(time.time(), 3), **d}), flush=True)
+            stop_watch = await watch_headless(sim, emit)
+            say = lambda line, outcome: emit({"runaway": kind, "node": node, "note": line,  # noqa: E731
+                                              "outcome": outcome})
+            tasks.append(asyncio.create_task(start_runaway(sim, kind, node, say)))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), args.duration)
         return 0
     finally:
+        if stop_watch is not None:
+            await stop_watch()
         for t in tasks:
             t.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -106,7 +204,9 @@ async def run(args: argparse.Namespace) -> int:
 async def _bring_up(sim: SimCluster, args: argparse.Namespace, say, after=None) -> None:
     """The topology, then the load, behind an already running console; `say(line, style)` reports each step.
     `after`: awaited first (the nodes on screen), so the model's processes do not compete with the first frame
-    and the first readings for the machine's cores."""
+    and the first readings for the machine's cores. With --runaway, the runaway follows the model."""
+    import asyncio
+
     if after is not None:
         await after
     try:
@@ -114,9 +214,15 @@ async def _bring_up(sim: SimCluster, args: argparse.Namespace, say, after=None) 
     except UserError as err:
         say(f"simulated serving failed: {err}", "red")
         return
+    jobs = []
     if args.load and sim.cluster.endpoints:
         say(f"load: {args.load} streaming requests kept in flight", "cyan")
-        await sim.run_load(concurrency=args.load, seconds=None)
+        jobs.append(sim.run_load(concurrency=args.load, seconds=None))
+    if getattr(args, "runaway_target", None):
+        kind, node = args.runaway_target
+        colour = {None: "yellow", "averted": "green"}
+        jobs.append(start_runaway(sim, kind, node, lambda line, outcome: say(line, colour.get(outcome, "red"))))
+    await asyncio.gather(*jobs)
 
 
 class _Notes:
@@ -175,7 +281,9 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
         from ..sim.staged import StagedServing
         return StagedServing(cluster, sim.ready)
 
-    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim, serving_factory=staged)
+    # With a runaway, the flight recorder runs as on a live cluster (its own SIMULATED file): post-mortems need it.
+    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim, serving_factory=staged,
+                          record=getattr(args, "runaway", None) is not None)
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 

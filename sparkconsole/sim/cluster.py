@@ -7,6 +7,7 @@
     await sim.serve(progress=print)            # containers, router; sim.ready[endpoint] set as each answers
     sim.cluster                                # ClusterConfig(simulated=True): local nodes + endpoints
     await sim.run_load(url, concurrency=8, seconds=30)
+    rw = sim.runaway("spark2", "memory")       # memory | thermal | link: the node freezes, shuts down, is cut off
     await sim.stop()                           # containers removed, processes ended, state dir deleted
 
 Nodes are reached by the real agent over the real LocalTransport (NodeConfig.local with agent_args and
@@ -33,7 +34,8 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
-from .node import NodeTuning, SimNode, pid_alive, read_json, write_atomic
+from .files import pid_alive, read_json, write_atomic
+from .node import NodeTuning, SimNode
 
 DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
 CONTAINER = "vllm_node"
@@ -60,6 +62,8 @@ ROUTERS = ("litellm-simple-shuffle", "litellm-least-busy", "vllm-router")
 
 if TYPE_CHECKING:
     import aiohttp
+
+    from .runaway import Runaway
 
 # aiohttp (a fifth of a second to import) is only needed to reach the endpoints: it is imported when serve()
 # or run_load() first runs, in a thread, so a console drawing the nodes meanwhile does not stall.
@@ -119,7 +123,8 @@ def release_ports(owner: Path) -> None:
 class SimCluster:
     def __init__(self, *, speed: float = 1.0, nodes: tuple[tuple[str, str], ...] = DEFAULT_NODES,
                  serving: Serving | None = None, root: str | Path | None = None, load_speedup: float = 1.0,
-                 tunings: dict[str, NodeTuning] | None = None, vllm_port: int = 8000, router_port: int = 4000) -> None:
+                 tunings: dict[str, NodeTuning] | None = None, vllm_port: int = 8000, router_port: int = 4000,
+                 keepalive_s: float | None = None) -> None:
         if not speed > 0:
             raise UserError(f"speed must be positive, got {speed}", field="--speed", fix="use e.g. 1 or 10")
         self.speed = float(speed)
@@ -138,6 +143,8 @@ class SimCluster:
         self.tunings = tunings or {}
         self.vllm_port_pref = vllm_port
         self.router_port_pref = router_port
+        self.keepalive_s = keepalive_s          # None: SSH's (sim/node.py KEEPALIVE_S)
+        self.runaways: list[Runaway] = []
         self.nodes: dict[str, SimNode] = {}
         self.ports: dict[str, int] = {}
         self.router_url: str | None = None
@@ -186,7 +193,8 @@ class SimCluster:
         try:
             for i, (name, addr) in enumerate(self.node_specs):
                 tuning = self.tunings.get(name) or (NodeTuning.hardened() if i == 0 else NodeTuning.stock())
-                node = SimNode(name, addr, self.root, speed=self.speed, tuning=tuning, load_speedup=self.load_speedup)
+                node = SimNode(name, addr, self.root, speed=self.speed, tuning=tuning, load_speedup=self.load_speedup,
+                               keepalive_s=self.keepalive_s)
                 await node.start()
                 self.nodes[name] = node
                 self.ports[name] = claim_port(addr, self.vllm_port_pref, self.root)
@@ -334,6 +342,29 @@ class SimCluster:
             release_ports(self.root)
             if self._own_root:
                 shutil.rmtree(self.root, ignore_errors=True)
+
+    # ---- runaways -------------------------------------------------------------------------------
+    def runaway(self, node: str, kind: str, *, duration_s: float | None = None,
+                say: Callable[[str], None] | None = None) -> Runaway:
+        """Start a runaway on one node while the cluster runs (sim/runaway.py): `memory` (the vLLM container's
+        memory grows until the node freezes), `thermal` (cooling fails, the GPU heats to shutdown, the node powers
+        off) or `link` (the node is cut off). `duration_s`: simulated seconds to exhaustion / shutdown (defaults in
+        sim/runaway.py). `say(line)` hears what happens. Returns the Runaway: `done`, `outcome`, `ended_at`."""
+        from .runaway import KINDS, make
+        if kind not in KINDS:
+            raise UserError(f"unknown runaway {kind!r}", field="--runaway", fix="use one of " + ", ".join(KINDS))
+        if node not in self.nodes:
+            raise UserError(f"no simulated node {node!r}", field="--runaway",
+                            fix="name one of " + ", ".join(self.nodes))
+        sim_node = self.nodes[node]
+        if sim_node.silence is not None or (sim_node.runaway is not None and not sim_node.runaway.over):
+            raise UserError(f"{node} already has a runaway", field="--runaway", fix="pick another node")
+        if duration_s is not None and not duration_s > 0:
+            raise UserError(f"runaway duration {duration_s} must be positive", field="duration_s", fix="e.g. 60")
+        rw = make(kind, node, duration_s=duration_s, container=CONTAINER, say=say)
+        sim_node.runaway = rw
+        self.runaways.append(rw)
+        return rw
 
     async def __aenter__(self) -> "SimCluster":
         await self.start()

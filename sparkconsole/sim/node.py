@@ -12,7 +12,13 @@ Layout of a node directory (what the agent, the docker shim and the simulated se
 
 The GPU follows a first-order thermal model, dT/dt = (P·R + T_amb − T) / τ, driven by the power the
 workloads draw; above the slowdown threshold the SM clock drops and `sw_thermal` is raised, which the
-simulated servers read back (sm_clock_mhz / sm_clock_max_mhz) to slow their engines.
+simulated servers read back (sm_clock_mhz / sm_clock_max_mhz) to slow their engines. At the HW slowdown
+threshold (only a cooling fault gets there) the clock falls to its floor and `hw_slowdown` + `hw_thermal` are
+raised.
+
+Runaways (sim/runaway.py) hook into `update()`; a node that froze, powered off or lost its link is `silenced`:
+it stops writing, and the files the agent reads become FIFOs nobody writes, so the agent's next read blocks
+(sim/runaway.py says how a silenced node looks to the console).
 """
 
 from __future__ import annotations
@@ -27,8 +33,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .dockershim import install
+from .files import pid_alive, read_json, write_atomic
+
 GIB = 1 << 30
 KIB = 1024
+# How long a silent node reads STALE before the console's connection to it drops (DOWN): the SSH transport's
+# keepalive, 5 s × 3 (nodes/transport.py). The local transport has none, so a silenced node plays it.
+KEEPALIVE_S = 15.0
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class GB10Spec:
     r_c_per_w: float = 0.56                        # thermal resistance: 100 W -> 34 + 56 = 90 °C steady
     tau_s: float = 90.0                            # time constant (simulated seconds)
     slowdown_c: float = 90.0                       # SW thermal slowdown threshold
+    hw_slowdown_c: float = 94.0                    # HW slowdown (the simulator's choice, between slowdown and shutdown)
     shutdown_c: float = 97.0
     gpu_max_c: float = 88.0                        # target operating maximum
     clock_drop_per_c: float = 0.08                 # fraction of clock shed per °C over the threshold
@@ -85,37 +98,6 @@ class NodeTuning:
     def stock(cls) -> "NodeTuning":
         """An untouched install: a swap file and the kernel's default reserve."""
         return cls(swap_kb=16 * GIB // KIB, overcommit_memory=0, min_free_kbytes=None, swappiness=60)
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Readers never see a half-written file: write beside it, then rename over it."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
-
-
-def read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def pid_alive(pid: int | None) -> bool:
-    """True for a live, non-zombie process."""
-    if not pid or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
 
 
 @dataclass
@@ -165,6 +147,8 @@ class ThermalState:
     busy: float = 0.0
     sw_thermal_us: int = 0
     throttled: bool = False
+    hw_thermal_us: int = 0
+    hw_slowdown: bool = False
 
 
 def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt: float,
@@ -182,7 +166,10 @@ def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt
     over = temp - spec.slowdown_c
     # The GPU reads whole degrees; slowdown engages once the reading reaches the threshold.
     throttled = round(temp) >= spec.slowdown_c
-    if throttled:
+    hw_slowdown = round(temp) >= spec.hw_slowdown_c
+    if hw_slowdown:
+        want = spec.sm_clock_min_mhz                 # HW slowdown: the clock falls to its floor at once
+    elif throttled:
         want = spec.sm_clock_max_mhz * max(spec.sm_clock_min_mhz / spec.sm_clock_max_mhz,
                                            1.0 - spec.clock_drop_per_c * max(over, 0.5))
     else:
@@ -191,7 +178,9 @@ def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt
     k = 1.0 - math.exp(-dt / 1.0)
     clock = st.clock_mhz + (want - st.clock_mhz) * k
     return ThermalState(temp_c=temp, clock_mhz=clock, power_w=power, busy=busy,
-                        sw_thermal_us=st.sw_thermal_us + (int(dt * 1e6) if throttled else 0), throttled=throttled)
+                        sw_thermal_us=st.sw_thermal_us + (int(dt * 1e6) if throttled else 0), throttled=throttled,
+                        hw_thermal_us=st.hw_thermal_us + (int(dt * 1e6) if hw_slowdown else 0),
+                        hw_slowdown=hw_slowdown)
 
 
 class SimNode:
@@ -199,7 +188,7 @@ class SimNode:
 
     def __init__(self, name: str, address: str, root: Path, *, speed: float = 1.0, spec: GB10Spec = GB10,
                  tuning: NodeTuning | None = None, update_interval: float = 0.25, load_speedup: float = 1.0,
-                 owner_pid: int | None = None) -> None:
+                 owner_pid: int | None = None, keepalive_s: float | None = None) -> None:
         self.name = name
         self.address = address
         self.dir = Path(root) / name
@@ -213,6 +202,11 @@ class SimNode:
         self.thermal = ThermalState(temp_c=spec.ambient_c + spec.idle_power_w * spec.r_c_per_w,
                                     clock_mhz=spec.sm_clock_max_mhz)
         self.reserved_b = 0
+        self.available_kb = 0                      # MemAvailable as last written
+        self.swap_used_kb = 0                      # swap the kernel has used (only a memory runaway gets there)
+        self.runaway = None                        # a sim/runaway.Runaway under way on this node
+        self.silence = None                        # a sim/runaway.Silence once it froze, powered off or lost its link
+        self.keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
         self._task: asyncio.Task | None = None
         self._last = time.monotonic()
 
@@ -238,7 +232,6 @@ class SimNode:
     # ---- lifecycle ---------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Create the directory tree and write the first readings (no task needed)."""
-        from .dockershim import install
         for sub in ("proc/sys/vm", "proc/pressure", "bin", "containers", "load"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / "sim.json", json.dumps({
@@ -261,6 +254,8 @@ class SimNode:
             except asyncio.CancelledError:
                 pass
             self._task = None
+        if self.silence is not None:
+            self.silence.end()      # its agents are blocked on reads nobody will answer: end them
 
     async def _run(self) -> None:
         while True:
@@ -268,12 +263,20 @@ class SimNode:
             now = time.monotonic()
             dt, self._last = now - self._last, now
             try:
-                self.update(dt * self.speed)
+                if self.silence is not None:
+                    self.silence.tend()
+                else:
+                    self.update(dt * self.speed)
             except OSError:
                 pass    # the directory is being removed at shutdown
 
     # ---- one update --------------------------------------------------------------------------------
     def update(self, dt_sim: float) -> None:
+        if self.silence is not None:
+            return
+        runaway = self.runaway if self.runaway is not None and not self.runaway.over else None
+        if runaway is not None:
+            runaway.before(self, dt_sim)         # e.g. the leak published as the container's memory
         loads = read_loads(self.dir)
         busy = min(1.0, sum(ld.gpu_busy for ld in loads))
         compute = min(busy, sum(ld.compute_frac for ld in loads))
@@ -285,6 +288,8 @@ class SimNode:
             self.thermal = ThermalState(**{**self.thermal.__dict__, "busy": busy})
         self._write_gpu()
         self._write_meminfo()
+        if runaway is not None:
+            runaway.after(self)                  # exhausted, at shutdown, cut: the node is silenced
 
     def _write_gpu(self) -> None:
         t, s = self.thermal, self.spec
@@ -294,6 +299,8 @@ class SimNode:
             reasons.append("idle")
         if t.throttled:
             reasons.append("sw_thermal")
+        if t.hw_slowdown:
+            reasons += ["hw_slowdown", "hw_thermal"]
         mask = 0
         for r in reasons:
             mask |= REASON_BITS[r]
@@ -301,7 +308,8 @@ class SimNode:
             "index": 0, "name": s.name, "uuid": self.uuid,
             "temp_c": round(t.temp_c), "slowdown_c": s.slowdown_c, "shutdown_c": s.shutdown_c, "gpu_max_c": s.gpu_max_c,
             "reasons_mask": mask, "reasons": reasons,
-            "reason_us": {"sw_thermal": t.sw_thermal_us, "hw_thermal": 0, "sw_power_cap": 0, "hw_power_brake": 0},
+            "reason_us": {"sw_thermal": t.sw_thermal_us, "hw_thermal": t.hw_thermal_us, "sw_power_cap": 0,
+                          "hw_power_brake": 0},
             # GB10: power reads, but there is no power cap ("N/A") and no framebuffer memory ("Not Supported").
             "power_w": round(t.power_w if t.power_w else s.idle_power_w, 1),
             "sm_clock_mhz": round(t.clock_mhz), "sm_clock_max_mhz": s.sm_clock_max_mhz,
@@ -320,7 +328,7 @@ class SimNode:
         free = max(64 * 1024, total - used - cached)
         # The kernel keeps part of the free reserve (its low watermark) out of MemAvailable.
         available = max(32 * 1024, total - used - tn_min_free(tn, total) // 2)
-        swap_free = tn.swap_kb
+        swap_free = max(0, tn.swap_kb - self.swap_used_kb)
         lines = {
             "MemTotal": total, "MemFree": free, "MemAvailable": min(available, total), "Buffers": 81920,
             "Cached": cached, "SwapCached": 0, "Active": used // 2, "Inactive": cached,
@@ -333,6 +341,7 @@ class SimNode:
         text = "".join(f"{k + ':':<16}{v:>12}" + ("" if k.startswith("HugePages_") else " kB") + "\n"
                        for k, v in lines.items())
         write_atomic(self.proc_root / "meminfo", text)
+        self.available_kb = lines["MemAvailable"]
         avail_frac = available / total
         # Reclaim stalls begin when free memory nears the reserve: PSI 'some' rises first, then 'full'.
         some = 0.0 if avail_frac > 0.06 else round(min(100.0, (0.06 - avail_frac) * 1500), 2)

@@ -31,9 +31,10 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..errors import UserError
 from .experiment import ProxyProfile
-from .node import pid_alive, read_json
+from .files import pid_alive, read_json
 from . import routing
-from .server import SimClock, log
+from .vllm_args import log
+from .vllm_metrics import SimClock
 
 @dataclass(frozen=True)
 class Overhead:
