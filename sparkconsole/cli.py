@@ -125,6 +125,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # `sparkconsole recipe plan … | head`: the reader left; say nothing more (as cat does), and keep Python's
+        # exit-time flush of stdout from raising again into a traceback.
+        import os
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":

@@ -148,3 +148,13 @@ def test_status_of_local_nodes_reads_them_without_the_ssh_stack(tmp_path):
     assert "sparkconsole.nodes.monitor" in mods and "sparkconsole.nodes.transport" in mods
     assert not [m for m in mods if m == "asyncssh" or m.startswith("asyncssh.")]
     assert "sparkconsole.nodes.ssh" not in mods
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    """`sparkconsole recipe plan … | head`: the pipe closes before the plan is written; the command ends quietly
+    with SIGPIPE's status, as cat would."""
+    p = subprocess.Popen([sys.executable, "-m", "sparkconsole", "recipe", "plan", "gpt-oss-120b", "-T", "solo",
+                          "--offline"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=ROOT)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(60) == 141 and "Traceback" not in err, err
