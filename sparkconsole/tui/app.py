@@ -119,6 +119,8 @@ class SparkConsoleApp(App):
         from ..recorder.postmortem import one_line
         colour = {"bad": "red", "warn": "yellow"}
         def say(text: str, sev: str = "info") -> None:
+            if not self._drawing():
+                return
             self.dashboard.events.note(text, colour.get(sev, "cyan"))
             if sev in ("warn", "bad"):
                 self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
@@ -143,7 +145,7 @@ class SparkConsoleApp(App):
 
     def _show_postmortem(self, pm: dict) -> None:
         panel = self.dashboard.panels.get(pm["node"])
-        if panel is not None:
+        if panel is not None and self._drawing():
             panel.show_postmortem(pm)
 
     async def action_scrub(self, minutes: int) -> None:
@@ -316,7 +318,14 @@ class SparkConsoleApp(App):
     def mark_all_dirty(self) -> None:
         self._dirty.update(self.dashboard.panels)
 
+    def _drawing(self) -> bool:
+        """False once the app shuts down: Textual removes the screens' widgets before the app's own unmount stops
+        the monitors, and a tick arriving in between must not look for a widget that is gone."""
+        return self.is_running and not self._stopped
+
     def _redraw(self) -> None:
+        if not self._drawing():
+            return
         now = time.time()
         if now - self._last_age_refresh >= AGE_REFRESH_S:
             self._last_age_refresh = now
