@@ -43,17 +43,35 @@ class Cycle:
         self.me = self
 
 
-def test_heap_keeper_freezes_survivors_and_collects_only_when_idle_and_due():
-    keeper = HeapKeeper(settle_s=60, collect_s=0.0, idle_s=3600)
+def test_heap_keeper_collects_only_when_due_and_idle_or_overdue():
+    keeper = HeapKeeper(settle_s=0.0, idle_s=3600, max_defer_s=3600, collect_s=3600)
+    keeper.start()
     try:
         gc.collect()
         Cycle()                                   # garbage only the cycle collector can free
         keeper.touched()
-        keeper.settle()                           # a key was just pressed: no full pass, the survivors frozen
-        assert keeper.collected == 0 and gc.get_freeze_count() > 0
-        keeper.idle_s = 0.0
-        keeper.settle()                           # idle and due: unfreeze, collect, freeze again
-        assert keeper.collected >= 1 and gc.get_freeze_count() > 0
+        keeper.tick()                             # a key was just pressed: nothing runs
+        assert keeper.settles == 0 and keeper.collected == 0
+        keeper.max_defer_s = 0.0
+        keeper.tick()                             # overdue: collected anyway, the survivors frozen
+        assert keeper.settles == 1 and keeper.collected >= 1 and gc.get_freeze_count() > 0
+        Cycle()
+        keeper.idle_s, keeper.max_defer_s, keeper.collect_s = 0.0, 3600, 0.0
+        keeper.tick()                             # idle and the full pass due: unfrozen, collected, frozen again
+        assert keeper.settles == 2 and keeper.collected >= 2 and gc.get_freeze_count() > 0
     finally:
         keeper.release()
     assert gc.get_freeze_count() == 0
+
+
+def test_heap_keeper_start_raises_the_young_threshold_stops_old_passes_and_release_restores_it():
+    before = gc.get_threshold()
+    keeper = HeapKeeper()
+    keeper.start()
+    try:
+        now = gc.get_threshold()
+        assert now[0] > before[0] and now[1] == before[1] and now[2] >= 1 << 20
+        assert gc.get_freeze_count() > 0
+    finally:
+        keeper.release()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0

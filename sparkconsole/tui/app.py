@@ -21,7 +21,7 @@ from .. import audit
 from ..config import ClusterConfig
 from ..nodes.guard import evaluate_guards
 from ..nodes.launches import launch_groups, served_endpoints
-from .heap import SETTLE_S, HeapKeeper
+from .heap import TICK_S, HeapKeeper
 from .palette import ConsoleCommands
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
@@ -233,9 +233,9 @@ class SparkConsoleApp(App):
             if self.serving is not None:
                 await self.serving.start()
             # Everything start-up made (modules, screens, connections) lives as long as the console: out of the
-            # collector's view before the first key can wait on it, then the survivors every SETTLE_S.
-            self.heap.settle()
-            self.set_interval(SETTLE_S, self.heap.settle)
+            # collector's view before the first key can wait on it; later passes run when no key waits (heap.py).
+            self.heap.start()
+            self.set_interval(TICK_S, self.heap.tick)
         except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
             self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
             self.dashboard.events.note(f"monitor: {exc}", "red")
