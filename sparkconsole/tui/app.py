@@ -17,17 +17,13 @@ from textual import events
 from textual.app import App
 from textual.binding import Binding
 
-from .. import audit
 from ..config import ClusterConfig
-from ..nodes.guard import evaluate_guards
 from ..nodes.launches import launch_groups, served_endpoints
 from .heap import TICK_S, HeapKeeper
 from .palette import ConsoleCommands
 from .screens.confirm import ConfirmScreen
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
-from .screens.logs import LogsScreen
-from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
@@ -88,8 +84,8 @@ class SparkConsoleApp(App):
         self._scrub_unsub = None
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
-        self.recipes_screen = RecipesScreen()
-        self.logs_screen = LogsScreen()
+        self._recipes_screen = None
+        self._logs_screen = None
         self._bench_screen = None
         for mode, make in (("dashboard", lambda: self.dashboard), ("recipes", lambda: self.recipes_screen),
                            ("bench", lambda: self.bench_screen), ("logs", lambda: self.logs_screen)):
@@ -188,6 +184,21 @@ class SparkConsoleApp(App):
         await replayed.stop()
 
     @property
+    def recipes_screen(self):
+        # Built on first use, like the others but the dashboard: the first frame does not wait for them.
+        if self._recipes_screen is None:
+            from .screens.recipes import RecipesScreen
+            self._recipes_screen = RecipesScreen()
+        return self._recipes_screen
+
+    @property
+    def logs_screen(self):
+        if self._logs_screen is None:
+            from .screens.logs import LogsScreen
+            self._logs_screen = LogsScreen()
+        return self._logs_screen
+
+    @property
     def bench_screen(self):
         # Built on first use: its charts pull in plotext, which the first frame does not need.
         if self._bench_screen is None:
@@ -205,11 +216,12 @@ class SparkConsoleApp(App):
             self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
-        # Importing the SSH and HTTP stacks and connecting take longer than a frame: never before the first one.
-        self.run_worker(self._start_monitors(), name="start-monitors", exit_on_error=False)
 
     def _first_frame(self) -> None:
         self.first_frame_at = time.perf_counter()
+        # Importing the monitor's layers, opening the recorder and connecting take longer than a frame, and a thread
+        # importing holds the interpreter too: none of it before the first frame is on the screen.
+        self.run_worker(self._start_monitors(), name="start-monitors", exit_on_error=False)
 
     async def _start_monitors(self) -> None:
         try:
@@ -291,6 +303,7 @@ class SparkConsoleApp(App):
         last = nm.last
         if last is None:
             return []
+        from ..nodes.guard import evaluate_guards
         return evaluate_guards(last.guards, last.mem, nm.containers, nm.config.container)
 
     def node_facts(self):
@@ -462,6 +475,7 @@ class SparkConsoleApp(App):
         if transport is None:
             self.notify(f"{node_name} is not connected: nothing was run", severity="error")
             return
+        from .. import audit
         audit.record(action, node_name, text)
         self.dashboard.events.note(f"{node_name}: $ {text}", "cyan")
         try:
