@@ -96,7 +96,8 @@ def _agents_with_interval(interval: str) -> list[int]:
 def test_watch_refreshes_until_ctrl_c_and_leaves_no_agent(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\nagent: {interval_s: 0.27}\n")
-    proc = subprocess.Popen([sys.executable, "-m", "sparkconsole", "--cluster", str(cfg), "status", "--watch"],
+    proc = subprocess.Popen([sys.executable, "-X", "faulthandler", "-m", "sparkconsole", "--cluster", str(cfg),
+                             "status", "--watch"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         snaps = 0
@@ -107,8 +108,15 @@ def test_watch_refreshes_until_ctrl_c_and_leaves_no_agent(tmp_path):
         assert snaps == 2
         assert _agents_with_interval("0.27")
         proc.send_signal(signal.SIGINT)
-        proc.wait(timeout=60)          # generous: a loaded CI machine took over 10 s
-        assert "Traceback" not in proc.stderr.read()
+        # communicate, not wait: both pipes drained while it shuts down (a loaded machine can fill one with
+        # snapshots or log lines, and a writer blocked on a full pipe never exits)
+        try:
+            _, err = proc.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.send_signal(signal.SIGABRT)          # faulthandler: every thread's stack, to say where it hung
+            _, err = proc.communicate(timeout=30)
+            raise AssertionError(f"status --watch did not end after Ctrl-C; its stacks:\n{err[-6000:]}") from None
+        assert "Traceback" not in err
     finally:
         if proc.poll() is None:
             proc.kill()
