@@ -1,0 +1,67 @@
+"""The node-changing actions of the console: each asks first (ConfirmScreen shows the exact command), is refused in
+a read-only console, is written to the audit log before it is sent, and says how it ended in the events pane.
+
+A mixin of SparkConsoleApp: it uses the app's cluster, node monitors, dashboard and notify.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Callable
+
+from .screens.confirm import ConfirmScreen
+
+
+class NodeActions:
+    def confirm_container(self, node_name: str, action: str) -> None:
+        node = self.cluster.node(node_name)
+        argv = ["docker", action, node.container]
+        self.confirm(f"{action.capitalize()} the vLLM container on {node_name}?", shlex.join(argv),
+                     lambda: self.run_on_node(node_name, f"container-{action}", argv),
+                     "Requests in flight on this node will fail." if action in ("stop", "restart") else "")
+
+    def confirm_guard_fix(self, node_name: str, result) -> None:
+        if not result.fix:
+            self.notify(f"{result.title}: {result.reason} (no command fixes this from here)", title=node_name)
+            return
+        self.confirm(f"Fix '{result.title}' on {node_name}?", result.fix,
+                     lambda: self.run_on_node(node_name, f"guard-fix:{result.key}", result.fix), result.reason)
+
+    def confirm(self, title: str, command: str, then: Callable[[], object], detail: str = "") -> None:
+        # Every node-changing action (container restart/stop, guard fixes, recipe launch/restart/stop) asks here.
+        if self.read_only:
+            self.notify("read-only console: nothing was run", severity="warning", timeout=4)
+            return
+        def answered(yes: bool | None) -> None:
+            if yes:
+                self.run_worker(then(), exit_on_error=False)
+            else:
+                self.notify("cancelled: nothing was run", timeout=3)
+        self.push_screen(ConfirmScreen(title, command, detail), answered)
+
+    async def run_on_node(self, node_name: str, action: str, command) -> None:
+        """Run one confirmed command on a node through its transport; audit-logged before it is sent."""
+        nm = self.node_monitor(node_name)
+        transport = getattr(nm, "transport", None)
+        text = command if isinstance(command, str) else shlex.join(command)
+        if self.read_only:
+            return
+        if transport is None:
+            self.notify(f"{node_name} is not connected: nothing was run", severity="error")
+            return
+        from .. import audit
+        audit.record(action, node_name, text)
+        self.dashboard.events.note(f"{node_name}: $ {text}", "cyan")
+        try:
+            result = await transport.run(command, timeout=120)
+        except Exception as exc:
+            self.notify(f"{node_name}: {' '.join(str(exc).split())[:200]}", severity="error")
+            self.dashboard.events.note(f"{node_name}: failed: {exc}", "red")
+            return
+        out = " ".join((result.stderr or result.stdout).split())[:200]
+        if result.rc == 0:
+            self.notify(f"{node_name}: {action} done", title="ok")
+            self.dashboard.events.note(f"{node_name}: {action} done", "green")
+        else:
+            self.notify(f"{node_name}: {action} failed (rc {result.rc}) {out}", severity="error", timeout=15)
+            self.dashboard.events.note(f"{node_name}: {action} rc {result.rc}: {out}", "red")
