@@ -18,6 +18,7 @@ if TYPE_CHECKING:      # imported inside the functions: `status --bad` and `--he
     from ..config import ClusterConfig
     from ..nodes.monitor import ClusterMonitor, NodeMonitor
 
+STOP_S = 10.0              # at most this long to stop the node monitors once the command ends (Ctrl-C included)
 CONTAINER_WAIT_S = 2.0     # containers come at a slower cadence than ticks: give the first reading a moment
 
 
@@ -149,7 +150,15 @@ async def run(args: argparse.Namespace) -> int:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         return 0
     finally:
-        await mon.stop()
+        # Ctrl-C must end the command: a stop that hangs (seen on a loaded CI machine, the loop idle and an agent
+        # still running) is cut after STOP_S; a local agent then ends on its stdin's end-of-file as we exit.
+        import asyncio
+
+        from ..nodes.transport import bounded
+        try:
+            await bounded(mon.stop(), STOP_S)
+        except asyncio.TimeoutError:
+            print(f"sparkconsole: the node monitors did not stop within {STOP_S:g} s; leaving", file=sys.stderr)
 
 
 async def _report(args: argparse.Namespace, cluster: ClusterConfig, mon: ClusterMonitor) -> int:
