@@ -200,6 +200,25 @@ async def test_local_transport_adds_node_env_and_runs_argv_without_a_shell():
     assert await wait_gone(marker) == []
 
 
+async def test_a_close_whose_caller_is_cancelled_still_ends_the_command():
+    # A monitor stopped twice cancels its own teardown: the closing must go on (stdin end-of-file, TERM, then
+    # KILL) rather than leave a command that ignores both running with nobody left to end it.
+    t = LocalTransport(NodeConfig(name="here", address="127.0.0.1", local=True))
+    marker = f"stubborn-{uuid.uuid4().hex[:8]}"
+    s = t.stream([sys.executable, "-c", "import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+                  "print('up', flush=True); time.sleep(120)", marker])
+    assert await s.__anext__() == "up"
+    closing = asyncio.ensure_future(s.close())
+    await asyncio.sleep(0.5)                    # inside the closer's wait for the command to end
+    closing.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await closing
+    assert procs_with(marker)                   # it ignores end-of-file and TERM: only the KILL, ~4 s on, ends it
+    assert await wait_gone(marker, timeout=30) == []
+    await asyncio.wait_for(s.close(), 10)       # a later close waits on the same closing, already done
+    assert s.returncode == -9
+
+
 def test_to_command_quotes_lists_and_keeps_snippets():
     assert to_command(["echo", "a b", "$X"]) == "echo 'a b' '$X'"
     assert to_command("echo $X | wc -c") == "echo $X | wc -c"

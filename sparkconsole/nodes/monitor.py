@@ -248,6 +248,7 @@ class NodeMonitor:
 
     async def stop(self) -> None:
         self._stopping = True
+        stream = self._stream
         task, self._task = self._task, None
         if task is not None:
             while not task.done():
@@ -255,7 +256,11 @@ class NodeMonitor:
                 await asyncio.wait({task}, timeout=2)   # again if a cancel was swallowed on the way
             if not task.cancelled():
                 task.exception()                       # retrieved (logged by run() already)
-        await self._teardown()     # again: a cancel that landed inside the loop's own teardown cut it short
+        # Again, and on the stream seen before the cancel: a second cancel that lands inside the loop's own
+        # teardown ends only its wait; the stream's closing goes on, and is waited for here.
+        if self._stream is None:
+            self._stream = stream
+        await self._teardown()
 
 
 class ClusterMonitor:

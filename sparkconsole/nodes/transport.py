@@ -88,7 +88,7 @@ class LineStream:
         self._lines: collections.deque[str] = collections.deque()
         self._eof = False
         self._skipping = False      # inside an overlong line: drop bytes until its newline
-        self._closed = False
+        self._closing: asyncio.Task | None = None
         self.max_line = max_line
         self.overlong = 0
 
@@ -136,10 +136,13 @@ class LineStream:
                 self._buf = bytearray()
 
     async def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        await self._closer()
+        # The closing runs as a task of its own and to its end even when the caller is cancelled (a monitor
+        # stopped twice cancels its own teardown): a closer cut short would leave the command running with
+        # nobody left to end it. Every caller waits on that one closing.
+        if self._closing is None:
+            self._closing = asyncio.ensure_future(self._closer())
+            self._closing.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved
+        await asyncio.shield(self._closing)
 
 
 class Transport(abc.ABC):
@@ -219,7 +222,8 @@ class LocalTransport(Transport):
         async def start() -> asyncio.subprocess.Process:
             if "proc" not in state:
                 state["proc"] = asyncio.ensure_future(self._spawn(argv, asyncio.subprocess.PIPE))
-            proc = await state["proc"]
+            # shielded: a reader cancelled mid-spawn leaves the spawn to finish, and the closer to end it
+            proc = await asyncio.shield(state["proc"])
             if input is not None and not state.get("fed"):
                 state["fed"] = True
                 proc.stdin.write(input)
@@ -235,7 +239,10 @@ class LocalTransport(Transport):
         async def closer() -> None:
             if "proc" not in state:
                 return
-            proc = await state["proc"]
+            try:
+                proc = await state["proc"]
+            except (asyncio.CancelledError, TransportError):
+                return          # it never started: nothing to end
             if proc.stdin and not proc.stdin.is_closing():
                 proc.stdin.close()          # the agent ends on stdin end-of-file
             try:
@@ -246,7 +253,10 @@ class LocalTransport(Transport):
                     await bounded(proc.wait(), 2.0)
                 except asyncio.TimeoutError:
                     _killpg(proc)
-                    await proc.wait()
+                    try:    # Python 3.11's wait() also waits for every pipe to close, which a stray child may hold
+                        await bounded(proc.wait(), 5.0)
+                    except asyncio.TimeoutError:
+                        pass
             if "drain_err" in state:
                 state["drain_err"].cancel()
 
