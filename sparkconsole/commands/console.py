@@ -23,6 +23,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def build_app(args: argparse.Namespace):
+    from ..tui.heap import hold
+    hold()          # no cycle collection until the console has drawn and settled its heap (tui/heap.py)
     from ..config import find_config, load_cluster, local_cluster
     from ..tui.app import SparkConsoleApp
 

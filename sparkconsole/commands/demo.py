@@ -275,7 +275,13 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
     load is added to `tasks`; it starts once a node reading is on screen, each endpoint is polled once it serves."""
     import asyncio
 
-    from ..tui.app import SparkConsoleApp
+    from ..tui import heap
+    heap.hold()     # no cycle collection until the console has drawn and settled its heap (tui/heap.py)
+    try:
+        from ..tui.app import SparkConsoleApp
+    except ImportError:
+        heap.unhold()
+        raise
 
     def staged(cluster):
         from ..sim.staged import StagedServing

@@ -25,6 +25,7 @@ from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
 
 REDRAW_HZ = 4.0
+FIRST_FRAME_REFRESHES = 20
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
 # Read-only (`sparkconsole serve --read-only`, which starts this app in a child process and says so here): every
 # node-changing action (restart, stop, launch, guard fixes) is hidden, and refused should one be reached anyway.
@@ -56,6 +57,9 @@ class SparkConsoleApp(NodeActions, App):
         Binding("right_square_bracket", "scrub(5)", "Forward 5 min", show=False),
     ]
     SCRUB_MAX_MIN = 60
+    # The dashboard is the screen the app starts on, as a minimal app's default screen: started as a mode of its own,
+    # Textual re-parses every stylesheet and restyles the whole app twice first (~40 ms of the first frame).
+    DEFAULT_MODE = "dashboard"
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
                  serving=None, alerts=None, monitor_factory: Callable | None = None,
@@ -86,8 +90,8 @@ class SparkConsoleApp(NodeActions, App):
         self._recipes_screen = None
         self._logs_screen = None
         self._bench_screen = None
-        for mode, make in (("dashboard", lambda: self.dashboard), ("recipes", lambda: self.recipes_screen),
-                           ("bench", lambda: self.bench_screen), ("logs", lambda: self.logs_screen)):
+        for mode, make in (("recipes", lambda: self.recipes_screen), ("bench", lambda: self.bench_screen),
+                           ("logs", lambda: self.logs_screen)):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
         self._dirty_eps: set[str] = set()
@@ -210,13 +214,23 @@ class SparkConsoleApp(NodeActions, App):
         if self.alerts is None:
             from ..alerts import AlertEngine
             self.alerts = AlertEngine(self.cluster.thresholds)
-        await self.switch_mode("dashboard")
+        self.add_mode("dashboard", lambda: self.dashboard)   # already started: only `1` switching back needs it
         if self.read_only:
             self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
 
-    def _first_frame(self) -> None:
+    def get_default_screen(self) -> DashboardScreen:
+        return self.dashboard
+
+    def _first_frame(self, refreshes: int = 0, complete_at: int | None = None) -> None:
+        # The first full frame: the dashboard composed (behind the app's own mount) and its key bar filled, then one
+        # refresh more to paint it; a key bar that never fills (no app focus) waits FIRST_FRAME_REFRESHES at most.
+        if complete_at is None and self.dashboard.complete():
+            complete_at = refreshes
+        if (complete_at is None or refreshes == complete_at) and refreshes < FIRST_FRAME_REFRESHES:
+            self.call_after_refresh(self._first_frame, refreshes + 1, complete_at)
+            return
         self.first_frame_at = time.perf_counter()
         # Importing the monitor's layers, opening the recorder and connecting take longer than a frame, and a thread
         # importing holds the interpreter too: none of it before the first frame is on the screen.
@@ -243,13 +257,15 @@ class SparkConsoleApp(NodeActions, App):
             await self.monitor.start()
             if self.serving is not None:
                 await self.serving.start()
-            # Everything start-up made (modules, screens, connections) lives as long as the console: out of the
-            # collector's view before the first key can wait on it; later passes run when no key waits (heap.py).
-            self.heap.start()
-            self.set_interval(TICK_S, self.heap.tick)
         except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
             self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
             self.dashboard.events.note(f"monitor: {exc}", "red")
+        finally:
+            # Everything start-up made (modules, screens, connections) lives as long as the console: out of the
+            # collector's view before the first key can wait on it; later passes run when no key waits (heap.py).
+            if not self._stopped:
+                self.heap.start()
+                self.set_interval(TICK_S, self.heap.tick)
 
     async def stop_monitors(self) -> None:
         if self._stopped:

@@ -6,7 +6,7 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, VerticalScroll
 from textual.screen import Screen
-from textual.widgets import Header, Input
+from textual.widgets import Header
 
 from ..widgets.alert_log import AlertLog
 from ..widgets.endpoint_panel import EndpointPanel
@@ -31,7 +31,6 @@ class DashboardScreen(Screen):
         yield Header()
         if app.simulated:
             yield SimBadge()
-        yield Input(placeholder="filter nodes by name (escape clears)", id="node-filter")
         yield LaunchBar(id="launches")
         with VerticalScroll(id="nodes"):
             with Grid(id="node-grid"):
@@ -74,26 +73,37 @@ class DashboardScreen(Screen):
             self.endpoint_panels[name] = p
             await box.mount(p)
 
-    def action_filter(self) -> None:
-        box = self.query_one("#node-filter", Input)
+    async def action_filter(self) -> None:
+        found = self.query("#node-filter")
+        if found:
+            box = found.first()
+        else:
+            # Made on the first `/`: hidden until then, and the first frame is quicker without it (its import and
+            # stylesheet are a tenth of a second on a 2-core machine).
+            from textual.widgets import Input
+            box = Input(placeholder="filter nodes by name (escape clears)", id="node-filter")
+            await self.mount(box, before=self.query_one(LaunchBar))
         box.display = True
         box.focus()
 
     def action_clear_filter(self) -> None:
-        box = self.query_one("#node-filter", Input)
+        found = self.query("#node-filter")
+        if not found:
+            return
+        box = found.first()
         box.value = ""
         box.display = False
         if self.panels:
             next(iter(p for p in self.panels.values() if p.display)).focus()
 
-    def on_input_changed(self, event: Input.Changed) -> None:
+    def on_input_changed(self, event) -> None:      # Input.Changed
         if event.input.id != "node-filter":
             return
         needle = event.value.strip().lower()
         for name, panel in self.panels.items():
             panel.display = not needle or needle in name.lower()
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
+    def on_input_submitted(self, event) -> None:    # Input.Submitted
         if event.input.id == "node-filter":
             shown = [p for p in self.panels.values() if p.display]
             if shown:
@@ -116,6 +126,10 @@ class DashboardScreen(Screen):
 
     def on_descendant_focus(self) -> None:
         self.app.mark_all_dirty()     # focus may scroll other panels into view
+
+    def complete(self) -> bool:
+        """Composed, and the key bar filled (Textual's footer fills one refresh after the focus lands)."""
+        return self.is_mounted and bool(self.query_one(SteadyFooter).children)
 
     @property
     def launches(self) -> LaunchBar:

@@ -25,11 +25,19 @@ class SteadyFooter(Footer):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
         self._drawn: tuple | None = None
+        # Draw the keys in the first frame: Textual's footer stays empty until a bindings signal and then waits a
+        # refresh to compose (~0.1 s after the dashboard's first paint); the focused panel's keys join on the signal.
+        self.set_reactive(Footer._bindings_ready, True)
+
+    def compose(self):
+        self._drawn = shown_keys(self.screen, self.app.COMMAND_PALETTE_BINDING)
+        yield from super().compose()
 
     def bindings_changed(self, screen: Screen) -> None:
         if self.is_attached and screen is self.screen and screen.app.app_focus:
-            keys = shown_keys(screen, screen.app.COMMAND_PALETTE_BINDING)
-            if keys == self._drawn:
-                return
-            self._drawn = keys
+            if shown_keys(screen, screen.app.COMMAND_PALETTE_BINDING) != self._drawn:
+                # At once, not a refresh later as Textual's footer does: the focus landing on the first panel
+                # at start-up then adds its keys before the first frame is painted.
+                self.call_later(self.recompose)
+            return
         super().bindings_changed(screen)
