@@ -380,7 +380,7 @@ class RecipesScreen(Screen):
             self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
                             title="recipes", severity="information" if ok else "error")
         self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
-                         f"Nodes that have it already are left as they are; progress shows below the plan.")
+                         "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:
         self._confirm_copy("model")
