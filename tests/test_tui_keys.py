@@ -1,39 +1,53 @@
-"""What a key press waits for: the key bar is rebuilt only when the keys it shows change, and the heap keeper
+"""What a key press waits for: the key bar is redrawn only when the keys it shows change, and the heap keeper
 moves long-lived objects out of the collector's view, with a full pass only while nobody presses a key."""
 
 from __future__ import annotations
 
 import gc
 
-from textual.widgets._footer import FooterKey
-
 from sparkconsole.tui.heap import HeapKeeper
 from sparkconsole.tui.screens.help import HelpScreen
-from sparkconsole.tui.widgets.steady_footer import SteadyFooter
+from sparkconsole.tui.widgets.key_bar import KeyBar
 from tests.helpers import wait_for
 from tests.test_tui_app import SIZE, make_app, recording, state_dir  # noqa: F401  (fixtures)
 
 
-def footer_keys(app) -> list:
-    return list(app.dashboard.query_one(SteadyFooter).query(FooterKey))
+def key_bar(app) -> KeyBar:
+    return app.dashboard.query_one(KeyBar)
+
+
+def descriptions(app) -> list[str]:
+    return [k.description for k in key_bar(app).keys]
 
 
 async def test_help_over_the_dashboard_keeps_the_key_bar_and_a_new_focus_redraws_it(recording):
     app, _, _ = make_app(recording, n=4)
     async with app.run_test(size=SIZE) as pilot:
-        await wait_for(pilot, lambda: any(k.description == "Logs" for k in footer_keys(app)), what="the node keys")
-        before = footer_keys(app)
+        await wait_for(pilot, lambda: "Logs" in descriptions(app), what="the node keys")
+        before, changes = descriptions(app), key_bar(app).changes
+        assert "Quit" in before and key_bar(app).palette is not None
         for _ in range(2):
             await pilot.press("question_mark")
             await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help")
             await pilot.press("escape")
             await wait_for(pilot, lambda: not isinstance(app.screen, HelpScreen), what="help closed")
         await pilot.pause(0.2)
-        assert footer_keys(app) == before and all(a is b for a, b in zip(footer_keys(app), before))
+        assert descriptions(app) == before and key_bar(app).changes == changes    # not redrawn: same keys
         # the filter box has other keys than a node panel: the bar follows the focus
         await pilot.press("slash")
-        await wait_for(pilot, lambda: not any(k.description == "Logs" for k in footer_keys(app)),
-                       what="the key bar without the node's keys")
+        await wait_for(pilot, lambda: "Logs" not in descriptions(app), what="the key bar without the node's keys")
+        await pilot.press("escape")
+        await pilot.press("q")
+
+
+async def test_a_click_on_a_key_presses_it(recording):
+    app, _, _ = make_app(recording, n=2)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "Help" in descriptions(app), what="the keys")
+        bar = key_bar(app)
+        start = next(s for s, _, k in bar._spans if k.description == "Help")
+        await pilot.click(KeyBar, offset=(start + 1, 0))
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen), what="help from a click")
         await pilot.press("escape")
         await pilot.press("q")
 

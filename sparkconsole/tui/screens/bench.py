@@ -19,7 +19,7 @@ from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
-from ..widgets.steady_footer import SteadyFooter
+from ..widgets.key_bar import KeyBar
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (
@@ -81,7 +81,7 @@ class BenchScreen(Screen):
         with Grid(id="bench-charts"):
             for cid, title, unit, _ in METRICS:
                 yield CurveChart(title, unit, id=f"chart-{cid}")
-        yield SteadyFooter()
+        yield KeyBar()
 
     def charts(self) -> dict[str, CurveChart]:
         return {cid: self.query_one(f"#chart-{cid}", CurveChart) for cid, *_ in METRICS}

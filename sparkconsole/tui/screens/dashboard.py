@@ -14,7 +14,7 @@ from ..widgets.guard_list import GuardList
 from ..widgets.launch_bar import LaunchBar
 from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
-from ..widgets.steady_footer import SteadyFooter
+from ..widgets.key_bar import KeyBar
 
 
 class DashboardScreen(Screen):
@@ -45,7 +45,7 @@ class DashboardScreen(Screen):
                     self.endpoint_panels[ep.name] = p
                     yield p
         yield AlertLog(id="events")
-        yield SteadyFooter()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.query_one("#nodes").border_title = f"Nodes · {self.app.cluster.source}"
@@ -128,8 +128,8 @@ class DashboardScreen(Screen):
         self.app.mark_all_dirty()     # focus may scroll other panels into view
 
     def complete(self) -> bool:
-        """Composed, and the key bar filled (Textual's footer fills one refresh after the focus lands)."""
-        return self.is_mounted and bool(self.query_one(SteadyFooter).children)
+        """Composed, with the focused panel's keys on the key bar."""
+        return self.is_mounted and self.focused is not None and bool(self.query_one(KeyBar).keys)
 
     @property
     def launches(self) -> LaunchBar:

@@ -14,7 +14,7 @@ from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
 from ..widgets.sim_badge import SimBadge
-from ..widgets.steady_footer import SteadyFooter
+from ..widgets.key_bar import KeyBar
 
 MAX_LINES = 5000
 
@@ -47,7 +47,7 @@ class LogsScreen(Screen):
         yield Static("", id="logs-status")
         yield Input(placeholder="search the log (escape clears)", id="log-search")
         yield RichLog(id="log", max_lines=MAX_LINES, wrap=False, markup=False, auto_scroll=True)
-        yield SteadyFooter()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         name = self.node_name or (self.app.cluster.nodes[0].name if self.app.cluster.nodes else None)

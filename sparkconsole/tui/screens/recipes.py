@@ -14,7 +14,7 @@ from textual.widgets.option_list import Option
 
 from ...errors import UserError
 from ..widgets.sim_badge import SimBadge
-from ..widgets.steady_footer import SteadyFooter
+from ..widgets.key_bar import KeyBar
 
 _VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 
@@ -126,7 +126,7 @@ class RecipesScreen(Screen):
                 with VerticalScroll(id="plan-scroll"):
                     yield Static("", id="plan")
                 yield Static("", id="launch-progress")
-        yield SteadyFooter()
+        yield KeyBar()
 
     def on_mount(self) -> None:
         self.load()
