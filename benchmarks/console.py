@@ -16,6 +16,7 @@
    In-process time runs from the key event posted to the help screen's first paint, after `--warm` seconds of
    streaming (the console settles its heap once the monitors run, then every minute: tui/heap.py); the collector's
    full passes during the presses are counted with their longest pause (targets: p99 <= 50 ms, max <= 100 ms).
+   SC_BENCH_SLOWEST=1 prints the six slowest presses (wall ms, CPU ms, index) to stderr.
 4. Import cost: `python -c "import sparkconsole.tui.app"` wall time, the floor under the first frame.
 
 Prints one JSON object of figures. The machine is shared: figures are medians of several runs taken in one go.
@@ -268,6 +269,8 @@ def in_process_keys(n: int, presses: int, warm: float = 4.0) -> dict:
     finally:
         gc.callbacks.remove(on_gc)
     lat, cpu = [w for w, _ in res], [c for _, c in res]
+    if os.environ.get("SC_BENCH_SLOWEST"):
+        print(sorted(((round(w * 1000), round(c * 1000), i) for i, (w, c) in enumerate(res)), reverse=True)[:6], file=sys.stderr)
     # cpu: this process's CPU time over the same span (the key's own work plus any redraw it waited behind);
     # on a shared machine the wall figure also holds time spent waiting for a core.
     ms = lambda x: round(x * 1000, 1)   # noqa: E731

@@ -89,3 +89,20 @@ def test_heap_keeper_start_raises_the_young_threshold_stops_old_passes_and_relea
     finally:
         keeper.release()
     assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+async def test_no_cycle_collection_until_the_first_frame_then_the_keeper_runs_it(recording):
+    from sparkconsole.tui import heap
+    heap.hold()                                  # what `sparkconsole console` does before importing the app
+    try:
+        assert not gc.isenabled()
+        app, _, mon = make_app(recording, n=2)
+        async with app.run_test(size=SIZE) as pilot:
+            await wait_for(pilot, lambda: app.first_frame_at is not None and any(nm.last for nm in mon.nodes.values()),
+                           what="the first frame and a reading")
+            await wait_for(pilot, gc.isenabled, what="the collector back once the monitors run")
+            assert gc.get_threshold()[2] >= 1 << 20 and gc.get_freeze_count() > 0      # HeapKeeper's, not Python's
+            await pilot.press("q")
+    finally:
+        heap.unhold()
+    assert gc.isenabled()
