@@ -125,3 +125,19 @@ def test_watch_refreshes_until_ctrl_c_and_leaves_no_agent(tmp_path):
     while _agents_with_interval("0.27") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _agents_with_interval("0.27") == []
+
+
+def test_a_reader_that_leaves_early_gets_sigpipes_status_and_no_agent_left(tmp_path):
+    """`sparkconsole status | head`: the same quiet end as every other command (cli.main: exit 141, as cat does),
+    and the node monitors still stop."""
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\nagent: {interval_s: 0.31}\n")
+    p = subprocess.Popen([sys.executable, "-m", "sparkconsole", "--cluster", str(cfg), "status", "--json"],
+                         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()
+    err = p.stderr.read().decode()
+    assert p.wait(120) == 141 and "Traceback" not in err, err
+    deadline = time.monotonic() + 10
+    while _agents_with_interval("0.31") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _agents_with_interval("0.31") == []

@@ -9,7 +9,6 @@ nothing within the timeout; a bad cluster file is a one-line error (exit 2).
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 import time
 from typing import TYPE_CHECKING
@@ -145,10 +144,7 @@ async def run(args: argparse.Namespace) -> int:
     mon = ClusterMonitor(cluster, history=16)
     await mon.start()
     try:
-        return await _report(args, cluster, mon)
-    except BrokenPipeError:          # `status | head`: the reader left; not an error worth a traceback
-        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
-        return 0
+        return await _report(args, cluster, mon)   # `status | head`: the reader leaving is cli.main's (exit 141)
     finally:
         # Ctrl-C must end the command: a stop that hangs (seen on a loaded CI machine, the loop idle and an agent
         # still running) is cut after STOP_S; a local agent then ends on its stdin's end-of-file as we exit.
