@@ -71,6 +71,8 @@ class KeyBar(Widget, can_focus=False):
         self.palette: Key | None = None
         self.changes = 0                            # how often the keys shown changed (tests/test_tui_keys.py)
         self._spans: list[tuple[int, int, Key]] = []   # where each key was drawn, for clicks
+        self._drawn: tuple | None = None
+        self._text: Text | None = None
 
     def on_mount(self) -> None:
         self.screen.bindings_updated_signal.subscribe(self, self.bindings_changed)
@@ -89,6 +91,14 @@ class KeyBar(Widget, can_focus=False):
             self.refresh()
 
     def render(self) -> Text:
+        # Every full update of the screen (a modal closing, a resize) asks again: the same keys, the same line.
+        drawn = (self.keys, self.palette, self.size.width)
+        if self._text is not None and self._drawn == drawn:
+            return self._text
+        self._drawn, self._text = drawn, self._draw()
+        return self._text
+
+    def _draw(self) -> Text:
         key_style = self.get_component_rich_style("key-bar--key")
         desc_style = self.get_component_rich_style("key-bar--description")
         text = Text(no_wrap=True, overflow="crop", end="")

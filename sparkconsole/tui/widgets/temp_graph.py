@@ -75,13 +75,25 @@ class TempGraph(Widget):
                 text.append("      ")
             if pad > 0:
                 text.append(("╌" if row == thr_row else " ") * pad, style="red")
+            # One span per run of a style, not one per cell: Textual turns every span into a styled segment,
+            # and per-cell spans made this graph most of a 32-node screen update (docs/PERFORMANCE.md §4).
+            over = thr_row is not None and row >= thr_row
+            run: list[str] = []
+            run_style = ""
             for lvl in levels:
                 cell = lvl - row * 8
                 ch = "█" if cell >= 8 else (_BLOCKS[max(int(cell), 1)] if cell > 0 else " ")
                 if row == thr_row and ch == " ":
-                    text.append("╌", style="red")
+                    ch, style = "╌", "red"
                 else:
-                    text.append(ch, style="bold red" if thr_row is not None and row >= thr_row else bar_style)
+                    style = "bold red" if over else bar_style
+                if style != run_style and run:
+                    text.append("".join(run), style=run_style)
+                    run = []
+                run_style = style
+                run.append(ch)
+            if run:
+                text.append("".join(run), style=run_style)
             if row:
                 text.append("\n")
         return text
