@@ -233,21 +233,19 @@ async def test_logs_key_tails_the_container_log_and_searches(recording):
         await pilot.press("l")
         await wait_for(pilot, lambda: app.current_mode == "logs", what="logs screen")
         await wait_for(pilot, lambda: len(app.logs_screen.lines) == len(LOG_LINES), what="log lines")
-        await pilot.pause(0.1)
         assert "docker logs -f --tail 200 vllm_node 2>&1" in factory.made["spark2"].commands
+        await wait_for(pilot, lambda: LOG_LINES[-2][-40:] in screen_text(app), what="the newest lines")  # followed
         text = screen_text(app)
-        assert LOG_LINES[-2][-40:] in text and "spark2" in text      # followed: the newest lines show
+        assert "spark2" in text
         assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in text, "a token reached the screen"
         assert "hf_abcdefghijklmnopqrstuvwxyz123456" not in "\n".join(app.logs_screen.lines)
         await pilot.press("slash")
         for ch in "kv cache":
             await pilot.press("space" if ch == " " else ch)
-        await pilot.pause(0.3)
-        text = screen_text(app)
-        assert "CPU KV cache size" in text and LOG_LINES[-2][-40:] not in text
+        await wait_for(pilot, lambda: "CPU KV cache size" in screen_text(app)
+                       and LOG_LINES[-2][-40:] not in screen_text(app), what="only the matching lines")
         await pilot.press("escape")
-        await pilot.pause(0.3)
-        assert LOG_LINES[-2][-40:] in screen_text(app)
+        await wait_for(pilot, lambda: LOG_LINES[-2][-40:] in screen_text(app), what="every line again")
         log = app.logs_screen.query_one("#log")
         await pilot.press("f")       # follow off: the pane stops scrolling, the tail keeps reading
         assert log.auto_scroll is False
