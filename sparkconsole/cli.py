@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         if hasattr(result, "__await__"):
             import asyncio
 
-            result = asyncio.run(result)
+            result = asyncio.run(_ctrl_c_cancels(result))
         return int(result or 0)
     except UserError as err:
         print(f"sparkconsole: {err}", file=sys.stderr)
@@ -131,6 +131,39 @@ def main(argv: list[str] | None = None) -> int:
         import os
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+
+
+async def _ctrl_c_cancels(aw) -> int:
+    """Runs an async command; Ctrl-C cancels it (its `finally` blocks stop what it started) and it exits 130.
+
+    The event loop takes SIGINT itself (its wake-up fd), not asyncio.run's Python-level handler: that one runs only
+    once the main thread notices the signal, and a SIGINT delivered to one of asyncio's child-watcher threads
+    (waiting on an agent) could stay unnoticed for good — a loaded CI machine caught `status --watch` ignoring
+    Ctrl-C that way, its loop idle and the signal pending."""
+    import asyncio
+    import signal
+
+    loop = asyncio.get_running_loop()
+    task = asyncio.current_task()
+    interrupted = False
+
+    def on_sigint() -> None:
+        nonlocal interrupted
+        interrupted = True
+        task.cancel()
+
+    try:
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
+    except (ValueError, RuntimeError, NotImplementedError):    # not the main thread: asyncio.run's own handling
+        return await aw
+    try:
+        return await aw
+    except asyncio.CancelledError:
+        if not interrupted:
+            raise
+        return 130
+    finally:
+        loop.remove_signal_handler(signal.SIGINT)
 
 
 if __name__ == "__main__":

@@ -141,3 +141,37 @@ def test_a_reader_that_leaves_early_gets_sigpipes_status_and_no_agent_left(tmp_p
     while _agents_with_interval("0.31") and time.monotonic() < deadline:
         time.sleep(0.05)
     assert _agents_with_interval("0.31") == []
+
+
+TGKILL = {"x86_64": 234, "aarch64": 131}      # the syscall number: a signal to one thread of another process
+
+
+@pytest.mark.skipif(os.uname().machine not in TGKILL, reason="tgkill's number is known for x86_64 and aarch64 only")
+def test_ctrl_c_delivered_to_a_helper_thread_still_ends_the_command(tmp_path):
+    """The kernel gives a process's SIGINT to any of its threads. Delivered to asyncio's child-watcher thread (the
+    one waiting on the agent) it must still end `status --watch`: the loop takes SIGINT through its wake-up fd
+    (cli._ctrl_c_cancels), which does not depend on the main thread noticing a pending signal."""
+    import ctypes
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\nagent: {interval_s: 0.29}\n")
+    proc = subprocess.Popen([sys.executable, "-m", "sparkconsole", "--cluster", str(cfg), "status", "--watch"],
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        snaps, deadline = 0, time.monotonic() + 30
+        while snaps < 2 and time.monotonic() < deadline:
+            snaps += proc.stdout.readline().startswith("NODE")
+        assert snaps == 2
+        helpers = [int(t) for t in os.listdir(f"/proc/{proc.pid}/task") if int(t) != proc.pid]
+        assert helpers, "no helper thread to deliver the signal to"
+        libc = ctypes.CDLL(None, use_errno=True)
+        assert libc.syscall(TGKILL[os.uname().machine], proc.pid, helpers[0], signal.SIGINT) == 0
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 130 and "Traceback" not in err, err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    deadline = time.monotonic() + 5
+    while _agents_with_interval("0.29") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert _agents_with_interval("0.29") == []

@@ -146,8 +146,8 @@ async def run(args: argparse.Namespace) -> int:
     try:
         return await _report(args, cluster, mon)   # `status | head`: the reader leaving is cli.main's (exit 141)
     finally:
-        # Ctrl-C must end the command: a stop that hangs (seen on a loaded CI machine, the loop idle and an agent
-        # still running) is cut after STOP_S; a local agent then ends on its stdin's end-of-file as we exit.
+        # Ctrl-C must end the command: a stop that hangs is cut after STOP_S; a local agent then ends on its stdin's
+        # end-of-file as we exit.
         import asyncio
 
         from ..nodes.transport import bounded
