@@ -224,8 +224,8 @@ class SparkConsoleApp(NodeActions, App):
         return self.dashboard
 
     def _first_frame(self, refreshes: int = 0, complete_at: int | None = None) -> None:
-        # The first full frame: the dashboard composed (behind the app's own mount) and its key bar filled, then one
-        # refresh more to paint it; a key bar that never fills (no app focus) waits FIRST_FRAME_REFRESHES at most.
+        # The first full frame: the dashboard composed (behind the app's own mount), its focused panel's keys on the
+        # key bar, then one refresh more to paint it; a dashboard with nothing to focus waits FIRST_FRAME_REFRESHES at most.
         if complete_at is None and self.dashboard.complete():
             complete_at = refreshes
         if (complete_at is None or refreshes == complete_at) and refreshes < FIRST_FRAME_REFRESHES:
