@@ -225,7 +225,7 @@ class SparkConsoleApp(NodeActions, App):
 
     def _first_frame(self, refreshes: int = 0, complete_at: int | None = None) -> None:
         # The first full frame: the dashboard composed (behind the app's own mount), its focused panel's keys on the
-        # key bar, then one refresh more to paint it; a dashboard with nothing to focus waits FIRST_FRAME_REFRESHES at most.
+        # key bar, then one refresh more to paint it; with nothing to focus it waits FIRST_FRAME_REFRESHES at most.
         if complete_at is None and self.dashboard.complete():
             complete_at = refreshes
         if (complete_at is None or refreshes == complete_at) and refreshes < FIRST_FRAME_REFRESHES:
