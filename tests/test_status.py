@@ -93,6 +93,14 @@ def _agents_with_interval(interval: str) -> list[int]:
     return out
 
 
+def _agents_left(interval: str, within: float) -> list[int]:
+    """The agents of that interval still running after waiting up to `within` seconds for them to end."""
+    deadline = time.monotonic() + within
+    while _agents_with_interval(interval) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _agents_with_interval(interval)
+
+
 def test_watch_refreshes_until_ctrl_c_and_leaves_no_agent(tmp_path):
     cfg = tmp_path / "c.yaml"
     cfg.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\nagent: {interval_s: 0.27}\n")
@@ -121,10 +129,7 @@ def test_watch_refreshes_until_ctrl_c_and_leaves_no_agent(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    deadline = time.monotonic() + 5
-    while _agents_with_interval("0.27") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _agents_with_interval("0.27") == []
+    assert _agents_left("0.27", within=5) == []
 
 
 def test_a_reader_that_leaves_early_gets_sigpipes_status_and_no_agent_left(tmp_path):
@@ -137,10 +142,7 @@ def test_a_reader_that_leaves_early_gets_sigpipes_status_and_no_agent_left(tmp_p
     p.stdout.close()
     err = p.stderr.read().decode()
     assert p.wait(120) == 141 and "Traceback" not in err, err
-    deadline = time.monotonic() + 10
-    while _agents_with_interval("0.31") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _agents_with_interval("0.31") == []
+    assert _agents_left("0.31", within=10) == []
 
 
 TGKILL = {"x86_64": 234, "aarch64": 131}      # the syscall number: a signal to one thread of another process
@@ -171,7 +173,4 @@ def test_ctrl_c_delivered_to_a_helper_thread_still_ends_the_command(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    deadline = time.monotonic() + 5
-    while _agents_with_interval("0.29") and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert _agents_with_interval("0.29") == []
+    assert _agents_left("0.29", within=5) == []
