@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
+from operator import itemgetter
 
 from rich.text import Text
 from textual.widget import Widget
@@ -78,22 +80,16 @@ class TempGraph(Widget):
             # One span per run of a style, not one per cell: Textual turns every span into a styled segment,
             # and per-cell spans made this graph most of a 32-node screen update (docs/PERFORMANCE.md §4).
             over = thr_row is not None and row >= thr_row
-            run: list[str] = []
-            run_style = ""
+            cells = []
             for lvl in levels:
                 cell = lvl - row * 8
                 ch = "█" if cell >= 8 else (_BLOCKS[max(int(cell), 1)] if cell > 0 else " ")
                 if row == thr_row and ch == " ":
-                    ch, style = "╌", "red"
+                    cells.append(("╌", "red"))
                 else:
-                    style = "bold red" if over else bar_style
-                if style != run_style and run:
-                    text.append("".join(run), style=run_style)
-                    run = []
-                run_style = style
-                run.append(ch)
-            if run:
-                text.append("".join(run), style=run_style)
+                    cells.append((ch, "bold red" if over else bar_style))
+            for style, run in groupby(cells, key=itemgetter(1)):
+                text.append("".join(ch for ch, _ in run), style=style)
             if row:
                 text.append("\n")
         return text
