@@ -310,7 +310,7 @@ def test_bootstrap_bundles_pynvml_and_ends_on_stdin_eof():
         t0 = time.monotonic()
         proc.stdin.close()
         proc.wait(timeout=5)
-        assert time.monotonic() - t0 < 2 * 0.1 + 0.5
+        assert time.monotonic() - t0 < 3      # on EOF, not on a later signal (the wait above would time out)
         assert proc.returncode == 0
     finally:
         if proc.poll() is None:

@@ -177,7 +177,7 @@ async def test_slow_server_times_out():
         finally:
             await mon.stop()
     assert s.healthy is False and "timed out" in s.error
-    assert took < 1.5
+    assert took < 2.5                               # the timeout, not the server's 3 s
 
 
 async def test_a_version_read_that_timed_out_is_tried_again_soon():
