@@ -129,6 +129,20 @@ def families(text: str) -> dict:
     return {f.name: f for f in text_string_to_metric_families(text)}
 
 
+def paced(wall: float, engine_s: float) -> bool:
+    """A wall-clock span that follows the engine's time: never much quicker (the server sleeps it), and within
+    1.6x on a loaded machine, well apart from a server that does not pace at all or paces twice as slow."""
+    return 0.75 * engine_s - 0.04 <= wall <= 1.6 * engine_s + 0.1
+
+
+async def served_ttft_total(s: aiohttp.ClientSession, url: str) -> float:
+    """The server's own time-to-first-token total, in simulated seconds (the engine's clock, not the wall)."""
+    async with s.get(url + "/metrics") as r:
+        fams = families(await r.text())
+    return next(x.value for x in fams["vllm:time_to_first_token_seconds"].samples if x.name.endswith("_sum"))
+
+
+@pytest.mark.alone      # wall-clock pacing against the engine's time: another test beside it skews the wall side
 async def test_served_timing_matches_engine_and_metrics_parse(server):
     url = server
     text = " ".join(f"word{i % 97} ." for i in range(300))
@@ -150,8 +164,8 @@ async def test_served_timing_matches_engine_and_metrics_parse(server):
             assert r["finish"] == "length"
             ttft = r["ttft"] * speed
             decode_tps = (tg - 1) / (r["decode_s"] * speed)
-            assert ttft == pytest.approx(exp_ttft[0], rel=0.35, abs=0.04), (ttft, exp_ttft)
-            assert decode_tps == pytest.approx(exp_decode_tps, rel=0.2), (decode_tps, exp_decode_tps)
+            assert paced(ttft, exp_ttft[0]), (ttft, exp_ttft)
+            assert paced((tg - 1) / decode_tps, (tg - 1) / exp_decode_tps), (decode_tps, exp_decode_tps)
 
         # c4 at once: the batch finishes when the engine's batched steps say
         texts = [f"c4 {i} " + text for i in range(4)]
@@ -160,14 +174,18 @@ async def test_served_timing_matches_engine_and_metrics_parse(server):
         rs = await asyncio.gather(*(stream_chat(s, url, t, tg, ignore_eos=True) for t in texts))
         wall = time.perf_counter() - t0
         _, exp_end4 = engine_expectation(prompt4, tg, 4)
-        assert wall * speed == pytest.approx(max(exp_end4), rel=0.3)
+        assert paced(wall * speed, max(exp_end4)), (wall * speed, exp_end4)
         assert sum(r["usage"]["completion_tokens"] for r in rs) == 4 * tg
 
         # the same long prompt twice: the second finds its prefix cached and its first token comes sooner
+        # (judged by the server's own TTFT, in the engine's time: the wall-clock gap is ~0.1 s, within load noise)
+        before = await served_ttft_total(s, url)
         cold = await stream_chat(s, url, "again " + text, 4, ignore_eos=True)
+        between = await served_ttft_total(s, url)
         warm = await stream_chat(s, url, "again " + text, 4, ignore_eos=True)
+        after = await served_ttft_total(s, url)
         assert warm["usage"]["prompt_tokens_details"]["cached_tokens"] >= 512
-        assert warm["ttft"] < cold["ttft"]
+        assert 0 < after - between < between - before
 
         # min_tokens / no ignore_eos: stops on its own "EOS" at or above min_tokens, reason "stop"
         r = await stream_chat(s, url, "hi", 3000, min_tokens=40)
@@ -306,10 +324,11 @@ async def test_role_chunk_comes_with_the_first_token_after_prefill(server):
     exp_ttft, _ = engine_expectation(prompt, 4, 1)
     assert stamps[0][1] and not stamps[0][2]                     # the role chunk is first …
     first_token = next(t for t, _, content in stamps if content)
-    assert stamps[0][0] == pytest.approx(exp_ttft[0], rel=0.25)  # … and it waits for the prefill
-    assert first_token - stamps[0][0] < 0.05                     # it arrives with the first token
+    assert paced(stamps[0][0], exp_ttft[0]), (stamps, exp_ttft)  # … and it waits for the prefill
+    assert first_token - stamps[0][0] < 0.2 * exp_ttft[0]       # it arrives with the first token, not before prefill
 
 
+@pytest.mark.alone      # wall-clock pacing against the engine's time: another test beside it skews the wall side
 async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
     """--sim-speed 4: a request takes a quarter of the engine's time in real time; every figure the server
     reports (histograms, /sim/clock) stays in simulated seconds."""
@@ -333,12 +352,12 @@ async def test_speed_runs_the_clock_faster_and_reports_simulated_time():
             async with s.get(url + "/metrics") as r:
                 fams = families(await r.text())
         exp_ttft, exp_end = engine_expectation(prompt, tg, 1)
-        assert wall == pytest.approx(exp_end[0] / 4, rel=0.25)
+        assert paced(wall * 4, exp_end[0]), (wall, exp_end)    # at speed 2 or 1 it would take 2-4x as long
         e2e = next(x.value for x in fams["vllm:e2e_request_latency_seconds"].samples if x.name.endswith("_sum"))
         ttft = next(x.value for x in fams["vllm:time_to_first_token_seconds"].samples if x.name.endswith("_sum"))
         assert e2e == pytest.approx(exp_end[0], rel=0.05)        # the server's own figures: simulated seconds
         assert ttft == pytest.approx(exp_ttft[0], rel=0.05, abs=0.01)
-        assert res["decode_s"] * 4 == pytest.approx(exp_end[0] - exp_ttft[0], rel=0.25)
+        assert paced(res["decode_s"] * 4, exp_end[0] - exp_ttft[0]), (res["decode_s"], exp_end, exp_ttft)
     finally:
         end(proc)
 
