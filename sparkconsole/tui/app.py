@@ -364,15 +364,15 @@ class SparkConsoleApp(NodeActions, App):
             if shown:
                 self.sub_title = self._title(max(shown))
         # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
-        visible = self.dashboard.visible_panels() if dirty else set()
+        drawn = self.dashboard.drawn() if dirty else ()
         for name in dirty:
             nm = self.node_monitor(name)
             panel = self.dashboard.panels.get(name)
             if nm is None or panel is None:
                 continue
             guards = self.guards_for(nm)
-            if name in visible:
-                panel.show(nm, guards, now, self.cluster.thresholds)
+            if panel in drawn:
+                panel.show(nm, guards, now, self.cluster.thresholds, drawn=drawn)
             if self.alerts is not None and self._live_monitor is None:   # never from a replay
                 self._take_alerts(self.alerts.observe_node(nm, guards))
         if dirty:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -42,6 +42,9 @@ class NodePanel(Vertical, can_focus=True):
         self.state: str = "CONNECTING"
         self.postmortem: dict | None = None
         self._lines: dict[str, Text] = {}
+        # What the border shows, as set: Textual hands a border title back as markup, never equal to a Text, and
+        # setting one repaints the whole panel.
+        self._border: dict[str, Text] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(Text("waiting for the agent…", style="dim"), classes="temp-line")
@@ -53,14 +56,25 @@ class NodePanel(Vertical, can_focus=True):
         yield Static("", classes="container")
         yield Static("", classes="postmortem")
 
-    def _put(self, selector: str, text: Text) -> None:
-        """Update a one-row line only when it changed; its height is fixed, so no layout pass is needed."""
+    def _put(self, selector: str, text: Text, drawn: Collection | None = None) -> None:
+        """Update a one-row line only when it changed and is on screen; its height is fixed, so no layout pass is
+        needed. A row off screen keeps its old text and is drawn by the first show() that finds it on screen."""
         if self._lines.get(selector) != text:
-            self._lines[selector] = text
-            self.query_one(selector, Static).update(text, layout=False)
+            line = self.query_one(selector, Static)
+            if drawn is None or line in drawn:
+                self._lines[selector] = text
+                line.update(text, layout=False)
 
-    def show(self, nm, guards: Sequence, now: float | None = None, thresholds: Thresholds | None = None) -> None:
-        """Draw a NodeMonitor's latest state (nothing here blocks; cheap enough for 32 nodes at a few Hz)."""
+    def _set_border(self, which: str, text: Text) -> None:
+        if self._border.get(which) != text:
+            self._border[which] = text
+            setattr(self, which, text)
+
+    def show(self, nm, guards: Sequence, now: float | None = None, thresholds: Thresholds | None = None,
+             drawn: Collection | None = None) -> None:
+        """Draw a NodeMonitor's latest state (nothing here blocks; cheap enough for 32 nodes at a few Hz).
+        `drawn`: the widgets on screen (DashboardScreen.drawn); the panel's rows outside it are left as they are
+        (a panel cut off by the bottom edge). None draws every row."""
         now = time.time() if now is None else now
         thresholds = thresholds or Thresholds()
         state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
@@ -79,16 +93,14 @@ class NodePanel(Vertical, can_focus=True):
         if last is not None and state != "LIVE":
             # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
             sub.append(f" · last tick {duration(now - last.received)} ago", style="dim")
-        if sub != self.border_subtitle:
-            self.border_subtitle = sub
+        self._set_border("border_subtitle", sub)
         gname = info.gpu_names[0] if info and info.gpu_names else None
         title = Text(self.node_name, style="bold")
         if gname:
             title.append(f" · {gname}", style="dim")
         if info and info.simulated:
             title.append(" · sim", style="magenta")
-        if title != self.border_title:
-            self.border_title = title
+        self._set_border("border_title", title)
 
         grey = "grey50" if stale else None
         gpu = last.gpus[0] if last and last.gpus else None
@@ -114,16 +126,11 @@ class NodePanel(Vertical, can_focus=True):
                 temp_line.append(f"  shutdown {num(gpu.shutdown_c, '°C')}", style=grey or "dim")
             if last and len(last.gpus) > 1:
                 temp_line.append(f"  GPU 0 of {len(last.gpus)}", style="dim")
-        self._put(".temp-line", temp_line)
+        self._put(".temp-line", temp_line, drawn)
 
         graph = self.query_one(TempGraph)
-        temps: list[float] = []
-        if nm.history:
-            want = min(graph.wanted, len(nm.history))
-            hist = itertools.islice(reversed(nm.history), want)      # newest first, no copy of the whole ring
-            temps = [t.gpus[0].temp_c for t in hist if t.gpus and t.gpus[0].temp_c is not None]
-            temps.reverse()
-        graph.set_data(temps, gpu.slowdown_c if gpu else None, stale)
+        if drawn is None or graph in drawn:
+            graph.set_data(self._recent_temps(nm.history, graph.wanted), gpu.slowdown_c if gpu else None, stale)
 
         reasons = Text(no_wrap=True, overflow="ellipsis")
         reasons.append("Clocks ", style="bold")
@@ -139,7 +146,7 @@ class NodePanel(Vertical, can_focus=True):
                     reasons.append(" · ", style="dim")
                 reasons.append(REASON_WORDS.get(r, r), style=grey or _SEVERITY_STYLE.get(REASON_SEVERITY.get(r, ""), ""))
                 reasons.append(f" {duration(spans.get(r))}", style="dim")
-        self._put(".reasons", reasons)
+        self._put(".reasons", reasons, drawn)
 
         power = Text(no_wrap=True, overflow="ellipsis")
         if gpu is not None:
@@ -153,15 +160,26 @@ class NodePanel(Vertical, can_focus=True):
                 power.append(f" / {gpu.sm_clock_max_mhz:.0f}", style="dim")
             power.append("  Util ", style="bold")
             power.append(num(gpu.util_pct, "%"), style=grey or "")
-        self._put(".power", power)
+        self._put(".power", power, drawn)
 
         bar = self.query_one(MemoryBar)
-        bar.floor_gib = thresholds.headroom_floor_gib
-        bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
-        self.query_one(GuardList).set_results(guards, stale)
-        self._put(".container", self._container_line(nm.containers, now, grey))
+        if drawn is None or bar in drawn:
+            bar.floor_gib = thresholds.headroom_floor_gib
+            bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
+        checklist = self.query_one(GuardList)
+        if drawn is None or checklist in drawn:
+            checklist.set_results(guards, stale)
+        self._put(".container", self._container_line(nm.containers, now, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
+
+    @staticmethod
+    def _recent_temps(history, wanted: int) -> list[float]:
+        """The last `wanted` GPU temperatures, oldest first, without copying the whole ring."""
+        hist = itertools.islice(reversed(history), min(wanted, len(history)))
+        temps = [t.gpus[0].temp_c for t in hist if t.gpus and t.gpus[0].temp_c is not None]
+        temps.reverse()
+        return temps
 
     def show_postmortem(self, pm: dict) -> None:
         """The recorder's post-mortem of this node (recorder/postmortem.py's dict)."""

@@ -6,7 +6,11 @@ from collections.abc import Sequence
 from itertools import groupby
 from operator import itemgetter
 
-from rich.text import Text
+from functools import lru_cache
+
+from rich.segment import Segment
+from rich.style import Style
+from textual.strip import Strip
 from textual.widget import Widget
 
 _BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -37,12 +41,14 @@ class TempGraph(Widget):
         self._temps: tuple[float, ...] = ()
         self._slowdown: float | None = None
         self.stale = False
+        self._strips: list[Strip] | None = None
 
     def set_data(self, temps: Sequence[float], slowdown_c: float | None, stale: bool = False) -> None:
         temps = tuple(temps)
         if temps == self._temps and slowdown_c == self._slowdown and stale == self.stale:
             return
         self._temps, self._slowdown, self.stale = temps, slowdown_c, stale
+        self._strips = None
         self.refresh()
 
     @property
@@ -50,13 +56,27 @@ class TempGraph(Widget):
         """How many samples are worth handing over: about 2x the width (the rest would be thinned away)."""
         return max(2 * self.size.width, 16)
 
-    def render(self) -> Text:
-        w, h = max(self.size.width - 6, 1), max(self.size.height, 1)
+    def on_resize(self) -> None:
+        self._strips = None
+
+    def render_line(self, y: int) -> Strip:
+        """Textual's line API, from strips made once per change: the graph changes every tick on every panel in
+        view, and going through a Text (then Textual's Content, wrapping and strips) cost ~1.8 ms a graph, most
+        of a 32-node screen update (docs/PERFORMANCE.md §4); these segments are made directly."""
+        if self._strips is None:
+            base = self.rich_style
+            width = self.size.width
+            self._strips = [Strip([Segment(text, base + _style(name)) for text, name in row]).adjust_cell_length(
+                width, base) for row in self.rows(max(width - 6, 1), max(self.size.height, 1))]
+        if y < len(self._strips):
+            return self._strips[y]
+        return Strip.blank(self.size.width, self.rich_style)
+
+    def rows(self, w: int, h: int) -> list[list[tuple[str, str]]]:
+        """The graph as rows of (text, style) runs, top row first: a 6-cell axis label, then `w` columns."""
         cols = thin(self._temps[-2 * w:], w)
-        text = Text(no_wrap=True, overflow="crop")
         if not cols:
-            text.append("no temperature readings", style="dim")
-            return text
+            return [[("no temperature readings", "dim")]]
         top_v = max(hi for _, hi in cols)
         thr = self._slowdown
         hi_v = max(top_v, thr + 2 if thr is not None else top_v) + 1
@@ -66,19 +86,18 @@ class TempGraph(Widget):
         thr_row = None if thr is None else min(h - 1, int((thr - lo_v) / span * h))
         bar_style = "grey50" if self.stale else "cyan"
         pad = w - len(levels)          # newest reading at the right edge
+        out = []
         for row in range(h - 1, -1, -1):
             if row == thr_row:
-                text.append(f"{thr:>4.0f}° ", style="red")
+                line = [(f"{thr:>4.0f}° ", "red")]
             elif row == h - 1:
-                text.append(f"{hi_v:>4.0f}° ", style="dim")
+                line = [(f"{hi_v:>4.0f}° ", "dim")]
             elif row == 0:
-                text.append(f"{lo_v:>4.0f}° ", style="dim")
+                line = [(f"{lo_v:>4.0f}° ", "dim")]
             else:
-                text.append("      ")
+                line = [("      ", "")]
             if pad > 0:
-                text.append(("╌" if row == thr_row else " ") * pad, style="red")
-            # One span per run of a style, not one per cell: Textual turns every span into a styled segment,
-            # and per-cell spans made this graph most of a 32-node screen update (docs/PERFORMANCE.md §4).
+                line.append((("╌" if row == thr_row else " ") * pad, "red"))
             over = thr_row is not None and row >= thr_row
             cells = []
             for lvl in levels:
@@ -88,8 +107,12 @@ class TempGraph(Widget):
                     cells.append(("╌", "red"))
                 else:
                     cells.append((ch, "bold red" if over else bar_style))
-            for style, run in groupby(cells, key=itemgetter(1)):
-                text.append("".join(ch for ch, _ in run), style=style)
-            if row:
-                text.append("\n")
-        return text
+            # One segment per run of a style, not one per cell.
+            line.extend(("".join(ch for ch, _ in run), style) for style, run in groupby(cells, key=itemgetter(1)))
+            out.append(line)
+        return out
+
+
+@lru_cache(maxsize=None)
+def _style(name: str) -> Style:
+    return Style.parse(name) if name else Style()
