@@ -47,22 +47,27 @@ class NodePanel(Vertical, can_focus=True):
         self._border: dict[str, Text] = {}
 
     def compose(self) -> ComposeResult:
-        yield Static(Text("waiting for the agent…", style="dim"), classes="temp-line")
-        yield TempGraph()
-        yield Static("", classes="reasons")
-        yield Static("", classes="power")
-        yield MemoryBar()
-        yield GuardList()
-        yield Static("", classes="container")
-        yield Static("", classes="postmortem")
+        # Kept by name: show() runs for every panel in view at every redraw, and a query per row adds up.
+        self._rows = {name: Static("", classes=name) for name in ("temp-line", "reasons", "power", "container",
+                                                                   "postmortem")}
+        self._rows["temp-line"].update(Text("waiting for the agent…", style="dim"))
+        self._graph, self._bar, self._checklist = TempGraph(), MemoryBar(), GuardList()
+        yield self._rows["temp-line"]
+        yield self._graph
+        yield self._rows["reasons"]
+        yield self._rows["power"]
+        yield self._bar
+        yield self._checklist
+        yield self._rows["container"]
+        yield self._rows["postmortem"]
 
-    def _put(self, selector: str, text: Text, drawn: Collection | None = None) -> None:
+    def _put(self, row: str, text: Text, drawn: Collection | None = None) -> None:
         """Update a one-row line only when it changed and is on screen; its height is fixed, so no layout pass is
         needed. A row off screen keeps its old text and is drawn by the first show() that finds it on screen."""
-        if self._lines.get(selector) != text:
-            line = self.query_one(selector, Static)
+        if self._lines.get(row) != text:
+            line = self._rows[row]
             if drawn is None or line in drawn:
-                self._lines[selector] = text
+                self._lines[row] = text
                 line.update(text, layout=False)
 
     def _set_border(self, which: str, text: Text) -> None:
@@ -126,9 +131,9 @@ class NodePanel(Vertical, can_focus=True):
                 temp_line.append(f"  shutdown {num(gpu.shutdown_c, '°C')}", style=grey or "dim")
             if last and len(last.gpus) > 1:
                 temp_line.append(f"  GPU 0 of {len(last.gpus)}", style="dim")
-        self._put(".temp-line", temp_line, drawn)
+        self._put("temp-line", temp_line, drawn)
 
-        graph = self.query_one(TempGraph)
+        graph = self._graph
         if drawn is None or graph in drawn:
             graph.set_data(self._recent_temps(nm.history, graph.wanted), gpu.slowdown_c if gpu else None, stale)
 
@@ -146,7 +151,7 @@ class NodePanel(Vertical, can_focus=True):
                     reasons.append(" · ", style="dim")
                 reasons.append(REASON_WORDS.get(r, r), style=grey or _SEVERITY_STYLE.get(REASON_SEVERITY.get(r, ""), ""))
                 reasons.append(f" {duration(spans.get(r))}", style="dim")
-        self._put(".reasons", reasons, drawn)
+        self._put("reasons", reasons, drawn)
 
         power = Text(no_wrap=True, overflow="ellipsis")
         if gpu is not None:
@@ -160,16 +165,16 @@ class NodePanel(Vertical, can_focus=True):
                 power.append(f" / {gpu.sm_clock_max_mhz:.0f}", style="dim")
             power.append("  Util ", style="bold")
             power.append(num(gpu.util_pct, "%"), style=grey or "")
-        self._put(".power", power, drawn)
+        self._put("power", power, drawn)
 
-        bar = self.query_one(MemoryBar)
+        bar = self._bar
         if drawn is None or bar in drawn:
             bar.floor_gib = thresholds.headroom_floor_gib
             bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
-        checklist = self.query_one(GuardList)
+        checklist = self._checklist
         if drawn is None or checklist in drawn:
             checklist.set_results(guards, stale)
-        self._put(".container", self._container_line(nm.containers, now, grey), drawn)
+        self._put("container", self._container_line(nm.containers, now, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
 
@@ -196,7 +201,7 @@ class NodePanel(Vertical, can_focus=True):
         line.append(pm["verdict"], style="yellow" if live else "bold red")
         if pm.get("evidence"):     # the whole of it: `sparkconsole postmortem NODE`, as the events pane says
             line.append(f" — {pm['evidence'][0]}")
-        self._put(".postmortem", line)
+        self._put("postmortem", line)
 
     def _container_line(self, containers, now: float, grey: str | None) -> Text:
         line = Text(no_wrap=True, overflow="ellipsis")
