@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import lru_cache
 from itertools import groupby
 from operator import itemgetter
-
-from functools import lru_cache
 
 from rich.segment import Segment
 from rich.style import Style
@@ -58,6 +57,10 @@ class TempGraph(Widget):
 
     def on_resize(self) -> None:
         self._strips = None
+
+    def notify_style_update(self) -> None:
+        self._strips = None         # a new theme, or the panel greyed as STALE: the strips carry the base style
+        super().notify_style_update()
 
     def render_line(self, y: int) -> Strip:
         """Textual's line API, from strips made once per change: the graph changes every tick on every panel in
