@@ -165,19 +165,21 @@ async def test_healthy_endpoint_polls_at_the_interval():
 
 
 async def test_slow_server_times_out():
+    answered = []
+
     async def slow(_):
         await asyncio.sleep(3)
+        answered.append(True)
         return web.Response(text="ok")
     async with Server({"/health": slow}) as srv:
         mon = EndpointMonitor(ep(srv.url), interval=0.2, timeout=0.3)
         try:
-            t0 = time.monotonic()
             s = await mon.poll()
-            took = time.monotonic() - t0
+            gave_up_first = not answered        # the poll ended on its timeout, before the server's answer
         finally:
             await mon.stop()
     assert s.healthy is False and "timed out" in s.error
-    assert took < 2.5                               # the timeout, not the server's 3 s
+    assert gave_up_first
 
 
 async def test_a_version_read_that_timed_out_is_tried_again_soon():

@@ -265,18 +265,29 @@ async def test_replayed_recording_feeds_the_monitor_like_a_live_node():
         await mon.stop()
 
 
-async def test_replay_paces_by_recorded_time_and_loops():
+async def test_replay_paces_by_recorded_time_and_loops(monkeypatch):
+    from sparkconsole.nodes import replay
     from sparkconsole.nodes.replay import ReplayTransport
     lines = (FIX / "agent-h100-idle.jsonl").read_text().splitlines()[:4]     # hello + 3 ticks, 0.5 s apart
     t = ReplayTransport(NodeConfig(name="n", address="127.0.0.1"), lines, speed=10, loop=True, runs_commands=False)
+    recorded = [json.loads(line)["time"] for line in lines]
+    waits = []       # the pauses the replay asks for, instead of timing them
+    sleep = asyncio.sleep
+
+    async def noted_sleep(delay, *args, **kwargs):
+        waits.append(delay)
+        return await sleep(0)
+    monkeypatch.setattr(replay.asyncio, "sleep", noted_sleep)
     s = t.stream([])
-    t0 = time.monotonic()
     got = [json.loads(await s.__anext__()) for _ in range(7)]
-    elapsed = time.monotonic() - t0
+    monkeypatch.undo()
     await s.close()
     assert [d["type"] for d in got] == ["hello"] + ["tick"] * 6                 # hello once, ticks loop
     assert [d["seq"] for d in got[1:]] == list(range(6))
-    assert 0.05 * 4 <= elapsed < 2.0              # ~0.05 s per tick at 10x; unpaced by speed it takes ~2.5 s
+    # Between two lines of the recording, its own gap divided by the speed (0.05 s between ticks at 10x).
+    gaps = {round((b - a) / 10, 6) for a, b in zip(recorded, recorded[1:])}
+    paced = {round(w, 6) for w in waits if w}
+    assert gaps <= paced and paced <= gaps | {0.0}, (waits, recorded)
     with pytest.raises(Exception, match="runs no commands"):
         await t.run(["true"])
 
