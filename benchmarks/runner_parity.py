@@ -334,6 +334,8 @@ def parse_plan(text: str) -> tuple[list[str] | None, dict[str, str], list[str]]:
         if not (i + 1 < len(lines) and lines[i + 1].lstrip().startswith("$ ")):
             continue
         words = shlex.split(lines[i + 1].lstrip()[2:])
+        if words[:2] == ["sh", "-c"] and len(words) == 3:    # a step with the node's own expansions (its caches)
+            words = shlex.split(words[2])
         if "start the container with a Ray head" in ln:
             env = _docker_env(words)
         if _STEP.match(ln):
@@ -341,7 +343,10 @@ def parse_plan(text: str) -> tuple[list[str] | None, dict[str, str], list[str]]:
                 return ["bash", "-c", words[-1].split(" >> /proc/1/fd/1")[0]], env, notes
             if "--entrypoint=" in words:
                 k = words.index("--entrypoint=")
-                return words[k + 2:], _docker_env(words[:k]), notes
+                command = words[k + 2:]
+                if command[3:4] == ["sparkconsole-mods-gate"]:     # sh -c GATE sparkconsole-mods-gate ARGV…
+                    command = command[4:]
+                return command, _docker_env(words[:k]), notes
     return None, env, notes
 
 

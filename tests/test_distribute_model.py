@@ -6,7 +6,6 @@ reaches a hub: the download step is tested by its argv and by the error of a nod
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import os
 import shutil
 import subprocess
@@ -20,6 +19,7 @@ from sparkconsole.distribute import models
 from sparkconsole.distribute.nodescript import STAGE_DIR, cache_dir_name
 from sparkconsole.errors import UserError
 from sparkconsole.nodes.transport import make_transport
+from tests.testbed.model import hf_layout as testbed_hf_layout
 
 pytestmark = pytest.mark.sshd
 MODEL = "testbed/tiny-llama"
@@ -27,19 +27,7 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 
 def hf_layout(model_dir: Path, hub: Path) -> Path:
-    """The model's files as huggingface_hub stores them: blobs by hash, snapshot links, refs/main."""
-    root = hub / cache_dir_name(MODEL)
-    (root / "blobs").mkdir(parents=True)
-    (root / "refs").mkdir()
-    (root / "refs" / "main").write_text(REV)
-    snap = root / "snapshots" / REV
-    snap.mkdir(parents=True)
-    for f in sorted(model_dir.iterdir()):
-        if f.is_file() and not f.name.startswith("."):
-            digest = hashlib.sha256(f.read_bytes()).hexdigest()
-            shutil.copyfile(f, root / "blobs" / digest)
-            (snap / f.name).symlink_to(f"../../blobs/{digest}")
-    return root
+    return testbed_hf_layout(model_dir, hub, MODEL, REV)
 
 
 def tree(root: Path) -> dict[str, object]:

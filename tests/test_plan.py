@@ -5,6 +5,7 @@ from __future__ import annotations
 import shlex
 import subprocess
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch import lint
 from sparkconsole.launch.argv import flag_value
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.steps import EXIT_MARK, Step
+from sparkconsole.launch.steps import EXIT_MARK, NodeExpr, Step
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a", vllm_port=8000),
@@ -139,9 +140,23 @@ def test_bundled_plan_field_by_field(key, topology, opts):
         _check_router(r, plan, routers[0], start, topology, opts)
     else:
         assert not routers and plan.endpoint == "http://192.168.100.10:8000"
-    # every step survives the trip through a shell unchanged
+    # every step survives the trip through a shell unchanged (a node-side expansion inside `sh -c`, as written)
     for s in plan.steps:
-        assert shlex.split(s.shell()) == list(s.argv)
+        assert shell_argv(s) == [shlex.split(a)[0] if isinstance(a, NodeExpr) else a for a in s.argv]
+
+
+def shell_argv_text(step: Step) -> str:
+    """The command line the node's shell runs: inside `sh -c` when the step has node-side expansions."""
+    words = shlex.split(step.shell())
+    return words[2] if words[:2] == ["sh", "-c"] and any(isinstance(a, NodeExpr) for a in step.argv) else step.shell()
+
+
+def shell_argv(step: Step) -> list[str]:
+    words = shlex.split(step.shell())
+    if any(isinstance(a, NodeExpr) for a in step.argv):
+        assert words[:2] == ["sh", "-c"] and len(words) == 3
+        return shlex.split(words[2])
+    return words
 
 
 def _check_router(r, plan, router, start, topology, opts):
@@ -207,14 +222,30 @@ def test_executor_flag_is_the_topologys_where_it_must_be():
         assert ray.count("--distributed-executor-backend") == 1 and ray[-1] == "ray"
 
 
-def test_placeholder_values_with_shell_metacharacters_stay_one_argument():
+def test_placeholder_values_with_shell_metacharacters_stay_one_argument(tmp_path):
     evil = "x'; touch /tmp/pwned; echo '"
     plan = make_plan(find_recipe("tiny-testbed"), "solo", CLUSTER, {"served_model_name": evil})
     start = next(s for s in plan.steps if s.service)
     assert plan.server_args["spark1/server"][plan.server_args["spark1/server"].index("--served-model-name") + 1] == evil
     # a real shell parses the rendered line back into exactly the planned argv
-    out = subprocess.run(["sh", "-c", 'printf "%s\\0" ' + start.shell()], capture_output=True, check=True).stdout
-    assert out.split(b"\0")[:-1] == [a.encode() for a in start.argv]
+    assert argv_through_shell(start, tmp_path) == expanded(start.argv, tmp_path)
+
+
+def argv_through_shell(step: Step, tmp: Path) -> list[str]:
+    """The argv a real shell hands `docker` for a step's rendered line, HOME being `tmp` (HF_HOME unset)."""
+    bin_dir = tmp / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "docker").write_text('#!/bin/sh\nprintf "%s\\0" docker "$@"\n')
+    (bin_dir / "docker").chmod(0o755)
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp)}
+    out = subprocess.run(["sh", "-c", step.shell()], capture_output=True, check=True, env=env).stdout
+    return out.decode().split("\0")[:-1]
+
+
+def expanded(argv, home: Path) -> list[str]:
+    """argv as the node's shell expands it: the Hugging Face and compile caches under HOME."""
+    return [a.replace('"${HF_HOME:-$HOME/.cache/huggingface}"', f"{home}/.cache/huggingface")
+            .replace('"$HOME"', str(home)) if isinstance(a, NodeExpr) else a for a in argv]
 
 
 def test_file_secret_is_read_on_the_node_and_never_in_the_plan(tmp_path):
@@ -229,7 +260,7 @@ def test_file_secret_is_read_on_the_node_and_never_in_the_plan(tmp_path):
     r = replace(r, secrets=(SecretRef("HF_TOKEN", f"file:{f}"),))
     plan = make_plan(r, "solo", CLUSTER)
     start = next(s for s in plan.steps if s.service)
-    assert start.shell().startswith(f'HF_TOKEN="$(cat -- {f})" docker run')
+    assert shell_argv_text(start).startswith(f'HF_TOKEN="$(cat -- {f})" docker run')
     assert token not in plan.render()
 
 
@@ -312,7 +343,7 @@ def test_any_placeholder_value_is_exactly_one_argument(value):
     argv = plan.server_args["spark1/server"]
     assert argv[argv.index("--served-model-name") + 1] == value
     start = next(s for s in plan.steps if s.service)
-    assert shlex.split(start.shell()) == list(start.argv)
+    assert shell_argv(start) == [shlex.split(a)[0] if isinstance(a, NodeExpr) else a for a in start.argv]
 
 
 def _nodes(n: int) -> ClusterConfig:

@@ -112,7 +112,7 @@ def local_cluster(docker_engine) -> ClusterConfig:
 
 
 def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, router_image: str | None = None,
-                litellm_venv: Path | None = None):
+                litellm_venv: Path | None = None, mods: tuple[str, ...] = ()):
     script = tmp_path / "server.py"
     script.write_text(SERVER)
     router = ""
@@ -145,6 +145,7 @@ def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, rou
         name: stdlib stand-in server
         model: fake-model
         container: {image}
+        mods: {list(mods)}
         defaults: {{served_model_name: fake-model, delay: 0.5, fail_host: none}}
         command: |
           {PY_HOME}/bin/python3 {script} {{port}} {{node_address}} {{served_model_name}} {{delay}} {{fail_host}}
@@ -157,6 +158,7 @@ def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, rou
             gpus: null
             ipc_host: false
             init: true
+            nofile: 16384          # this machine's Docker engine grants no more (its own hard limit)
             volumes: ["/usr:/usr:ro", "{PY_HOME}:{PY_HOME}:ro", "{tmp_path}:{tmp_path}:ro", "/etc/passwd:/etc/passwd:ro"]
     """) + textwrap.indent(textwrap.dedent(router).strip("\n"), "  ") + "\n")
     recipe = load_recipe(path)
@@ -282,6 +284,57 @@ async def test_failed_docker_run_cleans_up_what_started_before_it(tmp_path, dock
     assert containers(docker_engine) == []
 
 
+def write_mod(root: Path, name: str, run_sh: str, **files: str) -> None:
+    d = root / "mods" / name
+    d.mkdir(parents=True)
+    (d / "run.sh").write_text("#!/bin/bash\n" + run_sh)
+    for f, text in files.items():
+        (d / f).write_text(text)
+
+
+@pytest.mark.slow
+async def test_mods_are_applied_in_every_container_before_the_server_starts(tmp_path, docker_engine,
+                                                                          testbed_base_image, local_cluster, state):
+    # the first mod leaves a file where the server's working directory is; the second reads it: order kept
+    write_mod(tmp_path, "first", 'cp note.txt "$WORKSPACE_DIR/mod-note.txt"\necho first on $(hostname)\n',
+              **{"note.txt": "from the first mod\n"})
+    write_mod(tmp_path, "second", 'cat "$WORKSPACE_DIR/mod-note.txt" > "$WORKSPACE_DIR/mod-order.txt"\n')
+    recipe = fake_recipe(tmp_path, testbed_base_image, mods=("mods/first", "mods/second"))
+    plan = make_plan(recipe, "2x-solo", local_cluster)
+    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
+                   services=tuple(s for s in plan.services if s.role != "router"))
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=120)
+    try:
+        assert set(await runner.launch(plan)) == {"node1/server", "node2/server"}
+        for name in ("sc_run_1", "sc_run_2"):
+            out = docker_engine.run(["exec", name, "sh", "-c", 'cat "$PWD/mod-order.txt"']).stdout
+            assert out == "from the first mod\n"
+            # vLLM's stand-in is the container's main process, started only once the gate opened
+            assert "starting fake-model" in docker_engine.run(["logs", name]).stderr
+            assert docker_engine.inspect(name)["Args"][3] == "sparkconsole-mods-gate"
+    finally:
+        await runner.stop(plan)
+    assert containers(docker_engine) == []
+
+
+@pytest.mark.slow
+async def test_a_failing_mod_stops_the_launch_on_every_node_with_its_output(tmp_path, docker_engine,
+                                                                          testbed_base_image, local_cluster, state):
+    write_mod(tmp_path, "broken", 'echo "patching vllm/entrypoints/chat_utils.py"\n'
+                                  'echo "patch: **** malformed patch at line 7" >&2\nexit 3\n')
+    recipe = fake_recipe(tmp_path, testbed_base_image)
+    plan = make_plan(recipe, "2x-solo", local_cluster, {"apply_mods": [str(tmp_path / "mods" / "broken")]})
+    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
+                   services=tuple(s for s in plan.services if s.role != "router"))
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=60)
+    with pytest.raises(LaunchError) as ei:
+        await runner.launch(plan)
+    msg = str(ei.value)
+    assert "mod broken: run its run.sh" in msg and "malformed patch at line 7" in msg and "exit code 3" in msg
+    assert ei.value.node == "node1" and "stopped what it had started on node1" in msg
+    assert containers(docker_engine) == []          # node2 never started; node1's container is gone
+
+
 @pytest.mark.slow
 async def test_launch_never_replaces_a_running_container(tmp_path, docker_engine, testbed_base_image,
                                                          local_cluster, state):
@@ -335,9 +388,14 @@ def test_error_line_picks_the_exception():
 # --- real vLLM, over real SSH --------------------------------------------------------------------------------
 
 @pytest.fixture
-def ssh_cluster(sshd_nodes, docker_engine) -> ClusterConfig:
+def ssh_cluster(sshd_nodes, docker_engine, tiny_model, tmp_path) -> ClusterConfig:
+    """The two sshd nodes, each with the test engine and a Hugging Face cache of its own holding the tiny model
+    (the recipe names it by its Hugging Face id; the launch mounts the node's cache)."""
     base = sshd_nodes.cluster_config()
-    nodes = tuple(replace(n, container=f"sc_vllm_{i + 1}", vllm_port=free_port(n.address), env=docker_env(docker_engine))
+    for i in range(len(base.nodes)):
+        tiny_model.seed_hf_cache(tmp_path / f"hf{i + 1}")
+    nodes = tuple(replace(n, container=f"sc_vllm_{i + 1}", vllm_port=free_port(n.address),
+                          env=(*docker_env(docker_engine), ("HF_HOME", str(tmp_path / f"hf{i + 1}"))))
                   for i, n in enumerate(base.nodes))
     yield replace(base, nodes=nodes)
     for n in nodes:
@@ -345,8 +403,7 @@ def ssh_cluster(sshd_nodes, docker_engine) -> ClusterConfig:
 
 
 def tiny_overrides(vllm_env, tiny_model) -> dict:
-    return {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "model_path": str(tiny_model.path),
-            "served_model_name": tiny_model.name}
+    return {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "served_model_name": tiny_model.name}
 
 
 async def ssh_transports(cluster: ClusterConfig) -> dict:

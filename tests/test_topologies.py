@@ -50,14 +50,15 @@ class TopologyBed:
     engine: object         # DockerEngine
     containers: tuple[str, ...]
     ports: tuple[int, ...]
+    community: Path        # the recipe as a spark-vllm-docker checkout holds it, with a mod (community_checkout)
 
     def sc(self, *args: str, timeout: float = 900, extra_env: dict | None = None) -> subprocess.CompletedProcess:
         """`sparkconsole --cluster F ARGS`, as an operator types it."""
         return subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(self.cluster_file), *args],
                               capture_output=True, text=True, timeout=timeout, env={**self.env, **(extra_env or {})})
 
-    def recipe_args(self, *args: str) -> list[str]:
-        return [str(self.recipe), *args, *[a for k, v in self.sets.items() for a in ("--set", f"{k}={v}")]]
+    def recipe_args(self, *args: str, recipe: Path | None = None) -> list[str]:
+        return [str(recipe or self.recipe), *args, *[a for k, v in self.sets.items() for a in ("--set", f"{k}={v}")]]
 
     def ssh(self, node: int, command: str) -> str:
         """A command on a test node through its own sshd, as the node's shell runs it."""
@@ -72,6 +73,40 @@ class TopologyBed:
         return f"http://{self.nodes[node].address}:{self.ports[node]}"
 
 
+TEMPLATE_MARK = "sparkmodtemplate"
+
+
+def community_checkout(root: Path, recipe: Path) -> Path:
+    """The tiny recipe as a community checkout holds one: a spark-vllm-docker directory (its runner script, its
+    recipes/ and mods/), the recipe listing a mod that puts a chat template into the container's working directory
+    and the command naming that file, as community recipes do (`--chat-template unsloth.jinja`)."""
+    mod = root / "mods" / "tiny-chat-template"
+    mod.mkdir(parents=True)
+    (root / "launch-cluster.sh").write_text("#!/bin/bash\n# stands for the runner: marks the checkout\n")
+    (mod / "tiny-chat.jinja").write_text(
+        "{% for m in messages %}" + TEMPLATE_MARK + " {{ m['role'] }}: {{ m['content'] }}\n{% endfor %}assistant:")
+    (mod / "run.sh").write_text('#!/bin/bash\nset -e\ncp tiny-chat.jinja "$WORKSPACE_DIR/"\n'
+                                'echo "tiny-chat-template applied in $WORKSPACE_DIR"\n')
+    text = recipe.read_text().replace("mods: []\n", "mods:\n  - mods/tiny-chat-template\n")
+    text = text.replace("      --enforce-eager\n", "      --enforce-eager \\\n      --chat-template tiny-chat.jinja\n")
+    assert "tiny-chat.jinja" in text and "mods/tiny-chat-template" in text
+    (root / "recipes").mkdir()
+    (root / "recipes" / "tiny-chat.yaml").write_text(text)
+    return root / "recipes" / "tiny-chat.yaml"
+
+
+def chat_prompt(url: str, model: str) -> str:
+    """The prompt a chat completion was given, read back from the tokens the server reports it used."""
+    body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
+            "return_token_ids": True}
+    r = httpx.post(url + "/v1/chat/completions", json=body, timeout=180, trust_env=False)
+    assert r.status_code == 200, r.text
+    ids = r.json()["prompt_token_ids"]
+    d = httpx.post(url + "/detokenize", json={"model": model, "tokens": ids}, timeout=60, trust_env=False)
+    assert d.status_code == 200, d.text
+    return d.json()["prompt"]
+
+
 @contextlib.contextmanager
 def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_env, addresses=ADDRESSES):
     """sshd nodes at `addresses`, a cluster file over them (a core each, round robin over this machine's cores,
@@ -82,9 +117,12 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
     root = Path(tempfile.mkdtemp(prefix="sc-topologies-"))
     # Every session on these nodes finds the test engine, with nothing set by the client: a real node's docker.
     # LiteLLM's master key too: the router container takes it from the node's environment, by reference.
+    # Each node has a Hugging Face cache of its own (HF_HOME), as each Spark has: the launch mounts it.
     key = "sk-" + secrets.token_hex(16)
-    extra = (f"SetEnv DOCKER_HOST={docker_engine.host} DOCKER_CONFIG={docker_engine.root / 'client-config'} "
-             f"LITELLM_MASTER_KEY={key}\n")
+
+    def extra(i: int) -> str:
+        return (f"SetEnv DOCKER_HOST={docker_engine.host} DOCKER_CONFIG={docker_engine.root / 'client-config'} "
+                f"LITELLM_MASTER_KEY={key} HF_HOME={root / 'hf' / f'node{i + 1}'}\n")
     nodes = start_sshd_nodes(root / "sshd", addresses, extra_config=extra)
     containers = tuple(f"sc_topo_{os.getpid()}_{i + 1}" for i in range(len(addresses)))
     ports = tuple(free_port(a) for a in addresses)
@@ -102,13 +140,19 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
     recipe.write_text(text.replace("    port: 4000\n", f"    port: {free_port('0.0.0.0')}\n")
                       .replace("master_port: 29511", f"master_port: {free_port(addresses[0])}")
                       .replace("side_channel_port: 5600", f"side_channel_port: {free_port(addresses[0])}"))
-    sets = {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "model_path": str(tiny_model.path),
-            "served_model_name": tiny_model.name, "router_venv": str(vllm_router_env.path),
-            "litellm_venv": str(litellm_env.path)}
+    sets = {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "served_model_name": tiny_model.name,
+            "router_venv": str(vllm_router_env.path), "litellm_venv": str(litellm_env.path)}
     env = {k: v for k, v in os.environ.items() if not k.startswith("DOCKER_")}
     env.update(SPARKCONSOLE_STATE_DIR=str(root / "state"), NO_COLOR="1", SPARKCONSOLE_API_KEY=key)
+    bed = TopologyBed(root, cluster, recipe, sets, env, nodes, docker_engine, containers, ports,
+                      community_checkout(root / "spark-vllm-docker", recipe))
     try:
-        yield TopologyBed(root, cluster, recipe, sets, env, nodes, docker_engine, containers, ports)
+        # The operator downloaded the model on the first node; `model pull` copies it into the others' caches.
+        tiny_model.seed_hf_cache(root / "hf" / "node1")
+        pull = bed.sc("model", "pull", tiny_model.hf_id, "--from", "node1",
+                      *[a for n in nodes[1:] for a in ("--node", n.name)], "--yes", timeout=300)
+        assert pull.returncode == 0, pull.stdout + pull.stderr
+        yield bed
     finally:
         keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")      # where to leave the servers' logs for reading
         for c in containers:
@@ -133,10 +177,10 @@ def names_on(bed: TopologyBed, node: int) -> list[str]:
     return sorted(n for n in out if n.startswith(bed.containers[0].rsplit("_", 1)[0]))
 
 
-def vllm_processes(model_path: str) -> list[str]:
+def vllm_processes(model: str) -> list[str]:
     """vLLM processes of this machine serving the test bed's model (the containers' processes run here)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
-    return [ln for ln in out.splitlines() if "vllm" in ln and model_path in ln and "ps -eo" not in ln]
+    return [ln for ln in out.splitlines() if "vllm" in ln and model in ln and "ps -eo" not in ln]
 
 
 async def stream_chat(url: str, model: str, max_tokens: int, prompt: str = "hello there") -> tuple[int, int]:
@@ -202,11 +246,19 @@ def counter(text: str, name: str, **labels: str) -> float:
 
 @pytest.mark.timeout(1500)
 def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_clean(bed, tiny_model):
-    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "cluster-tp2", "--yes", "--force"))
+    """The community recipe (model by Hugging Face id, a mod): the mod on both nodes before vLLM starts, the
+    model from each node's own cache, the template the mod brought in use."""
+    args = lambda *a: bed.recipe_args(*a, recipe=bed.community)      # noqa: E731
+    launch = bed.sc("recipe", "launch", *args("-T", "cluster-tp2", "--yes", "--force"))
     assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
     out = launch.stdout
     assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(0)), out), out[-2000:]
     assert re.search(r"node2\s+ready\s+worker ready", out), out[-2000:]
+    for i in (0, 1):
+        assert re.search(rf"node{i + 1}\s+ok\s+mod tiny-chat-template: run its run.sh", out), out[-3000:]
+        assert TEMPLATE_MARK in bed.ssh(i, f"docker exec {bed.containers[i]} sh -c 'cat \"$PWD\"/tiny-chat.jinja'")
+        assert_serves_from_node_cache(bed, i)
+    assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(0), tiny_model.name)
     assert names_on(bed, 0) == sorted(bed.containers) and names_on(bed, 1) == sorted(bed.containers)
     head_args = bed.engine.inspect(bed.containers[0])["Args"]
     worker_args = bed.engine.inspect(bed.containers[1])["Args"]
@@ -228,21 +280,48 @@ def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_cl
     keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
     if keep:   # recorded for the console's tests (tests/fixtures/docker-inspect-cluster-tp2-worker-lost.json)
         (Path(keep) / "inspect.json").write_text(bed.engine.run(["inspect", *bed.containers]).stdout)
-    status = bed.sc("recipe", "status", *bed.recipe_args("-T", "cluster-tp2"), timeout=120)
+    status = bed.sc("recipe", "status", *args("-T", "cluster-tp2"), timeout=120)
     assert status.returncode == 1, status.stdout + status.stderr
     assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
                      status.stdout), status.stdout
     assert re.search(r"node1 +server .* running .*health ok", status.stdout), status.stdout
-    restart = bed.sc("recipe", "restart", *bed.recipe_args("-T", "cluster-tp2", "--yes", "--force"))
+    restart = bed.sc("recipe", "restart", *args("-T", "cluster-tp2", "--yes", "--force"))
     assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
     order = [m.group(1) for m in re.finditer(r"(node\d)\s+step\s+start vLLM (?:server|worker)", restart.stdout)]
     assert order == ["node1", "node2"], restart.stdout[-2000:]
+    # a restart is a fresh container, so the mod is applied again on both nodes, as the runner does
+    assert len(re.findall(r"node\d\s+ok\s+mod tiny-chat-template: run its run.sh", restart.stdout)) == 2
     assert asyncio.run(stream_chat(bed.url(0), tiny_model.name, 8))[1] == 8
 
-    stop = bed.sc("recipe", "stop", *bed.recipe_args("-T", "cluster-tp2", "--yes"), timeout=300)
+    stop = bed.sc("recipe", "stop", *args("-T", "cluster-tp2", "--yes"), timeout=300)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
-    assert vllm_processes(str(tiny_model.path)) == []
+    assert vllm_processes(tiny_model.hf_id) == []
+
+
+def assert_serves_from_node_cache(bed: TopologyBed, i: int) -> None:
+    """The container sees the node's own Hugging Face cache, and no model path of the test bed's is mounted."""
+    mounts = {m["Destination"]: m["Source"] for m in bed.engine.inspect(bed.containers[i])["Mounts"]}
+    assert mounts["/root/.cache/huggingface"] == str(bed.root / "hf" / f"node{i + 1}"), mounts
+    assert not any("models" in src for src in mounts.values()), mounts
+
+
+@pytest.mark.timeout(900)
+def test_solo_community_recipe_serves_the_model_model_pull_copied_with_its_mod(bed, tiny_model):
+    """Solo on the second node: its cache holds the model only because `model pull` copied it from the first."""
+    args = lambda *a: bed.recipe_args(*a, recipe=bed.community)      # noqa: E731
+    plan = bed.sc("recipe", "plan", *args("-T", "solo", "-n", "node2"), timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "mod tiny-chat-template: copy its 2 file(s) in" in plan.stdout, plan.stdout
+    launch = bed.sc("recipe", "launch", *args("-T", "solo", "-n", "node2", "--yes", "--force"))
+    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+    try:
+        assert_serves_from_node_cache(bed, 1)
+        assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(1), tiny_model.name)
+    finally:
+        stop = bed.sc("recipe", "stop", *args("-T", "solo", "-n", "node2", "--yes"), timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert names_on(bed, 1) == []
 
 
 # --- cluster TP=2, Ray backend -------------------------------------------------------------------------------

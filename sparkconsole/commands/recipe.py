@@ -87,6 +87,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sp.add_argument("--ib-if", help="RDMA device for NCCL_IB_HCA")
         sp.add_argument("--master-port", type=int)
         sp.add_argument("--drop-caches", action="store_true", help="drop the page cache before the load (seed 004)")
+        sp.add_argument("--apply-mod", action="append", default=[], dest="apply_mods", metavar="PATH",
+                        help="a mod (directory or .zip holding run.sh) applied after the recipe's own (repeat)")
+        sp.add_argument("--non-privileged", action="store_true",
+                        help="no --privileged: IPC_LOCK and /dev/infiniband only, as the runner's --non-privileged")
+        sp.add_argument("--no-cache-dirs", action="store_true",
+                        help="do not mount the node's compile caches (vLLM, FlashInfer, Triton, TileLang)")
         sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
         sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
         sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
@@ -117,7 +123,9 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
     extra = list(getattr(args, "extra", None) or [])
     for k, v in (("nodes", args.nodes), ("extra_args", extra), ("router", args.router), ("backend", args.backend),
                  ("eth_if", args.eth_if), ("ib_if", args.ib_if), ("master_port", args.master_port),
-                 ("drop_caches", args.drop_caches or None)):
+                 ("drop_caches", args.drop_caches or None), ("apply_mods", getattr(args, "apply_mods", None)),
+                 ("non_privileged", getattr(args, "non_privileged", None)),
+                 ("no_cache_dirs", getattr(args, "no_cache_dirs", None))):
         if v:
             out[k] = v
     return out
@@ -319,7 +327,7 @@ def run(args: argparse.Namespace) -> int | Any:
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]
     overrides, found = overrides_from(args), []
-    if topology == "cluster-tp2" and not args.offline:
+    if topology in ("cluster-tp2", "disagg") and not args.offline:
         overrides, found = _run_async(_discover_links(recipe, topology, cluster, overrides))
     plan = make_plan(recipe, topology, cluster, overrides)
     if found:

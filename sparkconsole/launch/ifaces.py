@@ -125,30 +125,81 @@ async def discover(transport, peer_address: str) -> tuple[str | None, str | None
     return eth_if, ib_if, how
 
 
+def choose_link_address(cidrs: list[str], ssh_address: str) -> str | None:
+    """The address a node's ranks should use on its cluster interface: the one sparkconsole reaches it at when
+    that address is on the interface's networks (the operator already uses the link), else the interface's
+    first address (the runner's choice: the cluster link, not the management LAN). None: no IPv4 address."""
+    try:
+        ssh_ip = ipaddress.ip_address(ssh_address)
+    except ValueError:
+        ssh_ip = None
+    nets = []
+    for c in cidrs:
+        try:
+            nets.append(ipaddress.ip_interface(c))
+        except ValueError:
+            continue
+    if ssh_ip is not None and any(ssh_ip in n.network for n in nets):
+        return ssh_address
+    return str(nets[0].ip) if nets else None
+
+
+async def link_address(transport, iface: str, ssh_address: str) -> str | None:
+    """The node's address on `iface` (choose_link_address), read with `ip -o -4 addr show dev IFACE`."""
+    from ..nodes.transport import TransportError
+    try:
+        res = await transport.run(["ip", "-o", "-4", "addr", "show", "dev", iface], timeout=20)
+    except TransportError:
+        return None
+    return choose_link_address(parse_ipv4_addrs(res.stdout).get(iface, []), ssh_address) if res.rc == 0 else None
+
+
 async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -> tuple[dict, list[str]]:
-    """The link interfaces a cluster plan needs and nobody wrote down (no --eth-if, none in the cluster file or
-    the recipe), discovered on each node the plan uses, towards its peer (the head for a worker, the first worker
-    for the head). Returns (overrides with per-node `eth_if`/`ib_if` added, a note per node saying how each was
-    found). `connect(node_config)` gives a connected transport. Nothing to find: the overrides as given."""
+    """What a plan across nodes needs to know of the link between them, read from the nodes it uses:
+    - for a cluster launch, the link interfaces nobody wrote down (no --eth-if, none in the cluster file or the
+      recipe), discovered towards its peer (the head for a worker, the first worker for the head);
+    - for a cluster or disaggregated launch, each node's address on its link interface (`cluster_addresses`),
+      which the ranks, the master and the NIXL side channel use instead of the SSH address.
+    Returns (overrides with `eth_if`/`ib_if`/`cluster_addresses` added, a note per finding). `connect(node)`
+    gives a connected transport."""
     from .plan import make_plan
-    if topology != "cluster-tp2" or overrides.get("eth_if") or recipe.cluster.eth_if:
+    if topology not in ("cluster-tp2", "disagg"):
         return overrides, []
-    probe = make_plan(recipe, topology, cluster, {**overrides, "eth_if": "lo"})    # which nodes, in order
+    probe = make_plan(recipe, topology, cluster, {**overrides, "eth_if": overrides.get("eth_if") or "lo"})
     nodes = [cluster.node(n) for n in probe.nodes]
-    missing = [n for n in nodes if not n.eth_if]
-    if not missing:
-        return overrides, []
-    eth: dict[str, str] = {n.name: n.eth_if for n in nodes if n.eth_if}
-    ib: dict[str, str] = {}
-    notes = []
-    for n in missing:
-        peer = nodes[1] if n.name == nodes[0].name else nodes[0]
-        e, i, how = await discover(await connect(n), peer.address)
-        eth[n.name] = e
-        if i and not n.ib_if and not overrides.get("ib_if") and not recipe.cluster.ib_if:
-            ib[n.name] = i
-        notes.append(f"{n.name}: eth_if {e}" + (f", ib_if {i}" if i else "") + f" discovered ({how})")
-    out = {**overrides, "eth_if": eth}
-    if ib:
-        out["ib_if"] = ib
+    transports: dict[str, object] = {}
+
+    async def transport(n):
+        if n.name not in transports:
+            transports[n.name] = await connect(n)
+        return transports[n.name]
+    out, notes = dict(overrides), []
+    eth: dict[str, str] = {}
+    if topology == "cluster-tp2" and not overrides.get("eth_if") and not recipe.cluster.eth_if:
+        eth = {n.name: n.eth_if for n in nodes if n.eth_if}
+        ib: dict[str, str] = {}
+        for n in [n for n in nodes if not n.eth_if]:
+            peer = nodes[1] if n.name == nodes[0].name else nodes[0]
+            e, i, how = await discover(await transport(n), peer.address)
+            eth[n.name] = e
+            if i and not n.ib_if and not overrides.get("ib_if") and not recipe.cluster.ib_if:
+                ib[n.name] = i
+            notes.append(f"{n.name}: eth_if {e}" + (f", ib_if {i}" if i else "") + f" discovered ({how})")
+        if len(eth) == len(nodes) and notes:
+            out["eth_if"] = eth
+        if ib:
+            out["ib_if"] = ib
+    addresses = {}
+    for n in nodes:
+        given = overrides.get("eth_if")
+        iface = eth.get(n.name) or (given.get(n.name) if isinstance(given, dict) else given) or n.eth_if \
+            or recipe.cluster.eth_if
+        if not iface:
+            continue
+        addr = await link_address(await transport(n), iface, n.address)
+        if addr and addr != n.address:
+            addresses[n.name] = addr
+            notes.append(f"{n.name}: cluster link address {addr} on {iface} (SSH reaches it at {n.address})")
+    if addresses:
+        out["cluster_addresses"] = addresses
     return out, notes

@@ -59,6 +59,12 @@ class ContainerSettings:
     init: bool = False
     volumes: tuple[str, ...] = ()      # may hold {placeholders}
     tmpfs: tuple[str, ...] = ()
+    # As launch-cluster.sh starts the container: privileged (RDMA devices for NCCL over the ConnectX-7 link),
+    # the nofile ulimit, and the node's compile caches mounted (vLLM, FlashInfer, Triton, TileLang).
+    privileged: bool = True
+    nofile: int | None = 1048576       # launch-cluster.sh's VLLM_SPARK_NOFILE_LIMIT default
+    pids_limit: int = 4096             # non-privileged mode only, as the runner's --pids-limit
+    cache_dirs: bool = True
 
 
 @dataclass(frozen=True)
@@ -342,7 +348,8 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
 
     cs = r.mapping(sc, p, "container", "write 'container: {memory: 100g, shm_size: 64g}'")
     cp = p + ("container",)
-    r.unknown(cs, cp, {"name", "memory", "shm_size", "gpus", "ipc_host", "init", "volumes", "tmpfs"})
+    r.unknown(cs, cp, {"name", "memory", "shm_size", "gpus", "ipc_host", "init", "volumes", "tmpfs", "privileged",
+                       "nofile", "pids_limit", "cache_dirs"})
     dflt = ContainerSettings()
 
     def size(k: str, default: str | None) -> str | None:
@@ -365,7 +372,11 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
         ipc_host=r.get(cs, cp, "ipc_host", bool, dflt.ipc_host, "write true or false"),
         init=r.get(cs, cp, "init", bool, dflt.init, "write true or false"),
         volumes=r.str_list(cs, cp, "volumes", "write a list of HOST:CONTAINER[:ro]"),
-        tmpfs=r.str_list(cs, cp, "tmpfs", "write a list of container paths"))
+        tmpfs=r.str_list(cs, cp, "tmpfs", "write a list of container paths"),
+        privileged=r.get(cs, cp, "privileged", bool, dflt.privileged, "write true or false"),
+        nofile=_positive(r, cs, cp, "nofile", dflt.nofile),
+        pids_limit=_positive(r, cs, cp, "pids_limit", dflt.pids_limit) or dflt.pids_limit,
+        cache_dirs=r.get(cs, cp, "cache_dirs", bool, dflt.cache_dirs, "write true or false"))
 
     secrets_raw = sc.get("secrets")
     secret_refs: list[SecretRef] = []
@@ -436,6 +447,15 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
 
 
 ROUTER_CHOICES = ("vllm-router", "simple-shuffle", "least-busy")
+
+
+def _positive(r: _Reader, m: Mapping, path: tuple, key: str, default: int | None) -> int | None:
+    if key in m and m[key] is None:
+        return None
+    v = r.get(m, path, key, int, default, f"write a whole number, e.g. {key}: {default}")
+    if v is not None and (isinstance(v, bool) or v < 1):
+        raise r.err(path + (key,), f"{key} must be a whole number ≥ 1", f"write e.g. {key}: {default}")
+    return v
 
 
 def _iface(r: _Reader, m: Mapping, path: tuple, key: str) -> str | None:

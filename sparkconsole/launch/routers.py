@@ -4,12 +4,15 @@ on the head node; and the refusal of compromised LiteLLM releases wherever a rec
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from ..config import NodeConfig
 from ..errors import UserError
 from .recipe import Recipe, RouterImpl, SecretRef, fill
 from .steps import Service, Step, launch_labels, url_host
+
+if TYPE_CHECKING:
+    from .planning import PlanBuilder
 
 # Added first-token latency measured on this project's test bed (docs/testbed notes): shown in the plan.
 ROUTER_OVERHEAD_NOTE = {
@@ -34,11 +37,12 @@ def compromised_versions(impl: RouterImpl, *, litellm: bool) -> list[str]:
 DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 
 
-def add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, servers: list[Service],
-                steps: list[Step], services: list[Service], notes: list[str], params: Mapping[str, Any],
-                router_dir: str, listens: dict[str, list[tuple[str, int]]], disagg: bool = False) -> str:
+def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
+    """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
+    recipe, topology, params, steps = b.recipe, b.topology, b.params, b.steps
+    router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
     port = recipe.router.port
-    name = f"{head.container if not recipe.container_settings.name else recipe.container_settings.name}_router"
+    name = f"{b.cname(head)}_router"
     url = f"http://{url_host(head.address)}:{port}"
     model = servers[0].model
     impl: RouterImpl
@@ -62,7 +66,7 @@ def add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, ser
         env: list[tuple[str, str]] = []
         mounts: list[str] = []
         secrets: tuple[SecretRef, ...] = ()
-        notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
+        b.notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
     else:
         impl = recipe.router.litellm
         bad = compromised_versions(impl, litellm=True)
@@ -82,7 +86,7 @@ def add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, ser
         env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")]
         mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
         secrets = (SecretRef("LITELLM_MASTER_KEY"),)
-        notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
+        b.notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
     argv = ["docker", "run", "-d", "--name", name, *launch_labels(recipe, topology, "router", head, url),
             "--network", "host", "--init"]
     for v in [*mounts, *impl.volumes]:
@@ -97,8 +101,8 @@ def add_router(recipe: Recipe, topology: str, choice: str, head: NodeConfig, ser
     argv += ["--entrypoint=", impl.image, *args]
     key = f"{head.name}/router"
     steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
-    listens.setdefault(head.name, []).append((head.address, port))
-    services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
+    b.listen(head, port)
+    b.services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
                             health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
     return url
 

@@ -220,6 +220,10 @@ class Runner:
         if any(t in text for t in step.tolerate):
             emit(step.node, "ok", f"{step.what} (nothing to do)", step.service)
             return None
+        if step.report_output:
+            # a mod's run.sh says why it failed in its own words, on either stream
+            tail = [ln.strip() for ln in (res.stdout + "\n" + res.stderr).splitlines() if ln.strip()][-4:]
+            return secrets.redact(f"exit code {res.rc}: " + (" | ".join(tail) or "no output"))[:600]
         # docker ends with "Run 'docker run --help'": the error itself is the line that says so
         why = (error_line(res.stderr.splitlines())
                or f"exit code {res.rc} and no error output (was the connection to {step.node} lost?)")
@@ -260,9 +264,10 @@ class Runner:
             if why is not None:
                 emit(step.node, "failed", f"{step.what}: {why}", step.service)
                 left = await self._cleanup(plan, started, emit)
+                fix = ("the mod's run.sh failed in the container: fix it (or the image it patches), or launch "
+                       "without it" if step.report_output else _fix_for(why, plan))
                 raise LaunchError(f"launch failed on node {step.node}: {step.what}: {why}"
-                                  + self._cleanup_note(started, left), node=step.node,
-                                  fix=_fix_for(why, plan))
+                                  + self._cleanup_note(started, left), node=step.node, fix=fix)
 
     @staticmethod
     def _cleanup_note(started: Sequence[Service], left: Sequence[Service] = ()) -> str:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from ..config import NodeConfig
 from .recipe import Recipe, SecretRef
@@ -17,6 +17,19 @@ RAY_JOIN_TIMEOUT_S = 120.0
 # A server started by `docker exec` (vLLM on a Ray cluster) is not the container's main process: its end is
 # written to the container log as this line and its exit code.
 EXIT_MARK = "sparkconsole: vLLM exited with code"
+
+
+class NodeExpr(str):
+    """An argument the node's shell expands, as the runner's own script does: the node's Hugging Face cache
+    (`${HF_HOME:-$HOME/.cache/huggingface}`) and the compile caches under its `$HOME`. Only sparkconsole's own
+    constants are ever NodeExprs, never a recipe's or an operator's text, so nothing user-given is expanded."""
+
+    __slots__ = ()
+
+
+def shell_words(argv: Sequence[str]) -> str:
+    """argv as one shell line: every word quoted, a NodeExpr left for the shell to expand."""
+    return " ".join(a if isinstance(a, NodeExpr) else shlex.quote(a) for a in argv)
 
 @dataclass(frozen=True)
 class Step:
@@ -30,6 +43,8 @@ class Step:
     service: str | None = None                  # the service this step starts
     expect: tuple[str, int] | None = None       # (regex, n): success needs n stdout lines matching it…
     retry_s: float = 0.0                        # …tried again each second for this long
+    input_label: str | None = None              # stdin that is not text (a mod's tar), in words for the plan
+    report_output: bool = False                 # on failure, its own output is the reason (a mod's run.sh)
 
     def shell(self) -> str:
         """The command line as the node's shell gets it: argv quoted, file secrets read there."""
@@ -39,7 +54,10 @@ class Step:
                 path = s.source[5:]
                 quoted = '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
                 prefix.append(f'{s.name}="$(cat -- {quoted})"')
-        return " ".join([*prefix, shlex.join(self.argv)])
+        line = " ".join([*prefix, shell_words(self.argv)])
+        # Inside `sh -c` the node's expansions see the environment the runner puts before the command
+        # (`HF_HOME=… sh -c …`); expanded by the outer shell they would see the login's instead.
+        return f"sh -c {shlex.quote(line)}" if any(isinstance(a, NodeExpr) for a in self.argv) else line
 
 
 @dataclass(frozen=True)
@@ -92,6 +110,7 @@ class Plan:
     server_env: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)  # service key → its env
     listens: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)     # node → (address, port)
     cpu_build: bool = False                     # vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, or no --gpus)
+    mods: tuple[str, ...] = ()                  # mods applied in every server's container, in order
 
     def for_node(self, node: str) -> list[Step]:
         return [s for s in self.steps if s.node == node]
@@ -101,8 +120,9 @@ class Plan:
 
     @property
     def restartable_in_place(self) -> bool:
-        # A tensor-parallel group must come up together; single-node servers can restart one by one.
-        return self.topology != "cluster-tp2"
+        # A tensor-parallel group must come up together; single-node servers can restart one by one. Mods are
+        # applied to a fresh container, as the runner does on every start: a plan with mods is relaunched.
+        return self.topology != "cluster-tp2" and not self.mods
 
     def render(self, addresses: Mapping[str, str] | None = None) -> str:
         from .. import secrets as _secrets
@@ -119,7 +139,9 @@ class Plan:
             for s in steps:
                 lines.append(f"  {order[id(s)]}. {s.what}")
                 lines.append(f"     $ {_secrets.redact(s.shell())}")
-                if s.input is not None:
+                if s.input_label is not None:
+                    lines.append(f"     (stdin: {s.input_label})")
+                elif s.input is not None:
                     lines.append("     (stdin: " + _secrets.redact(s.input.decode("utf-8", "replace")).strip()
                                  .replace("\n", "\n             ") + ")")
         for note in self.notes:

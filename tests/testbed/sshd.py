@@ -20,6 +20,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable
 
 import pytest
 
@@ -183,9 +184,10 @@ class SshdCluster(list):
             n.stop()
 
 
-def start_sshd_nodes(root: Path, addresses=ADDRESSES, extra_config: str = "") -> SshdCluster:
+def start_sshd_nodes(root: Path, addresses=ADDRESSES, extra_config: str | Callable[[int], str] = "") -> SshdCluster:
     """`extra_config`: more sshd_config lines, e.g. `SetEnv DOCKER_HOST=…` so that every session on these nodes
-    finds its Docker engine the way a real node's shell does, with nothing set by the client."""
+    finds its Docker engine the way a real node's shell does, with nothing set by the client; or a function of
+    the node's index giving each node its own (e.g. its own HF_HOME)."""
     import getpass
     user = getpass.getuser()
     root.mkdir(parents=True, exist_ok=True)
@@ -216,7 +218,7 @@ PermitRootLogin prohibit-password
 MaxStartups 64
 MaxSessions 64
 LogLevel ERROR
-{extra_config}""")
+{extra_config(i) if callable(extra_config) else extra_config}""")
         algo, blob = host_key.with_suffix(".pub").read_text().split()[:2]
         known_lines.append(f"[{address}]:{port} {algo} {blob}\n")
         nodes.append(SshdNode(name=f"node{i + 1}", address=address, port=port, user=user, identity=str(identity),

@@ -1,0 +1,188 @@
+"""Recipe mods, applied as spark-vllm-docker's launch-cluster.sh `--apply-mod` applies them: each a directory
+(or a .zip) holding a `run.sh`, copied into the idle container under /workspace/mods/NAME and run there, on
+every node, in the recipe's order and then the command line's, before vLLM starts.
+
+A recipe's mod path is resolved against the checkout the recipe lives in (the runner: `SCRIPT_DIR / mod`), a
+command-line one against the working directory. A missing mod, or one without `run.sh`, is a one-line error
+before anything starts. The files travel as a tar on the step's stdin (`docker cp - CONTAINER:DIR`), so they
+reach a node over its own SSH connection without a copy on the node's disk.
+"""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import UserError
+from .steps import Step
+
+WORKSPACE = "/workspace"
+MODS_DIR = f"{WORKSPACE}/mods"
+# The container's main process waits for this file before it execs vLLM: the mods are applied while it waits,
+# and vLLM stays the container's main process, so its exit is the container's exit (launch health reads that).
+GATE_FILE = f"{WORKSPACE}/.sparkconsole-mods-applied"
+GATE_SCRIPT = f'while [ ! -e {GATE_FILE} ]; do sleep 0.2; done; exec "$@"'
+# As the runner runs a mod: from its own directory, with WORKSPACE_DIR the container's working directory
+# (mods copy files there for the vLLM command to find, e.g. a chat template).
+RUN_SCRIPT = "export WORKSPACE_DIR=$PWD && cd \"$1\" && chmod +x run.sh && ./run.sh"
+MAX_MOD_BYTES = 64 * 1024 * 1024
+# A directory holding one of these is a spark-vllm-docker checkout: its recipes' mod paths start there.
+CHECKOUT_MARKERS = ("run-recipe.py", "run-recipe.sh", "launch-cluster.sh")
+
+
+@dataclass(frozen=True)
+class Mod:
+    name: str               # the directory's name, or the zip's without .zip (the runner's naming)
+    source: str             # where it was read, as resolved
+    kind: str               # dir | zip
+    archive: bytes          # a tar of what lands in MODS_DIR/NAME
+    files: int
+
+    @property
+    def dest(self) -> str:
+        return f"{MODS_DIR}/{self.name}"
+
+
+def checkout_root(recipe_source: str) -> Path:
+    """The spark-vllm-docker checkout a recipe file belongs to: the nearest directory above it holding the
+    runner; else the parent of its `recipes/` directory; else its own directory."""
+    here = Path(recipe_source).resolve().parent
+    for d in (here, *here.parents):
+        if any((d / m).is_file() for m in CHECKOUT_MARKERS):
+            return d
+    for d in (here, *here.parents):
+        if d.name == "recipes":
+            return d.parent
+    return here
+
+
+def resolve_mods(recipe_mods: Sequence[str], recipe_source: str, extra: Sequence[str] = ()) -> tuple[Mod, ...]:
+    """The recipe's mods (against its checkout), then the command line's (against the working directory)."""
+    out: list[Mod] = []
+    root = checkout_root(recipe_source) if recipe_mods else Path.cwd()
+    for i, m in enumerate(recipe_mods):
+        p = Path(m).expanduser()
+        out.append(load_mod(p if p.is_absolute() else root / p, file=recipe_source, field=f"mods[{i}]"))
+    for m in extra:
+        out.append(load_mod(Path(m).expanduser().resolve(), file=None, field="--apply-mod"))
+    names = [m.name for m in out]
+    for n in names:
+        if names.count(n) > 1:
+            raise UserError(f"two mods are named {n!r}: both would land in {MODS_DIR}/{n}", file=recipe_source,
+                            field="mods", fix="apply each mod once, or rename one of them")
+    return tuple(out)
+
+
+def load_mod(path: Path, *, file: str | None, field: str) -> Mod:
+    if not path.exists():
+        raise UserError(f"mod {str(path)[:120]} does not exist", file=file, field=field,
+                        fix="check the path (a recipe's mods are relative to its spark-vllm-docker checkout)")
+    if path.is_dir():
+        if not (path / "run.sh").is_file():
+            raise UserError(f"mod directory {str(path)[:120]} has no run.sh", file=file, field=field,
+                            fix="a mod is a directory (or .zip) holding run.sh")
+        return _from_dir(path)
+    if path.suffix == ".zip":
+        return _from_zip(path, file=file, field=field)
+    raise UserError(f"mod {str(path)[:120]} is neither a directory nor a .zip file", file=file, field=field,
+                    fix="name a mod directory holding run.sh, or a .zip of one")
+
+
+def _tar_info(name: str, size: int, mode: int) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.size, info.mode, info.uid, info.gid = size, mode, 0, 0
+    return info
+
+
+def _from_dir(path: Path) -> Mod:
+    buf, files, total = io.BytesIO(), 0, 0
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for f in sorted(path.rglob("*")):
+            rel = f.relative_to(path).as_posix()
+            if f.is_symlink() or not (f.is_file() or f.is_dir()):
+                continue
+            if f.is_dir():
+                tar.addfile(_dir_info(rel))
+                continue
+            data = f.read_bytes()
+            total += len(data)
+            if total > MAX_MOD_BYTES:
+                raise UserError(f"mod {path} holds more than {MAX_MOD_BYTES >> 20} MiB", field="mods",
+                                fix="keep large files out of the mod (build them into the image instead)")
+            tar.addfile(_tar_info(rel, len(data), f.stat().st_mode & 0o777), io.BytesIO(data))
+            files += 1
+    return Mod(path.name, str(path), "dir", buf.getvalue(), files)
+
+
+def _dir_info(rel: str) -> tarfile.TarInfo:
+    info = _tar_info(rel, 0, 0o755)
+    info.type = tarfile.DIRTYPE
+    return info
+
+
+def _from_zip(path: Path, *, file: str | None, field: str) -> Mod:
+    """The zip itself and what it holds, as the runner leaves them: it copies the zip into the mod's directory
+    and extracts it there."""
+    try:
+        zf = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise UserError(f"mod {path} is not a readable zip ({exc})", file=file, field=field,
+                        fix="re-create the zip, or name the mod's directory") from None
+    with zf:
+        if "run.sh" not in zf.namelist():
+            raise UserError(f"mod zip {path} has no run.sh at its top", file=file, field=field,
+                            fix="zip the mod's files with run.sh at the top level")
+        if sum(i.file_size for i in zf.infolist()) > MAX_MOD_BYTES:
+            raise UserError(f"mod {path} unpacks to more than {MAX_MOD_BYTES >> 20} MiB", file=file, field=field,
+                            fix="keep large files out of the mod")
+        buf, files = io.BytesIO(), 0
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            raw = path.read_bytes()
+            tar.addfile(_tar_info(path.name, len(raw), 0o644), io.BytesIO(raw))
+            dirs: set[str] = set()
+            for info in zf.infolist():
+                name = info.filename
+                if name.startswith("/") or ".." in Path(name).parts:
+                    raise UserError(f"mod zip {path} holds a path outside itself: {name[:80]}", file=file,
+                                    field=field, fix="re-create the zip with relative paths")
+                # every directory an entry needs, once, before it (a zip need not list them)
+                parents = [p.as_posix() for p in reversed(Path(name.rstrip("/")).parents) if p.as_posix() != "."]
+                for d in [*parents, *([name.rstrip("/")] if info.is_dir() else [])]:
+                    if d not in dirs:
+                        dirs.add(d)
+                        tar.addfile(_dir_info(d))
+                if info.is_dir():
+                    continue
+                data = zf.read(info)
+                tar.addfile(_tar_info(name, len(data), 0o755 if name == "run.sh" else 0o644), io.BytesIO(data))
+                files += 1
+    return Mod(path.stem, str(path), "zip", buf.getvalue(), files)
+
+
+def mod_steps(node: str, container: str, mods: Sequence[Mod]) -> list[Step]:
+    """Each mod into one node's idle container, in order: make its directory, copy it in, run its run.sh."""
+    steps: list[Step] = []
+    for m in mods:
+        steps.append(Step(node, f"mod {m.name}: make {m.dest} in {container}",
+                          ("docker", "exec", "-w", "/", container, "mkdir", "-p", m.dest)))
+        steps.append(Step(node, f"mod {m.name}: copy its {m.files} file(s) in ({m.kind} {m.source})",
+                          ("docker", "cp", "-", f"{container}:{m.dest}"), input=m.archive,
+                          input_label=f"a tar of {m.source}: {m.files} file(s), {len(m.archive):,} bytes"))
+        steps.append(Step(node, f"mod {m.name}: run its run.sh",
+                          ("docker", "exec", container, "bash", "-c", RUN_SCRIPT, "mod", m.dest),
+                          report_output=True))
+    return steps
+
+
+def release_step(node: str, container: str) -> Step:
+    return Step(node, f"start vLLM in {container} now that its mods are applied",
+                ("docker", "exec", "-w", "/", container, "touch", GATE_FILE))
+
+
+def gated(argv: Sequence[str]) -> list[str]:
+    """The container's command: wait until the mods are applied, then become `argv`."""
+    return ["sh", "-c", GATE_SCRIPT, "sparkconsole-mods-gate", *argv]
