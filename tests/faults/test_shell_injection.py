@@ -24,6 +24,7 @@ from sparkconsole import audit, secrets
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import bundled_dir, parse_recipe
 from sparkconsole.launch.runner import Runner
+from sparkconsole.launch.steps import NodeExpr
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import ContainerInfo
 from sparkconsole.nodes.transport import make_transport
@@ -118,11 +119,16 @@ async def test_plan_and_runner_send_values_as_data(bed, topology, shell_command,
             await t.close()
     no_marker(marker, work)
 
-    # Each node got exactly the plan's argv, step by step.
-    want = [{"node": s.node, "argv": list(s.argv[1:])} for s in plan.steps if s.argv[0] == "docker"]
+    # Each node got exactly the plan's argv, step by step (the node's own caches expanded by its shell).
+    home = str(Path.home())
+
+    def on_node(a: str) -> str:
+        return (a.replace('"${HF_HOME:-$HOME/.cache/huggingface}"', f"{home}/.cache/huggingface")
+                .replace('"$HOME"', home)) if isinstance(a, NodeExpr) else a
+    want = [{"node": s.node, "argv": [on_node(a) for a in s.argv[1:]]} for s in plan.steps if s.argv[0] == "docker"]
     got = [{"node": r["node"], "argv": r["argv"]} for r in launched]
     assert got == want
-    assert len(want) == len(plan.steps)
+    assert len(want) + sum(s.argv[:2] == ("mkdir", "-p") for s in plan.steps) == len(plan.steps)
     stops = [{"node": s.node, "argv": list(s.argv[1:])} for svc in reversed(plan.services) for s in svc.stop_steps()]
     got_stops = [{"node": r["node"], "argv": r["argv"]} for r in read_log(log)[len(launched):]]
     assert sorted(map(json.dumps, got_stops)) == sorted(map(json.dumps, stops))
