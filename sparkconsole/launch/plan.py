@@ -4,16 +4,8 @@ Plans hold argv lists (rendered with shlex.join, so every value reaching a remot
 are passed by reference: `-e HF_TOKEN` reads the value from the docker client's environment on the node, or
 `HF_TOKEN="$(cat -- FILE)"` reads it from a file on the node; a plan never holds a secret's value.
 
-Topologies:
-- solo:        one vLLM container on one node (`--node`, default the head).
-- cluster-tp2: one vLLM instance across N nodes (default 2). Backend mp (default): vLLM's own multi-node
-               launch, `--nnodes N --node-rank R --master-addr HEAD --master-port P`, `--headless` on workers,
-               as spark-vllm-docker's launch-cluster.sh does; backend ray: `ray start` on each node, then
-               `vllm serve … --distributed-executor-backend ray` on the head.
-- 2x-solo:     one server per node plus a router on the head: vllm-router (default), or a LiteLLM proxy with
-               simple-shuffle / least-busy to reproduce the published study.
-- disagg:      prefill on the first node, decode on the second, NixlConnector KV transfer, and
-               `vllm-router --vllm-pd-disaggregation` in front.
+Every server runs in the same container (launch/container.py: the runner's flags, the node's caches, the
+recipe's mods); each topology has a planner of its own (launch/topologies.py).
 """
 
 from __future__ import annotations
