@@ -170,6 +170,10 @@ def test_the_runners_container_privileged_ulimit_caches_and_affinity():
     assert argv[argv.index("--shm-size") + 1] == "64g"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "-v"] == [
         '"${HF_HOME:-$HOME/.cache/huggingface}":/root/.cache/huggingface']
+    # the test bed's recipe: the runner's non-privileged set without the RDMA device this machine lacks
+    tb = docker_run(make_plan(find_recipe("tiny-testbed"), "solo", NODES))
+    assert "--privileged" not in tb and "--device" not in tb and "IPC_LOCK" in tb
+    assert tb[tb.index("--ulimit") + 1] == "nofile=16384:16384" and tb[tb.index("--shm-size") + 1] == "1g"
 
 
 def test_the_caches_expand_on_the_node_with_the_environment_the_runner_gives_it(tmp_path):

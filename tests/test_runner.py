@@ -159,6 +159,8 @@ def fake_recipe(tmp_path: Path, image: str, router_venv: Path | None = None, rou
             ipc_host: false
             init: true
             nofile: 16384          # this machine's Docker engine grants no more (its own hard limit)
+            privileged: false      # nor a privileged container, and it has no RDMA device
+            rdma: false
             volumes: ["/usr:/usr:ro", "{PY_HOME}:{PY_HOME}:ro", "{tmp_path}:{tmp_path}:ro", "/etc/passwd:/etc/passwd:ro"]
     """) + textwrap.indent(textwrap.dedent(router).strip("\n"), "  ") + "\n")
     recipe = load_recipe(path)
@@ -311,7 +313,8 @@ async def test_mods_are_applied_in_every_container_before_the_server_starts(tmp_
             assert out == "from the first mod\n"
             # vLLM's stand-in is the container's main process, started only once the gate opened
             assert "starting fake-model" in docker_engine.run(["logs", name]).stderr
-            assert docker_engine.inspect(name)["Args"][3] == "sparkconsole-mods-gate"
+            info = docker_engine.inspect(name)
+            assert info["Path"] == "sh" and info["Args"][2] == "sparkconsole-mods-gate"
     finally:
         await runner.stop(plan)
     assert containers(docker_engine) == []

@@ -68,7 +68,8 @@ class ContainerSpec:
         if self.privileged:
             argv.append("--privileged")
         else:
-            argv += ["--cap-add", "IPC_LOCK", "--device", "/dev/infiniband", "--pids-limit", str(cs.pids_limit)]
+            argv += ["--cap-add", "IPC_LOCK", *(["--device", "/dev/infiniband"] if cs.rdma else []),
+                     "--pids-limit", str(cs.pids_limit)]
         if cs.nofile:
             argv += ["--ulimit", f"nofile={cs.nofile}:{cs.nofile}"]
         if cs.gpus:

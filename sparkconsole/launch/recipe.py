@@ -64,6 +64,7 @@ class ContainerSettings:
     privileged: bool = True
     nofile: int | None = 1048576       # launch-cluster.sh's VLLM_SPARK_NOFILE_LIMIT default
     pids_limit: int = 4096             # non-privileged mode only, as the runner's --pids-limit
+    rdma: bool = True                  # non-privileged mode: the RDMA devices (/dev/infiniband) passed in
     cache_dirs: bool = True
 
 
@@ -349,7 +350,7 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
     cs = r.mapping(sc, p, "container", "write 'container: {memory: 100g, shm_size: 64g}'")
     cp = p + ("container",)
     r.unknown(cs, cp, {"name", "memory", "shm_size", "gpus", "ipc_host", "init", "volumes", "tmpfs", "privileged",
-                       "nofile", "pids_limit", "cache_dirs"})
+                       "nofile", "pids_limit", "rdma", "cache_dirs"})
     dflt = ContainerSettings()
 
     def size(k: str, default: str | None) -> str | None:
@@ -376,6 +377,7 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
         privileged=r.get(cs, cp, "privileged", bool, dflt.privileged, "write true or false"),
         nofile=_positive(r, cs, cp, "nofile", dflt.nofile),
         pids_limit=_positive(r, cs, cp, "pids_limit", dflt.pids_limit) or dflt.pids_limit,
+        rdma=r.get(cs, cp, "rdma", bool, dflt.rdma, "write true or false"),
         cache_dirs=r.get(cs, cp, "cache_dirs", bool, dflt.cache_dirs, "write true or false"))
 
     secrets_raw = sc.get("secrets")
