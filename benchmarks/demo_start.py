@@ -12,6 +12,10 @@ costs on this machine now.
 
 `--src DIR` (repeatable) times the sparkconsole found in DIR (a checkout of another commit) for before/after
 figures from one venv, runs interleaved. Prints one JSON object; medians of --runs, taken in one go on a shared machine.
+
+`--script` times the README's own command instead: `scripts/demo` in a fresh export of this checkout (`git
+archive HEAD`, no .venv), its first call (the venv made and the package installed) and then --runs more calls
+(installed: nothing to install), each to its first temperature on screen.
 """
 
 from __future__ import annotations
@@ -99,6 +103,25 @@ def console_floor(py: str, src: Path, env: dict, tmp: Path) -> float:
         p.close()
 
 
+def script_starts(runs: int) -> dict:
+    """`scripts/demo` from a fresh export of HEAD: the first call, then `runs` more, to the first temperature."""
+    with tempfile.TemporaryDirectory(prefix="sc-demo-script-") as d:
+        src = Path(d) / "checkout"
+        src.mkdir()
+        arc = subprocess.run(["git", "-C", str(ROOT), "archive", "--format=tar", "HEAD"], capture_output=True,
+                             check=True).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=arc, check=True)
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONPATH")}
+        times = []
+        for i in range(runs + 1):
+            p = Pane(f"cd {shlex.quote(str(src))} && exec scripts/demo", env)
+            try:
+                times.append(p.wait(lambda s: bool(TEMP.search(s)), timeout=600 if i == 0 else 60))
+            finally:
+                p.close()
+    return {"first_call_s": round(times[0], 3), "later_calls": med(times[1:]), "target_s": 1.5}
+
+
 def med(xs: list[float]) -> dict:
     return {"median_s": round(statistics.median(xs), 3), "max_s": round(max(xs), 3), "runs": [round(x, 3) for x in xs]}
 
@@ -108,7 +131,12 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--src", type=Path, action="append", help="directory holding the sparkconsole package to time "
                     "(repeat to compare checkouts: their runs are interleaved; default: this checkout)")
+    ap.add_argument("--script", action="store_true", help="time scripts/demo itself, first and later calls")
     a = ap.parse_args()
+    if a.script:
+        print(json.dumps({"cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
+                          "scripts_demo_first_temperature": script_starts(a.runs)}, indent=1))
+        return 0
     srcs = [p.resolve() for p in (a.src or [ROOT])]
     py = sys.executable
     keys = ("floor_console_first_frame", "first_frame", "first_temperature", "serving", "headless_json")
