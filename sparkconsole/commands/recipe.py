@@ -19,7 +19,7 @@ import argparse
 import shlex
 import sys
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Coroutine
 
 from ..errors import UserError
 from . import LazyChoices
@@ -293,11 +293,6 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             await monitor.stop()
 
 
-def _run_async(coro):
-    import asyncio
-    return asyncio.run(coro)
-
-
 async def _discover_links(recipe, topology: str, cluster, overrides: dict):
     """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
     from ..launch.ifaces import plan_links
@@ -316,9 +311,14 @@ async def _discover_links(recipe, topology: str, cluster, overrides: dict):
             await t.close()
 
 
-def run(args: argparse.Namespace) -> int | Any:
+def run(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
+    """`recipe list` answers at once; every other action is one coroutine (cli.py runs it in one event loop)."""
     if args.recipe_command == "list":
         return _list()
+    return _main(args)
+
+
+async def _main(args: argparse.Namespace) -> int:
     from ..launch import lint as lint_mod
     from ..launch.plan import make_plan
     from ..launch.recipe import find_recipe
@@ -328,7 +328,7 @@ def run(args: argparse.Namespace) -> int | Any:
     topology = args.topology or recipe.topologies[0]
     overrides, found = overrides_from(args), []
     if topology in ("cluster-tp2", "disagg") and not args.offline:
-        overrides, found = _run_async(_discover_links(recipe, topology, cluster, overrides))
+        overrides, found = await _discover_links(recipe, topology, cluster, overrides)
     plan = make_plan(recipe, topology, cluster, overrides)
     if found:
         from dataclasses import replace as _replace
@@ -345,4 +345,4 @@ def run(args: argparse.Namespace) -> int | Any:
         n = len(lint_mod.refusals(findings, force=args.force))
         print(f"preflight: {len(findings)} finding(s), {n} refusing")
         return 1 if n else 0
-    return _act(args, recipe, cluster, plan)   # cli.py awaits it
+    return await _act(args, recipe, cluster, plan)
