@@ -75,6 +75,17 @@ class TopologyBed:
     def url(self, node: int) -> str:
         return f"http://{self.nodes[node].address}:{self.ports[node]}"
 
+    def clear(self, test: str = "") -> None:
+        """Remove every container of this bed, its log kept first where SPARKCONSOLE_TEST_KEEP_LOGS says."""
+        keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
+        for c in self.containers:
+            if keep:
+                Path(keep).mkdir(parents=True, exist_ok=True)
+                r = self.engine.run(["logs", c], check=False)
+                if r.returncode == 0:
+                    (Path(keep) / f"{test or 'bed'}-{c}.log").write_text(r.stdout + r.stderr)
+            self.engine.run(["rm", "-f", c, f"{c}_router"], check=False)
+
 
 TEMPLATE_MARK = "sparkmodtemplate"
 
@@ -157,13 +168,7 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
         assert pull.returncode == 0, pull.stdout + pull.stderr
         yield bed
     finally:
-        keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")      # where to leave the servers' logs for reading
-        for c in containers:
-            if keep:
-                Path(keep).mkdir(parents=True, exist_ok=True)
-                r = docker_engine.run(["logs", c], check=False)
-                (Path(keep) / f"{c}.log").write_text(r.stdout + r.stderr)
-            docker_engine.run(["rm", "-f", c, f"{c}_router"], check=False)
+        bed.clear()
         nodes.stop()
         shutil.rmtree(root, ignore_errors=True)
 
@@ -180,8 +185,7 @@ def nothing_left_running(request):
     launch never replaces a running container), so one failure stays one failure."""
     yield
     if "bed" in request.fixturenames:
-        b = request.getfixturevalue("bed")
-        b.engine.run(["rm", "-f", *b.containers, *[f"{c}_router" for c in b.containers]], check=False)
+        request.getfixturevalue("bed").clear(request.node.name)
 
 
 def names_on(bed: TopologyBed, node: int) -> list[str]:
