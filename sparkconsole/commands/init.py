@@ -18,8 +18,9 @@ from pathlib import Path
 
 from ..errors import UserError
 
-DOCKER_PROBE = "command -v docker >/dev/null 2>&1 || { echo NO-DOCKER; exit 0; }; " \
-               "docker version --format '{{.Server.Version}}' 2>&1 | head -n 1"
+DOCKER_PROBE = ("command -v docker >/dev/null 2>&1 || { echo NO-DOCKER; exit 0; }; "
+                "v=$(docker version --format '{{.Server.Version}}' 2>&1) && echo \"engine $v\" || "
+                "echo \"no-engine $(printf %s \"$v\" | tr '\\n' ' ' | cut -c1-160)\"")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -93,14 +94,16 @@ async def probe(cluster) -> tuple[object, list[str]]:
             if out == "NO-DOCKER":
                 raise UserError(f"{n.name}: docker is not on the PATH of its SSH sessions", field=f"nodes.{n.name}",
                                 fix="install Docker there (the runner needs it too), or write anyway with --no-probe")
-            docker = f"docker {out}" if out and res.rc == 0 and " " not in out else "docker present, engine: " + out[:80]
+            # an engine that does not answer is said, not refused: the operator's session may lack its group yet
+            docker = (f"docker engine {out.split(' ', 1)[1]}" if out.startswith("engine ")
+                      else f"docker present but its engine does not answer ({out.partition(' ')[2].strip()[:120]})")
             note = f"{n.name} ({n.address}): reachable, {docker}"
             if len(nodes) > 1:
                 peer = nodes[1] if i == 0 else nodes[0]
                 eth, ib, how = await discover(t, peer.address)
                 if n.eth_if is None:
                     nodes[i] = replace(n, eth_if=eth, ib_if=n.ib_if or ib)
-                    note += f", eth_if {eth}" + (f", ib_if {ib}" if ib and not n.ib_if else "") + f" ({how})"
+                    note += f", eth_if {eth}" + (f", ib_if {ib}" if ib and not n.ib_if else "") + f": {how}"
                 elif n.eth_if != eth:
                     note += f", eth_if {n.eth_if} kept as written (the route to {peer.name} leaves by {eth})"
             return note
