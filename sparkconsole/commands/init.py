@@ -89,7 +89,8 @@ async def probe(cluster) -> tuple[object, list[str]]:
                 res = await t.run(["sh", "-c", DOCKER_PROBE], timeout=20)
             except TransportError as exc:
                 raise UserError(f"{n.name} ({n.address}) does not answer over SSH: {exc}", field=f"nodes.{n.name}",
-                                fix="check the address and `ssh` to it by hand, or write anyway with --no-probe") from None
+                                fix="check the address and `ssh` to it by hand, or write anyway with --no-probe"
+                                ) from None
             out = res.stdout.strip()
             if out == "NO-DOCKER":
                 raise UserError(f"{n.name}: docker is not on the PATH of its SSH sessions", field=f"nodes.{n.name}",
