@@ -1,7 +1,7 @@
 """Runner parity: spark-vllm-docker's own runner (`run-recipe.py --dry-run`) against `sparkconsole recipe plan`,
 recipe by recipe, on mirrored public forks (issue 18's closing figures).
 
-    .venv/bin/python benchmarks/runner_parity.py --mirror /work/.mirror/wentbackward+spark-vllm-docker/repo \\
+    .venv/bin/python benchmarks/runner_parity.py --mirror PATH/TO/FORK \\
         [--mirror DIR …] [--json OUT.json] [--verbose]
 
 Each --mirror is a bare git dir (or a plain checkout) of a spark-vllm-docker fork. Its `run-recipe.py` and
