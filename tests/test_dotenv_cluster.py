@@ -186,3 +186,19 @@ def test_a_bad_env_stops_a_command_with_its_one_line(tmp_path):
     assert r.stderr.strip().splitlines() == [f"sparkconsole: {d.resolve() / '.env'}:2: broken: not a NAME=value line "
                                              "('broken') — fix: write NAME=value (quotes around a value with blanks), "
                                              "or start the line with #"]
+
+
+async def test_the_console_shows_where_its_cluster_came_from(tmp_path, monkeypatch):
+    # The console in a checkout, playing a recorded session on its node: the origin line is its first notice.
+    import argparse
+    from sparkconsole.commands.console import build_app
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    d = checkout(tmp_path, "CONTAINER_NAME=mine\n")
+    monkeypatch.chdir(d)
+    fixture = Path(__file__).parent / "fixtures" / "agent-h100-idle.jsonl"
+    app = build_app(argparse.Namespace(cluster=None, replay=str(fixture), replay_interval=0.5, at=None))
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        said = [n.message for n in app._notifications]
+        assert any(m.startswith(f"cluster: .env of the spark-vllm-docker checkout at {d.resolve()}") for m in said)
+        await app.stop_monitors()
