@@ -545,11 +545,15 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
                 out.append(f"  {'':<8} warning only: "
                            + (", ".join(f"{rule}: {k}" for (m, rule), k in sorted(warn.items()) if m == mode) or "none"))
         out.append("")
-        out.append("Each refusal, by rule (recipe: the line `recipe lint` prints):")
+        out.append("Each refusal (its rule, and what `recipe lint` says on the first node it names):")
         for r in results:
+            said: dict[str, str] = {}
             for ln in r.preflight_lines:
-                if ln.startswith(("REFUSE", "BLOCK")):
-                    out.append(f"  [{r.fork}] {r.recipe} {r.mode}: {ln}")
+                m = re.match(r"^(?:REFUSE|BLOCK) (\w+): (?:\[[^]]+\] )?(.*?)(?: — fix: .*)?(?: \(source: .*\))?$", ln)
+                if m:
+                    said.setdefault(m.group(1), m.group(2))
+            for rule, message in said.items():
+                out.append(f"  [{r.fork}] {r.recipe} {r.mode}: {rule}: {message}")
         out.append("")
     if why:
         out.append("By reason:")
