@@ -58,7 +58,8 @@ def build_app(args: argparse.Namespace):
             return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
         return SparkConsoleApp(cluster, monitor_factory=replayed, notice=resolved.origin)
     # The monitor (and the SSH stack under it) is built after the first frame.
-    return SparkConsoleApp(cluster, record=True, notice=resolved.origin)     # the flight recorder keeps live clusters only
+    # the flight recorder keeps live clusters only
+    return SparkConsoleApp(cluster, record=True, notice=resolved.origin)
 
 
 def run(args: argparse.Namespace) -> int:

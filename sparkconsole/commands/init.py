@@ -139,14 +139,19 @@ def render(cluster, made_from: str) -> str:
         data["ssh"] = {"known_hosts": cluster.ssh.known_hosts}
     if cluster.master_port is not None:
         data["master_port"] = cluster.master_port
-    head = f"# Written by `sparkconsole init` from {made_from}.\n# The file's keys: docs/ARCHITECTURE.md, config.py.\n"
+    head = (f"# Written by `sparkconsole init` from {made_from}.\n"
+            "# Every key: sparkconsole's README, \"Pointing it at your Sparks\".\n")
     return head + yaml.safe_dump(data, sort_keys=False, default_flow_style=None, width=120)
+
+
+def refuse_existing(path: Path, force: bool) -> None:
+    if path.exists() and not force:
+        raise UserError("the file exists; it is kept as it is", file=str(path), fix="add --force to overwrite it")
 
 
 def write(path: Path, text: str, force: bool) -> None:
     from ..config import load_cluster
-    if path.exists() and not force:
-        raise UserError("the file exists; it is kept as it is", file=str(path), fix="add --force to overwrite it")
+    refuse_existing(path, force)        # again: it may have appeared while the nodes were asked
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     try:
@@ -159,8 +164,7 @@ def write(path: Path, text: str, force: bool) -> None:
 
 async def run(args: argparse.Namespace) -> int:
     out = Path(args.output).expanduser()
-    if out.exists() and not args.force:             # before anything connects
-        raise UserError("the file exists; it is kept as it is", file=str(out), fix="add --force to overwrite it")
+    refuse_existing(out, args.force)                # before anything connects
     cluster, made_from = source_cluster(args)
     notes: list[str] = []
     if args.probe:
