@@ -334,8 +334,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
                          agent_interval_s=interval, source=doc.file, recorder=_recorder(doc, data),
                          protect=_protect(doc, data), notify=_notify(doc, data),
-                         master_port=_port(doc, data, (), "master_port", None) if data.get("master_port") is not None
-                         else None)
+                         master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0))
 
 
 def _section(doc: Located, data: dict, key: str, example: str, allowed: set[str]) -> dict:
