@@ -76,8 +76,8 @@ def test_a_bigger_cap_takes_a_bigger_claim_and_no_cap_is_judged_against_the_host
     findings = preflight(roomy, "solo", NODES, good_facts(), overrides={"gpu_memory_utilization": 0.85})
     assert [f for f in findings if f.rule == "gpu_memory_utilization"] == []
     # no cap: the host keeps the headroom floor (8 GiB) and the min_free_kbytes reserve (1.5 GiB)
-    assert judge("n", 0.9, 121.7, None, None, True, 8.0, True) is None
-    sev, msg, fix = judge("n", 0.93, 121.7, None, None, True, 8.0, True)
+    assert judge(0.9, 121.7, None, None, True, 8.0, True) is None
+    sev, msg, fix = judge(0.93, 121.7, None, None, True, 8.0, True)
     assert sev == "refuse" and "wedges the host" in msg and "gpu_memory_utilization=0.92" in fix
 
 

@@ -216,7 +216,7 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
             continue
         total_kb = getattr(facts.mem.get(node), "total_kb", None)
         total = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        got = lint_memory.judge(node, frac, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
+        got = lint_memory.judge(frac, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
                                 facts.headroom_floor_gib, bool(total_kb))
         if got:
             out.append(Finding("gpu_memory_utilization", got[0], got[1], lint_memory.SRC_BUDGET, got[2], node))

@@ -60,7 +60,7 @@ def _fraction(value: float) -> str:
     return f"{math.floor(value * 100) / 100:.2f}"
 
 
-def judge(node: str, frac: float, total_gib: float, cap_gib: float | None, cap_text: str | None,
+def judge(frac: float, total_gib: float, cap_gib: float | None, cap_text: str | None,
           guards: bool | None, headroom_floor_gib: float, total_known: bool) -> tuple[str, str, str] | None:
     """(severity, message, fix) for one node's claim, or None when it fits."""
     claim = frac * total_gib
