@@ -182,9 +182,10 @@ def cmd_up_nodes(args: argparse.Namespace) -> int:
         topology = "cluster-tp2" if len(nodes) >= 2 else "solo"
         sets = {"python_home": str(Path(sys.base_prefix).resolve()), "vllm_venv": str(vllm_env.path),
                 "model_path": str(model.path), "served_model_name": model.name}
-        print("launch the tiny recipe on them:")
+        # --force: this machine's OOM guards are not a Spark's (min_free_kbytes, page cache), as in the tests
+        print("launch the tiny recipe on them (--force: this machine's OOM guards are not a Spark's):")
         print(f"  {sc} recipe launch tiny-testbed -T {topology} --master-port {free_port(addresses[0])} "
-              + " ".join(f"--set {k}={shlex.quote(v)}" for k, v in sets.items()) + " --yes")
+              + " ".join(f"--set {k}={shlex.quote(v)}" for k, v in sets.items()) + " --yes --force")
     else:
         print(f"watch them:\n  {sc} status")
     print("stop with: python -m tests.testbed down")
