@@ -1,7 +1,7 @@
 """Runner parity: spark-vllm-docker's own runner (`run-recipe.py --dry-run`) against `sparkconsole recipe plan`,
 recipe by recipe, on mirrored public forks (issue 18's closing figures).
 
-    .venv/bin/python benchmarks/runner_parity.py --mirror /work/.mirror/wentbackward+spark-vllm-docker/repo \\
+    .venv/bin/python benchmarks/runner_parity.py --mirror PATH/TO/FORK \\
         [--mirror DIR …] [--json OUT.json] [--verbose]
 
 Each --mirror is a bare git dir (or a plain checkout) of a spark-vllm-docker fork. Its `run-recipe.py` and
@@ -226,6 +226,8 @@ class Side:
     argv: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
     preflight: list[str] = field(default_factory=list)     # sparkconsole: offline preflight's refusing rules
+    preflight_warn: list[str] = field(default_factory=list)  # …and the rules that only warn
+    preflight_lines: list[str] = field(default_factory=list)  # …their lines, as `recipe lint` prints them
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -380,6 +382,9 @@ def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, s
                              capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=work.parent,
                              env={**os.environ, "XDG_CONFIG_HOME": str(work.parent / "xdg")})
         side.preflight = sorted({m.group(1) for m in re.finditer(r"^(?:REFUSE|BLOCK) (\w+):", res.stdout, re.M)})
+        side.preflight_warn = sorted({m.group(1) for m in re.finditer(r"^WARN (\w+):", res.stdout, re.M)}
+                                     - set(side.preflight))
+        side.preflight_lines = [ln for ln in res.stdout.splitlines() if re.match(r"^(REFUSE|BLOCK|WARN) \w+:", ln)]
     return side
 
 
@@ -403,6 +408,8 @@ class Result:
     sparkconsole_argv: list[str] | None = None
     env_diffs: list[str] = field(default_factory=list)
     preflight: list[str] = field(default_factory=list)
+    preflight_warn: list[str] = field(default_factory=list)
+    preflight_lines: list[str] = field(default_factory=list)
 
 
 def refusal_reason(line: str) -> str:
@@ -420,7 +427,7 @@ def judge(fork: str, rel: str, mode: str, n: int, runner: Side, ours: Side, dige
           extra: Sequence[str] = ()) -> Result:
     r = Result(fork, rel, mode, n, "", runner=runner.refused, sparkconsole=ours.refused,
                notes=runner.notes + ours.notes, digest=digest, runner_argv=runner.argv, sparkconsole_argv=ours.argv,
-               preflight=ours.preflight)
+               preflight=ours.preflight, preflight_warn=ours.preflight_warn, preflight_lines=ours.preflight_lines)
     if runner.refused and ours.refused:
         r.outcome, r.reason = "refused-both", refusal_reason(ours.refused)
     elif ours.refused:
@@ -526,10 +533,13 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
         if r.outcome not in ("same",):
             why[(r.mode, r.outcome, r.reason)] += 1
     pre: collections.Counter = collections.Counter()
+    warn: collections.Counter = collections.Counter()
     for r in results:
         for rule in r.preflight:
             pre[(r.mode, rule)] += 1
-    if pre:
+        for rule in r.preflight_warn:
+            warn[(r.mode, rule)] += 1
+    if pre or warn:
         out.append("Offline preflight (`recipe lint --offline`) refusing rules on planned recipes (--force overrides):")
         for mode in MODES:
             planned = [r for r in results if r.mode == mode and r.sparkconsole_argv]
@@ -537,6 +547,18 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
                 clean = sum(1 for r in planned if not r.preflight)
                 out.append(f"  {mode:<8} {len(planned)} planned, {clean} with no refusal; "
                            + ", ".join(f"{rule}: {k}" for (m, rule), k in sorted(pre.items()) if m == mode))
+                out.append(f"  {'':<8} warning only: "
+                           + (", ".join(f"{rule}: {k}" for (m, rule), k in sorted(warn.items()) if m == mode) or "none"))
+        out.append("")
+        out.append("Each refusal (its rule, and what `recipe lint` says on the first node it names):")
+        for r in results:
+            said: dict[str, str] = {}
+            for ln in r.preflight_lines:
+                m = re.match(r"^(?:REFUSE|BLOCK) (\w+): (?:\[[^]]+\] )?(.*?)(?: — fix: .*)?(?: \(source: .*\))?$", ln)
+                if m:
+                    said.setdefault(m.group(1), m.group(2))
+            for rule, message in said.items():
+                out.append(f"  [{r.fork}] {r.recipe} {r.mode}: {rule}: {message}")
         out.append("")
     if why:
         out.append("By reason:")

@@ -18,7 +18,7 @@ from . import __version__
 from .errors import UserError
 
 # Order is the order shown in --help. A module that does not exist yet is skipped.
-COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve", "record",
+COMMANDS = ("console", "init", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve", "record",
             "postmortem")
 
 # Each command's one-line help, so `sparkconsole --help` lists them without importing their modules
@@ -26,6 +26,7 @@ COMMANDS = ("console", "demo", "status", "recipe", "bench", "model", "image", "e
 # module is then imported to list it.
 HELP = {
     "console": "open the console on the cluster (the default command)",
+    "init": "write sparkconsole.yaml from a spark-vllm-docker .env or ~/.ssh/config",
     "demo": "a simulated two-node GB10 cluster with a model served, in the console",
     "status": "one snapshot of every node (GPU, memory, OOM guards, containers)",
     "recipe": "list, plan, lint, launch, stop and restart model recipes",

@@ -1,6 +1,7 @@
 """The cluster file (`sparkconsole.yaml`): nodes, endpoints, alert thresholds, SSH policy.
 
-Search order: `--cluster PATH`, then ./sparkconsole.yaml, then ~/.config/sparkconsole/sparkconsole.yaml.
+Search order: `--cluster PATH`, then ./sparkconsole.yaml, then ~/.config/sparkconsole/sparkconsole.yaml (then a
+spark-vllm-docker checkout's `.env`, or this machine: clusterfile.py).
 Every problem is a one-line `UserError` naming file, line, field and fix.
 
     nodes:
@@ -18,6 +19,7 @@ Every problem is a one-line `UserError` naming file, line, field and fix.
     agent: {interval_s: 0.5}
     recorder: {enabled: true, full_rate_hours: 24, keep_days: 14, max_mb: 1024}    # docs/RECORDER.md
     protect: {stop_container_before_exhaustion_s: 0}                               # 0: off
+    master_port: 29501                  # optional: a cluster launch's master port (the runner's MASTER_PORT)
     notify: {webhook: URL, ntfy: URL, bell: false, min_severity: warn, rate_limit_s: 60}
 """
 
@@ -34,8 +36,9 @@ from .errors import UserError
 from .yamlsrc import Located, load_file
 
 CONFIG_NAME = "sparkconsole.yaml"
-_IFACE_RE = re.compile(r"^[A-Za-z0-9_.:,-]{1,64}$")
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+IFACE_RE = re.compile(r"^[A-Za-z0-9_.:,-]{1,64}$")
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+CONTAINER_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")
 _HOST_RE = re.compile(r"^(?=.{1,253}$)([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*$")
 
 
@@ -127,6 +130,7 @@ class ClusterConfig:
     recorder: RecorderSettings = field(default_factory=RecorderSettings)
     protect: ProtectSettings = field(default_factory=ProtectSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
+    master_port: int | None = None   # a cluster launch's master port; None: the recipe's (or the planner's default)
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -139,11 +143,11 @@ class ClusterConfig:
         return next((n for n in self.nodes if n.role == "head"), self.nodes[0])
 
 
-def find_config(explicit: str | None = None) -> Path | None:
+def find_config(explicit: str | None = None, cwd: Path | None = None) -> Path | None:
     """The cluster file to use, or None when there is none anywhere."""
     if explicit:
         return Path(explicit).expanduser()
-    here = Path.cwd() / CONFIG_NAME
+    here = (cwd or Path.cwd()) / CONFIG_NAME
     if here.is_file():
         return here
     xdg = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "sparkconsole" / CONFIG_NAME
@@ -221,7 +225,8 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     data = doc.data
     if not isinstance(data, dict):
         raise doc.error((), "the cluster file must be a mapping with a 'nodes' list", "start the file with 'nodes:'")
-    _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent", "recorder", "protect", "notify"})
+    _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent", "recorder", "protect", "notify",
+                             "master_port"})
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise doc.error(("nodes",), "at least one node is required", "add a 'nodes:' list with name and address")
@@ -236,7 +241,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if",
                                  "vllm_env"})
         name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
-        if name is None or not _NAME_RE.match(name):
+        if name is None or not NAME_RE.match(name):
             raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
         if name in seen:
             raise doc.error(p + ("name",), f"duplicate node name {name!r}", "give each node its own name")
@@ -257,13 +262,13 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         if role not in ("head", "worker"):
             raise doc.error(p + ("role",), f"unknown role {role[:20]!r}", "write head or worker")
         container = _get(doc, rn, p, "container", str, "vllm_node", "write the vLLM container's name")
-        if not re.match(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$", container):
+        if not CONTAINER_RE.match(container):
             raise doc.error(p + ("container",), f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
         local = _get(doc, rn, p, "local", bool, False, "write true or false")
         ifaces = {}
         for key in ("eth_if", "ib_if"):
             v = _get(doc, rn, p, key, str, None, "write the interface name, e.g. enp1s0f0np0")
-            if v is not None and not _IFACE_RE.match(v):
+            if v is not None and not IFACE_RE.match(v):
                 raise doc.error(p + (key,), f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f0np0")
             ifaces[key] = v
         nodes.append(NodeConfig(name=name, address=address, ssh=ssh, role=role, container=container,
@@ -275,7 +280,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     endpoints: list[EndpointConfig] = []
     raw_eps = data.get("endpoints")
     if raw_eps is None:
-        endpoints = [EndpointConfig(name=n.name, url=f"http://{_url_host(n.address)}:{n.vllm_port}", node=n.name) for n in nodes]
+        endpoints = list(default_endpoints(nodes))
     else:
         if not isinstance(raw_eps, list):
             raise doc.error(("endpoints",), "endpoints must be a list", "write '- {name: router, url: http://IP:4000, kind: router}'")
@@ -328,7 +333,8 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     interval = _number(doc, ra, ("agent",), "interval_s", 0.5, 0.05, 60)
     return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
                          agent_interval_s=interval, source=doc.file, recorder=_recorder(doc, data),
-                         protect=_protect(doc, data), notify=_notify(doc, data))
+                         protect=_protect(doc, data), notify=_notify(doc, data),
+                         master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0))
 
 
 def _section(doc: Located, data: dict, key: str, example: str, allowed: set[str]) -> dict:
@@ -381,6 +387,12 @@ def _check_url(doc: Located, path: tuple, url: str) -> None:
     host = re.sub(r"^https?://", "", url).split("/")[0]
     host = host[1:host.index("]")] if host.startswith("[") and "]" in host else host.rsplit(":", 1)[0]
     check_address(host, doc, path)
+
+
+def default_endpoints(nodes) -> tuple[EndpointConfig, ...]:
+    """No endpoints written: one vLLM endpoint per node, on its vllm_port."""
+    return tuple(EndpointConfig(name=n.name, url=f"http://{_url_host(n.address)}:{n.vllm_port}", node=n.name)
+                 for n in nodes)
 
 
 def _url_host(address: str) -> str:

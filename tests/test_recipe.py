@@ -312,6 +312,8 @@ def test_cli_lint_exit_status(cluster_file, capsys):
 def test_cli_errors_are_one_line(cluster_file, capsys):
     assert cli("--cluster", cluster_file, "recipe", "plan", "deepseek-v4-flash", "-T", "solo") == 2
     err = capsys.readouterr().err.strip()
+    assert err.startswith(f"cluster: {cluster_file}\n")          # where the cluster came from, then the error
+    err = err.split("\n", 1)[1]
     assert "\n" not in err and "requires cluster mode" in err
     assert cli("--cluster", cluster_file, "recipe", "plan", "gpt-oss-120b", "--set", "oops") == 2
     assert "bad --set" in capsys.readouterr().err

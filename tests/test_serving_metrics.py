@@ -3,7 +3,7 @@
 Metric text comes from prometheus_client itself, with vLLM's metric definitions (names, label sets, bucket
 boundaries as in vllm/v1/metrics/loggers.py) — `VllmExporter` below. The files tests/fixtures/metrics-*.txt were
 written by it (`python -m tests.test_serving_metrics`), seeded with the published gpt-oss-120b solo c8 figures
-(/work/shared/reference/gpt-oss-120b-topologies.csv); they are generated from the definitions, not recorded
+(sparkconsole/sim/data/gpt-oss-120b-topologies.csv); they are generated from the definitions, not recorded
 from a running server. The router files follow vllm-router's src/metrics.rs and LiteLLM's prometheus callback.
 """
 

@@ -140,14 +140,7 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
     nodes = start_sshd_nodes(root / "sshd", addresses, extra_config=extra)
     containers = tuple(f"sc_topo_{os.getpid()}_{i + 1}" for i in range(len(addresses)))
     ports = tuple(free_port(a) for a in addresses)
-    cores = len(os.sched_getaffinity(0))
-    cluster = root / "sparkconsole.yaml"
-    cluster.write_text("nodes:\n" + "".join(
-        f"  - name: {n.name}\n    address: {n.address}\n"
-        f"    ssh: {{user: {n.user}, port: {n.port}, identity: {n.identity}}}\n"
-        f"    container: {containers[i]}\n    vllm_port: {ports[i]}\n    eth_if: lo\n"
-        f"    vllm_env: {{VLLM_CPU_OMP_THREADS_BIND: \"{i % cores}\"}}\n"
-        for i, n in enumerate(nodes)) + f"ssh: {{known_hosts: {nodes.known_hosts}}}\n")
+    cluster = nodes.write_cluster_file(root / "sparkconsole.yaml", list(containers), list(ports))
     # The bundled recipe with ports of this run's own: another test's router may hold 4000, its master 29511.
     recipe = root / "tiny.yaml"
     text = Path(find_recipe("tiny-testbed").source).read_text()

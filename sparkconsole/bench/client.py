@@ -2,7 +2,7 @@
 
 Each network read is timestamped once; the SSE events inside it are classified with a few byte searches
 (token ids present? content non-empty?) instead of `json.loads` per chunk, which halves a Python client's
-ceiling (/work/shared/reference/client-ceilings.md). Only the rare chunks a metric needs (the final usage
+ceiling (the reference notes, client-ceilings.md). Only the rare chunks a metric needs (the final usage
 chunk, an error event) are parsed. Tokens are counted from the server's usage or `token_ids`, never from
 chunks: vLLM sends empty-content chunks for partial UTF-8 bytes.
 

@@ -187,9 +187,9 @@ async def _cluster_probe(args: argparse.Namespace):
     """With an explicit --cluster, watch its nodes during the sweep; returns (probe, monitor) or (None, None)."""
     if not getattr(args, "cluster", None):
         return None, None
-    from ..config import find_config, load_cluster
+    from ..clusterfile import cluster_for
     from ..nodes.monitor import ClusterMonitor
-    monitor = ClusterMonitor(load_cluster(find_config(args.cluster)))
+    monitor = ClusterMonitor(cluster_for(args))
     await monitor.start()
     await monitor.wait_first_ticks(10.0)
     return _thermal_probe(monitor), monitor

@@ -25,13 +25,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def build_app(args: argparse.Namespace):
     from ..tui.heap import hold
     hold()          # no cycle collection until the console has drawn and settled its heap (tui/heap.py)
-    from ..config import find_config, load_cluster, local_cluster
+    from ..clusterfile import resolve
     from ..tui.app import SparkConsoleApp
 
-    path = find_config(getattr(args, "cluster", None))
-    if path is not None and not path.is_file():
-        raise UserError("cluster file not found", file=str(path), fix="check the path given to --cluster")
-    cluster = load_cluster(path) if path is not None else local_cluster()
+    resolved = resolve(getattr(args, "cluster", None))
+    cluster = resolved.cluster
     at = getattr(args, "at", None)
     if at:
         from ..recorder.feed import recorder_path
@@ -39,7 +37,7 @@ def build_app(args: argparse.Namespace):
         from ..recorder.replay import replay_monitor_factory
         when = parse_at(at)
         return SparkConsoleApp(cluster, monitor_factory=replay_monitor_factory(recorder_path(cluster), when),
-                               replay_at=when)
+                               replay_at=when, notice=resolved.origin)
     replay = getattr(args, "replay", None)
     if replay:
         from ..nodes.recording import read_recording, split_recording
@@ -58,9 +56,10 @@ def build_app(args: argparse.Namespace):
             from ..nodes.monitor import ClusterMonitor
             from ..nodes.replay import replay_factory
             return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
-        return SparkConsoleApp(cluster, monitor_factory=replayed)
+        return SparkConsoleApp(cluster, monitor_factory=replayed, notice=resolved.origin)
     # The monitor (and the SSH stack under it) is built after the first frame.
-    return SparkConsoleApp(cluster, record=True)     # the flight recorder keeps live clusters only
+    # the flight recorder keeps live clusters only
+    return SparkConsoleApp(cluster, record=True, notice=resolved.origin)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -18,7 +18,7 @@ import json
 import sys
 from typing import Sequence
 
-from ..config import ClusterConfig, find_config, load_cluster, local_cluster
+from ..config import ClusterConfig
 from ..errors import UserError
 from ..nodes.transport import Transport, make_transport
 
@@ -52,8 +52,8 @@ def add_nodes(p: argparse.ArgumentParser) -> None:
 
 
 def cluster_of(args: argparse.Namespace) -> ClusterConfig:
-    path = find_config(getattr(args, "cluster", None))
-    return load_cluster(path) if path else local_cluster()
+    from ..clusterfile import cluster_for
+    return cluster_for(args)
 
 
 def picked(cluster: ClusterConfig, wanted: Sequence[str] | None, source: str | None = None) -> list:

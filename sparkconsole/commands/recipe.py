@@ -132,10 +132,8 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
-    from ..config import find_config, load_cluster, local_cluster
-
-    path = find_config(getattr(args, "cluster", None))
-    return load_cluster(path) if path else local_cluster()
+    from ..clusterfile import cluster_for
+    return cluster_for(args)
 
 
 def _list() -> int:

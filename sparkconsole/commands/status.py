@@ -33,10 +33,8 @@ def register(subparsers) -> None:
 
 
 def load(args) -> ClusterConfig:
-    from ..config import find_config, load_cluster, local_cluster
-
-    path = find_config(getattr(args, "cluster", None))
-    return load_cluster(path) if path else local_cluster()
+    from ..clusterfile import cluster_for
+    return cluster_for(args)
 
 
 def is_down(nm: NodeMonitor) -> bool:

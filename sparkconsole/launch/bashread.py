@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import re
 
-_CONTINUATION = re.compile(r"\\[ \t]*\r?\n")
+# A backslash before the end of a line continues it; one before the end of the text (a recipe file whose last
+# line ends in a backslash, with no newline after it) ends the script there, and bash drops it.
+_CONTINUATION = re.compile(r"\\[ \t]*(?:\r?\n|\Z)")
 
 
 def bash_command_lines(text: str) -> list[tuple[int, str]]:
@@ -34,7 +36,7 @@ def bash_command_lines(text: str) -> list[tuple[int, str]]:
             quote = None if c == "'" else quote
             i += 1
             continue
-        if c == "\\" and i + 1 < n:
+        if c == "\\":
             # A line continuation, in or out of double quotes. Blanks after the backslash are forgiven (bash
             # would end the command there, an invisible mistake): the one place we read more than bash.
             m = _CONTINUATION.match(text, i)

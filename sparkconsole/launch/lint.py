@@ -18,7 +18,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
-from . import lint_topology
+from . import lint_memory, lint_topology
+from .lint_compile import _cluster_eager, _custom_ops
 from .argv import flag_value, has_flag
 from .plan import make_plan
 from .routers import compromised_versions
@@ -26,16 +27,9 @@ from .steps import Plan
 from .recipe import Recipe
 
 GIB = 1024 ** 3
-# The most a unified-memory node has survived: 0.82 hit OOM, 0.78 ran stable (seed 004).
-MAX_UNIFIED_GPU_MEM = 0.78
-GB10_MEMTOTAL_GIB = 121.7          # MemTotal a GB10 reports (gb10-facts.md)
+GB10_MEMTOTAL_GIB = lint_memory.GB10_MEMTOTAL_GIB
 ACTIVATION_OVERHEAD_GIB = 1.0      # activations/graphs besides weights and KV: a rough floor
 
-SRC_GPU_MEM = "seed 004 (DeepSeek-V4-Flash on 2x Spark): 0.82 triggered OOM, 0.78 is the stable maximum"
-SRC_CUSTOM_OPS = ("seed 004: custom_ops [\"all\"] made TileLang/nvcc compile fusion kernels during the load, "
-                  "exhausting RAM and freezing both nodes")
-SRC_EAGER = ("seed 004: enabling CUDA graphs on the TP=2 launch locked up both nodes until PIECEWISE mode; "
-             "seed 000/002 ran the cluster with --enforce-eager")
 SRC_MXFP4 = ("eugr/spark-vllm-docker recipes/openai-gpt-oss-120b.yaml: --mxfp4-layers moe,qkv,o,lm_head is "
              "solo_only (\"Only solo now\")")
 SRC_MDNS = "seed 000/002: mDNS (.local) names caused hard crashes at c64 and do not resolve inside containers"
@@ -101,6 +95,7 @@ class Facts:
     busy_ports: Mapping[str, Sequence[tuple[str, int, str]]] = field(default_factory=dict)  # node → (addr, port, why)
     unreachable: Mapping[str, Sequence[tuple[str, str, str]]] = field(default_factory=dict)  # node → (peer, addr, why)
     model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
+    compile_cache_mounted: bool | None = None                           # None: read from the plan's volumes
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -207,43 +202,24 @@ def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
 # --- rules ------------------------------------------------------------------------------------------------------
 
 def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    """The claim judged against the node's budget (lint_memory.py)."""
     out = []
+    cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
+    cap = lint_memory.size_gib(cap_text)
     for node, argv in _servers(plan):
         v = flag_value(argv, "--gpu-memory-utilization")
         try:
             frac = float(v) if v is not None else None
         except ValueError:
             frac = None
-        if frac is not None and frac > MAX_UNIFIED_GPU_MEM and facts.unified.get(node, True):
-            out.append(Finding("gpu_memory_utilization", "refuse",
-                               f"gpu_memory_utilization {frac:g} is above {MAX_UNIFIED_GPU_MEM} on a unified-memory node",
-                               SRC_GPU_MEM, f"--set gpu_memory_utilization={MAX_UNIFIED_GPU_MEM}", node))
-    return _dedupe(out)
-
-
-def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    out = []
-    for node, argv in _servers(plan):
-        ops = compilation_config(argv).get("custom_ops")
-        if isinstance(ops, str):
-            ops = [ops]
-        if isinstance(ops, (list, tuple)) and any(str(o).strip().lower() == "all" for o in ops):
-            out.append(Finding("custom_ops_all", "refuse", 'compilation config has custom_ops ["all"]', SRC_CUSTOM_OPS,
-                               "drop custom_ops and use --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'", node))
-    return _dedupe(out)
-
-
-def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    if plan.topology != "cluster-tp2":
-        return []
-    out = []
-    for node, argv in _servers(plan):
-        mode = str(compilation_config(argv).get("cudagraph_mode", "")).upper()
-        if not has_flag(argv, "--enforce-eager") and mode != "PIECEWISE":
-            out.append(Finding("cluster_cudagraphs", "refuse",
-                               "cluster launch without --enforce-eager or a PIECEWISE cudagraph mode"
-                               + (f" (cudagraph_mode {mode})" if mode else ""), SRC_EAGER,
-                               "add --enforce-eager, or --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'", node))
+        if frac is None or not facts.unified.get(node, True):
+            continue
+        total_kb = getattr(facts.mem.get(node), "total_kb", None)
+        total = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
+        got = lint_memory.judge(frac, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
+                                facts.headroom_floor_gib, bool(total_kb))
+        if got:
+            out.append(Finding("gpu_memory_utilization", got[0], got[1], lint_memory.SRC_BUDGET, got[2], node))
     return _dedupe(out)
 
 
@@ -332,23 +308,13 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
             elif status == "unknown":
                 out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, None, n.name))
         mem = facts.mem.get(n.name)
-        cap = _size_gib(recipe.container_settings.memory)
+        cap = lint_memory.size_gib(recipe.container_settings.memory)
         total = getattr(mem, "total_kb", None)
         if cap is not None and total and cap >= total / 1048576:
             out.append(Finding("oom_guards", "refuse", f"container cap {recipe.container_settings.memory} is not below "
                                f"the host's {total / 1048576:.1f} GiB: it cannot fire before the host runs out",
                                SRC_GUARDS, "lower sparkconsole.container.memory", n.name))
     return out
-
-
-def _size_gib(size: str | None) -> float | None:
-    if not size:
-        return None
-    m = re.match(r"^([0-9.]+)([bkmgt]?)$", size.lower())
-    if not m:
-        return None
-    scale = {"": 1 / GIB, "b": 1 / GIB, "k": 1 / 1048576, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[m.group(2)]
-    return float(m.group(1)) * scale
 
 
 def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:

@@ -112,7 +112,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     if router_choice not in ROUTER_CHOICES:
         raise UserError(f"unknown router {str(router_choice)[:30]!r}", field="--router",
                         fix=f"use one of: {', '.join(ROUTER_CHOICES)}")
-    master_port = int(options.get("master_port") or getattr(cluster, "master_port", None) or recipe.cluster.master_port)
+    master_port = int(options.get("master_port") or cluster.master_port or recipe.cluster.master_port)
     container = ContainerSpec(recipe, topology, recipe.container,
                               privileged=recipe.container_settings.privileged and not options.get("non_privileged"),
                               cache_dirs=recipe.container_settings.cache_dirs and not options.get("no_cache_dirs"),

@@ -45,7 +45,7 @@ KEEPALIVE_S = 15.0
 
 @dataclass(frozen=True)
 class GB10Spec:
-    """What a GB10 reports and how it heats. Readings follow /work/shared/reference/gb10-facts.md; the
+    """What a GB10 reports and how it heats. Readings follow the reference notes (gb10-facts.md); the
     thermal constants are tuned so a sustained full load settles just past the SW-thermal threshold
     (published: 84–90 °C under c64, SW thermal slowdown at 91–92 °C) and idle sits in the mid-30s."""
     name: str = "NVIDIA GB10"

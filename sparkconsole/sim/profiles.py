@@ -1,8 +1,8 @@
 """Hardware and model profiles the simulated engine computes step times from.
 
 Facts (bandwidth, layer counts, head sizes, parameter counts) come from public model cards and the
-published GB10 figures in /work/shared/reference; the few *efficiency* constants on the hardware
-profile are fitted against the published gpt-oss-120b topology sweep by `benchmarks/fit_sim.py`
+published GB10 figures (sparkconsole/sim/data/, the reference notes gb10-facts.md); the few *efficiency* constants
+on the hardware profile are fitted against the published gpt-oss-120b topology sweep by `benchmarks/fit_sim.py`
 (see docs/SIMULATION.md for the fit and its residuals).
 """
 

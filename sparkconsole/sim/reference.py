@@ -1,6 +1,6 @@
 """The published numbers the simulator is fitted to, and the scorecard that compares a sweep with them.
 
-The CSVs are bundled as package data (sparkconsole/sim/data/), copied from /work/shared/reference.
+The CSVs are bundled as package data (sparkconsole/sim/data/), copied from the project's shared reference data.
 """
 
 from __future__ import annotations

@@ -64,10 +64,11 @@ class SparkConsoleApp(NodeActions, App):
     def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
                  serving=None, alerts=None, monitor_factory: Callable | None = None,
                  read_only: bool | None = None, serving_factory: Callable | None = None,
-                 replay_at: float | None = None, record: bool = False) -> None:
+                 replay_at: float | None = None, record: bool = False, notice: str | None = None) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
-        serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints."""
+        serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints.
+        notice: one line shown at start (where the cluster came from, clusterfile.py)."""
         super().__init__()
         self.cluster = cluster
         self.monitor = monitor
@@ -80,6 +81,7 @@ class SparkConsoleApp(NodeActions, App):
         self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
         self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
         self.record = record and replay_at is None
+        self.notice = notice
         self.recorder = None
         self.notifier = None
         self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
@@ -217,6 +219,8 @@ class SparkConsoleApp(NodeActions, App):
         self.add_mode("dashboard", lambda: self.dashboard)   # already started: only `1` switching back needs it
         if self.read_only:
             self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)
+        if self.notice:
+            self.notify(self.notice, timeout=10)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
 

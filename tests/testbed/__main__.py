@@ -3,6 +3,10 @@
 `up` starts what the slow tests start (Docker engine, two vLLM servers, vllm-router, optionally a LiteLLM proxy
 and a vLLM container), all on 127.0.0.1, and records their PIDs in the cache's up.json; `down` stops them
 by those PIDs. LiteLLM only starts when $LITELLM_MASTER_KEY is set: the key is the caller's, never stored here.
+
+`up --nodes N` starts instead what tests/test_topologies.py starts: the Docker engine and N OpenSSH nodes on
+127.0.0.2… whose sessions find that engine (sshd SetEnv), writes their cluster file, and prints the one command
+that launches the bundled tiny recipe on them (`--no-engine`: the nodes only, for the console and `status`).
 """
 
 from __future__ import annotations
@@ -70,6 +74,8 @@ def cmd_up(args: argparse.Namespace) -> int:
     if state_file().exists():
         print(f"already up (see {state_file()}); run `python -m tests.testbed down` first", file=sys.stderr)
         return 1
+    if args.nodes:
+        return cmd_up_nodes(args)
     log_dir = Path(tempfile.mkdtemp(prefix="sc-testbed-logs-", dir="/tmp"))
     state: dict = {"log_dir": str(log_dir), "groups": {}, "urls": {}, "start_seconds": {}}
 
@@ -128,11 +134,82 @@ def cmd_up(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_up_nodes(args: argparse.Namespace) -> int:
+    """N sshd nodes (and the engine their sessions use), their cluster file, and the command to launch on them."""
+    import shlex
+    from tests.helpers import free_port
+    from tests.testbed.sshd import _ensure_sshd, start_sshd_nodes
+    if not 1 <= args.nodes <= 16:
+        print("--nodes: give 1 to 16", file=sys.stderr)
+        return 1
+    why = _ensure_sshd()
+    if why:
+        print(f"up failed: {why}", file=sys.stderr)
+        return 1
+    root = Path(tempfile.mkdtemp(prefix="sc-testbed-nodes-", dir="/tmp"))
+    state: dict = {"log_dir": str(root), "groups": {}, "urls": {}, "start_seconds": {}, "nodes_root": str(root)}
+
+    def save() -> None:
+        state_file().write_text(json.dumps(state, indent=1))
+
+    extra = ""
+    try:
+        if args.engine:
+            vllm_env = ensure_vllm_venv()
+            model = ensure_tiny_model(vllm_env)
+            engine = DockerEngine(Path(tempfile.mkdtemp(prefix="sc-docker-", dir="/tmp")))
+            engine.start()
+            state["docker"] = {"root": str(engine.root), "pid": engine.pid, "host": engine.host}
+            save()
+            import_base_image(engine)
+            extra = f"SetEnv DOCKER_HOST={engine.host} DOCKER_CONFIG={engine.root / 'client-config'}\n"
+        addresses = [f"127.0.0.{2 + i}" for i in range(args.nodes)]
+        nodes = start_sshd_nodes(root / "sshd", addresses, extra_config=extra, keep_alive=True)
+        state["sshd"] = [n.proc.pid for n in nodes]
+        save()
+        cluster = nodes.write_cluster_file(root / "sparkconsole.yaml", [f"sc_testbed_{n.name}" for n in nodes],
+                                           [free_port(a) for a in addresses])
+        state["cluster_file"] = str(cluster)
+        save()
+    except (TestbedError, RuntimeError, KeyboardInterrupt) as exc:
+        print(f"up failed: {exc}; stopping what started", file=sys.stderr)
+        cmd_down(args)
+        return 1
+    sc = f"{shlex.quote(sys.executable)} -m sparkconsole --cluster {shlex.quote(str(cluster))}"
+    print(f"{len(nodes)} node(s): " + ", ".join(f"{n.name} {n.address}:{n.port}" for n in nodes))
+    print(f"cluster file: {cluster}")
+    if args.engine:
+        topology = "cluster-tp2" if len(nodes) >= 2 else "solo"
+        sets = {"python_home": str(Path(sys.base_prefix).resolve()), "vllm_venv": str(vllm_env.path),
+                "model_path": str(model.path), "served_model_name": model.name}
+        # --force: this machine's OOM guards are not a Spark's (min_free_kbytes, page cache), as in the tests
+        print("launch the tiny recipe on them (--force: this machine's OOM guards are not a Spark's):")
+        print(f"  {sc} recipe launch tiny-testbed -T {topology} --master-port {free_port(addresses[0])} "
+              + " ".join(f"--set {k}={shlex.quote(v)}" for k, v in sets.items()) + " --yes --force")
+    else:
+        print(f"watch them:\n  {sc} status")
+    print("stop with: python -m tests.testbed down")
+    return 0
+
+
+def _stop_nodes(state: dict) -> None:
+    import shutil
+    from tests.testbed.sshd import _descendants
+    for pid in state.get("sshd", []):
+        for p in [*_descendants(pid), pid]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p, signal.SIGKILL)
+        print(f"stopped sshd (pid {pid})")
+    if state.get("nodes_root"):
+        shutil.rmtree(state["nodes_root"], ignore_errors=True)
+
+
 def cmd_down(_args: argparse.Namespace) -> int:
     if not state_file().exists():
         print("nothing is up")
         return 0
     state = json.loads(state_file().read_text())
+    _stop_nodes(state)
     for name, pgid in reversed(list(state.get("groups", {}).items())):
         with contextlib.suppress(ProcessLookupError):
             os.killpg(pgid, signal.SIGTERM)
@@ -169,6 +246,9 @@ def main(argv: list[str] | None = None) -> int:
     up.add_argument("--no-routers", dest="routers", action="store_false", help="skip vllm-router and LiteLLM")
     up.add_argument("--litellm-strategy", default="simple-shuffle", choices=("simple-shuffle", "least-busy"))
     up.add_argument("--container", action="store_true", help="also a vLLM container in the Docker engine (6 GiB cap)")
+    up.add_argument("--nodes", type=int, metavar="N", help="instead: N OpenSSH nodes (127.0.0.2…) whose sessions use "
+                    "the engine, their cluster file, and the command that launches a recipe on them")
+    up.add_argument("--no-engine", dest="engine", action="store_false", help="with --nodes: the nodes only")
     up.set_defaults(func=cmd_up)
     sub.add_parser("down", help="stop everything `up` started, by PID").set_defaults(func=cmd_down)
     args = parser.parse_args(argv)

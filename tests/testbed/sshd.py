@@ -83,6 +83,7 @@ class SshdNode:
     host_key: Path
     proc: subprocess.Popen | None = None
     frozen: list[int] = field(default_factory=list)
+    keep_alive: bool = False          # outlive the process that started it (`python -m tests.testbed up --nodes`)
 
     @property
     def config_path(self) -> Path:
@@ -91,7 +92,7 @@ class SshdNode:
     def start(self) -> None:
         self.proc = subprocess.Popen([SSHD, "-D", "-e", "-f", str(self.config_path)], stdin=subprocess.DEVNULL,
                                      stdout=subprocess.DEVNULL, stderr=open(self.dir / "sshd.log", "ab"),
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+                                     start_new_session=True, preexec_fn=None if self.keep_alive else _die_with_parent)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -183,8 +184,21 @@ class SshdCluster(list):
         for n in self:
             n.stop()
 
+    def write_cluster_file(self, path: Path, containers: list[str], ports: list[int]) -> Path:
+        """A cluster file over these nodes as an operator writes one for the test bed: a container name and a free
+        port each, the loopback link, and a core each (round robin over this machine's) for a CPU build's ranks."""
+        cores = len(os.sched_getaffinity(0))
+        path.write_text("nodes:\n" + "".join(
+            f"  - name: {n.name}\n    address: {n.address}\n"
+            f"    ssh: {{user: {n.user}, port: {n.port}, identity: {n.identity}}}\n"
+            f"    container: {containers[i]}\n    vllm_port: {ports[i]}\n    eth_if: lo\n"
+            f"    vllm_env: {{VLLM_CPU_OMP_THREADS_BIND: \"{i % cores}\"}}\n"
+            for i, n in enumerate(self)) + f"ssh: {{known_hosts: {self.known_hosts}}}\n")
+        return path
 
-def start_sshd_nodes(root: Path, addresses=ADDRESSES, extra_config: str | Callable[[int], str] = "") -> SshdCluster:
+
+def start_sshd_nodes(root: Path, addresses=ADDRESSES, extra_config: str | Callable[[int], str] = "",
+                     keep_alive: bool = False) -> SshdCluster:
     """`extra_config`: more sshd_config lines, e.g. `SetEnv DOCKER_HOST=…` so that every session on these nodes
     finds its Docker engine the way a real node's shell does, with nothing set by the client; or a function of
     the node's index giving each node its own (e.g. its own HF_HOME)."""
@@ -222,7 +236,7 @@ LogLevel ERROR
         algo, blob = host_key.with_suffix(".pub").read_text().split()[:2]
         known_lines.append(f"[{address}]:{port} {algo} {blob}\n")
         nodes.append(SshdNode(name=f"node{i + 1}", address=address, port=port, user=user, identity=str(identity),
-                              known_hosts=str(root / "known_hosts"), dir=d, host_key=host_key))
+                              known_hosts=str(root / "known_hosts"), dir=d, host_key=host_key, keep_alive=keep_alive))
     (root / "known_hosts").write_text("".join(known_lines))
     cluster = SshdCluster(nodes, root, str(root / "known_hosts"), str(identity))
     try:

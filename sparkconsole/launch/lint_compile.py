@@ -1,0 +1,94 @@
+"""Preflight rules on what vLLM compiles: custom_ops ["all"] and CUDA graphs across nodes (seed 004). Pure.
+
+seed 004's two-Spark lockup came when CUDA graphs were enabled, and its cause was `custom_ops: ["all"]`: the
+fusion kernels compiled (nvcc, TileLang) during the load with ~3 GiB free, and both hosts froze. PIECEWISE graphs
+then ran safely, and the seed names a persistent kernel cache as what makes the compiled path usable. So
+custom_ops ["all"] is refused unless the compile caches persist (and then said: safe once the cache holds the
+model's kernels), and full graphs on a cluster are a warning carrying the PIECEWISE fix.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from .argv import has_flag
+
+if TYPE_CHECKING:
+    from ..config import NodeConfig
+    from .lint import Facts, Finding
+    from .recipe import Recipe
+    from .steps import Plan
+
+SRC_CUSTOM_OPS = ("seed 004: custom_ops [\"all\"] made TileLang/nvcc compile fusion kernels during the load, "
+                  "exhausting RAM and freezing both nodes; usable only with the compiled kernels cached on a "
+                  "persistent volume")
+SRC_EAGER = ("seed 004: the TP=2 lockup when CUDA graphs were enabled was custom_ops [\"all\"] compiling during "
+             "the load (refused by custom_ops_all); PIECEWISE graphs then ran safely; seed 000/002 ran the cluster "
+             "with --enforce-eager")
+# Container paths of the compile caches the runner mounts from the node (vLLM's torch.compile cache, TileLang's
+# kernels: seed 004's compiler): both must persist for custom_ops ["all"] to skip compiling during the load.
+COMPILE_CACHES = (".cache/vllm", ".tilelang")
+
+
+def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    out = []
+    cached = facts.compile_cache_mounted if facts.compile_cache_mounted is not None else compile_cache_mounted(plan)
+    lint = _lint()
+    fix = "drop custom_ops and use --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'"
+    for node, argv in lint._servers(plan):
+        ops = lint.compilation_config(argv).get("custom_ops")
+        if isinstance(ops, str):
+            ops = [ops]
+        if not (isinstance(ops, (list, tuple)) and any(str(o).strip().lower() == "all" for o in ops)):
+            continue
+        if cached:
+            out.append(lint.Finding("custom_ops_all", "warn", 'compilation config has custom_ops ["all"], with the '
+                                    "compile caches on persistent volumes: safe once they hold this model's kernels "
+                                    "(a launch that compiled them before); the first launch still compiles during "
+                                    "the load", SRC_CUSTOM_OPS,
+                                    "fill the cache once with a lower gpu_memory_utilization, or " + fix, node))
+        else:
+            out.append(lint.Finding("custom_ops_all", "refuse", 'compilation config has custom_ops ["all"] and no '
+                                    "persistent compile cache is mounted: the fusion kernels compile during the load",
+                                    SRC_CUSTOM_OPS, fix + ", or mount the compile caches (" +
+                                    ", ".join("~/" + c for c in COMPILE_CACHES) + ")", node))
+    return lint._dedupe(out)
+
+
+def compile_cache_mounted(plan: Plan) -> bool:
+    """Whether every server's container mounts the compile caches (COMPILE_CACHES) from the node."""
+    if not plan.server_args:
+        return False
+    for st in plan.steps:
+        if tuple(st.argv[:2]) != ("docker", "run") or not (st.service is None or st.service in plan.server_args):
+            continue
+        targets = [v.split(":")[1].rstrip("/") for f, v in zip(st.argv, st.argv[1:]) if f in ("-v", "--volume")
+                   and v.count(":") >= 1]
+        targets += [a.split("=", 1)[1].split(":")[1].rstrip("/") for a in st.argv
+                    if a.startswith(("-v=", "--volume=")) and a.count(":") >= 1]
+        if not all(any(t.endswith("/" + c) for t in targets) for c in COMPILE_CACHES):
+            return False
+    return True
+
+
+def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    if plan.topology != "cluster-tp2":
+        return []
+    out = []
+    lint = _lint()
+    for node, argv in lint._servers(plan):
+        mode = str(lint.compilation_config(argv).get("cudagraph_mode", "")).upper()
+        if not has_flag(argv, "--enforce-eager") and mode != "PIECEWISE":
+            out.append(lint.Finding("cluster_cudagraphs", "warn",
+                                    "cluster launch with full CUDA graphs"
+                                    + (f" (cudagraph_mode {mode})" if mode else " (vLLM's default mode)")
+                                    + ": PIECEWISE is the mode seed 004 ran safely across nodes", SRC_EAGER,
+                                    "--compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}' (or --enforce-eager)",
+                                    node))
+    return lint._dedupe(out)
+
+
+
+def _lint():
+    from . import lint       # lint.py imports this module: its Finding and helpers are read at call time
+    return lint
