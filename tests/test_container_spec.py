@@ -219,3 +219,17 @@ async def test_link_address_read_from_the_node_with_ip():
         assert await link_address(t, "no-such-if0", "127.0.0.2") is None
     finally:
         await t.close()
+
+
+async def test_an_unreachable_node_leaves_its_ranks_on_the_ssh_address_and_the_plan_says_so():
+    from sparkconsole.launch.ifaces import plan_links
+    from sparkconsole.nodes.transport import TransportError
+
+    async def connect(node):
+        raise TransportError(f"{node.name} unreachable: Connection refused")
+    cluster = replace(NODES, nodes=tuple(replace(n, eth_if="enp1s0f0np0") for n in NODES.nodes))
+    out, notes = await plan_links(find_recipe("gpt-oss-120b"), "cluster-tp2", cluster, {}, connect)
+    assert "cluster_addresses" not in out
+    assert notes == [f"{n}: link address not read ({n}: cannot read its link interfaces ({n} unreachable: "
+                     f"Connection refused)); its ranks use {a}" for n, a in (("spark1", "192.168.100.10"),
+                                                                         ("spark2", "192.168.100.11"))]

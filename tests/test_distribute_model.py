@@ -19,7 +19,7 @@ from sparkconsole.distribute import models
 from sparkconsole.distribute.nodescript import STAGE_DIR, cache_dir_name
 from sparkconsole.errors import UserError
 from sparkconsole.nodes.transport import make_transport
-from tests.testbed.model import hf_layout as testbed_hf_layout
+from tests.testbed.model import hf_layout as seeded_hf_layout
 
 pytestmark = pytest.mark.sshd
 MODEL = "testbed/tiny-llama"
@@ -27,7 +27,7 @@ REV = "0123456789abcdef0123456789abcdef01234567"
 
 
 def hf_layout(model_dir: Path, hub: Path) -> Path:
-    return testbed_hf_layout(model_dir, hub, MODEL, REV)
+    return seeded_hf_layout(model_dir, hub, MODEL, REV)
 
 
 def tree(root: Path) -> dict[str, object]:

@@ -66,8 +66,12 @@ def test_gpu_memory_utilization_rule():
     ['-cc.custom_ops=["all"]'],
 ])
 def test_custom_ops_all_rule(extra):
-    f = check("llama-3.1-8b", "solo", {"extra_args": extra})
+    # refused without the compile caches the launch mounts by default (--no-cache-dirs)
+    f = check("llama-3.1-8b", "solo", {"extra_args": extra, "no_cache_dirs": True})
     assert rules(f) == ["custom_ops_all"] and "freezing both nodes" in f[0].source
+    # with them mounted (the default, as the runner) it is a warning
+    f = check("llama-3.1-8b", "solo", {"extra_args": extra})
+    assert rules(f) == [] and rules(f, refusing_only=False) == ["custom_ops_all"]
 
 
 def test_custom_ops_other_values_pass():

@@ -92,9 +92,10 @@ CUSTOM_ALL = ["--compilation-config", '{"cudagraph_mode":"PIECEWISE","custom_ops
 CACHES = ("/var/cache/sc/vllm:/home/vllm/.cache/vllm", "/var/cache/sc/tilelang:/home/vllm/.tilelang")
 
 
-def custom_ops(recipe, facts=None):
-    return [f for f in preflight(recipe, "solo", NODES, facts or Facts(), overrides={"extra_args": CUSTOM_ALL})
-            if f.rule == "custom_ops_all"]
+def custom_ops(recipe, facts=None, caches=False):
+    """The custom_ops_all finding; caches: the launch mounts the node's compile caches (its default)."""
+    ov = {"extra_args": CUSTOM_ALL, **({} if caches else {"no_cache_dirs": True})}
+    return [f for f in preflight(recipe, "solo", NODES, facts or Facts(), overrides=ov) if f.rule == "custom_ops_all"]
 
 
 def test_custom_ops_all_is_refused_without_a_persistent_compile_cache():
@@ -106,10 +107,13 @@ def test_custom_ops_all_is_refused_without_a_persistent_compile_cache():
 def test_with_the_compile_caches_mounted_it_is_said_when_the_compiled_path_is_safe():
     r = find_recipe("llama-3.1-8b")
     cached = replace(r, container_settings=replace(r.container_settings, volumes=CACHES))
-    plan = make_plan(cached, "solo", ClusterConfig(nodes=NODES, endpoints=()), {})
+    plan = make_plan(cached, "solo", ClusterConfig(nodes=NODES, endpoints=()), {"no_cache_dirs": True})
     assert compile_cache_mounted(plan)
     [f] = custom_ops(cached)
     assert f.severity == "warn" and "safe once they hold this model's kernels" in f.message
+    # the launch's own mounts of the node's caches (the runner's, on by default) count the same
+    assert compile_cache_mounted(make_plan(r, "solo", ClusterConfig(nodes=NODES, endpoints=()), {}))
+    assert [f.severity for f in custom_ops(r, caches=True)] == ["warn"]
     # one cache of the two is not enough (TileLang's kernels compile during the load)
     half = replace(r, container_settings=replace(r.container_settings, volumes=CACHES[:1]))
     assert [f.severity for f in custom_ops(half)] == ["refuse"]

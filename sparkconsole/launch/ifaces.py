@@ -167,11 +167,17 @@ async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -
         return overrides, []
     probe = make_plan(recipe, topology, cluster, {**overrides, "eth_if": overrides.get("eth_if") or "lo"})
     nodes = [cluster.node(n) for n in probe.nodes]
+    from ..nodes.transport import TransportError
     transports: dict[str, object] = {}
 
     async def transport(n):
         if n.name not in transports:
-            transports[n.name] = await connect(n)
+            try:
+                transports[n.name] = await connect(n)
+            except TransportError as exc:
+                raise UserError(f"{n.name}: cannot read its link interfaces ({exc})",
+                                fix="check that the node is reachable, or pass --offline to plan without asking "
+                                    "it (set eth_if/ib_if in the cluster file)") from None
         return transports[n.name]
     out, notes = dict(overrides), []
     eth: dict[str, str] = {}
@@ -196,7 +202,12 @@ async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -
             or recipe.cluster.eth_if
         if not iface:
             continue
-        addr = await link_address(await transport(n), iface, n.address)
+        try:
+            addr = await link_address(await transport(n), iface, n.address)
+        except UserError as err:
+            # only the addresses are missing: the plan still works on the SSH addresses, and says so
+            notes.append(f"{n.name}: link address not read ({err.problem}); its ranks use {n.address}")
+            continue
         if addr and addr != n.address:
             addresses[n.name] = addr
             notes.append(f"{n.name}: cluster link address {addr} on {iface} (SSH reaches it at {n.address})")
