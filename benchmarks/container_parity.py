@@ -1,0 +1,603 @@
+"""Container parity: each node's `docker run` and mod steps, as spark-vllm-docker's own launch-cluster.sh would run
+them, against `sparkconsole recipe plan` (benchmarks/runner_parity.py runs it for every recipe it compares;
+docs/RECIPES_PARITY.md, "The container").
+
+The runner's side: the launch-cluster.sh command line that `run-recipe.py --dry-run -d` prints (its mods resolved
+against the checkout, as run-recipe.py does, and the dry run's launch script) is run by a real bash, with stand-ins
+first on PATH: `docker` records its argv and answers what the script asks (`docker ps`: nothing running,
+`docker image inspect`: one fixed id, anything else: success), `ssh HOST CMD` records the host and runs CMD through
+bash with the same stand-ins (so a worker's `docker run` is recorded under that worker), `scp`/`rsync` record
+and succeed, `sleep` returns at once, and `ip`, `ibdev2netdev`, `nc`, `nvidia-smi`, `sudo`, `curl`, `wget`, `hf`
+record and fail (the fork's `.env` names the nodes, interfaces and local address, so nothing is probed). No real
+docker, ssh or network is ever reached.
+
+sparkconsole's side: the plan's steps, in their execution order, each run by bash under the node's name with the
+same stand-ins and the same HOME, so `"${HF_HOME:-$HOME/.cache/huggingface}"` is expanded as the node's shell
+expands it. Only `docker` and `mkdir` steps run (any other is listed, not run).
+
+Per node, both `docker run`s are read into aspects (privileged, capabilities, devices, ulimits, ipc/shm, memory,
+pids, gpus, network, name, entrypoint, each `-e` variable, each `-v` target, labels, the command), and the mod
+steps into: which mods ran (in order), from which source, how many files, and whether all ran before the node's
+server started. Each aspect is the same, a listed deliberate difference (DELIBERATE: its reason), or different.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import re
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Mapping, Sequence
+
+FAKE_NET = "192.0.2."               # RFC 5737 documentation addresses: the runner's nodes, never a real host
+ETH_IF = "enp1s0f1np1"
+IB_IF = "rocep1s0f1,roceP2p1s0f1"
+ENV_FILE = {"CLUSTER_NODES": f"{FAKE_NET}1,{FAKE_NET}2", "ETH_IF": ETH_IF, "IB_IF": IB_IF, "LOCAL_IP": f"{FAKE_NET}1"}
+EXPORTED = ("launch-cluster.sh", "autodiscover.sh", "mods")     # besides run-recipe.py and recipes/
+IMAGE_ID = "sha256:" + "0" * 64
+LAUNCH_TIMEOUT_S = 60
+GUARDED = ("ip", "ibdev2netdev", "nc", "nvidia-smi", "sudo", "curl", "wget", "hf", "huggingface-cli")
+SYSTEM_PATH = "/usr/local/bin:/usr/bin:/bin"
+GATE_MARK = "sparkconsole-mods-gate"
+RELEASE_MARK = ".sparkconsole-mods-applied"
+
+# Stand-ins. A call is recorded as NUL-separated fields (tool, node, argc, argv…), so any argument survives.
+_RECORD = 'printf \'%s\\0\' "$(basename "$0")" "${PARITY_NODE-}" "$#" "$@" >> "$PARITY_CALLS"\n'
+DOCKER = ("#!/bin/bash\n" + _RECORD
+          + f'if [ "$1" = image ] && [ "$2" = inspect ]; then echo {IMAGE_ID}; fi\nexit 0\n')
+# ssh [options] HOST [COMMAND…]: the remote shell joins COMMAND with spaces and runs it, as sshd does.
+SSH = r'''#!/bin/bash
+while [ $# -gt 0 ]; do
+  case "$1" in
+    -[BbcDEeFIiJLlmOoPpQRSWw]) shift 2 ;;
+    -*) shift ;;
+    *) break ;;
+  esac
+done
+host=$1; shift
+printf '%s\0' ssh "$host" "$#" "$@" >> "$PARITY_CALLS"
+[ $# -eq 0 ] && exit 0
+cd "$HOME" && PARITY_NODE=$host exec bash -c "$*"
+'''
+SUCCEED = "#!/bin/bash\n" + _RECORD + "exit 0\n"
+FAIL = "#!/bin/bash\n" + _RECORD + "exit 1\n"
+
+
+@dataclass(frozen=True)
+class Call:
+    tool: str
+    node: str            # "" on the machine the launch runs on; else the ssh host (runner) or plan node (ours)
+    argv: tuple[str, ...]
+
+
+class LaunchSandbox:
+    def __init__(self, root: Path) -> None:
+        self.bin = root / "launch-bin"
+        self.bin.mkdir(parents=True)
+        scripts = {"docker": DOCKER, "ssh": SSH, "scp": SUCCEED, "rsync": SUCCEED, "sleep": "#!/bin/sh\nexit 0\n",
+                   **{g: FAIL for g in GUARDED}}
+        for name, text in scripts.items():
+            p = self.bin / name
+            p.write_text(text)
+            p.chmod(0o755)
+
+    def env(self, home: Path, calls: Path, **extra: str) -> dict[str, str]:
+        # A clean environment: nothing of this machine's (HF_HOME, VLLM_SPARK_*, a real PATH first) leaks in.
+        return {"PATH": f"{self.bin}:{SYSTEM_PATH}", "HOME": str(home), "PARITY_CALLS": str(calls),
+                "LANG": "C.UTF-8", **extra}
+
+
+def read_calls(path: Path) -> list[Call]:
+    if not path.exists():
+        return []
+    fields = path.read_bytes().split(b"\0")
+    out, i = [], 0
+    while i + 2 < len(fields):
+        tool, node, n = fields[i].decode(), fields[i + 1].decode(), int(fields[i + 2])
+        out.append(Call(tool, node, tuple(f.decode("utf-8", "replace") for f in fields[i + 3:i + 3 + n])))
+        i += 3 + n
+    return out
+
+
+def write_env_file(fork_dir: Path) -> None:
+    (fork_dir / ".env").write_text("".join(f"{k}={v}\n" for k, v in ENV_FILE.items()))
+
+
+# --- the runner's side ------------------------------------------------------------------------------------------
+
+def launch_command(dry_run_out: str, fork_dir: Path, script: Path) -> list[str] | None:
+    """The launch-cluster.sh argv run-recipe.py would execute, from its dry run's "What would be executed"."""
+    m = re.search(r"launch-cluster\.sh is called with:\n(.*?)(?:\n\s*\n|\Z)", dry_run_out, re.S)
+    if not m:
+        return None
+    words = shlex.split(re.sub(r"\s\\\s*\n", " ", m.group(1)))
+    if not words or not words[0].endswith("launch-cluster.sh"):
+        return None
+    out = [str(fork_dir / "launch-cluster.sh")]
+    i = 1
+    while i < len(words):
+        w = words[i]
+        if w == "--apply-mod" and i + 1 < len(words):
+            p = Path(words[i + 1]).expanduser()
+            out += [w, str(p if p.is_absolute() else fork_dir / p)]     # run-recipe.py: SCRIPT_DIR / mod
+            i += 2
+        elif w == "--launch-script" and i + 1 < len(words):
+            out += [w, str(script)]
+            i += 2
+        else:
+            out.append(w)
+            i += 1
+    return out
+
+
+@dataclass
+class Launch:
+    calls: list[Call] = field(default_factory=list)
+    refused: str | None = None
+    mods: list[str] = field(default_factory=list)       # --apply-mod paths, as given to launch-cluster.sh
+    stray: list[Call] = field(default_factory=list)     # guarded tools the script reached
+
+
+def run_runner_launch(sb: LaunchSandbox, fork_dir: Path, dry_run_out: str, script_text: str, work: Path) -> Launch:
+    work.mkdir(parents=True, exist_ok=True)
+    script, calls, home = work / "launch-script.sh", work / "runner-calls.bin", work / "home"
+    home.mkdir(exist_ok=True)
+    script.write_text(script_text)
+    calls.unlink(missing_ok=True)
+    argv = launch_command(dry_run_out, fork_dir, script)
+    if argv is None:
+        return Launch(refused="(the dry run prints no launch-cluster.sh command)")
+    if not (fork_dir / "launch-cluster.sh").is_file():
+        return Launch(refused="(the fork has no launch-cluster.sh)")
+    # LOCAL_IP in the environment too: a runner whose autodiscover.sh reads no .env takes it from there.
+    res = subprocess.run(["/bin/bash", *argv], cwd=fork_dir, capture_output=True, text=True, stdin=subprocess.DEVNULL,
+                         env=sb.env(home, calls, LOCAL_IP=ENV_FILE["LOCAL_IP"]), timeout=LAUNCH_TIMEOUT_S)
+    rec = read_calls(calls)
+    launch = Launch(calls=[c for c in rec if c.tool not in GUARDED], stray=[c for c in rec if c.tool in GUARDED],
+                    mods=[argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--apply-mod"])
+    if res.returncode != 0:
+        lines = [ln.strip() for ln in (res.stdout + res.stderr).splitlines() if ln.strip()]
+        launch.refused = next((ln for ln in lines if ln.startswith("Error")), lines[-1] if lines else
+                              f"exit {res.returncode}")[:200]
+    return launch
+
+
+def runner_node(host: str) -> str:
+    """The runner's node as the plan names it: the launching machine is the head (node1); a worker is its ssh host,
+    192.0.2.K, which the plan's cluster file calls nodeK."""
+    if host.startswith(FAKE_NET):
+        return f"node{host[len(FAKE_NET):]}"
+    return "node1"
+
+
+# --- sparkconsole's side ----------------------------------------------------------------------------------------
+
+_NODE = re.compile(r"^\[(\S+)(?: [^\]]*)?\]$")
+_STEP = re.compile(r"^\s+(\d+)\. (.*)$")
+_MOD_COPY = re.compile(r"^mod (\S+): copy its (\d+) file\(s\) in \((dir|zip) (.*)\)$")
+_ASSIGN = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+@dataclass(frozen=True)
+class PlanStep:
+    number: int
+    node: str
+    what: str
+    line: str
+
+
+def plan_steps(text: str) -> list[PlanStep]:
+    """Every step of `recipe plan` output, in execution order (the plan groups them by node, numbered by order)."""
+    steps, node, lines = [], "", text.splitlines()
+    for i, ln in enumerate(lines):
+        m = _NODE.match(ln)
+        if m:
+            node = m.group(1)
+            continue
+        s = _STEP.match(ln)
+        if s and i + 1 < len(lines) and lines[i + 1].lstrip().startswith("$ "):
+            steps.append(PlanStep(int(s.group(1)), node, s.group(2), lines[i + 1].lstrip()[2:]))
+    return sorted(steps, key=lambda s: s.number)
+
+
+def _command_word(line: str) -> str:
+    words = shlex.split(line)
+    if words[:2] == ["sh", "-c"] and len(words) >= 3:
+        words = shlex.split(words[2])
+    return next((w for w in words if not _ASSIGN.match(w)), "")
+
+
+def run_plan(sb: LaunchSandbox, steps: Sequence[PlanStep], work: Path) -> tuple[list[Call], list[str]]:
+    """Each docker/mkdir step run as its node's shell runs it, with the stand-ins; the others only listed."""
+    calls, home = work / "plan-calls.bin", work / "home"
+    home.mkdir(parents=True, exist_ok=True)
+    calls.unlink(missing_ok=True)
+    skipped = []
+    for s in steps:
+        if _command_word(s.line) not in ("docker", "mkdir"):
+            skipped.append(f"{s.node}: {s.what}")
+            continue
+        subprocess.run(["/bin/bash", "--noprofile", "--norc", "-c", s.line], cwd=home, capture_output=True,
+                       stdin=subprocess.DEVNULL, env=sb.env(home, calls, PARITY_NODE=s.node), timeout=30)
+    return read_calls(calls), skipped
+
+
+def plan_mod_copies(steps: Sequence[PlanStep]) -> dict[tuple[str, str], tuple[str, int]]:
+    """(node, mod) → (source, files) from the plan's copy steps."""
+    out = {}
+    for s in steps:
+        m = _MOD_COPY.match(s.what)
+        if m:
+            out[(s.node, m.group(1))] = (m.group(4), int(m.group(2)))
+    return out
+
+
+# --- each node's container, read into aspects -------------------------------------------------------------------
+
+NO_VALUE = {"-d", "--detach", "--rm", "--privileged", "--init", "-i", "-t", "-it", "--interactive", "--tty",
+            "--read-only", "-P", "--publish-all", "--oom-kill-disable"}
+ALIAS = {"-e": "--env", "-v": "--volume", "-l": "--label", "-p": "--publish", "--detach": "-d", "-w": "--workdir",
+         "-u": "--user", "-m": "--memory", "--mount": "--mount"}
+SINGLE = {"--ipc", "--shm-size", "--memory", "--memory-swap", "--pids-limit", "--gpus", "--network", "--name",
+          "--entrypoint", "--workdir", "--user", "--runtime"}
+
+
+def run_aspects(args: Sequence[str]) -> dict[str, str]:
+    """`docker run`'s arguments (after `run`) as aspect → value: one aspect per option, per `-e` variable and per
+    `-v` target; list options (capabilities, devices, labels, …) sorted."""
+    out: dict[str, str] = {}
+    lists: dict[str, list[str]] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-"):
+            break
+        if a.startswith("--") and "=" in a:
+            name, _, value = a.partition("=")
+            i += 1
+        elif a in NO_VALUE:
+            name, value = a, "yes"
+            i += 1
+        else:
+            name, value = a, (args[i + 1] if i + 1 < len(args) else "")
+            i += 2
+        name = ALIAS.get(name, name)
+        if name == "--env":
+            k, eq, v = value.partition("=")
+            out[f"env {k}"] = v if eq else "(by reference)"
+        elif name == "--volume":
+            src, _, dst = value.partition(":")
+            dst, _, opts = dst.partition(":")
+            out[f"volume {dst}"] = src + (f" ({opts})" if opts else "")
+        elif name == "--ulimit":
+            k, _, v = value.partition("=")
+            out[f"ulimit {k}"] = v
+        elif name in SINGLE or name in NO_VALUE:
+            out[name.lstrip("-")] = value
+        else:
+            lists.setdefault(name.lstrip("-"), []).append(value)
+    for k, vs in lists.items():
+        out[k] = " ".join(sorted(vs))
+    if i < len(args):
+        out["image"] = args[i]
+        out["command"] = command_summary(args[i + 1:])
+    return out
+
+
+def command_summary(cmd: Sequence[str]) -> str:
+    """The container's main process, in short: the vLLM argv itself is compared in the vLLM-command table."""
+    if GATE_MARK in cmd:
+        rest = list(cmd[cmd.index(GATE_MARK) + 1:])
+        return "(mods gate) " + " ".join(rest[:2]) + " …"
+    if cmd[:2] == ("vllm", "serve") or list(cmd[:2]) == ["vllm", "serve"]:
+        return "vllm serve …"
+    return shlex.join(cmd) if len(cmd) <= 4 else shlex.join(cmd[:4]) + " …"
+
+
+@dataclass
+class NodeView:
+    run: list[str] | None = None        # docker run's arguments, after `run`
+    runs: int = 0
+    mods: list[str] = field(default_factory=list)        # run.sh executed, in order
+    mod_at: list[int] = field(default_factory=list)
+    start_at: int | None = None         # where the node's server (vLLM or a Ray node) starts
+
+
+def node_views(calls: Sequence[Call], node_of: Callable[[str], str]) -> dict[str, NodeView]:
+    """Each node's docker calls read in order: its `docker run`, the mods' run.sh, and where its server starts."""
+    views: dict[str, NodeView] = {}
+    counts: dict[str, int] = {}
+    for c in calls:
+        if c.tool != "docker" or not c.argv:
+            continue
+        node = node_of(c.node)
+        v = views.setdefault(node, NodeView())
+        at = counts[node] = counts.get(node, 0) + 1
+        a, text = c.argv, " ".join(c.argv)
+        if a[0] == "run":
+            v.run, v.runs = list(a[1:]), v.runs + 1
+            if GATE_MARK not in a and not _idle(a[1:]) and v.start_at is None:
+                v.start_at = at                  # the container's command is the server itself
+        elif a[0] == "exec":
+            if "./run.sh" in text:
+                dest = a[a.index("mod") + 1] if "mod" in a[:-1] else (re.findall(r"cd (\S+)", text) or [""])[0]
+                v.mods.append(dest.rstrip("/").rsplit("/", 1)[-1])
+                v.mod_at.append(at)
+            elif v.start_at is None and (("touch" in a and any(RELEASE_MARK in w for w in a))
+                                         or (re.search(r"exec-script[^ ]*\.sh", text) and "chmod" not in a)
+                                         or "ray start" in text):
+                v.start_at = at
+    return views
+
+
+def _idle(args: Sequence[str]) -> bool:
+    """The runner's container command: idle until vLLM is started in it with docker exec."""
+    cmd = run_aspects(args).get("command", "")
+    return cmd.startswith(("sleep ", "earlyoom"))
+
+
+# --- the comparison ---------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Context:
+    mode: str                           # solo | cluster
+    recipe: Mapping[str, Any]           # the recipe file as PyYAML reads it
+    recipe_env: frozenset[str]          # the recipe's variables: compared with the vLLM command, not here
+
+
+@dataclass(frozen=True)
+class Rule:
+    id: str
+    reason: str
+    test: Callable[[str, str | None, str | None, Context], bool]
+
+
+LINK_ENV = re.compile(r"^env (VLLM_HOST_IP|NCCL_SOCKET_IFNAME|NCCL_IB_HCA|NCCL_IB_DISABLE|UCX_NET_DEVICES|"
+                      r"OMPI_MCA_btl_tcp_if_include|GLOO_SOCKET_IFNAME|TP_SOCKET_IFNAME|MN_IF_NAME|RAY_\w+)$")
+# What forwis's newer launch-cluster.sh sets and the older runners (a3refaat, wentbackward) do not: sparkconsole
+# starts every container as the newest runner does.
+NEWER_RUNNER = {"ulimit nofile": "1048576:1048576", "volume /root/.tilelang": "$HOME/.tilelang", "entrypoint": ""}
+
+
+def _sc(ctx: Context) -> Mapping[str, Any]:
+    sc = ctx.recipe.get("sparkconsole") if isinstance(ctx.recipe, Mapping) else None
+    return sc if isinstance(sc, Mapping) else {}
+
+
+def _sc_container(ctx: Context) -> Mapping[str, Any]:
+    c = _sc(ctx).get("container")
+    return c if isinstance(c, Mapping) else {}
+
+
+DELIBERATE: tuple[Rule, ...] = (
+    Rule("memory-cap", "a memory cap on every container, swap equal to it (`--memory` = `--memory-swap`): a "
+         "unified-memory runaway is an OOM-kill of the container, not a frozen Spark (seed 004); the runner caps "
+         "memory only with --non-privileged (110g, swap 10g more)",
+         lambda a, r, o, c: a in ("memory", "memory-swap") and o is not None),
+    Rule("no-rm", "no `--rm`: a dead server's container stays, so its log can still be read",
+         lambda a, r, o, c: a == "rm" and r == "yes" and o is None),
+    Rule("labels", "sparkconsole's `--label sparkconsole.*`: the console groups one launch's containers across "
+         "nodes and finds where it serves",
+         lambda a, r, o, c: a == "label" and o is not None
+         and all(x.startswith("sparkconsole.") for x in set(o.split()) - set((r or "").split()))),
+    Rule("main-process", "vLLM is the container's main process (its exit is the container's exit, which launch "
+         "health reads), held by the mods gate until the mods are applied; the runner starts the container idle "
+         "and runs vLLM in it with `docker exec`",
+         lambda a, r, o, c: a == "command"),
+    Rule("init", "`--init` where the recipe asks for it (sparkconsole.container.init)",
+         lambda a, r, o, c: a == "init" and o == "yes" and r is None and bool(_sc_container(c).get("init"))),
+    Rule("recipe-volume", "the recipe's own volumes (sparkconsole.container.volumes, e.g. the test bed's)",
+         lambda a, r, o, c: a.startswith("volume ") and r is None and o is not None
+         and any(str(v).split(":", 1)[0] == o for v in _sc_container(c).get("volumes") or ())),
+    Rule("secret-ref", "`-e HF_TOKEN` by reference: the token from the docker client's environment on the node "
+         "(gated models), never a value in the plan; unset, the container gets none",
+         lambda a, r, o, c: a.startswith("env ") and o == "(by reference)" and r is None),
+    Rule("solo-link-env", "solo: the runner sets its node-to-node link variables on one node too, where no rank "
+         "talks to another; sparkconsole sets them for cluster launches only",
+         lambda a, r, o, c: c.mode == "solo" and o is None and bool(LINK_ENV.match(a))),
+    Rule("ray-env", "Ray's variables (`RAY_*`), set by the runner whatever its backend: sparkconsole's default mp "
+         "launch runs no Ray (its `--backend ray` sets its own)",
+         lambda a, r, o, c: c.mode != "solo" and a.startswith("env RAY_") and o is None),
+    Rule("mn-if-name", "`MN_IF_NAME`: read by nothing in vLLM, NCCL or the forks' mods (a name from the upstream's "
+         "run-cluster-node.sh)", lambda a, r, o, c: a == "env MN_IF_NAME" and o is None),
+    Rule("newer-runner", "as forwis's newer launch-cluster.sh (`--ulimit nofile=1048576:1048576`, ~/.tilelang "
+         "mounted, `--entrypoint=`); this fork's older runner lacks it",
+         lambda a, r, o, c: r is None and a in NEWER_RUNNER and o == NEWER_RUNNER[a]),
+)
+
+
+def classify(aspect: str, runner: str | None, ours: str | None, ctx: Context) -> str:
+    """"same", a DELIBERATE rule's id, or "different"."""
+    if runner == ours:
+        return "same"
+    return next((rule.id for rule in DELIBERATE if rule.test(aspect, runner, ours, ctx)), "different")
+
+
+@dataclass
+class ContainerResult:
+    verdict: str = "not-compared"       # same | deliberate | different | not-compared
+    why: str = ""                       # not compared: the side that could not run
+    nodes: int = 0
+    same: int = 0                       # aspects the same, over all nodes
+    deliberate: dict[str, int] = field(default_factory=dict)     # rule id → aspects
+    different: list[str] = field(default_factory=list)
+    listed: list[str] = field(default_factory=list)              # each deliberate difference, with its rule
+    mods: list[str] = field(default_factory=list)                # the mods the head applies (runner's order)
+    skipped: list[str] = field(default_factory=list)             # plan steps not run (neither docker nor mkdir)
+    stray: list[str] = field(default_factory=list)               # guarded tools the runner reached
+
+
+class Normaliser:
+    """Spelling only: the shared HOME as `$HOME`, each side's node addresses as {nodeK}."""
+
+    def __init__(self, home: Path, ours_addresses: Mapping[str, str]) -> None:
+        self.home = str(home)
+        self.ours = sorted(((a, n) for n, a in ours_addresses.items()), key=lambda x: -len(x[0]))
+
+    def runner(self, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.replace(self.home, "$HOME")
+        return re.sub(r"(?<![\d.])192\.0\.2\.(\d+)(?![\d.])", r"{node\1}", v)
+
+    def sparkconsole(self, v: str | None) -> str | None:
+        if v is None:
+            return None
+        v = v.replace(self.home, "$HOME")
+        for addr, node in self.ours:
+            v = re.sub(rf"(?<![\d.]){re.escape(addr)}(?![\d.])", "{" + node + "}", v)
+        return v
+
+
+def plan_addresses(text: str) -> dict[str, str]:
+    return {m.group(1): m.group(2) for m in re.finditer(r"^\[(\S+) (\S+)\]$", text, re.M)}
+
+
+def _files(path: Path) -> int | None:
+    if path.is_dir():
+        return sum(1 for p in path.rglob("*") if not p.is_dir())
+    return None
+
+
+def _rel(path: str, fork_dir: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(fork_dir.resolve()))
+    except ValueError:
+        return path
+
+
+def node_aspects(node: str, rv: NodeView | None, ov: NodeView | None, launch: Launch,
+                 copies: Mapping[tuple[str, str], tuple[str, int]], fork_dir: Path,
+                 norm: Normaliser, ctx: Context) -> list[tuple[str, str | None, str | None]]:
+    """(aspect, runner's value, sparkconsole's value) of one node, both normalised."""
+    out: list[tuple[str, str | None, str | None]] = []
+    ra = run_aspects(rv.run) if rv and rv.run else {}
+    oa = run_aspects(ov.run) if ov and ov.run else {}
+    out.append(("container", "started" if ra else None, "started" if oa else None))
+    for k in sorted((set(ra) | set(oa)) - {f"env {e}" for e in ctx.recipe_env}):
+        out.append((k, norm.runner(ra.get(k)), norm.sparkconsole(oa.get(k))))
+
+    def mods_of(v: NodeView | None) -> list[str]:
+        return v.mods if v else []
+
+    def before(v: NodeView | None) -> str:
+        if not v or not v.mods:
+            return "(no mods)"
+        return "yes" if v.start_at is not None and all(i < v.start_at for i in v.mod_at) else "no"
+    out.append(("mods", ", ".join(mods_of(rv)) or "(none)", ", ".join(mods_of(ov)) or "(none)"))
+    out.append(("mods before the server starts", before(rv), before(ov)))
+    runner_src = {Path(p).stem if p.endswith(".zip") else Path(p).name: p for p in launch.mods}
+    for name in sorted(set(mods_of(rv)) | set(mods_of(ov))):
+        src = runner_src.get(name)
+        ours = copies.get((node, name))
+        out.append((f"mod {name} source", _rel(src, fork_dir) if src else None,
+                    _rel(ours[0], fork_dir) if ours else None))
+        n = _files(Path(src)) if src else None
+        if n is not None or ours:
+            out.append((f"mod {name} files", str(n) if n is not None else None, str(ours[1]) if ours else None))
+    return out
+
+
+def compare_container(sb: LaunchSandbox, fork_dir: Path, recipe: Mapping[str, Any], mode: str, dry_run_out: str,
+                      script_text: str, plan_out: str, work: Path, recipe_env: Sequence[str] = ()) -> ContainerResult:
+    """One recipe in one mode: both launches run with the stand-ins, each node's container compared."""
+    launch = run_runner_launch(sb, fork_dir, dry_run_out, script_text, work)
+    res = ContainerResult(stray=[shlex.join([c.tool, *c.argv]) for c in launch.stray])
+    if launch.refused:
+        res.why = f"the runner's launch-cluster.sh: {launch.refused}"
+        return res
+    steps = plan_steps(plan_out)
+    ours_calls, res.skipped = run_plan(sb, steps, work)
+    rviews, oviews = node_views(launch.calls, runner_node), node_views(ours_calls, lambda n: n)
+    norm = Normaliser(work / "home", plan_addresses(plan_out))
+    ctx = Context(mode, recipe, frozenset(recipe_env))
+    copies = plan_mod_copies(steps)
+    nodes = sorted(set(rviews) | set(oviews), key=lambda n: (len(n), n))
+    res.nodes = len(nodes)
+    res.mods = rviews[nodes[0]].mods if nodes and nodes[0] in rviews else []
+    for node in nodes:
+        for aspect, r, o in node_aspects(node, rviews.get(node), oviews.get(node), launch, copies, fork_dir, norm, ctx):
+            verdict = classify(aspect, r, o, ctx)
+            if verdict == "same":
+                res.same += 1
+                continue
+            line = f"{node} {aspect}: runner {r if r is not None else '(absent)'} | sparkconsole " \
+                   f"{o if o is not None else '(absent)'}"
+            if verdict == "different":
+                res.different.append(line)
+            else:
+                res.deliberate[verdict] = res.deliberate.get(verdict, 0) + 1
+                res.listed.append(f"{line} [{verdict}]")
+    res.verdict = "different" if res.different else "deliberate" if res.deliberate else "same"
+    return res
+
+
+def reason(rule_id: str) -> str:
+    return next(r.reason for r in DELIBERATE if r.id == rule_id)
+
+
+# --- the report -------------------------------------------------------------------------------------------------
+
+def report(rows: Sequence[tuple[str, str, str, Mapping[str, Any] | None]], forks: Sequence[str],
+           launch: Sequence[str] = (), verbose: bool = False) -> str:
+    """rows: (fork, mode, recipe, ContainerResult as a dict, or None where either side refused the recipe)."""
+    out = ["The container: launch-cluster.sh (docker/ssh stand-ins) vs sparkconsole recipe plan, each node's "
+           "docker run and mod steps", f"Launch options given to both: {shlex.join(launch) if launch else '(none)'}",
+           ""]
+    head = (f"{'fork':<14} {'mode':<8} {'planned':>7} {'same':>5} {'delib':>5} {'diff':>5} {'n/c':>4}   "
+            f"aspects same/deliberate/different")
+    out += [head, "-" * len(head)]
+
+    def row(label: str, mode: str, rs: Sequence[Mapping[str, Any]]) -> str:
+        v = collections.Counter(r["verdict"] for r in rs)
+        same = sum(r["same"] for r in rs)
+        delib = sum(sum(r["deliberate"].values()) for r in rs)
+        diff = sum(len(r["different"]) for r in rs)
+        return (f"{label:<14} {mode:<8} {len(rs):>7} {v['same']:>5} {v['deliberate']:>5} {v['different']:>5} "
+                f"{v['not-compared']:>4}   {same}/{delib}/{diff}")
+    for fork in [*forks, "TOTAL"]:
+        for mode in ("solo", "cluster"):
+            rs = [c for f, m, _, c in rows if c and m == mode and fork in (f, "TOTAL")]
+            if rs:
+                out.append(row(fork, mode, rs))
+    done = [(f, m, rec, c) for f, m, rec, c in rows if c and c["verdict"] != "not-compared"]
+    out += ["", "Deliberate differences (recipe × mode where each applies; aspects over all nodes):"]
+    by_rule: dict[str, list[int]] = {}
+    for _, _, _, c in done:
+        for rule, k in c["deliberate"].items():
+            by_rule.setdefault(rule, [0, 0])
+            by_rule[rule][0] += 1
+            by_rule[rule][1] += k
+    for rule in DELIBERATE:
+        if rule.id in by_rule:
+            out.append(f"  {rule.id}: {by_rule[rule.id][0]} ({by_rule[rule.id][1]}) — {rule.reason}")
+    diffs: dict[str, list[str]] = {}
+    for f, m, rec, c in done:
+        for d in c["different"]:
+            diffs.setdefault(d.split(" ", 1)[1], []).append(f"{f}:{m}")
+    out += ["", "Different (recipe × mode × node where found):" if diffs else "Different: none"]
+    for d, where in sorted(diffs.items(), key=lambda kv: -len(kv[1])):
+        forks_seen = ", ".join(f"{k} {n}" for k, n in sorted(collections.Counter(where).items()))
+        out.append(f"  {d}: {len(where)} ({forks_seen})")
+    with_mods = [c for _, _, _, c in done if c["mods"]]
+    out += ["", f"Mods: {len(with_mods)} recipe × mode with mods compared ({sum(len(c['mods']) for c in with_mods)} "
+                f"mod applications on the head); mod aspects different in "
+                f"{sum(1 for c in with_mods if any(' mod' in d for d in c['different']))}"]
+    nc = collections.Counter(c["why"] for _, _, _, c in rows if c and c["verdict"] == "not-compared")
+    for why, k in nc.most_common():
+        out.append(f"Not compared ({k}): {why}")
+    stray = sorted({s for _, _, _, c in rows if c for s in c["stray"]})
+    skipped = sorted({s.split(": ", 1)[1] for _, _, _, c in rows if c for s in c["skipped"]})
+    out.append("Guarded tools (ip, ibdev2netdev, nc, nvidia-smi, sudo, curl, wget, hf) the runner reached: "
+               + ("; ".join(stray[:5]) if stray else "none"))
+    out.append("Plan steps not run (neither docker nor mkdir): " + ("; ".join(skipped[:5]) if skipped else "none"))
+    for f, m, rec, c in done:
+        if c["different"] or verbose:
+            out.append(f"[{f}] {rec} {m}: {c['verdict']}")
+            out += [f"    {d}" for d in c["different"]]
+            if verbose:
+                out += [f"    {d}" for d in c["listed"]]
+    return "\n".join(out)
