@@ -346,6 +346,7 @@ class Context:
     mode: str                           # solo | cluster
     recipe: Mapping[str, Any]           # the recipe file as PyYAML reads it
     recipe_env: frozenset[str]          # the recipe's variables: compared with the vLLM command, not here
+    spread: bool = False                # the plan spreads a recipe of parallelism 1 over the cluster (its note)
 
 
 @dataclass(frozen=True)
@@ -377,6 +378,10 @@ DELIBERATE: tuple[Rule, ...] = (
          "unified-memory runaway is an OOM-kill of the container, not a frozen Spark (seed 004); the runner caps "
          "memory only with --non-privileged (110g, swap 10g more)",
          lambda a, r, o, c: a in ("memory", "memory-swap") and o is not None),
+    Rule("tp1-spread", "a recipe of parallelism 1 asked for a cluster: sparkconsole spreads it by tensor parallel "
+         "over the cluster's nodes and says so in the plan (the vLLM table's difference 1); the newer runners "
+         "(forwis, wentbackward) trim such a launch to the head alone, a3refaat's starts an idle worker",
+         lambda a, r, o, c: a == "container" and r is None and o == "started" and c.spread),
     Rule("no-rm", "no `--rm`: a dead server's container stays, so its log can still be read",
          lambda a, r, o, c: a == "rm" and r == "yes" and o is None),
     Rule("labels", "sparkconsole's `--label sparkconsole.*`: the console groups one launch's containers across "
@@ -477,6 +482,8 @@ def node_aspects(node: str, rv: NodeView | None, ov: NodeView | None, launch: La
     ra = run_aspects(rv.run) if rv and rv.run else {}
     oa = run_aspects(ov.run) if ov and ov.run else {}
     out.append(("container", "started" if ra else None, "started" if oa else None))
+    if not (ra and oa):
+        return out                      # a node only one side starts: that is the difference, not its options
     for k in sorted((set(ra) | set(oa)) - {f"env {e}" for e in ctx.recipe_env}):
         out.append((k, norm.runner(ra.get(k)), norm.sparkconsole(oa.get(k))))
 
@@ -502,7 +509,8 @@ def node_aspects(node: str, rv: NodeView | None, ov: NodeView | None, launch: La
 
 
 def compare_container(sb: LaunchSandbox, fork_dir: Path, recipe: Mapping[str, Any], mode: str, dry_run_out: str,
-                      script_text: str, plan_out: str, work: Path, recipe_env: Sequence[str] = ()) -> ContainerResult:
+                      script_text: str, plan_out: str, work: Path, recipe_env: Sequence[str] = (),
+                      spread: bool = False) -> ContainerResult:
     """One recipe in one mode: both launches run with the stand-ins, each node's container compared."""
     launch = run_runner_launch(sb, fork_dir, dry_run_out, script_text, work)
     res = ContainerResult(stray=[shlex.join([c.tool, *c.argv]) for c in launch.stray])
@@ -513,7 +521,7 @@ def compare_container(sb: LaunchSandbox, fork_dir: Path, recipe: Mapping[str, An
     ours_calls, res.skipped = run_plan(sb, steps, work)
     rviews, oviews = node_views(launch.calls, runner_node), node_views(ours_calls, lambda n: n)
     norm = Normaliser(work / "home", plan_addresses(plan_out))
-    ctx = Context(mode, recipe, frozenset(recipe_env))
+    ctx = Context(mode, recipe, frozenset(recipe_env), spread)
     copies = plan_mod_copies(steps)
     nodes = sorted(set(rviews) | set(oviews), key=lambda n: (len(n), n))
     res.nodes = len(nodes)
@@ -574,14 +582,17 @@ def report(rows: Sequence[tuple[str, str, str, Mapping[str, Any] | None]], forks
     for rule in DELIBERATE:
         if rule.id in by_rule:
             out.append(f"  {rule.id}: {by_rule[rule.id][0]} ({by_rule[rule.id][1]}) — {rule.reason}")
-    diffs: dict[str, list[str]] = {}
+    diffs: dict[str, list[tuple[str, str]]] = {}
     for f, m, rec, c in done:
         for d in c["different"]:
-            diffs.setdefault(d.split(" ", 1)[1], []).append(f"{f}:{m}")
+            diffs.setdefault(d.split(" ", 1)[1], []).append((f"{f}:{m}", f"[{f}] {rec} {m}"))
     out += ["", "Different (recipe × mode × node where found):" if diffs else "Different: none"]
     for d, where in sorted(diffs.items(), key=lambda kv: -len(kv[1])):
-        forks_seen = ", ".join(f"{k} {n}" for k, n in sorted(collections.Counter(where).items()))
+        forks_seen = ", ".join(f"{k} {n}" for k, n in sorted(collections.Counter(w for w, _ in where).items()))
         out.append(f"  {d}: {len(where)} ({forks_seen})")
+        recipes = sorted({r for _, r in where})
+        if len(recipes) <= 5 or verbose:
+            out += [f"      {r}" for r in recipes]
     with_mods = [c for _, _, _, c in done if c["mods"]]
     out += ["", f"Mods: {len(with_mods)} recipe × mode with mods compared ({sum(len(c['mods']) for c in with_mods)} "
                 f"mod applications on the head); mod aspects different in "
@@ -594,10 +605,7 @@ def report(rows: Sequence[tuple[str, str, str, Mapping[str, Any] | None]], forks
     out.append("Guarded tools (ip, ibdev2netdev, nc, nvidia-smi, sudo, curl, wget, hf) the runner reached: "
                + ("; ".join(stray[:5]) if stray else "none"))
     out.append("Plan steps not run (neither docker nor mkdir): " + ("; ".join(skipped[:5]) if skipped else "none"))
-    for f, m, rec, c in done:
-        if c["different"] or verbose:
-            out.append(f"[{f}] {rec} {m}: {c['verdict']}")
-            out += [f"    {d}" for d in c["different"]]
-            if verbose:
-                out += [f"    {d}" for d in c["listed"]]
+    for f, m, rec, c in done if verbose else ():
+        out.append(f"[{f}] {rec} {m}: {c['verdict']}")
+        out += [f"    {d}" for d in (*c["different"], *c["listed"])]
     return "\n".join(out)

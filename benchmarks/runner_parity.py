@@ -512,7 +512,8 @@ def container_of(fork_dir: Path, recipe: Path, mode: str, runner: Side, ours: Si
     doc = doc if isinstance(doc, dict) else {}
     env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
     return cp.compare_container(sb.launch, fork_dir, doc, mode, runner.raw, runner.script, ours.raw,
-                                work / "container", [*runner.env, *env])
+                                work / "container", [*runner.env, *env],
+                                spread=any("spreads it over" in n for n in ours.notes))
 
 
 MODES = ("solo", "cluster", "squeeze")
