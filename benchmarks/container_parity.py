@@ -299,6 +299,10 @@ def node_aspects(node: str, rv: NodeView | None, ov: NodeView | None, launch: La
     return out
 
 
+def _show(v: str | None) -> str:
+    return "(absent)" if v is None else "(empty)" if v == "" else v
+
+
 def compare_container(sb: LaunchSandbox, fork_dir: Path, recipe: Mapping[str, Any], mode: str, dry_run_out: str,
                       script_text: str, plan_out: str, work: Path, recipe_env: Sequence[str] = (),
                       spread: bool = False) -> ContainerResult:
@@ -323,8 +327,7 @@ def compare_container(sb: LaunchSandbox, fork_dir: Path, recipe: Mapping[str, An
             if verdict == "same":
                 res.same += 1
                 continue
-            line = f"{node} {aspect}: runner {r if r is not None else '(absent)'} | sparkconsole " \
-                   f"{o if o is not None else '(absent)'}"
+            line = f"{node} {aspect}: runner {_show(r)} | sparkconsole {_show(o)}"
             if verdict == "different":
                 res.different.append(line)
             else:
