@@ -412,12 +412,12 @@ class Result:
     sparkconsole: str | None = None
     notes: list[str] = field(default_factory=list)
     applied: dict[str, int] = field(default_factory=dict)
+    container: dict[str, Any] | None = None     # container_parity.ContainerResult, where both planned
     digest: str = ""
     runner_argv: list[str] | None = None
     sparkconsole_argv: list[str] | None = None
     env_diffs: list[str] = field(default_factory=list)
     preflight: list[str] = field(default_factory=list)
-    container: dict[str, Any] | None = None     # container_parity.ContainerResult, where both planned
 
 
 def refusal_reason(line: str) -> str:
