@@ -143,8 +143,12 @@ def run_runner_launch(sb: LaunchSandbox, fork_dir: Path, dry_run_out: str, scrip
     if not (fork_dir / "launch-cluster.sh").is_file():
         return Launch(refused="(the fork has no launch-cluster.sh)")
     # LOCAL_IP in the environment too: a runner whose autodiscover.sh reads no .env takes it from there.
-    res = subprocess.run(["/bin/bash", *argv], cwd=fork_dir, capture_output=True, text=True, stdin=subprocess.DEVNULL,
-                         env=sb.env(home, calls, LOCAL_IP=ENV_FILE["LOCAL_IP"]), timeout=LAUNCH_TIMEOUT_S)
+    try:
+        res = subprocess.run(["/bin/bash", *argv], cwd=fork_dir, capture_output=True, text=True,
+                             stdin=subprocess.DEVNULL, env=sb.env(home, calls, LOCAL_IP=ENV_FILE["LOCAL_IP"]),
+                             timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Launch(refused=f"(launch-cluster.sh still running after {LAUNCH_TIMEOUT_S} s with the stand-ins)")
     rec = read_calls(calls)
     launch = Launch(calls=[c for c in rec if c.tool not in GUARDED], stray=[c for c in rec if c.tool in GUARDED],
                     mods=[argv[i + 1] for i, w in enumerate(argv[:-1]) if w == "--apply-mod"])
@@ -210,8 +214,11 @@ def run_plan(sb: LaunchSandbox, steps: Sequence[PlanStep], work: Path) -> tuple[
         if _command_word(s.line) not in ("docker", "mkdir"):
             skipped.append(f"{s.node}: {s.what}")
             continue
-        subprocess.run(["/bin/bash", "--noprofile", "--norc", "-c", s.line], cwd=home, capture_output=True,
-                       stdin=subprocess.DEVNULL, env=sb.env(home, calls, PARITY_NODE=s.node), timeout=30)
+        try:
+            subprocess.run(["/bin/bash", "--noprofile", "--norc", "-c", s.line], cwd=home, capture_output=True,
+                           stdin=subprocess.DEVNULL, env=sb.env(home, calls, PARITY_NODE=s.node), timeout=30)
+        except subprocess.TimeoutExpired:
+            skipped.append(f"{s.node}: {s.what} (timed out)")
     return read_calls(calls), skipped
 
 

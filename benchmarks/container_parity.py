@@ -31,7 +31,7 @@ RELEASE_MARK = ".sparkconsole-mods-applied"
 NO_VALUE = {"-d", "--detach", "--rm", "--privileged", "--init", "-i", "-t", "-it", "--interactive", "--tty",
             "--read-only", "-P", "--publish-all", "--oom-kill-disable"}
 ALIAS = {"-e": "--env", "-v": "--volume", "-l": "--label", "-p": "--publish", "--detach": "-d", "-w": "--workdir",
-         "-u": "--user", "-m": "--memory", "--mount": "--mount"}
+         "-u": "--user", "-m": "--memory"}
 SINGLE = {"--ipc", "--shm-size", "--memory", "--memory-swap", "--pids-limit", "--gpus", "--network", "--name",
           "--entrypoint", "--workdir", "--user", "--runtime"}
 
@@ -83,7 +83,7 @@ def command_summary(cmd: Sequence[str]) -> str:
     if GATE_MARK in cmd:
         rest = list(cmd[cmd.index(GATE_MARK) + 1:])
         return "(mods gate) " + " ".join(rest[:2]) + " …"
-    if cmd[:2] == ("vllm", "serve") or list(cmd[:2]) == ["vllm", "serve"]:
+    if list(cmd[:2]) == ["vllm", "serve"]:
         return "vllm serve …"
     return shlex.join(cmd) if len(cmd) <= 4 else shlex.join(cmd[:4]) + " …"
 
@@ -273,22 +273,21 @@ def node_aspects(node: str, rv: NodeView | None, ov: NodeView | None, launch: La
     ra = run_aspects(rv.run) if rv and rv.run else {}
     oa = run_aspects(ov.run) if ov and ov.run else {}
     out.append(("container", "started" if ra else None, "started" if oa else None))
-    if not (ra and oa):
+    if not (rv and ov and ra and oa):
         return out                      # a node only one side starts: that is the difference, not its options
+    if rv.runs != 1 or ov.runs != 1:
+        out.append(("docker runs", str(rv.runs), str(ov.runs)))
     for k in sorted((set(ra) | set(oa)) - {f"env {e}" for e in ctx.recipe_env}):
         out.append((k, norm.runner(ra.get(k)), norm.sparkconsole(oa.get(k))))
 
-    def mods_of(v: NodeView | None) -> list[str]:
-        return v.mods if v else []
-
-    def before(v: NodeView | None) -> str:
-        if not v or not v.mods:
+    def before(v: NodeView) -> str:
+        if not v.mods:
             return "(no mods)"
         return "yes" if v.start_at is not None and all(i < v.start_at for i in v.mod_at) else "no"
-    out.append(("mods", ", ".join(mods_of(rv)) or "(none)", ", ".join(mods_of(ov)) or "(none)"))
+    out.append(("mods", ", ".join(rv.mods) or "(none)", ", ".join(ov.mods) or "(none)"))
     out.append(("mods before the server starts", before(rv), before(ov)))
     runner_src = {Path(p).stem if p.endswith(".zip") else Path(p).name: p for p in launch.mods}
-    for name in sorted(set(mods_of(rv)) | set(mods_of(ov))):
+    for name in sorted(set(rv.mods) | set(ov.mods)):
         src = runner_src.get(name)
         ours = copies.get((node, name))
         out.append((f"mod {name} source", _rel(src, fork_dir) if src else None,
