@@ -2,7 +2,7 @@
 written here, printing its launch script as run-recipe.py --dry-run does) gives one recipe planned the same and
 one different, with the differing flag named; spelling alone (`--x=y`, `-tp`, flag order, `--host 0.0.0.0`)
 is never a difference. The container (each node's docker run and mod steps, container_parity.py) is compared
-the same way against a tiny launch-cluster.sh of the stand-in fork: same, a listed deliberate difference, or different."""
+against a tiny launch-cluster.sh of the stand-in fork: the same, a listed deliberate difference, or different."""
 
 from __future__ import annotations
 
@@ -124,7 +124,8 @@ while [ $# -gt 0 ]; do
 done
 source "$(dirname "$0")/.env"
 COMMON="--privileged --ulimit nofile=1048576:1048576 --ipc=host --gpus all -d --rm --network host --name vllm_node"
-COMMON="$COMMON --entrypoint= -e NCCL_IGNORE_CPU_AFFINITY=1 -v ${HF_HOME:-$HOME/.cache/huggingface}:/root/.cache/huggingface"
+HF="${HF_HOME:-$HOME/.cache/huggingface}"
+COMMON="$COMMON --entrypoint= -e NCCL_IGNORE_CPU_AFFINITY=1 -v $HF:/root/.cache/huggingface"
 for c in .cache/vllm .cache/flashinfer .triton .tilelang; do COMMON="$COMMON -v $HOME/$c:/root/$c"; done
 [ "$IMAGE" = drift-image ] && COMMON="$COMMON -e PARITY_EXTRA=1"
 link() {
