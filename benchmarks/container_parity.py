@@ -187,7 +187,7 @@ DELIBERATE: tuple[Rule, ...] = (
          lambda a, r, o, c: a == "init" and o == "yes" and r is None and bool(_sc_container(c).get("init"))),
     Rule("recipe-volume", "the recipe's own volumes (sparkconsole.container.volumes, e.g. the test bed's)",
          lambda a, r, o, c: a.startswith("volume ") and r is None and o is not None
-         and any(str(v).split(":", 1)[0] == o for v in _sc_container(c).get("volumes") or ())),
+         and any(str(v).split(":", 1)[0] == o.split(" (", 1)[0] for v in _sc_container(c).get("volumes") or ())),
     Rule("secret-ref", "`-e HF_TOKEN` by reference: the token from the docker client's environment on the node "
          "(gated models), never a value in the plan; unset, the container gets none",
          lambda a, r, o, c: a.startswith("env ") and o == "(by reference)" and r is None),

@@ -234,3 +234,9 @@ def test_docker_run_aspects_and_rules():
     assert cp.classify("privileged", "yes", None, ctx) == "different"
     assert cp.classify("ulimit nofile", None, "1048576:1048576", ctx) == "newer-runner"
     assert cp.classify("ulimit nofile", None, "1024:1024", ctx) == "different"
+    # the recipe's own container settings: listed only where the recipe asks for them
+    own = cp.Context("solo", {"sparkconsole": {"container": {"init": True, "volumes": ["/models:/models:ro"]}}},
+                     frozenset())
+    assert cp.classify("init", None, "yes", own) == "init" and cp.classify("init", None, "yes", ctx) == "different"
+    assert cp.classify("volume /models", None, "/models (ro)", own) == "recipe-volume"
+    assert cp.classify("volume /models", None, "/models (ro)", ctx) == "different"
