@@ -30,6 +30,9 @@ Then both argvs are normalised for spelling only (each normalisation is listed i
 applied) and compared flag by flag: same / different (the differing flags, and a reason category) / refused
 (the refusing side's one line). Exit status 0 always: it is a report, not a test (tests/test_runner_parity.py
 tests the comparison itself).
+
+The container around vLLM is compared too (benchmarks/container_parity.py): each node's `docker run` and mod steps,
+the fork's launch-cluster.sh run with docker/ssh stand-ins against the plan's steps (`--no-container` skips it).
 """
 
 from __future__ import annotations
@@ -51,6 +54,9 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import container_parity as cp  # noqa: E402  (a sibling script of this one, not a package)
+
 FAKE_NET = "192.0.2."          # RFC 5737 documentation addresses: never a real host
 RUNNER_TIMEOUT_S = 60
 BASH_OWN = {"PATH", "HOME", "PWD", "OLDPWD", "SHLVL", "_", "PARITY_LOG", "PARITY_OTHER", "PYTHONCOERCECLOCALE"}
@@ -196,6 +202,7 @@ class Sandbox:
         _write_exec(self.bin / "vllm", vllm)
         for name in ("docker", "ssh", "scp", "rsync", "hf", "huggingface-cli"):
             _write_exec(self.guard / name, rec + "sys.exit(1)\n")
+        self.launch = cp.LaunchSandbox(root)      # the stand-ins launch-cluster.sh runs with (container parity)
 
     def guard_calls(self) -> list[list[str]]:
         if not self.log.exists():
@@ -230,27 +237,31 @@ class Side:
     preflight_lines: list[str] = field(default_factory=list)  # …their lines, as `recipe lint` prints them
     refused: str | None = None
     notes: list[str] = field(default_factory=list)
+    raw: str = ""                                          # the dry run's / the plan's whole output
+    script: str = ""                                       # the runner: its launch script
 
 
 def export_fork(mirror: Path, dest: Path) -> tuple[str, bool]:
-    """The fork's run-recipe.py and recipes/ into dest. Returns (fork name, has a runner)."""
+    """The fork's run-recipe.py and recipes/ (and what its launch-cluster.sh needs: container_parity.EXPORTED)
+    into dest, with a `.env` of documentation addresses. Returns (fork name, has a runner)."""
     name = mirror.name if mirror.name != "repo" else mirror.parent.name
     name = name.split("+", 1)[0]
     dest.mkdir(parents=True)
     git_dir = mirror if (mirror / "HEAD").exists() and not (mirror / ".git").exists() else mirror / ".git"
     if not git_dir.exists():            # a plain directory (the test's stand-in fork): copied as it is
         import shutil
-        for p in ("run-recipe.py", "recipes"):
+        for p in ("run-recipe.py", "recipes", *cp.EXPORTED):
             src = mirror / p
             if src.is_dir():
                 shutil.copytree(src, dest / p)
             elif src.is_file():
                 shutil.copy2(src, dest / p)
+        cp.write_env_file(dest)
         return name, (dest / "run-recipe.py").is_file() and (dest / "recipes").is_dir()
     listing = subprocess.run(["git", "--git-dir", str(git_dir), "ls-tree", "--name-only", "HEAD"],
                              capture_output=True, text=True)
     present = set(listing.stdout.split())
-    wanted = [p for p in ("run-recipe.py", "recipes") if p in present]
+    wanted = [p for p in ("run-recipe.py", "recipes", *cp.EXPORTED) if p in present]
     if wanted:
         arc = subprocess.run(["git", "--git-dir", str(git_dir), "archive", "--format=tar", "HEAD", *wanted],
                              capture_output=True, check=True)
@@ -259,6 +270,7 @@ def export_fork(mirror: Path, dest: Path) -> tuple[str, bool]:
         with tarfile.open(tar) as t:
             t.extractall(dest, filter="data")
         tar.unlink()
+    cp.write_env_file(dest)
     return name, "run-recipe.py" in present and "recipes" in present
 
 
@@ -280,8 +292,9 @@ def cluster_size(path: Path) -> int:
 
 
 def run_runner(fork_dir: Path, recipe: Path, mode: str, n: int, sb: Sandbox, work: Path,
-               extra: Sequence[str] = ()) -> Side:
-    args = [sys.executable, str(fork_dir / "run-recipe.py"), str(recipe), "--dry-run"]
+               extra: Sequence[str] = (), launch: Sequence[str] = ()) -> Side:
+    # -d: detached, as sparkconsole launches (it changes only the launch-cluster.sh line the dry run prints)
+    args = [sys.executable, str(fork_dir / "run-recipe.py"), str(recipe), "--dry-run", "-d", *launch]
     args += ["--solo"] if mode == "solo" else ["-n", ",".join(f"{FAKE_NET}{i + 1}" for i in range(n))]
     args += ["--", *extra] if extra else []
     env = {**os.environ, "PATH": f"{sb.guard}:{os.environ.get('PATH', '/usr/bin:/bin')}", "PARITY_LOG": str(sb.log),
@@ -297,7 +310,7 @@ def run_runner(fork_dir: Path, recipe: Path, mode: str, n: int, sb: Sandbox, wor
         err = next((ln for ln in lines if ln.startswith("Error")), lines[-1] if lines else f"exit {res.returncode}")
         return Side(refused=err[:200])
     calls, others = sb.bash_argv(m.group(1) + "\n", work / "runner")
-    side = Side(notes=[f"bash would also run: {o}" for o in others])
+    side = Side(notes=[f"bash would also run: {o}" for o in others], raw=out, script=m.group(1) + "\n")
     if len(calls) != 1:
         side.refused = f"the launch script runs vllm {len(calls)} times"
         return side
@@ -308,8 +321,9 @@ def run_runner(fork_dir: Path, recipe: Path, mode: str, n: int, sb: Sandbox, wor
 def cluster_file(root: Path, n: int) -> Path:
     p = root / f"cluster-{n}.yaml"
     if not p.exists():
-        rows = "".join(f"  - {{name: node{i + 1}, address: 127.0.0.{i + 2}, local: true, eth_if: lo}}\n"
-                       for i in range(n))
+        # the interfaces of the runner's .env, so the cluster link variables compare value for value
+        rows = "".join(f"  - {{name: node{i + 1}, address: 127.0.0.{i + 2}, local: true, eth_if: {cp.ETH_IF}, "
+                       f"ib_if: '{cp.IB_IF}'}}\n" for i in range(n))
         p.write_text("nodes:\n" + rows)
     return p
 
@@ -353,17 +367,17 @@ def parse_plan(text: str) -> tuple[list[str] | None, dict[str, str], list[str]]:
 
 
 def run_sparkconsole(cmd: Sequence[str], recipe: Path, mode: str, cfile: Path, sb: Sandbox, work: Path,
-                     extra: Sequence[str] = (), lint: bool = False) -> Side:
+                     extra: Sequence[str] = (), lint: bool = False, launch: Sequence[str] = ()) -> Side:
     topo = "solo" if mode == "solo" else "cluster-tp2"
     res = subprocess.run([*cmd, "recipe", "plan", str(recipe), "-T", topo, "--offline", "--cluster", str(cfile),
-                          *(["--", *extra] if extra else [])],
+                          *launch, *(["--", *extra] if extra else [])],
                          capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60, cwd=work.parent,
                          env={**os.environ, "XDG_CONFIG_HOME": str(work.parent / "xdg")})
     if res.returncode != 0:
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()] or [f"exit {res.returncode}"]
         return Side(refused=lines[-1].removeprefix("sparkconsole: ")[:300])
     argv, env, notes = parse_plan(res.stdout)
-    side = Side(notes=notes, env=env)
+    side = Side(notes=notes, env=env, raw=res.stdout)
     if argv is None:
         side.refused = "(no vLLM server step found in the plan output)"
         return side
@@ -403,6 +417,7 @@ class Result:
     sparkconsole: str | None = None
     notes: list[str] = field(default_factory=list)
     applied: dict[str, int] = field(default_factory=dict)
+    container: dict[str, Any] | None = None     # container_parity.ContainerResult, where both planned
     digest: str = ""
     runner_argv: list[str] | None = None
     sparkconsole_argv: list[str] | None = None
@@ -460,8 +475,17 @@ def compare_env(runner: dict[str, str], ours: dict[str, str]) -> list[str]:
     return out
 
 
+@dataclass(frozen=True)
+class Options:
+    extra: tuple[str, ...] = ()         # extra vLLM arguments, given to both after `--`
+    lint: bool = False
+    launch: tuple[str, ...] = ()        # launch options given to both (--non-privileged, --no-cache-dirs)
+    container: bool = True              # compare each node's container too
+
+
 def check_recipe(fork: str, fork_dir: Path, recipe: Path, sc_cmd: Sequence[str], sb: Sandbox, root: Path,
-                 modes: Iterable[str], extra: Sequence[str] = (), lint: bool = False) -> list[Result]:
+                 modes: Iterable[str], opts: Options = Options()) -> list[Result]:
+    extra = opts.extra
     rel = str(recipe.relative_to(fork_dir))
     digest = hashlib.sha256(recipe.read_bytes()).hexdigest()[:12]
     out = []
@@ -472,14 +496,31 @@ def check_recipe(fork: str, fork_dir: Path, recipe: Path, sc_cmd: Sequence[str],
                 continue
             n = 2
         work = root / "work" / fork / rel.replace("/", "__") / mode
-        runner = run_runner(fork_dir, recipe, mode, n, sb, work, extra)
-        ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, n), sb, work, extra, lint)
+        runner = run_runner(fork_dir, recipe, mode, n, sb, work, extra, opts.launch)
+        ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, n), sb, work, extra, opts.lint, opts.launch)
         # its lines name the file: name it as the fork does, not by the temp dir
         if ours.refused:
             ours.refused = ours.refused.replace(str(fork_dir) + "/", "").replace(str(root) + "/", "")
         ours.notes = [x.replace(str(fork_dir) + "/", "") for x in ours.notes]
-        out.append(judge(fork, rel, mode, n, runner, ours, digest, extra))
+        result = judge(fork, rel, mode, n, runner, ours, digest, extra)
+        if opts.container and mode != "squeeze" and runner.argv and ours.argv:
+            result.container = asdict(container_of(fork_dir, recipe, mode, runner, ours, sb, work))
+        out.append(result)
     return out
+
+
+def container_of(fork_dir: Path, recipe: Path, mode: str, runner: Side, ours: Side, sb: Sandbox,
+                 work: Path) -> cp.ContainerResult:
+    import yaml
+    try:
+        doc = yaml.safe_load(recipe.read_text()) or {}
+    except Exception:  # noqa: BLE001 — both sides planned it; an odd file reads as no extra settings here
+        doc = {}
+    doc = doc if isinstance(doc, dict) else {}
+    env = doc.get("env") if isinstance(doc.get("env"), dict) else {}
+    return cp.compare_container(sb.launch, fork_dir, doc, mode, runner.raw, runner.script, ours.raw,
+                                work / "container", [*runner.env, *env],
+                                spread=any("spreads it over" in n for n in ours.notes))
 
 
 MODES = ("solo", "cluster", "squeeze")
@@ -603,6 +644,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--lint", action="store_true",
                     help="also run `recipe lint --offline` on each plan and count the preflight rules that refuse "
                          "(what `recipe launch` would refuse before starting anything, without --force)")
+    ap.add_argument("--no-container", action="store_true",
+                    help="compare the vLLM command only, not each node's docker run and mod steps")
+    ap.add_argument("--non-privileged", action="store_true",
+                    help="launch both non-privileged (the runner's and sparkconsole's --non-privileged)")
+    ap.add_argument("--no-cache-dirs", action="store_true",
+                    help="launch both without the compile caches mounted (both sides' --no-cache-dirs)")
     ap.add_argument("--json", type=Path, help="write every result as JSON here")
     ap.add_argument("--verbose", "-v", action="store_true", help="also list the recipes planned the same")
     args = ap.parse_args(argv)
@@ -628,15 +675,22 @@ def main(argv: Sequence[str] | None = None) -> int:
                 continue
             forks.append(name)
             jobs += [(name, fork_dir, p) for p in recipe_files(fork_dir)]
+        launch = [f for f, on in (("--non-privileged", args.non_privileged), ("--no-cache-dirs", args.no_cache_dirs))
+                  if on]
+        opts = Options(tuple(extra), args.lint, tuple(launch), not args.no_container)
         with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as ex:
-            futs = [ex.submit(check_recipe, f, d, p, sc_cmd, sb, root, modes, extra, args.lint)
+            futs = [ex.submit(check_recipe, f, d, p, sc_cmd, sb, root, modes, opts)
                     for f, d, p in jobs]
             for fut in futs:
                 results += fut.result()
         guard = sb.guard_calls()
     print(report(results, forks, skipped, guard, args.verbose, extra))
+    if not args.no_container:
+        print()
+        print(cp.report([(r.fork, r.mode, r.recipe, r.container) for r in results if r.mode != "squeeze"], forks,
+                        launch, args.verbose))
     if args.json:
-        args.json.write_text(json.dumps({"forks": forks, "extra": extra, "skipped": skipped,
+        args.json.write_text(json.dumps({"forks": forks, "extra": extra, "launch": launch, "skipped": skipped,
                                          "normalisations": NORMALISATIONS,
                                          "results": [asdict(r) for r in results]}, indent=1))
     return 0
