@@ -102,7 +102,7 @@ def community_checkout(root: Path, recipe: Path) -> Path:
     (mod / "run.sh").write_text('#!/bin/bash\nset -e\ncp tiny-chat.jinja "$WORKSPACE_DIR/"\n'
                                 'echo "tiny-chat-template applied in $WORKSPACE_DIR"\n')
     text = recipe.read_text().replace("mods: []\n", "mods:\n  - mods/tiny-chat-template\n")
-    text = text.replace("      --enforce-eager\n", "      --enforce-eager \\\n      --chat-template tiny-chat.jinja\n")
+    text = text.replace("      --dtype float32\n", "      --dtype float32 \\\n      --chat-template tiny-chat.jinja\n")
     assert "tiny-chat.jinja" in text and "mods/tiny-chat-template" in text
     (root / "recipes").mkdir()
     (root / "recipes" / "tiny-chat.yaml").write_text(text)
