@@ -18,8 +18,9 @@ from .steps import Plan, Service, Step, url_host
 
 def _iface(value: Any, node: str) -> str | None:
     if isinstance(value, Mapping):
-        return value.get(node)
-    return value
+        got = value.get(node)
+        return str(got) if got is not None else None
+    return str(value) if value is not None else None
 
 
 @dataclass
