@@ -29,7 +29,8 @@ TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_
 NETNS_MODULES = ("test_link_cut.py", "test_postmortem_link_cut.py")
 # Docker modules of minutes each (vLLM containers launched one after another): each gets a worker, and with it
 # a Docker engine of its own (an engine starts in under a second), instead of queueing behind the others.
-DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_container_killed.py", "test_topologies.py", "test_topologies_four.py")
+DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_container_killed.py", "test_topologies.py", "test_topologies_four.py",
+                     "test_topologies_routed.py")
 GROUPS_ENV = "SPARKCONSOLE_TEST_GROUPS"
 _OWN_GROUPS = pytest.StashKey[str]()
 

@@ -8,8 +8,8 @@ bed's real engine), as an operator launches a recipe on two Sparks.
 - solo from that checkout on node2;
 - cluster-tp2, Ray backend: the Ray cluster forms over both nodes, and vLLM's CPU platform refuses the Ray
   executor, which the product says in one line (and preflight refuses before anything starts);
-- disagg: prefill on node1, decode on node2, NixlConnector moving the KV cache, vllm-router in PD mode in front;
-- the bench matrix over solo, 2x solo behind LiteLLM and disagg.
+- pipeline parallel 2 across the two nodes.
+Disaggregation and the bench matrix are in tests/test_topologies_routed.py (a bed of its own, on another worker).
 
 The two "nodes" share this machine's two cores: each node's vLLM gets its own core through the cluster file's
 vllm_env (VLLM_CPU_OMP_THREADS_BIND), as preflight asks for a CPU build whose ranks share a machine.
@@ -356,103 +356,6 @@ def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed)
     assert len(err) == 1 and "does not support ray" in err[0] and "--backend mp" in err[0], launch.stderr
     assert "stopped what it had started on node1, node2" in err[0]
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
-
-
-# --- prefill/decode disaggregation over NIXL -----------------------------------------------------------------
-
-def prompt_of(tokens: int) -> str:
-    """A prompt of about `tokens` tokens for the tiny model's ASCII word-level vocabulary."""
-    words = ("alpha", "bravo", "charlie", "delta", "echo", "foxtrot", "golf", "hotel")
-    return " ".join(words[i % len(words)] for i in range(tokens))
-
-
-@pytest.mark.timeout(1200)
-def test_disagg_moves_the_kv_cache_over_nixl_and_decode_serves_the_tokens(bed, tiny_model):
-    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "disagg", "--yes", "--force"))
-    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
-    router = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
-    prefill, decode = bed.url(0), bed.url(1)
-    before_p, before_d = scrape(prefill), scrape(decode)
-
-    # One request through vllm-router in PD mode: prefill on node1, the KV cache over NIXL, decode on node2.
-    n_prompt = httpx.post(prefill + "/tokenize", json={"model": tiny_model.name, "prompt": prompt_of(120)},
-                          timeout=60, trust_env=False).json()["count"]
-    assert 300 < n_prompt < 1900
-    r = httpx.post(router + "/v1/completions", timeout=300, trust_env=False, json={
-        "model": tiny_model.name, "prompt": prompt_of(120), "max_tokens": 16, "ignore_eos": True})
-    assert r.status_code == 200, r.text
-    assert r.json()["usage"]["completion_tokens"] == 16
-    after_p, after_d = scrape(prefill), scrape(decode)
-
-    def delta(before, after, name, **labels):
-        return counter(after, name, **labels) - counter(before, name, **labels)
-
-    # The KV cache crossed: decode took the prompt from the transfer, computed none of it itself.
-    assert delta(before_d, after_d, "vllm:prompt_tokens_by_source_total", source="external_kv_transfer") == n_prompt
-    assert delta(before_d, after_d, "vllm:prompt_tokens_by_source_total", source="local_compute") == 0
-    moved = delta(before_d, after_d, "vllm:nixl_bytes_transferred_sum")
-    assert moved > 0 and delta(before_d, after_d, "vllm:nixl_bytes_transferred_count") >= 1
-    # Decode generated the answer; prefill produced at most the one token of its handoff.
-    assert delta(before_d, after_d, "vllm:generation_tokens_total") >= 15
-    assert delta(before_p, after_p, "vllm:generation_tokens_total") <= 1
-
-    # The product reads the same from its own parser, as the console's endpoint panel shows it.
-    from sparkconsole.serving import metrics as m
-    figures = m.engine_metrics(m.parse(after_d, only=m.CONSOLE_NAMES))
-    assert figures.kv_in_bytes == counter(after_d, "vllm:nixl_bytes_transferred_sum")
-    assert figures.prompt_tokens_external == counter(after_d, "vllm:prompt_tokens_by_source_total",
-                                                     source="external_kv_transfer")
-    window = m.engine_window(m.parse(before_d, time=1.0), m.parse(after_d, time=2.0))
-    assert window.external_share == 1.0 and window.kv_bytes_per_transfer == moved / window.kv_transfers
-    keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
-    if keep:
-        (Path(keep) / "decode-after-nixl.metrics").write_text(after_d)
-
-    stop = bed.sc("recipe", "stop", *bed.recipe_args("-T", "disagg", "--yes"), timeout=300)
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert names_on(bed, 0) == [] and names_on(bed, 1) == []
-
-
-# --- the topology matrix, for real -----------------------------------------------------------------------------
-
-@pytest.mark.timeout(1800)      # seven vLLM CPU start-ups and a LiteLLM proxy on a loaded 2-core machine
-def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tiny_model):
-    from sparkconsole.bench.results import ResultsStore
-    results = bed.root / "matrix.sqlite"
-    # cluster-tp2 launches through the same runner in three tests of its own (TP2, PP2, TP4): the matrix takes
-    # the topologies that serve through a router, and solo as the baseline they are compared with.
-    topologies = ("solo", "2x-solo-shuffle", "disagg")
-    r = bed.sc("bench", "matrix", "--recipe", *bed.recipe_args("--topologies", ",".join(topologies), "--force"),
-               "--pp", "64", "--tg", "16", "-c", "1,2,4", "--runs", "1", "--results", str(results), timeout=1700)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    assert "measured 3, skipped 0, failed 0" in r.stdout and "SIMULATED" not in r.stdout
-    # launched through the runner: PD's decode on node2, LiteLLM on node1
-    for needle in ("node2: decode ready", "node1: router ready"):
-        assert needle in r.stderr, r.stderr[-3000:]
-    # the comparison table and the advisor's verdict, from these runs
-    assert "### Decode throughput" in r.stdout and all(t in r.stdout for t in topologies)
-    table = r.stdout.split("### Decode throughput")[1].split("###")[0]
-    rows = [ln for ln in table.splitlines() if re.match(r"\| \d+ \|", ln)]
-    assert [int(row.split("|")[1]) for row in rows] == [1, 2, 4]
-    assert "### When to use which" in r.stdout and re.search(r"\| c1–c\d \| \S+ ", r.stdout), r.stdout[-2000:]
-    with ResultsStore(results) as store:
-        runs = {run.topology: run for run in store.runs()}
-        assert set(runs) == set(topologies)
-        for run in runs.values():
-            assert not run.simulated and run.model == tiny_model.name and run.recipe_hash
-            levels = store.levels(run.run_id)
-            assert [lv.key.concurrency for lv in levels] == [1, 2, 4]
-            for lv in levels:
-                assert lv.metrics["requests_ok"] == lv.key.concurrency, (run.topology, lv.metrics)
-                # only the disaggregated launch has a KV connector to read around each level
-                assert ("kv" in lv.metrics) == (run.topology == "disagg")
-        kv = [lv.metrics["kv"] for lv in store.levels(runs["disagg"].run_id)]
-        assert all(f["read"] for f in kv) and sum(f["transfers"] for f in kv) >= 1, kv
-        moved = [f for f in kv if f["transfers"]]
-        assert all(f["bytes_per_request"] > 0 and f["xfer_ms_mean"] > 0 for f in moved), kv
-    report = bed.sc("bench", "report", str(results), "--run", runs["disagg"].run_id, timeout=60)
-    assert "KV cache over the connector" in report.stdout, report.stdout + report.stderr
-    assert names_on(bed, 0) == [] and names_on(bed, 1) == []         # every topology stopped
 
 
 # --- pipeline parallel across the two nodes -------------------------------------------------------------------
