@@ -73,10 +73,23 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
+# Longest first (minutes of vLLM launches each, docs/TESTBED.md): xdist hands out groups in collection order, and
+# these modules sort last by name, so a whole chain of launches used to start when the light tests were done.
+LONG_FIRST = ("testbed-docker-test_topologies", "testbed-docker-test_topologies_four",
+              "testbed-docker-test_topologies_routed", "testbed-docker-test_container_killed", "testbed-vllm",
+              "testbed-docker")
+
+
+def _long_first(item: pytest.Item) -> int:
+    g = group_of(item)
+    return LONG_FIRST.index(g) if g in LONG_FIRST else len(LONG_FIRST)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = os.environ.get(GROUPS_ENV)
     if not os.environ.get("PYTEST_XDIST_WORKER") or not path:
         return
+    items.sort(key=_long_first)        # stable: each module keeps its own order
     groups = {item.nodeid: g for item in items if (g := group_of(item))}
     tmp = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
     Path(tmp).write_text(json.dumps(groups))
