@@ -54,10 +54,14 @@ class Step:
                 path = s.source[5:]
                 quoted = '"$HOME"/' + shlex.quote(path[2:]) if path.startswith("~/") else shlex.quote(path)
                 prefix.append(f'{s.name}="$(cat -- {quoted})"')
-        line = " ".join([*prefix, shell_words(self.argv)])
+        line = shell_words(self.argv)
         # Inside `sh -c` the node's expansions see the environment the runner puts before the command
-        # (`HF_HOME=… sh -c …`); expanded by the outer shell they would see the login's instead.
-        return f"sh -c {shlex.quote(line)}" if any(isinstance(a, NodeExpr) for a in self.argv) else line
+        # (`HF_HOME=… sh -c …`); expanded by the outer shell they would see the login's instead. A file secret
+        # stays an assignment in front, where the redactor masks only its value, and reaches docker through sh's
+        # environment.
+        if any(isinstance(a, NodeExpr) for a in self.argv):
+            line = f"sh -c {shlex.quote(line)}"
+        return " ".join([*prefix, line])
 
 
 @dataclass(frozen=True)
