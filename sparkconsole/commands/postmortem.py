@@ -33,4 +33,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         reader.close()
     sys.stdout.write(json.dumps(pm, indent=1, default=str) + "\n" if args.format == "json" else to_markdown(pm))
+    if pm["unreadable"]:
+        print(f"sparkconsole: a partial post-mortem: {len(pm['unreadable'])} part(s) of {path} are unreadable "
+              f"(listed in it) — fix: `sparkconsole record repair {path}` copies what is readable", file=sys.stderr)
     return 0

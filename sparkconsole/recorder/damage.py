@@ -15,6 +15,7 @@ writer when it finds its own file damaged).
 
 from __future__ import annotations
 
+import json
 import math
 import sqlite3
 import time
@@ -46,6 +47,16 @@ class Gap:
     is_time: bool = True
     note: str | None = None     # instead of a key range: what could not be read
 
+    def overlaps(self, lo: float, hi: float) -> bool:
+        """Whether what is missing may lie within [lo, hi] (events and node names: always, incidents come from them)."""
+        if self.note or self.table in ("events", "nodes") or not self.is_time:
+            return True
+        return (self.after if self.after is not None else -math.inf) < hi \
+            and (self.before if self.before is not None else math.inf) > lo
+
+    def as_list(self) -> list:
+        return [self.table, self.key, self.after, self.before, self.error, self.is_time, self.note]
+
     def text(self) -> str:
         if self.note:
             return f"{self.table}: {self.note} ({self.error})"
@@ -57,45 +68,72 @@ class Gap:
         return f"{self.table}" + (f" of {self.key}" if self.key else "") + f" unreadable {where} ({self.error})"
 
 
-def read_ranges(fetch: Callable[[float, float], list], lo: float, hi: float, width: float, gaps: list[Gap],
-                table: str, key: str | None, *, keyof: Callable = lambda row: row[0], integer: bool = False) -> list:
-    """fetch(a, b) over [lo, hi], splitting around the pieces that fail with damage (see the module's doc)."""
+def read_ranges(fetch: Callable[[float, float, int], list], lo: float, hi: float, width: float, gaps: list[Gap],
+                table: str, key: str | None, *, integer: bool = False, desc: bool = False,
+                first: int | None = None, chunk: int = 2000) -> list:
+    """The readable rows with lo ≤ key ≤ hi, walking the key order (descending with `desc`), at most `first`.
+    fetch(a, b, n): at most n rows with a ≤ key ≤ b in that order, key first. Where a read fails, smaller ones find
+    the last readable row; past it the walk gallops (steps doubling from `width`) to the nearest key where a read
+    works, narrows that to `width`, records the Gap between the readable keys on either side, and goes on."""
     out: list = []
-    bad: list[tuple[float, float, str]] = []
+    sign = -1 if desc else 1
 
-    def go(a: float, b: float) -> None:
+    def past(k: float) -> float:
+        return k + sign if integer else math.nextafter(k, sign * math.inf)
+
+    def span(c: float) -> tuple[float, float]:
+        return (lo, c) if desc else (c, hi)
+
+    def ok(c: float) -> bool:
         try:
-            out.extend(fetch(a, b))
-            return
+            fetch(*span(c), 1)
+            return True
         except sqlite3.DatabaseError as exc:
             if not is_damage(exc):
                 raise
-            if b - a <= width:
-                bad.append((a, b, " ".join(str(exc).split())[:80]))
-                return
-        mid = (a + b) // 2 if integer else a + (b - a) / 2
-        go(a, mid)
-        go(mid + 1 if integer else math.nextafter(mid, math.inf), b)
+            return False
 
-    go(lo, hi)
-    if bad:
-        keys = sorted(keyof(r) for r in out)
-        merged: list[list] = []
-        for a, b, err in bad:
-            if merged and _adjacent(merged[-1][1], a, keys):
-                merged[-1][1] = b
+    cur, last_good, open_gap = (hi if desc else lo), None, None
+    while lo <= cur <= hi and (first is None or len(out) < first):
+        n, rows, err = chunk if first is None else min(chunk, first - len(out)), None, ""
+        while n >= 1:
+            try:
+                rows = fetch(*span(cur), n)
+                break
+            except sqlite3.DatabaseError as exc:
+                if not is_damage(exc):
+                    raise
+                err, n = " ".join(str(exc).split())[:80], n // 2
+        if rows is not None:
+            if rows and open_gap is not None:
+                setattr(open_gap, "after" if desc else "before", rows[0][0])
+                open_gap = None
+            out.extend(rows)
+            if len(rows) < n:
+                break
+            last_good = rows[-1][0]
+            cur = past(last_good)
+            continue
+        # `cur` lies in damage: the nearest key past it where a read works
+        bad, good, step = cur, None, width
+        while lo <= cur + sign * step <= hi:
+            if ok(cur + sign * step):
+                good = cur + sign * step
+                break
+            bad, step = cur + sign * step, step * 2
+        gap = Gap(table, key, None, None, err, not integer)
+        setattr(gap, "before" if desc else "after", last_good)
+        gaps.append(gap)
+        if good is None:
+            break
+        while abs(good - bad) > width:
+            mid = (bad + good) // 2 if integer else bad + (good - bad) / 2
+            if ok(mid):
+                good = mid
             else:
-                merged.append([a, b, err])
-        for a, b, err in merged:
-            after = max((k for k in keys if k < a), default=None)
-            before = min((k for k in keys if k > b), default=None)
-            gaps.append(Gap(table, key, after, before, err, not integer))
+                bad = mid
+        open_gap, cur = gap, good
     return out
-
-
-def _adjacent(prev_end: float, start: float, keys: list) -> bool:
-    """Two failed pieces are one gap when no readable key lies between them."""
-    return not any(prev_end < k < start for k in keys)
 
 
 # ---- the copy into a new file
@@ -115,7 +153,7 @@ def salvage(src: str | Path, dst: str | Path) -> tuple[dict[str, int], list[Gap]
             out.execute("INSERT OR IGNORE INTO nodes(name) VALUES(?)", (name,))
             nid = out.execute("SELECT id FROM nodes WHERE name=?", (name,)).fetchone()[0]
             for row in r.raw_ticks(name):
-                out.execute(f"INSERT OR REPLACE INTO ticks VALUES({', '.join('?' * len(row))})", (nid, *row))
+                out.execute(f"INSERT OR REPLACE INTO ticks VALUES({', '.join('?' * (len(row) + 1))})", (nid, *row))
                 counts["ticks"] += 1
             for row in r.raw_rollups(name):
                 out.execute("INSERT OR REPLACE INTO rollup VALUES(?,?,?,?)", (nid, *row))
@@ -126,6 +164,8 @@ def salvage(src: str | Path, dst: str | Path) -> tuple[dict[str, int], list[Gap]
         for row in r.raw_endpoint_samples():
             out.execute("INSERT OR REPLACE INTO endpoint_samples VALUES(?,?,?)", row)
             counts["endpoint_samples"] += 1
+        # The gaps travel with the rows: a post-mortem of the new file still says what is missing.
+        out.execute("INSERT OR REPLACE INTO meta VALUES('unreadable', ?)", (json.dumps([g.as_list() for g in r.gaps]),))
         out.execute("COMMIT")
         out.execute("PRAGMA wal_checkpoint(TRUNCATE)")
     finally:

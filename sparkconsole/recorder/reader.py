@@ -7,6 +7,7 @@ the readable part as the whole. A value that is not a number where a reading sho
 from __future__ import annotations
 
 import json
+import math
 import re
 import sqlite3
 import time
@@ -66,15 +67,29 @@ class RecorderReader:
             raise UserError(f"{self.path}: unreadable as a recorder file ({' '.join(str(exc).split())[:80]})",
                             field="recorder", fix="point --file at a file written by sparkconsole record; if this one "
                             "is damaged, `sparkconsole record repair FILE` copies what is readable") from None
+        self.gaps += self._recorded_gaps()
         self._ids = self._load_nodes()
         self._events_all: list[dict] | None = None
 
     def close(self) -> None:
         self.db.close()
 
-    def gap_texts(self) -> list[str]:
-        """What could not be read so far, one line each, without repeats."""
-        return list(dict.fromkeys(g.text() for g in self.gaps))
+    def gap_texts(self, lo: float = -math.inf, hi: float = math.inf) -> list[str]:
+        """What could not be read so far that may lie within [lo, hi], one line each, without repeats."""
+        return list(dict.fromkeys(g.text() for g in self.gaps if g.overlaps(lo, hi)))
+
+    def _recorded_gaps(self) -> list[Gap]:
+        """The gaps of the damaged file this one was copied from (recorder/damage.py's salvage keeps them)."""
+        try:
+            r = self._rows("SELECT value FROM meta WHERE key = 'unreadable'")
+            return [Gap(*g) for g in json.loads(r[0][0])] if r else []
+        except sqlite3.DatabaseError as exc:
+            if not is_damage(exc):
+                raise
+            return [Gap("meta", None, None, None, " ".join(str(exc).split())[:80],
+                        note="unreadable: whether this file was copied from a damaged one is not known")]
+        except (ValueError, TypeError):
+            return []
 
     def _rows(self, sql: str, args=()) -> list:
         return self.db.execute(sql, args).fetchall()
@@ -109,22 +124,24 @@ class RecorderReader:
                 raise
             return {n: len(self._tick_rows(n, *ALL)) for n in self.nodes()}
 
-    def _ranged(self, sql: str, pre: tuple, since: float, until: float, table: str, key: str | None) -> list:
-        """`sql` takes pre + (a, b); read whole, or around the damage."""
+    def _ranged(self, sql: str, pre: tuple, since: float, until: float, table: str, key: str | None, *,
+                desc: bool = False, first: int | None = None) -> list:
+        """`sql` selects key-first rows with pre + (a, b) and ends in ORDER BY key; read at once, or around the damage."""
+        order = " DESC" if desc else ""
         try:
-            return self._rows(sql, (*pre, since, until))
+            return self._rows(sql + order + (" LIMIT ?" if first else ""), (*pre, since, until, *((first,) if first else ())))
         except sqlite3.DatabaseError as exc:
             if not is_damage(exc):
                 raise
-        return read_ranges(lambda a, b: self._rows(sql, (*pre, a, b)), since, until, TIME_WIDTH_S, self.gaps,
-                           table, key)
+        return read_ranges(lambda a, b, n: self._rows(sql + order + " LIMIT ?", (*pre, a, b, n)), since, until,
+                           TIME_WIDTH_S, self.gaps, table, key, desc=desc, first=first)
 
-    def _tick_rows(self, node: str, since: float, until: float) -> list:
+    def _tick_rows(self, node: str, since: float, until: float, **kw) -> list:
         nid = self._ids.get(node)
         if nid is None:
             return []
         return self._ranged(f"SELECT t.t, {_TCOLS} FROM ticks t WHERE t.node = ? AND t.t >= ? AND t.t <= ? ORDER BY t.t",
-                            (nid,), since, until, "ticks", node)
+                            (nid,), since, until, "ticks", node, **kw)
 
     def ticks(self, node: str, since: float, until: float) -> list[dict]:
         keys = ("t", *TICK_COLUMNS)
@@ -134,14 +151,8 @@ class RecorderReader:
         return [tuple(r) for r in self._tick_rows(node, *ALL)]
 
     def last_tick_before(self, node: str, t: float) -> dict | None:
-        nid = self._ids.get(node)
-        if nid is None:
-            return None
-        rows = self._ranged(f"SELECT t.t, {_TCOLS} FROM ticks t WHERE t.node = ? AND t.t >= ? AND t.t <= ? "
-                            "ORDER BY t.t DESC LIMIT 1", (nid,), 0.0, t, "ticks", node)
-        if not rows:
-            return None
-        return dict(zip(("t", *TICK_COLUMNS), map(_num, max(rows, key=lambda r: r[0]))))
+        rows = self._tick_rows(node, 0.0, t, desc=True, first=1)
+        return dict(zip(("t", *TICK_COLUMNS), map(_num, rows[0]))) if rows else None
 
     def _rollup_rows(self, node: str, since: float, until: float) -> list:
         nid = self._ids.get(node)
@@ -159,19 +170,15 @@ class RecorderReader:
     # ---- events: by (node, t) through their index; around damage by id, the table's own key
     def _all_events(self) -> list[dict]:
         if self._events_all is None:
-            sql = "SELECT id, node, t, kind, data FROM events NOT INDEXED WHERE id >= ? AND id <= ?"
+            sql = "SELECT id, node, t, kind, data FROM events NOT INDEXED WHERE id >= ? AND id <= ? ORDER BY id"
             try:
                 rows = self._rows(sql, (0, 1 << 62))
             except sqlite3.DatabaseError as exc:
                 if not is_damage(exc):
                     raise
-                try:
-                    top = self._rows("SELECT max(id) FROM events")[0][0] or 1
-                except sqlite3.DatabaseError:
-                    top = 1 << 40
                 first = len(self.gaps)
-                rows = read_ranges(lambda a, b: self._rows(sql, (a, b)), 0, top, 1, self.gaps, "events", None,
-                                   integer=True)
+                rows = read_ranges(lambda a, b, n: self._rows(sql + " LIMIT ?", (a, b, n)), 0, 1 << 62, 1, self.gaps,
+                                   "events", None, integer=True)
                 when = {r[0]: r[2] for r in rows}
                 for g in self.gaps[first:]:         # ids → the times of the readable events around the gap
                     g.after, g.before, g.is_time = when.get(g.after), when.get(g.before), True
@@ -246,12 +253,10 @@ class RecorderReader:
 
     def span(self) -> tuple[float, float] | None:
         firsts, lasts = [], []
-        for node, nid in self._ids.items():
-            def ends(a: float, b: float, nid=nid) -> list:
-                q = "SELECT t FROM ticks WHERE node = ? AND t >= ? AND t <= ? ORDER BY t {} LIMIT 1"
-                return self._rows(q.format("ASC"), (nid, a, b)) + self._rows(q.format("DESC"), (nid, a, b))
-            rows = read_ranges(ends, *ALL, TIME_WIDTH_S, self.gaps, "ticks", node)
-            if rows:
-                firsts.append(min(r[0] for r in rows))
-                lasts.append(max(r[0] for r in rows))
+        for node in self._ids:
+            a = self._tick_rows(node, *ALL, first=1)
+            b = self._tick_rows(node, *ALL, first=1, desc=True)
+            if a and b:
+                firsts.append(a[0][0])
+                lasts.append(b[0][0])
         return (min(firsts), max(lasts)) if firsts else None

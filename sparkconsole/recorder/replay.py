@@ -60,6 +60,15 @@ def replay_monitor_factory(path: str | Path, at: float):
         from ..nodes.monitor import ClusterMonitor
         from ..nodes.replay import replay_factory
         lines = {n.name: agent_lines(r, n.name, at, at + REPLAY_SPAN_S) for n in cluster.nodes}
-        return ClusterMonitor(cluster, transport_factory=replay_factory(
+        mon = ClusterMonitor(cluster, transport_factory=replay_factory(
             lines, speed=1.0, loop=False, retime=False, runs_commands=False))
+        mon.notes = replay_notes(r, at)
+        return mon
     return factory
+
+
+def replay_notes(r: RecorderReader, at: float) -> list[str]:
+    """What the replay cannot show, one line each, for the console to say: a damaged file's unreadable parts
+    play as a pause in the ticks (the node turns STALE there), which must not read as the node's own silence."""
+    return [f"recorder file damaged: {g} — the replay has a gap there (STALE is the file, not the node); "
+            f"`sparkconsole record repair {r.path}` copies the readable part" for g in r.gap_texts(at, at + REPLAY_SPAN_S)]

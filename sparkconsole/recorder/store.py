@@ -84,7 +84,11 @@ def tick_row(tick: Tick, container: str | None) -> tuple:
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
-        db = sqlite3.connect(Path(path).resolve().as_uri() + "?mode=ro", uri=True, timeout=10)
+        # With no WAL beside it (no writer, closed cleanly), read it as immutable: a read-only connection on a WAL
+        # file would otherwise leave -wal and -shm files behind that only a writer removes.
+        p = Path(path).resolve()
+        quiet = not any(Path(f"{p}{x}").exists() for x in ("-wal", "-shm"))
+        db = sqlite3.connect(p.as_uri() + "?mode=ro" + ("&immutable=1" if quiet else ""), uri=True, timeout=10)
     else:
         db = sqlite3.connect(path, timeout=10, isolation_level=None)
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
