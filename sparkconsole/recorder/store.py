@@ -89,6 +89,9 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         p = Path(path).resolve()
         quiet = not any(Path(f"{p}{x}").exists() for x in ("-wal", "-shm"))
         db = sqlite3.connect(p.as_uri() + "?mode=ro" + ("&immutable=1" if quiet else ""), uri=True, timeout=10)
+        # A file cut short (its header counts more pages than it has) is refused outright otherwise; with this
+        # the pages that are there stay readable. On a read-only connection it permits no change.
+        db.execute("PRAGMA writable_schema=ON")
     else:
         db = sqlite3.connect(path, timeout=10, isolation_level=None)
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
@@ -192,8 +195,9 @@ class RecorderStore:
         except (sqlite3.Error, OSError) as exc:
             if db is not None:
                 _close(db)
-            if check and self.health.is_damage(exc):
-                return self._set_aside(exc)
+            if self.health.is_damage(exc):
+                # set aside by the writer thread (it opens with check=True), not on the caller's thread
+                return self._set_aside(exc) if check else None
             self.health.failed(exc)
             return None
 
