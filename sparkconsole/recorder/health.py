@@ -54,6 +54,9 @@ def diagnose(exc: BaseException, path: Path) -> tuple[str, str]:
     if name.startswith("SQLITE_FULL") or code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:
         return "full", (f"recorder: cannot write {path}: the disk is full ({_free(d)}) — fix: free space on that "
                         f"filesystem, {elsewhere}; {RETRY_NOTE}")
+    if code in (errno.ENOTDIR, errno.EEXIST) or isinstance(exc, (NotADirectoryError, FileExistsError)):
+        return "not-dir", (f"recorder: cannot write {path}: {d} or a directory above it is not a directory — fix: "
+                           f"move what is there aside, {elsewhere}; {RETRY_NOTE}")
     if _read_only_fs(d) or code == errno.EROFS:
         return "read-only-fs", (f"recorder: cannot write {path}: its filesystem is read-only — fix: remount it "
                                 f"read-write (check dmesg: a disk error can cause it), {elsewhere}; {RETRY_NOTE}")

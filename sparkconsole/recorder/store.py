@@ -140,8 +140,9 @@ class RecorderStore:
 
     def _say(self, text: str, severity: str) -> None:
         self.said.append(text)
-        (log.warning if severity in ("warn", "bad") else log.info)("%s", text)
-        if self.on_status is not None:
+        if self.on_status is None:      # nobody to say it to: the log (a listener says it on screen or stdout)
+            (log.warning if severity in ("warn", "bad") else log.info)("%s", text)
+        else:
             try:
                 self.on_status(text, severity)
             except Exception:   # noqa: BLE001 — a listener gone (the console quitting) must not stop the writer
@@ -205,10 +206,8 @@ class RecorderStore:
         """'removed' / 'replaced' when the path no longer names the file this writer has open."""
         try:
             st = os.stat(self.path)
-        except FileNotFoundError:
-            return "removed"
         except OSError:
-            return None
+            return "removed"        # gone, or its directory is (or is no longer a directory)
         return None if self._inode == (st.st_dev, st.st_ino) else "replaced"
 
     def _set_aside(self, exc: BaseException) -> sqlite3.Connection | None:
@@ -290,6 +289,11 @@ class RecorderStore:
         """Write what is held; returns the connection to go on with (None: not writable now)."""
         moved = self._moved() if db is not None else None
         if moved:
+            # Its WAL, still at the path, would be replayed into whatever file is there now: emptied first.
+            try:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
             _close(db)
             db = None
             self.health.moved(moved)
