@@ -1,4 +1,4 @@
-"""`sparkconsole postmortem NODE [--at T] [--format md|json] [--file PATH]`: why a node went DOWN, rebooted
+"""`sparkconsole postmortem NODE [--at T] [--format md|json] [--file PATH | --demo]`: why a node went DOWN, rebooted
 or lost its container, from the flight recorder (see recorder/postmortem.py for the verdicts)."""
 
 from __future__ import annotations
@@ -16,16 +16,22 @@ def register(subparsers) -> None:
     p.add_argument("node", metavar="NODE")
     p.add_argument("--at", metavar="T", help='the incident at or before T: "2026-11-24 03:10" or -15m (default: the latest)')
     p.add_argument("--format", choices=("md", "json"), default="md")
-    p.add_argument("--file", metavar="PATH", help="recorder file (default: the cluster's in the state dir)")
+    p.add_argument("--file", metavar="PATH", help="recorder file (default: the cluster's in the state dir; with no "
+                   "cluster file and no recording of this machine holding NODE, the latest demo recording)")
+    p.add_argument("--demo", action="store_true", help="read the latest `sparkconsole demo` recording")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..recorder.feed import recorder_path
+    from ..config import find_config
     from ..recorder.postmortem import build, to_markdown
     from ..recorder.reader import RecorderReader, parse_at
+    from ..recorder.replay import recording_for
 
-    path = args.file or recorder_path(load(args))
+    _, path, chosen = recording_for(load(args), file=args.file, demo=args.demo, node=args.node,
+                                    cluster_given=find_config(getattr(args, "cluster", None)) is not None)
+    if chosen:
+        print(f"sparkconsole: {chosen}", file=sys.stderr)
     at = parse_at(args.at) if args.at else None
     reader = RecorderReader(path)
     try:

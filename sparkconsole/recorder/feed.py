@@ -52,6 +52,15 @@ def recorder_path(cluster: ClusterConfig) -> Path:
     return paths.state_dir() / "recorder" / f"{stem}-{digest}.sqlite"
 
 
+def latest_demo_recording() -> Path | None:
+    """The newest simulated cluster's recorder file (`sparkconsole demo --runaway …` writes one), or None."""
+    try:
+        found = list((paths.state_dir() / "recorder").glob("SIMULATED-*.sqlite"))
+    except OSError:
+        return None
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
 class Recorder:
     def __init__(self, cluster: ClusterConfig, store: RecorderStore) -> None:
         self.cluster = cluster

@@ -283,6 +283,7 @@ class RecorderStore:
                         db = self._set_aside(exc)
         finally:
             if db is not None:
+                _leave_clean(db)
                 _close(db)
 
     def _attempt(self, db: sqlite3.Connection | None) -> sqlite3.Connection | None:
@@ -408,5 +409,15 @@ def _close(db: sqlite3.Connection) -> None:
 def _rollback(db: sqlite3.Connection) -> None:
     try:
         db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
+def _leave_clean(db: sqlite3.Connection) -> None:
+    """On a clean exit the file is left whole, without -wal and -shm beside it: checkpointed, then out of WAL mode
+    (the next writer turns it back on). Busy (another connection still open) leaves it as it is."""
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
     except sqlite3.Error:
         pass
