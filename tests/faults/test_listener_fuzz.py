@@ -184,7 +184,7 @@ def check(servers: Servers, name: str, raw: bytes, answer: bytes, log_from: int)
 
 @pytest.mark.fault("hostile HTTP (raw bytes) against the exporter and serve")
 @pytest.mark.parametrize("name", ["exporter", "serve"])
-@fuzz(800)
+@fuzz(2000)
 @given(raw=requests())
 def test_listeners_answer_hostile_requests_with_4xx_no_traceback_no_secret(servers, name, raw):
     log_from = len(servers.log)
