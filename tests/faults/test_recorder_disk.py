@@ -95,6 +95,17 @@ def feed(store: RecorderStore, start: int, n: int, t0: float) -> None:
         store.put_tick("n", tick(t0 + i * 0.5, i))
 
 
+def recording_in(d: Path, rows: int) -> tuple[RecorderStore, Said, Path, float]:
+    """A store writing d/rec.sqlite with `rows` ticks committed; (store, what it said, path, t0)."""
+    said = Said()
+    path = d / "rec.sqlite"
+    store = RecorderStore(path, on_status=said)
+    t0 = time.time()
+    feed(store, 0, rows, t0)
+    store.flush()
+    return store, said, path, t0
+
+
 @pytest.mark.fault("recorder disk full at start, then freed")
 def test_full_at_start_then_freed(tmpfs, ledger):
     d = tmpfs("fs")
@@ -120,12 +131,7 @@ def test_full_at_start_then_freed(tmpfs, ledger):
 @pytest.mark.fault("recorder disk full mid-run, then freed")
 def test_full_mid_run_then_freed(tmpfs, ledger):
     d = tmpfs("fs", "1m")
-    said = Said()
-    path = d / "rec.sqlite"
-    store = RecorderStore(path, on_status=said)
-    t0 = time.time()
-    feed(store, 0, 100, t0)
-    store.flush()
+    store, said, path, t0 = recording_in(d, 100)
     filler = fill(d)
     i = 100
     while not said.has("disk is full"):          # rows until the WAL needs a page the disk no longer has
@@ -177,12 +183,7 @@ def ext4(tmp_path):
 @pytest.mark.fault("recorder filesystem turned read-only mid-run (ext4 errors=remount-ro)")
 def test_filesystem_read_only_mid_run(ext4, ledger):
     d, trigger = ext4
-    said = Said()
-    path = d / "rec.sqlite"
-    store = RecorderStore(path, on_status=said)
-    t0 = time.time()
-    feed(store, 0, 50, t0)
-    store.flush()
+    store, said, path, t0 = recording_in(d, 50)
     trigger.write_text("sparkconsole test: the disk failed\n")
     feed(store, 50, 30, t0)
     store.flush()
