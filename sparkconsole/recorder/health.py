@@ -114,9 +114,16 @@ class Health:
         self.say(f"recorder: {self.path} was {how} while recording — a new file is started at that path; the rows "
                  f"written before are in the {how} file, not this one", "warn")
 
-    def set_aside(self, exc: BaseException, aside: Path, counts: dict | None, gaps: list[str]) -> None:
+    def set_aside(self, exc: BaseException, aside: Path, counts: dict | None, gaps: list[str], *,
+                  copy_failed: BaseException | None = None) -> None:
         err = " ".join(str(exc).split())[:80]
         self.set_asides.append(aside)
+        if copy_failed is not None:
+            why = " ".join(str(copy_failed).split())[:80]
+            self.say(f"recorder: {self.path} was damaged ({err}) — kept as {aside}; copying its readable rows into a "
+                     f"new file failed ({why}) — fix: `sparkconsole record repair {aside}` once there is room; "
+                     f"recording goes on in a new {self.path.name}", "bad")
+            return
         if counts is None:
             self.say(f"recorder: {self.path} is damaged ({err}) and nothing in it is readable — kept as {aside}; "
                      f"recording goes on in a new {self.path.name}", "bad")

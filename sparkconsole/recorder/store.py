@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..config import RecorderSettings
+from ..errors import UserError
 from ..nodes.samples import Tick
 
 log = logging.getLogger(__name__)
@@ -225,11 +226,14 @@ class RecorderStore:
         try:
             counts, gaps = salvage(aside, self.path)
             os.chmod(self.path, 0o600)
-        except Exception as salvage_exc:   # noqa: BLE001 — nothing readable: a fresh file, said
-            counts, gaps = None, [" ".join(str(salvage_exc).split())[:120]]
+        except (UserError, sqlite3.Error, OSError) as salvage_exc:
             for suffix in ("", "-wal", "-shm"):
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
-        self.health.set_aside(exc, aside, counts, [g if isinstance(g, str) else g.text() for g in gaps])
+            # unreadable from the start (a UserError from the reader), or the copy could not be written
+            self.health.set_aside(exc, aside, None, [], copy_failed=None if isinstance(salvage_exc, UserError)
+                                  else salvage_exc)
+            return self._open(check=False)
+        self.health.set_aside(exc, aside, counts, [g.text() for g in gaps])
         return self._open(check=False)
 
     # ---- the writer thread
@@ -254,7 +258,7 @@ class RecorderStore:
 
     def _run(self) -> None:
         db = self._open(check=True)
-        last_retention = time.monotonic()
+        last_retention = 0.0
         last_try = 0.0
         try:
             while True:
@@ -286,8 +290,9 @@ class RecorderStore:
                 _leave_clean(db)
                 _close(db)
 
-    def _attempt(self, db: sqlite3.Connection | None) -> sqlite3.Connection | None:
-        """Write what is held; returns the connection to go on with (None: not writable now)."""
+    def _attempt(self, db: sqlite3.Connection | None, *, fresh: bool = False) -> sqlite3.Connection | None:
+        """Write what is held; returns the connection to go on with (None: not writable now). `fresh`: db is the
+        new file a damaged one was just copied into (not set aside again in the same attempt)."""
         moved = self._moved() if db is not None else None
         if moved:
             # Its WAL, still at the path, would be replayed into whatever file is there now: emptied first.
@@ -306,12 +311,10 @@ class RecorderStore:
             self._write(db, self._pending)
         except (sqlite3.Error, OSError) as exc:
             _rollback(db)
-            if self.health.is_damage(exc):
+            if self.health.is_damage(exc) and not fresh:
                 _close(db)
                 db = self._set_aside(exc)
-                if db is None:
-                    return None
-                return self._attempt(db) if not self.health.trouble else db
+                return None if db is None else self._attempt(db, fresh=True)
             self.health.failed(exc)
             _close(db)      # opened again on the next try: a full or read-only file recovers on a fresh open too
             return None
