@@ -4,10 +4,10 @@ A damaged page makes every query that touches it fail ("database disk image is m
 more than that. The recorder's tables are b-trees keyed by time (ticks, rollups, endpoint samples: per node or
 endpoint; events: by id), so a query over a key range touches only the pages holding that range:
 
-    rows = read_ranges(fetch, lo, hi, width, gaps, "ticks", "spark1")   # fetch(a, b): the rows with a ≤ key ≤ b
+    rows = read_ranges(fetch, lo, hi, width, gaps, "ticks", "spark1")   # fetch(a, b, n): ≤ n rows, a ≤ key ≤ b
 
-tries the whole range, and where it fails splits it in two, down to pieces `width` wide; the pieces that still
-fail are the gap, recorded as a Gap between the nearest readable keys on either side. Every reader method uses
+walks the range in key order; where a read fails it finds the last readable row, then gallops past the damage to
+the next key where a read works, and records a Gap between the readable keys on either side. Every reader method uses
 this on a damaged file (recorder/reader.py), so a post-mortem or a replay shows what is readable and says what
 is not; `salvage(src, dst)` copies every readable row into a fresh file (`sparkconsole record repair`, and the
 writer when it finds its own file damaged).
@@ -28,13 +28,15 @@ TIME_WIDTH_S = 1.0          # a gap in time is known to the second
 MAX_NODE_ID_PROBE = 256     # node ids probed when the nodes table itself is unreadable
 
 
-def is_damage(exc: BaseException) -> bool:
-    """An error that says the file's content cannot be read (not a lock, not a full disk)."""
+def is_damage(exc: BaseException, *, reading: bool = True) -> bool:
+    """An error that says the file's content cannot be read (not a lock, not a full disk). For a writer an I/O
+    error is not damage: the disk may come back, and the file is tried again rather than set aside."""
     if not isinstance(exc, sqlite3.DatabaseError):
         return False
     name = getattr(exc, "sqlite_errorname", "") or ""
     text = str(exc)
-    return name.startswith(DAMAGE_CODES) or "malformed" in text or "not a database" in text
+    codes = DAMAGE_CODES if reading else DAMAGE_CODES[:2]
+    return name.startswith(codes) or "malformed" in text or "not a database" in text
 
 
 @dataclass

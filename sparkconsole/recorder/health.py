@@ -35,21 +35,27 @@ def _free(d: Path) -> str:
     return ""
 
 
-def _read_only_fs(d: Path) -> bool:
+def _probe(d: Path) -> int | None:
+    """The errno of creating a file in d (or the nearest existing directory above), None when it can: SQLite's
+    own error ("disk I/O error", "readonly database") does not say whether the disk, the filesystem or the
+    permissions refused, and a filesystem turned read-only after a disk error still reads "rw" in statvfs."""
     while not d.exists() and d != d.parent:
         d = d.parent
+    probe = d / f".sparkconsole-probe-{os.getpid()}"
     try:
-        return bool(os.statvfs(d).f_flag & os.ST_RDONLY)
-    except OSError:
-        return False
+        os.close(os.open(probe, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        probe.unlink()
+        return None
+    except OSError as exc:
+        return exc.errno
 
 
 def diagnose(exc: BaseException, path: Path) -> tuple[str, str]:
     """(kind, one line) for an error opening or writing the recorder file."""
     text = " ".join(str(exc).split())[:100]
     name = getattr(exc, "sqlite_errorname", "") or ""
-    code = getattr(exc, "errno", None)
     d = path.parent
+    code = getattr(exc, "errno", None) or _probe(d)
     elsewhere = "or record elsewhere (--file PATH or SPARKCONSOLE_STATE_DIR)"
     if name.startswith("SQLITE_FULL") or code in (errno.ENOSPC, errno.EDQUOT) or "disk is full" in text:
         return "full", (f"recorder: cannot write {path}: the disk is full ({_free(d)}) — fix: free space on that "
@@ -57,7 +63,7 @@ def diagnose(exc: BaseException, path: Path) -> tuple[str, str]:
     if code in (errno.ENOTDIR, errno.EEXIST) or isinstance(exc, (NotADirectoryError, FileExistsError)):
         return "not-dir", (f"recorder: cannot write {path}: {d} or a directory above it is not a directory — fix: "
                            f"move what is there aside, {elsewhere}; {RETRY_NOTE}")
-    if _read_only_fs(d) or code == errno.EROFS:
+    if code == errno.EROFS:
         return "read-only-fs", (f"recorder: cannot write {path}: its filesystem is read-only — fix: remount it "
                                 f"read-write (check dmesg: a disk error can cause it), {elsewhere}; {RETRY_NOTE}")
     if name.startswith(("SQLITE_READONLY", "SQLITE_CANTOPEN", "SQLITE_PERM", "SQLITE_AUTH")) \
@@ -81,7 +87,7 @@ class Health:
 
     @staticmethod
     def is_damage(exc: BaseException) -> bool:
-        return is_damage(exc)
+        return is_damage(exc, reading=False)
 
     def failed(self, exc: BaseException) -> None:
         kind, line = diagnose(exc, self.path)
@@ -134,5 +140,5 @@ class Health:
 
     def unwritten(self, n: int) -> None:
         self.dropped += n
-        self.say(f"recorder: {n} rows held in memory could not be written to {self.path} before exit (it still "
-                 f"fails: {self._kind})", "bad")
+        self.say(f"recorder: {n} rows held in memory could not be written to {self.path} before exit (still "
+                 "failing, as said above): they are lost", "bad")

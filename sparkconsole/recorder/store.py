@@ -366,7 +366,7 @@ class RecorderStore:
             db.execute("COMMIT")
             self._cap(db, int(s.max_mb * 1024 * 1024))
         except sqlite3.Error as exc:
-            log.warning("recorder retention: %s", exc)
+            log.debug("recorder retention: %s", exc)     # the next write says the fault, once
             _rollback(db)
             return exc
         return None

@@ -192,7 +192,7 @@ def test_filesystem_read_only_mid_run(ext4, ledger):
     feed(store, 80, 10, t0)
     store.close()                         # the filesystem never comes back while this runs: what is held is lost
     assert store.rows_dropped == 40 and said.has("40 rows", "could not be written", str(path)), said
-    assert len([s for s in said if "read-only" in s]) == 1, said
+    assert len([s for s in said if "filesystem is read-only" in s]) == 1, said
     assert seqs(path) == list(range(50))  # what was committed before stays readable
     ledger.lost(store.rows_dropped, "ticks held when the filesystem turned read-only and stayed so (said)")
 
