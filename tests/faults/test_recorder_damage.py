@@ -221,3 +221,26 @@ def test_postmortem_of_a_gap_in_the_lookback_says_partial(recording):
     finally:
         r.close()
     assert pm["ticks"] < 221 and pm["unreadable"] and "ticks of spark2" in pm["unreadable"][0]
+
+
+@pytest.mark.fault("console --at on a damaged recorder file: the gap said on screen")
+async def test_console_at_says_the_gap_on_screen(recording, ledger):
+    from sparkconsole.config import ClusterConfig, NodeConfig
+    from sparkconsole.tui.app import SparkConsoleApp
+    from tests.helpers import wait_for
+    from tests.test_tui_app import SIZE, widget_text
+
+    path, t0, _ = recording
+    damage_page(path, "ticks", where=0.97)
+    cluster = ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1"), NodeConfig("spark2", "127.0.0.1")),
+                            endpoints=(), source="lab.yaml")
+    app = SparkConsoleApp(cluster, monitor_factory=replay_monitor_factory(path, t0 + 400), replay_at=t0 + 400)
+    async with app.run_test(size=SIZE) as pilot:
+        events = app.dashboard.events
+        await wait_for(pilot, lambda: "recorder file damaged" in widget_text(events), timeout=30,
+                       what="the damaged stretch said in the events pane")
+        text = widget_text(events)
+        await wait_for(pilot, lambda: app.monitor.nodes["spark1"].last is not None, timeout=30,
+                       what="the readable rows replayed")
+    ledger.output(text, "console --at events pane")
+    assert "ticks of spark2" in text and "Traceback" not in text
