@@ -92,7 +92,7 @@ async def run(args: argparse.Namespace) -> int:
     # record goes on watching, alerting and guarding without it, and writes again once it can.
     def say(text: str, severity: str = "info") -> None:
         print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
-    rec = Recorder.open(cluster, args.file, on_status=say)
+    rec = Recorder.open(cluster, args.file, on_status=say, on_loop=False)     # print is thread-safe: said in order
     assert rec is not None
     mon = ClusterMonitor(cluster, history=16)
     rec.attach(mon)

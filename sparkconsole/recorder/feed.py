@@ -73,9 +73,9 @@ class Recorder:
 
     @classmethod
     def open(cls, cluster: ClusterConfig, path: str | Path | None = None, *,
-             on_status: Callable[[str, str], None] | None = None) -> "Recorder | None":
+             on_status: Callable[[str, str], None] | None = None, on_loop: bool = True) -> "Recorder | None":
         """on_status(text, severity): the store's fault lines (recorder/health.py), called on the event loop this
-        runs in (the writer's thread hops to it), or in the writer's thread when there is none."""
+        runs in (the writer's thread hops to it; on_loop=False: in the writer's thread, for a thread-safe one)."""
         if not cluster.recorder.enabled:
             return None
         if path is None:
@@ -85,7 +85,8 @@ class Recorder:
                 raise UserError(f"cannot make the state directory: {exc.strerror or exc}", file=exc.filename,
                                 field="recorder", fix="make it writable, or set SPARKCONSOLE_STATE_DIR to a "
                                 "directory of yours") from None
-        store = RecorderStore(path, cluster.recorder, on_status=_on_this_loop(on_status) if on_status else None)
+        store = RecorderStore(path, cluster.recorder,
+                              on_status=_on_this_loop(on_status) if on_status and on_loop else on_status)
         store.put_event("*", "session", {"source": cluster.source, "simulated": cluster.simulated,
                                          "nodes": [n.name for n in cluster.nodes],
                                          "endpoints": {e.name: e.node for e in cluster.endpoints}})

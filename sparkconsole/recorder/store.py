@@ -183,9 +183,11 @@ class RecorderStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fresh = not self.path.exists()
-            db = connect(self.path)
-            if fresh:
-                os.chmod(self.path, 0o600)   # node names, commands: private like the audit log
+            try:
+                db = connect(self.path)
+            finally:
+                if fresh and self.path.exists():
+                    os.chmod(self.path, 0o600)   # node names, commands: private like the audit log
             if check and not fresh:
                 found = db.execute("PRAGMA quick_check(1)").fetchone()[0]
                 if found != "ok":
