@@ -124,6 +124,7 @@ class RecorderStore:
         self._pending: deque = deque()
         self._node_ids: dict[str, int] = {}
         self._inode: tuple[int, int] | None = None
+        self._size = 0
         db = self._open(check=False)     # now, so that a bad path is said at start, not later from the thread
         if db is not None:
             db.close()
@@ -192,8 +193,7 @@ class RecorderStore:
                 found = db.execute("PRAGMA quick_check(1)").fetchone()[0]
                 if found != "ok":
                     raise sqlite3.DatabaseError(f"database disk image is malformed: {found}")
-            st = os.stat(self.path)
-            self._inode = (st.st_dev, st.st_ino)
+            self._remember()
             self._node_ids.clear()
             return db
         except (sqlite3.Error, OSError) as exc:
@@ -205,13 +205,24 @@ class RecorderStore:
             self.health.failed(exc)
             return None
 
+    def _remember(self) -> None:
+        """The file as this writer left it: which one, and how long (only its own vacuum shortens it)."""
+        try:
+            st = os.stat(self.path)
+            self._inode, self._size = (st.st_dev, st.st_ino), st.st_size
+        except OSError:
+            pass
+
     def _moved(self) -> str | None:
-        """'removed' / 'replaced' when the path no longer names the file this writer has open."""
+        """'removed' / 'replaced' when the path no longer names the file this writer has open, 'cut short' when
+        someone truncated it."""
         try:
             st = os.stat(self.path)
         except OSError:
             return "removed"        # gone, or its directory is (or is no longer a directory)
-        return None if self._inode == (st.st_dev, st.st_ino) else "replaced"
+        if self._inode != (st.st_dev, st.st_ino):
+            return "replaced"
+        return "cut short" if st.st_size < self._size else None
 
     def _set_aside(self, exc: BaseException) -> sqlite3.Connection | None:
         """The damaged file moved to FILE.damaged-<time> (with its WAL), its readable rows copied into a new FILE."""
@@ -284,6 +295,7 @@ class RecorderStore:
                 if db is not None and time.monotonic() - last_retention > RETENTION_EVERY_S:
                     last_retention = time.monotonic()
                     exc = self.retain(db)
+                    self._remember()            # the size cap may have given pages back
                     if exc is not None and self.health.is_damage(exc):
                         _close(db)
                         db = self._set_aside(exc)
@@ -296,6 +308,13 @@ class RecorderStore:
         """Write what is held; returns the connection to go on with (None: not writable now). `fresh`: db is the
         new file a damaged one was just copied into (not set aside again in the same attempt)."""
         moved = self._moved() if db is not None else None
+        if moved == "cut short":
+            _close(db)      # its WAL goes back into the file first: the newest pages are not lost with it
+            db = self._set_aside(sqlite3.DatabaseError(f"the file was cut short while recording, from {self._size} "
+                                                       "bytes"))
+            if db is None:
+                return None
+            moved = None
         if moved:
             # Its WAL, still at the path, would be replayed into whatever file is there now: emptied first.
             try:
@@ -322,6 +341,7 @@ class RecorderStore:
             return None
         n = len(self._pending)
         self._pending.clear()
+        self._remember()
         self.health.written(n)
         return db
 

@@ -342,3 +342,24 @@ async def test_console_says_the_recorder_is_full_and_resumes(tmpfs, tmp_path, mo
     assert text.count("disk is full") == 1, text
     path = next((d / "recorder").glob("*.sqlite"))
     assert RecorderReader(path).tick_counts().get("spark1", 0) > 0
+
+
+@pytest.mark.fault("recorder file truncated while recording")
+def test_file_truncated_while_recording(tmp_path, ledger):
+    store, said, path, t0 = recording_in(tmp_path, 6000)
+    wait(lambda: not Path(f"{path}-wal").exists() or Path(f"{path}-wal").stat().st_size == 0, 90,
+         "the first retention pass to checkpoint the WAL into the file")
+    os.truncate(path, path.stat().st_size // 2)
+    feed(store, 6000, 10, t0)
+    store.flush()
+    store.close()
+    line = said.has(str(path), "cut short", "readable rows", "unreadable")
+    assert line and len(said) == 1, said
+    got = seqs(path)
+    assert got[-10:] == list(range(6000, 6010)) and got[0] == 0      # the new ticks, after the readable old ones
+    r = RecorderReader(path)
+    try:
+        assert r.gap_texts(), "the file does not say what the cut took"
+    finally:
+        r.close()
+    ledger.lost(6010 - len(got), "ticks in the truncated half of a recorder file (said)")
