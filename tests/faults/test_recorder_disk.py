@@ -363,3 +363,24 @@ def test_file_truncated_while_recording(tmp_path, ledger):
     finally:
         r.close()
     ledger.lost(6010 - len(got), "ticks in the truncated half of a recorder file (said)")
+
+
+@pytest.mark.fault("recorder disk full past the memory cap of held rows, then freed")
+def test_full_past_the_memory_cap_drops_the_oldest_and_says_so(tmpfs, monkeypatch, ledger):
+    from sparkconsole.recorder import store as store_mod
+    monkeypatch.setattr(store_mod, "MAX_PENDING", 30)
+    d = tmpfs("fs")
+    filler = fill(d)
+    said = Said()
+    path = d / "rec.sqlite"
+    store = RecorderStore(path, on_status=said)
+    wait(lambda: said.has("disk is full"), 10, "the full-disk line")
+    feed(store, 0, 50, time.time())
+    store.flush()
+    wait(lambda: said.has("memory cap", str(path)), 10, "the memory-cap line")
+    filler.unlink()
+    line = wait(lambda: said.has("writing", "again"), 20, "the writer to resume")
+    store.close()
+    assert "the 30 rows held" in line and "20 older rows were dropped (recorded " in line, line
+    assert seqs(path) == list(range(20, 50)) and store.rows_dropped == 20
+    ledger.lost(store.rows_dropped, "ticks held past the memory cap while the disk was full (said, with their times)")
