@@ -1,6 +1,7 @@
 """Exporter figures: scrape time at 2 and 32 nodes, and the exporter's CPU at 32 nodes × 2 Hz.
 
     .venv/bin/python benchmarks/exporter.py [--nodes 2,32] [--scrapes 200] [--seconds 20]
+    .venv/bin/python benchmarks/exporter.py --load [--clients 20] [--seconds 20] [--nodes 2]
 
 Every node replays a real agent recording (tests/fixtures/agent-h100-load.jsonl, with the vLLM container added on
 every fourth tick as the agent sends it) through the real ClusterMonitor and its line parsing, at 2 Hz; one
@@ -12,6 +13,12 @@ engine is fed on every tick, as in `sparkconsole exporter`.
 2. Exporter CPU at 32 nodes × 2 Hz: this process's CPU time over a window while scraped once a second, as a share
    of one core. The replayed nodes' side (reading the recording) runs in this process too, so this is an upper
    bound for the exporter's own work; an SSH connection's encryption (asyncssh) is not in it.
+
+3. Load (--load): the exporter in a process of its own (this script with --serve-child), 2 replayed nodes at 2 Hz;
+   `--clients` concurrent keep-alive clients (aiohttp) scrape /metrics back to back for `--seconds`: scrapes per
+   second, latency median / p95 / max, errors and non-200 answers, the exporter's RSS before, halfway and after.
+   Then slowloris: 100 connections each sending a request's headers a byte per second, while one client scrapes
+   once a second; its latencies beside the same scrape with no slow connection open.
 
 Prints one JSON object. The machine is shared: figures are medians taken in one run.
 """
@@ -146,12 +153,119 @@ async def measure(n: int, scrapes: int, cpu_seconds: float | None) -> dict:
         await server.stop()
 
 
+async def serve_child(n: int) -> None:
+    """The exporter alone in this process: prints its port, serves until stdin closes."""
+    readings = build(n)
+    server = ExporterServer(readings, Listen("127.0.0.1", 0), None)
+    await server.start()
+    await readings.monitor.wait_first_ticks(30)
+    print(server.port, flush=True)
+    await asyncio.to_thread(sys.stdin.read)
+    await server.stop()
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return round(int(line.split()[1]) / 1024, 1)
+    return float("nan")
+
+
+async def load(n: int, clients: int, seconds: float) -> dict:
+    import aiohttp
+    child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve-child", str(n),
+                                                 stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
+    port = int((await child.stdout.readline()).decode())
+    url = f"http://127.0.0.1:{port}/metrics"
+    lat: list[float] = []
+    bad = {"errors": 0, "non_200": 0}
+    rss = {"before": rss_mib(child.pid)}
+
+    async def client(session: aiohttp.ClientSession, until: float) -> None:
+        while time.monotonic() < until:
+            t0 = time.perf_counter()
+            try:
+                async with session.get(url) as r:
+                    await r.read()
+                    bad["non_200"] += r.status != 200
+            except aiohttp.ClientError:
+                bad["errors"] += 1
+            lat.append(time.perf_counter() - t0)
+
+    async def halfway() -> None:
+        await asyncio.sleep(seconds / 2)
+        rss["halfway"] = rss_mib(child.pid)
+
+    async def one_a_second(session: aiohttp.ClientSession, count: int) -> list[float]:
+        out = []
+        for _ in range(count):
+            t0 = time.perf_counter()
+            async with session.get(url) as r:
+                await r.read()
+            out.append((time.perf_counter() - t0) * 1e3)
+            await asyncio.sleep(1.0)
+        return out
+
+    async def slow(stop: asyncio.Event) -> None:
+        try:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        except OSError:
+            return
+        req = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 4000
+        for byte in req:
+            if stop.is_set():
+                break
+            try:
+                writer.write(bytes([byte]))
+                await writer.drain()
+            except OSError:
+                break
+            await asyncio.sleep(1.0)
+        writer.close()
+
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=clients)) as session:
+            until = time.monotonic() + seconds
+            t0 = time.monotonic()
+            await asyncio.gather(halfway(), *(client(session, until) for _ in range(clients)))
+            wall = time.monotonic() - t0
+            rss["after"] = rss_mib(child.pid)
+            quiet = await one_a_second(session, 10)
+            stop = asyncio.Event()
+            slows = [asyncio.create_task(slow(stop)) for _ in range(100)]
+            await asyncio.sleep(2)
+            loris = await one_a_second(session, 10)
+            stop.set()
+            await asyncio.gather(*slows)
+        ms = [x * 1e3 for x in lat]
+        return {"nodes": n, "clients": clients, "seconds": round(wall, 1), "scrapes": len(lat),
+                "scrapes_per_s": round(len(lat) / wall, 1), "latency_ms_median": round(statistics.median(ms), 2),
+                "latency_ms_p95": round(pct(ms, 0.95), 2), "latency_ms_max": round(max(ms), 2), **bad,
+                "rss_mib": rss, "slowloris_100_conns_scrape_ms": {"median": round(statistics.median(loris), 2),
+                                                                  "max": round(max(loris), 2)},
+                "quiet_scrape_ms": {"median": round(statistics.median(quiet), 2), "max": round(max(quiet), 2)}}
+    finally:
+        child.stdin.close()
+        await child.wait()
+
+
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--nodes", default="2,32")
     ap.add_argument("--scrapes", type=int, default=200)
-    ap.add_argument("--seconds", type=float, default=20.0, help="CPU window at the largest node count")
+    ap.add_argument("--seconds", type=float, default=20.0, help="CPU window at the largest node count; load duration")
+    ap.add_argument("--load", action="store_true", help="concurrent clients and slowloris against a child exporter")
+    ap.add_argument("--clients", type=int, default=20)
+    ap.add_argument("--serve-child", type=int, metavar="N", help=argparse.SUPPRESS)
     args = ap.parse_args()
+    if args.serve_child:
+        await serve_child(args.serve_child)
+        return
+    if args.load:
+        out = await load(int(args.nodes.split(",")[0]) if args.nodes != "2,32" else 2, args.clients, args.seconds)
+        print(json.dumps({"load": out, "cpu_cores": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2)},
+                         indent=1))
+        return
     counts = [int(x) for x in args.nodes.split(",")]
     results = [await measure(n, args.scrapes, args.seconds if n == max(counts) else None) for n in counts]
     # The machine may be shared: the load average says how much the figures were disturbed.

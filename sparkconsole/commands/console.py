@@ -19,6 +19,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="seconds between replayed ticks (default: the recording's interval)")
     p.add_argument("--at", metavar="T", help='open the dashboard as it was at T, from the flight recorder '
                    '("2026-11-24 03:10" local time, or -15m); labelled REPLAY')
+    p.add_argument("--demo", action="store_true", help="with --at: the latest `sparkconsole demo` recording (also "
+                   "chosen when no cluster file is given and this machine has no recording)")
     p.set_defaults(func=run)
 
 
@@ -32,12 +34,13 @@ def build_app(args: argparse.Namespace):
     cluster = resolved.cluster
     at = getattr(args, "at", None)
     if at:
-        from ..recorder.feed import recorder_path
         from ..recorder.reader import parse_at
-        from ..recorder.replay import replay_monitor_factory
+        from ..recorder.replay import recording_for, replay_monitor_factory
         when = parse_at(at)
-        return SparkConsoleApp(cluster, monitor_factory=replay_monitor_factory(recorder_path(cluster), when),
-                               replay_at=when, notice=resolved.origin)
+        cluster, rec, _ = recording_for(cluster, file=None, demo=getattr(args, "demo", False),
+                                        cluster_given=cluster.source != "<this machine>")
+        return SparkConsoleApp(cluster, monitor_factory=replay_monitor_factory(rec, when), replay_at=when,
+                               notice=resolved.origin)
     replay = getattr(args, "replay", None)
     if replay:
         from ..nodes.recording import read_recording, split_recording

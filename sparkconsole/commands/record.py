@@ -1,6 +1,7 @@
 """`sparkconsole record`: the flight recorder without the dashboard (a tmux pane, a systemd user unit).
 
     sparkconsole record [--file PATH] [--duration S]
+    sparkconsole record repair FILE [--out NEW]      # a damaged recorder file: what is readable, into NEW
 
 Watches every node (and endpoint) of the cluster file as the console does and keeps every tick, endpoint poll
 and state change in the cluster's recorder file (state dir; see recorder/store.py). Unattended, it also runs
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import sqlite3
 import sys
 import time
 
@@ -28,6 +30,44 @@ def register(subparsers) -> None:
     p.add_argument("--file", metavar="PATH", help="recorder file (default: one per cluster in the state dir)")
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: never)")
     p.set_defaults(func=run)
+    sub = p.add_subparsers(dest="record_command", metavar="ACTION")
+    rp = sub.add_parser("repair", help="copy what is still readable of a damaged recorder file into a new one",
+                        description="Copy every row SQLite can still read from FILE into a new recorder file, "
+                        "reading around damaged pages; prints what was copied and what was unreadable. FILE is "
+                        "left as it is.")
+    rp.add_argument("file", metavar="FILE")
+    rp.add_argument("--out", metavar="NEW", help="the new file (default: FILE's name with -repaired)")
+    rp.set_defaults(func=repair)
+
+
+def repair(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..recorder.damage import salvage
+
+    src = Path(args.file).expanduser()
+    out = Path(args.out).expanduser() if args.out else src.with_name(f"{src.stem}-repaired{src.suffix or '.sqlite'}")
+    if out.exists() or out.resolve() == src.resolve():
+        raise UserError("the new file exists already", file=str(out), field="--out",
+                        fix="give --out a path that does not exist yet")
+    try:
+        counts, gaps = salvage(src, out)
+    except (UserError, sqlite3.Error, OSError) as exc:
+        for suffix in ("", "-wal", "-shm"):
+            Path(str(out) + suffix).unlink(missing_ok=True)
+        if isinstance(exc, UserError):
+            raise
+        raise UserError(f"cannot write the new file: {' '.join(str(exc).split())[:100]}", file=str(out),
+                        field="--out", fix="give --out a path on a filesystem with room that you can write") from None
+    out.chmod(0o600)
+    print(f"copied {sum(counts.values())} readable rows of {src} into {out}: " + ", ".join(
+        f"{n} {table.replace('_', ' ')}" for table, n in counts.items()), flush=True)
+    texts = list(dict.fromkeys(g.text() for g in gaps))
+    for text in texts:
+        print(f"unreadable: {text}", flush=True)
+    print(f"{len(texts)} unreadable part(s): their rows are not in {out}" if texts else "nothing was unreadable",
+          flush=True)
+    return 0
 
 
 async def run(args: argparse.Namespace) -> int:
@@ -47,15 +87,15 @@ async def run(args: argparse.Namespace) -> int:
             raise UserError("the recorder is off in the cluster file", field="recorder.enabled",
                             fix="set 'recorder: {enabled: true}' or pass --file PATH")
         cluster = replace(cluster, recorder=replace(cluster.recorder, enabled=True))   # --file asks for it
-    rec = Recorder.open(cluster, args.file)
+    # Unattended: the alert rules, the exhaustion warning, the opt-in guard, notifications and post-mortems run
+    # here too, said on stdout (one line each), and so is every fault of the recorder file (recorder/health.py):
+    # record goes on watching, alerting and guarding without it, and writes again once it can.
+    def say(text: str, severity: str = "info") -> None:
+        print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
+    rec = Recorder.open(cluster, args.file, on_status=say, on_loop=False)     # print is thread-safe: said in order
     assert rec is not None
     mon = ClusterMonitor(cluster, history=16)
     rec.attach(mon)
-
-    # Unattended: the alert rules, the exhaustion warning, the opt-in guard, notifications and post-mortems run
-    # here too, said on stdout (one line each).
-    def say(text: str, severity: str = "info") -> None:
-        print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
     alerts = AlertEngine(cluster.thresholds)
     rec.attach_alerts(alerts)
     guardian = Guardian(cluster, alerts, say=say, recorder=rec)
@@ -97,7 +137,7 @@ async def run(args: argparse.Namespace) -> int:
         rec.close()
         notifier.flush(10)
         notifier.close()
-    err = rec.store.error
-    print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches" + (f"; {err}" if err else ""),
-          file=sys.stderr if err else sys.stdout, flush=True)
-    return 1 if err else 0
+    lost = rec.store.rows_dropped
+    print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches to {rec.store.path}"
+          + (f"; {lost} rows lost (said above)" if lost else ""), file=sys.stderr if lost else sys.stdout, flush=True)
+    return 1 if lost else 0

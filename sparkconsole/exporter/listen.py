@@ -8,12 +8,15 @@ generated one, once.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import os
 import secrets as _rand
 from dataclasses import dataclass
 from pathlib import Path
+
+from aiohttp import web, web_protocol
 
 from ..errors import UserError
 from ..secrets import register
@@ -104,4 +107,32 @@ def bearer_ok(header: str | None, token: str) -> bool:
 
 
 def token_ok(given: str | None, token: str) -> bool:
-    return bool(given) and hmac.compare_digest(given.encode(), token.encode())
+    # aiohttp hands header bytes that are not UTF-8 over as surrogates: encoded back as they came, never an error.
+    return bool(given) and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+
+
+class _QuietHandler(web_protocol.RequestHandler):
+    """A request aiohttp's parser refuses (a NUL or CR in a header, a line too long, a bad method) is answered
+    with its status and a fixed body, and logged as one line without the request's bytes: aiohttp's own answer
+    and log repeat the offending header (a token with a stray byte after it) and log a traceback."""
+
+    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+                     message: str | None = None) -> web.StreamResponse:
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already sent")
+        what = type(exc).__name__ if exc is not None else "error"
+        self.logger.warning("refused a request from %s: %d %s", request.remote, status, what)
+        resp = web.Response(status=status, text=f"{status}: {'bad request' if status < 500 else 'server error'}\n")
+        resp.force_close()
+        return resp
+
+
+class QuietRunner(web.AppRunner):
+    """web.AppRunner whose connections use _QuietHandler (TCPSite takes `runner.server` as its protocol factory)."""
+
+    @property
+    def server(self):
+        srv = super().server
+        if srv is None:
+            return None
+        return functools.partial(_QuietHandler, srv, loop=srv._loop, **srv._kwargs)

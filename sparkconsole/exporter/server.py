@@ -15,7 +15,7 @@ from prometheus_client.process_collector import ProcessCollector
 
 from ..errors import UserError
 from .collector import ConsoleCollector
-from .listen import Listen, bearer_ok
+from .listen import Listen, QuietRunner, bearer_ok
 from .readings import Readings
 
 INDEX = b"sparkconsole exporter: metrics at /metrics\n"
@@ -70,7 +70,7 @@ class ExporterServer:
 
     async def start(self) -> None:
         await self.readings.start()
-        self._runner = web.AppRunner(self.app, access_log=None)
+        self._runner = QuietRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.listen.host, self.listen.port)
         try:

@@ -12,17 +12,34 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
+import threading
 from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
 from .. import paths
 from ..config import ClusterConfig
+from ..errors import UserError
 from .store import RecorderStore
 
 log = logging.getLogger(__name__)
 
 POSTMORTEM_DELAY_S = 2.0
+
+
+def _on_this_loop(cb: Callable[[str, str], None]) -> Callable[[str, str], None]:
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return cb
+    here = threading.get_ident()
+
+    def hop(text: str, severity: str) -> None:
+        if threading.get_ident() == here:
+            cb(text, severity)
+        elif not loop.is_closed():
+            loop.call_soon_threadsafe(cb, text, severity)
+    return hop
 
 
 def recorder_path(cluster: ClusterConfig) -> Path:
@@ -33,6 +50,15 @@ def recorder_path(cluster: ClusterConfig) -> Path:
         stem = "SIMULATED-" + stem      # simulated history never mixes with a real cluster's
     digest = hashlib.sha256(str(Path(src).expanduser().resolve() if "<" not in src else src).encode()).hexdigest()[:10]
     return paths.state_dir() / "recorder" / f"{stem}-{digest}.sqlite"
+
+
+def latest_demo_recording() -> Path | None:
+    """The newest simulated cluster's recorder file (`sparkconsole demo --runaway …` writes one), or None."""
+    try:
+        found = list((paths.state_dir() / "recorder").glob("SIMULATED-*.sqlite"))
+    except OSError:
+        return None
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
 class Recorder:
@@ -46,10 +72,21 @@ class Recorder:
         self._tasks: set[asyncio.Task] = set()
 
     @classmethod
-    def open(cls, cluster: ClusterConfig, path: str | Path | None = None) -> "Recorder | None":
+    def open(cls, cluster: ClusterConfig, path: str | Path | None = None, *,
+             on_status: Callable[[str, str], None] | None = None, on_loop: bool = True) -> "Recorder | None":
+        """on_status(text, severity): the store's fault lines (recorder/health.py), called on the event loop this
+        runs in (the writer's thread hops to it; on_loop=False: in the writer's thread, for a thread-safe one)."""
         if not cluster.recorder.enabled:
             return None
-        store = RecorderStore(path or recorder_path(cluster), cluster.recorder)
+        if path is None:
+            try:
+                path = recorder_path(cluster)
+            except OSError as exc:
+                raise UserError(f"cannot make the state directory: {exc.strerror or exc}", file=exc.filename,
+                                field="recorder", fix="make it writable, or set SPARKCONSOLE_STATE_DIR to a "
+                                "directory of yours") from None
+        store = RecorderStore(path, cluster.recorder,
+                              on_status=_on_this_loop(on_status) if on_status and on_loop else on_status)
         store.put_event("*", "session", {"source": cluster.source, "simulated": cluster.simulated,
                                          "nodes": [n.name for n in cluster.nodes],
                                          "endpoints": {e.name: e.node for e in cluster.endpoints}})

@@ -68,15 +68,15 @@ def _series(rows: list[dict], col: str) -> dict | None:
 
 def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entries: list | None = None) -> dict:
     if node not in r.nodes():
-        raise UserError(f"no recorded node named {node!r}", field="NODE",
+        raise UserError(f"no recorded node named {node!r}" + _partial(r), field="NODE",
                         fix="name one of: " + (", ".join(r.nodes()) or "(none recorded yet)"))
     until = time.time() + 1 if at is None else at
     found = incidents(r, node, until + 5)
     inc = next((i for i in reversed(found) if i["t"] <= until + 5), None)
     if inc is None:
         if at is None:
-            raise UserError(f"{node} has no recorded incident (DOWN, reboot, container exit)", field="NODE",
-                            fix="pass --at TIME to look at a given moment anyway")
+            raise UserError(f"{node} has no recorded incident (DOWN, reboot, container exit)" + _partial(r),
+                            field="NODE", fix="pass --at TIME to look at a given moment anyway")
         inc = {"t": at, "kind": "asked", "detail": "no incident recorded; the moment asked for"}
     t = inc["t"]
     rows = r.ticks(node, t - LOOKBACK_S, t)
@@ -111,10 +111,18 @@ def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entrie
                 if t - 3600 <= e.time <= t + 1][-10:]
     verdict, evidence = _verdict(inc, last, series, reasons, states, alerts, others, rows)
     return {"node": node, "time": t, "incident": inc, "verdict": verdict, "evidence": evidence,
+            "unreadable": r.gap_texts(t - LOOKBACK_S, t + AFTER_S), "file": str(r.path),
             "lookback_s": LOOKBACK_S, "ticks": len(rows), "last_tick": last, "series": series,
             "clock_reasons": sorted(reasons), "states": states, "alerts": alerts,
             "containers": cont["data"] if cont else None, "engine": engine, "other_nodes_ticking": others,
             "commands": commands}
+
+
+def _partial(r: RecorderReader) -> str:
+    """An answer from a damaged file says so, even when the answer is "nothing found"."""
+    gaps = r.gap_texts()
+    return f" in what is readable (the file is damaged: {gaps[0]}" + (f", and {len(gaps) - 1} more" if len(gaps) > 1
+                                                                      else "") + ")" if gaps else ""
 
 
 def _verdict(inc, last, series, reasons, states, alerts, others, rows) -> tuple[str, list[str]]:
@@ -193,7 +201,13 @@ def to_markdown(pm: dict) -> str:
     lines = [f"# Post-mortem: {pm['node']} — {inc['kind']} at {_when(pm['time'])}", "",
              f"**Verdict: {pm['verdict']}**", ""]
     lines += [f"- {e}" for e in pm["evidence"]]
-    lines += ["", f"## The last {pm['lookback_s']:.0f} s ({pm['ticks']} ticks)", "",
+    if pm.get("unreadable"):
+        lines += ["", "**Partial: part of the recorder file is unreadable; everything below is only what could be "
+                  "read, and the verdict may miss what was there.**", ""]
+        lines += [f"- {g}" for g in pm["unreadable"]]
+        lines += ["", f"The readable part can be copied into a new file: `sparkconsole record repair {pm['file']}`"]
+    readable = " readable" if pm.get("unreadable") else ""
+    lines += ["", f"## The last {pm['lookback_s']:.0f} s ({pm['ticks']} ticks{readable})", "",
               "| reading | first | min | max | last |", "|---|---|---|---|---|"]
     units = {"avail_kb": ("MemAvailable GiB", 2**20), "cached_kb": ("page cache GiB", 2**20),
              "swap_free_kb": ("swap free GiB", 2**20), "psi_some": ("PSI some %", 1), "psi_full": ("PSI full %", 1),
@@ -228,5 +242,6 @@ def to_markdown(pm: dict) -> str:
 
 
 def one_line(pm: dict) -> str:
-    return f"post-mortem {pm['node']}: {pm['verdict']} — " + "; ".join(pm["evidence"][:2])
+    partial = f" (partial: {len(pm['unreadable'])} part(s) of the recorder file unreadable)" if pm.get("unreadable") else ""
+    return f"post-mortem {pm['node']}: {pm['verdict']}{partial} — " + "; ".join(pm["evidence"][:2])
 

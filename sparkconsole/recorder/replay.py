@@ -49,9 +49,13 @@ def agent_lines(r: RecorderReader, node: str, since: float, until: float) -> lis
 
 
 def replay_monitor_factory(path: str | Path, at: float):
-    """A monitor_factory for the console: every node of the cluster plays its recorded rows from `at`."""
+    """A monitor_factory for the console: every node of the cluster plays its recorded rows from `at`. The file is
+    open only while it is read (an open reader would keep the writer's -wal and -shm files behind)."""
     r = RecorderReader(path)
-    span = r.span()
+    try:
+        span = r.span()
+    finally:
+        r.close()
     if span is None or at > span[1]:
         raise UserError("nothing recorded at or after that time", field="--at",
                         fix="pick a time the recorder covers" + (f" (it has ticks up to {span[1]:.0f})" if span else ""))
@@ -59,7 +63,65 @@ def replay_monitor_factory(path: str | Path, at: float):
     def factory(cluster: ClusterConfig):
         from ..nodes.monitor import ClusterMonitor
         from ..nodes.replay import replay_factory
-        lines = {n.name: agent_lines(r, n.name, at, at + REPLAY_SPAN_S) for n in cluster.nodes}
-        return ClusterMonitor(cluster, transport_factory=replay_factory(
+        r = RecorderReader(path)
+        try:
+            lines = {n.name: agent_lines(r, n.name, at, at + REPLAY_SPAN_S) for n in cluster.nodes}
+            notes = replay_notes(r, at)
+        finally:
+            r.close()
+        mon = ClusterMonitor(cluster, transport_factory=replay_factory(
             lines, speed=1.0, loop=False, retime=False, runs_commands=False))
+        mon.notes = notes
+        return mon
     return factory
+
+
+def recording_for(cluster: ClusterConfig, *, file: str | None, demo: bool, cluster_given: bool,
+                  node: str | None = None) -> tuple[ClusterConfig, Path, str | None]:
+    """Which recorder file `console --at` / `postmortem` read, for which cluster: --file; --demo (the latest demo
+    recording); else the cluster's own, or — when no cluster file was given and this machine's recording does not
+    exist or hold `node` — the latest demo recording. Returns (cluster, path, a line saying which was chosen)."""
+    from .feed import latest_demo_recording, recorder_path
+    if file:
+        return cluster, Path(file).expanduser(), None
+    own = None if demo else recorder_path(cluster)
+    if own is not None and (cluster_given or (own.is_file() and (node is None or _holds(own, node)))):
+        return cluster, own, None
+    found = latest_demo_recording()
+    if found is None or (node is not None and not demo and not _holds(found, node)):
+        if demo:
+            raise UserError("no demo recording yet", field="--demo",
+                            fix="run `sparkconsole demo --runaway memory` first (its recording is kept)")
+        return cluster, own, None
+    return recorded_cluster(found), found, f"reading the demo's recording {found} (SIMULATED)"
+
+
+def _holds(path: Path, node: str) -> bool:
+    try:
+        r = RecorderReader(path)
+    except UserError:
+        return False
+    try:
+        return node in r.nodes()
+    finally:
+        r.close()
+
+
+def recorded_cluster(path: Path) -> ClusterConfig:
+    """A simulated cluster of the nodes a recording names (its session event): what `console --at --demo` shows."""
+    from ..config import NodeConfig
+    r = RecorderReader(path)
+    try:
+        session = r.last_event_before("*", "session", 1e11)
+        names = ((session or {}).get("data") or {}).get("nodes") or r.nodes()
+    finally:
+        r.close()
+    return ClusterConfig(nodes=tuple(NodeConfig(name=str(n), address="127.0.0.1", local=True) for n in names),
+                         endpoints=(), source="<simulated>", simulated=True)
+
+
+def replay_notes(r: RecorderReader, at: float) -> list[str]:
+    """What the replay cannot show, one line each, for the console to say: a damaged file's unreadable parts
+    play as a pause in the ticks (the node turns STALE there), which must not read as the node's own silence."""
+    return [f"recorder file damaged: {g} — the replay has a gap there (STALE is the file, not the node); "
+            f"`sparkconsole record repair {r.path}` copies the readable part" for g in r.gap_texts(at, at + REPLAY_SPAN_S)]

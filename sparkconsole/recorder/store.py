@@ -9,6 +9,13 @@ Callers (the console's event loop) only append to a queue: no disk I/O on the UI
 at most BATCH_S after a row arrived, so a crash or SIGKILL of the process loses at most that last batch; WAL
 with synchronous=NORMAL keeps every committed batch across a process kill (an OS crash may lose the last few).
 
+Faults (recorder/health.py says each in one line naming the file and the fix, through `on_status`): a file that
+cannot be written (disk full, read-only, its directory gone or unwritable) keeps the rows in memory (MAX_PENDING,
+then the oldest are dropped and counted) and is tried again every RETRY_S, so recording resumes by itself; a file
+removed or replaced while open is noticed (its inode) and recording goes on in a new file at the path; a damaged
+file (found on opening by `quick_check`, or by any write) is moved aside and what is readable is copied into a
+fresh one (recorder/damage.py).
+
 Bounded (settings from the cluster file's `recorder:`): ticks are kept at full rate for full_rate_hours, then
 folded into per-10-s rows of min/mean/max per column (table `rollup`), dropped after keep_days; past max_mb
 the oldest rows go first. Events (hello, state changes, containers, alerts, guard actions, post-mortems) are
@@ -21,13 +28,15 @@ import json
 import logging
 import os
 import queue
+from collections import deque
 import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..config import RecorderSettings
+from ..errors import UserError
 from ..nodes.samples import Tick
 
 log = logging.getLogger(__name__)
@@ -36,6 +45,8 @@ BATCH_S = 0.5            # the writer commits at least this often while rows arr
 RETENTION_EVERY_S = 60.0
 ROLLUP_S = 10.0
 SCHEMA_VERSION = 1
+RETRY_S = 2.0            # a file that could not be written is tried again this often
+MAX_PENDING = 200_000   # rows held while it cannot be written (≈ 30 min of 32 nodes at 2 Hz, ≈ 60 MB)
 
 # One row per tick: the readings a post-mortem and a replay need, as plain columns (≈ 100 bytes a row;
 # the agent's JSON line is ≈ 700). GPU columns are the node's first GPU (a GB10 has one).
@@ -74,7 +85,14 @@ def tick_row(tick: Tick, container: str | None) -> tuple:
 
 def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
     if readonly:
-        db = sqlite3.connect(f"file:{Path(path)}?mode=ro", uri=True, timeout=10)
+        # With no WAL beside it (no writer, closed cleanly), read it as immutable: a read-only connection on a WAL
+        # file would otherwise leave -wal and -shm files behind that only a writer removes.
+        p = Path(path).resolve()
+        quiet = not any(Path(f"{p}{x}").exists() for x in ("-wal", "-shm"))
+        db = sqlite3.connect(p.as_uri() + "?mode=ro" + ("&immutable=1" if quiet else ""), uri=True, timeout=10)
+        # A file cut short (its header counts more pages than it has) is refused outright otherwise; with this
+        # the pages that are there stay readable. On a read-only connection it permits no change.
+        db.execute("PRAGMA writable_schema=ON")
     else:
         db = sqlite3.connect(path, timeout=10, isolation_level=None)
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
@@ -87,27 +105,50 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
 
 
 class RecorderStore:
-    """The writer. put_* never block and never raise on disk trouble (the console must keep running); the first
-    write error is kept in .error and logged, and later rows are dropped."""
+    """The writer. put_* never block and never raise on disk trouble (the console must keep running): the trouble
+    is `.error` (one line, None again once writing works), said through on_status(text, severity) from the
+    writer thread, and the rows wait in memory until the file can be written (see the module's doc)."""
 
-    def __init__(self, path: str | Path, settings: RecorderSettings | None = None, *, clock=time.time) -> None:
+    def __init__(self, path: str | Path, settings: RecorderSettings | None = None, *, clock=time.time,
+                 on_status: Callable[[str, str], None] | None = None) -> None:
+        from .health import Health
         self.path = Path(path)
         self.settings = settings or RecorderSettings()
         self.clock = clock
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fresh = not self.path.exists()
-        db = connect(self.path)          # created here so a bad path is an error now, not in the thread
-        db.close()
-        if fresh:
-            os.chmod(self.path, 0o600)   # node names, commands: private like the audit log
-        self.error: str | None = None
+        self.health = Health(self.path, self._say)
+        self.on_status = on_status
+        self.said: list[str] = []
         self.rows_written = 0
         self.batches = 0
         self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._pending: deque = deque()
         self._node_ids: dict[str, int] = {}
+        self._inode: tuple[int, int] | None = None
+        self._size = 0
+        db = self._open(check=False)     # now, so that a bad path is said at start, not later from the thread
+        if db is not None:
+            db.close()
         self._thread = threading.Thread(target=self._run, name="recorder", daemon=True)
         self._closed = False
         self._thread.start()
+
+    @property
+    def error(self) -> str | None:
+        return self.health.trouble
+
+    @property
+    def rows_dropped(self) -> int:
+        return self.health.dropped
+
+    def _say(self, text: str, severity: str) -> None:
+        self.said.append(text)
+        if self.on_status is None:      # nobody to say it to: the log (a listener says it on screen or stdout)
+            (log.warning if severity in ("warn", "bad") else log.info)("%s", text)
+        else:
+            try:
+                self.on_status(text, severity)
+            except Exception:   # noqa: BLE001 — a listener gone (the console quitting) must not stop the writer
+                log.debug("recorder status listener failed", exc_info=True)
 
     # ---- producers (any thread; the console's event loop)
     def put_tick(self, node: str, tick: Tick, container: str | None = None) -> None:
@@ -123,7 +164,7 @@ class RecorderStore:
             self._q.put(("endpoint", name, self.clock() if t is None else t, json.dumps(data, default=str)))
 
     def flush(self, timeout: float = 10.0) -> None:
-        """Until everything queued so far is committed (tests, and `record` before it exits)."""
+        """Until everything queued so far is committed, or found unwritable (tests, `record` before it exits)."""
         done = threading.Event()
         self._q.put(("flush", done, 0, None))
         done.wait(timeout)
@@ -135,38 +176,174 @@ class RecorderStore:
         self._q.put(("stop", None, 0, None))
         self._thread.join(15)
 
+    # ---- opening, and noticing the file moved
+    def _open(self, *, check: bool) -> sqlite3.Connection | None:
+        """A writable connection, or None with the trouble said. `check`: quick_check an existing file first and
+        set a damaged one aside (writer thread only: it reads the whole file)."""
+        db = None
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+            fresh = not self.path.exists()
+            try:
+                db = connect(self.path)
+            finally:
+                if fresh and self.path.exists():
+                    os.chmod(self.path, 0o600)   # node names, commands: private like the audit log
+            if check and not fresh:
+                found = db.execute("PRAGMA quick_check(1)").fetchone()[0]
+                if found != "ok":
+                    raise sqlite3.DatabaseError(f"database disk image is malformed: {found}")
+            self._remember()
+            self._node_ids.clear()
+            return db
+        except (sqlite3.Error, OSError) as exc:
+            if db is not None:
+                _close(db)
+            if self.health.is_damage(exc):
+                # set aside by the writer thread (it opens with check=True), not on the caller's thread
+                return self._set_aside(exc) if check else None
+            self.health.failed(exc)
+            return None
+
+    def _remember(self) -> None:
+        """The file as this writer left it: which one, and how long (only its own vacuum shortens it)."""
+        try:
+            st = os.stat(self.path)
+            self._inode, self._size = (st.st_dev, st.st_ino), st.st_size
+        except OSError:
+            pass
+
+    def _moved(self) -> str | None:
+        """'removed' / 'replaced' when the path no longer names the file this writer has open, 'cut short' when
+        someone truncated it."""
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return "removed"        # gone, or its directory is (or is no longer a directory)
+        if self._inode != (st.st_dev, st.st_ino):
+            return "replaced"
+        return "cut short" if st.st_size < self._size else None
+
+    def _set_aside(self, exc: BaseException) -> sqlite3.Connection | None:
+        """The damaged file moved to FILE.damaged-<time> (with its WAL), its readable rows copied into a new FILE."""
+        from .damage import salvage
+        aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
+        try:
+            for suffix in ("", "-wal", "-shm"):
+                src = Path(str(self.path) + suffix)
+                if src.exists():
+                    os.replace(src, str(aside) + suffix)
+        except OSError as move_exc:
+            self.health.failed(move_exc)
+            return None
+        try:
+            counts, gaps = salvage(aside, self.path)
+            os.chmod(self.path, 0o600)
+        except (UserError, sqlite3.Error, OSError) as salvage_exc:
+            for suffix in ("", "-wal", "-shm"):
+                Path(str(self.path) + suffix).unlink(missing_ok=True)
+            # unreadable from the start (a UserError from the reader), or the copy could not be written
+            self.health.set_aside(exc, aside, None, [], copy_failed=None if isinstance(salvage_exc, UserError)
+                                  else salvage_exc)
+            return self._open(check=False)
+        self.health.set_aside(exc, aside, counts, [g.text() for g in gaps])
+        return self._open(check=False)
+
     # ---- the writer thread
+    def _next_batch(self) -> tuple[list, bool]:
+        """What arrived within BATCH_S of the first item (waiting at most RETRY_S while rows are held)."""
+        try:
+            item = self._q.get(timeout=RETRY_S if self._pending or self.health.trouble else None)
+        except queue.Empty:
+            return [], False
+        batch = [item]
+        deadline = time.monotonic() + BATCH_S
+        while item[0] not in ("stop", "flush"):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            try:
+                item = self._q.get(timeout=left)
+            except queue.Empty:
+                break
+            batch.append(item)
+        return batch, any(kind == "stop" for kind, *_ in batch)
+
     def _run(self) -> None:
-        db = connect(self.path)
+        db = self._open(check=True)
         last_retention = 0.0
+        last_try = 0.0
         try:
             while True:
-                item = self._q.get()
-                batch = [item]
-                deadline = time.monotonic() + BATCH_S
-                stop = False
-                while item[0] not in ("stop", "flush"):
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    try:
-                        item = self._q.get(timeout=left)
-                    except queue.Empty:
-                        break
-                    batch.append(item)
-                self._write(db, batch)
+                batch, stop = self._next_batch()
+                for item in batch:
+                    if item[0] in ("tick", "event", "endpoint"):
+                        self._pending.append(item)
+                while len(self._pending) > MAX_PENDING:
+                    self.health.drop(self._pending.popleft())
+                due = not self.health.trouble or stop or time.monotonic() - last_try >= RETRY_S
+                if due and (self._pending or db is None):
+                    last_try = time.monotonic()
+                    db = self._attempt(db)
                 for kind, a, _, _ in batch:
                     if kind == "flush":
                         a.set()
-                    elif kind == "stop":
-                        stop = True
                 if stop:
+                    if self._pending:
+                        self.health.unwritten(len(self._pending))
                     return
-                if time.monotonic() - last_retention > RETENTION_EVERY_S:
+                if db is not None and time.monotonic() - last_retention > RETENTION_EVERY_S:
                     last_retention = time.monotonic()
-                    self.retain(db)
+                    exc = self.retain(db)
+                    self._remember()            # the size cap may have given pages back
+                    if exc is not None and self.health.is_damage(exc):
+                        _close(db)
+                        db = self._set_aside(exc)
         finally:
-            db.close()
+            if db is not None:
+                _leave_clean(db)
+                _close(db)
+
+    def _attempt(self, db: sqlite3.Connection | None, *, fresh: bool = False) -> sqlite3.Connection | None:
+        """Write what is held; returns the connection to go on with (None: not writable now). `fresh`: db is the
+        new file a damaged one was just copied into (not set aside again in the same attempt)."""
+        moved = self._moved() if db is not None else None
+        if moved == "cut short":
+            _close(db)      # its WAL goes back into the file first: the newest pages are not lost with it
+            db = self._set_aside(sqlite3.DatabaseError(f"the file was cut short while recording, from {self._size} "
+                                                       "bytes"))
+            if db is None:
+                return None
+            moved = None
+        if moved:
+            # Its WAL, still at the path, would be replayed into whatever file is there now: emptied first.
+            try:
+                db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            except sqlite3.Error:
+                pass
+            _close(db)
+            db = None
+            self.health.moved(moved)
+        if db is None:
+            db = self._open(check=moved != "removed")
+            if db is None:
+                return None
+        try:
+            self._write(db, self._pending)
+        except (sqlite3.Error, OSError) as exc:
+            _rollback(db)
+            if self.health.is_damage(exc) and not fresh:
+                _close(db)
+                db = self._set_aside(exc)
+                return None if db is None else self._attempt(db, fresh=True)
+            self.health.failed(exc)
+            _close(db)      # opened again on the next try: a full or read-only file recovers on a fresh open too
+            return None
+        n = len(self._pending)
+        self._pending.clear()
+        self._remember()
+        self.health.written(n)
+        return db
 
     def _node_id(self, db: sqlite3.Connection, name: str) -> int:
         nid = self._node_ids.get(name)
@@ -176,34 +353,28 @@ class RecorderStore:
             self._node_ids[name] = nid
         return nid
 
-    def _write(self, db: sqlite3.Connection, batch: list) -> None:
-        if self.error:
-            return
+    def _write(self, db: sqlite3.Connection, rows) -> None:
+        """One transaction for all `rows`; raises on any error (the caller keeps them)."""
         ph = ", ".join("?" * (len(TICK_COLUMNS) + 2))
+        db.execute("BEGIN")
+        for kind, who, t, payload in rows:
+            if kind == "tick":
+                db.execute(f"INSERT OR REPLACE INTO ticks VALUES({ph})", (self._node_id(db, who), t, *payload))
+            elif kind == "event":
+                db.execute("INSERT INTO events(node, t, kind, data) VALUES(?,?,?,?)", (who, t, *payload))
+            else:
+                db.execute("INSERT OR REPLACE INTO endpoint_samples VALUES(?,?,?)", (who, t, payload))
         try:
-            db.execute("BEGIN")
-            for kind, who, t, payload in batch:
-                if kind == "tick":
-                    db.execute(f"INSERT OR REPLACE INTO ticks VALUES({ph})", (self._node_id(db, who), t, *payload))
-                elif kind == "event":
-                    db.execute("INSERT INTO events(node, t, kind, data) VALUES(?,?,?,?)", (who, t, *payload))
-                elif kind == "endpoint":
-                    db.execute("INSERT OR REPLACE INTO endpoint_samples VALUES(?,?,?)", (who, t, payload))
-                else:
-                    continue
-                self.rows_written += 1
             db.execute("COMMIT")
-            self.batches += 1
-        except sqlite3.Error as exc:
-            self.error = f"recorder: {self.path}: {exc}"
-            log.error("%s", self.error)
-            try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+        except sqlite3.Error:
+            self._node_ids.clear()      # ids inserted in the failed transaction are gone
+            raise
+        self.rows_written += len(rows)
+        self.batches += 1
 
     # ---- retention (writer thread; also callable directly on a connection in tests)
-    def retain(self, db: sqlite3.Connection, now: float | None = None) -> None:
+    def retain(self, db: sqlite3.Connection, now: float | None = None) -> sqlite3.Error | None:
+        """Returns the error when it failed (the writer sets a damaged file aside)."""
         now = self.clock() if now is None else now
         s = self.settings
         full_cut = now - s.full_rate_hours * 3600
@@ -217,11 +388,10 @@ class RecorderStore:
             db.execute("COMMIT")
             self._cap(db, int(s.max_mb * 1024 * 1024))
         except sqlite3.Error as exc:
-            log.warning("recorder retention: %s", exc)
-            try:
-                db.execute("ROLLBACK")
-            except sqlite3.Error:
-                pass
+            log.debug("recorder retention: %s", exc)     # the next write says the fault, once
+            _rollback(db)
+            return exc
+        return None
 
     @staticmethod
     def _fold(db: sqlite3.Connection, cut: float) -> None:
@@ -252,3 +422,27 @@ class RecorderStore:
                 break
         db.executescript("PRAGMA incremental_vacuum")    # executescript steps it to the end (execute frees one page)
         db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+
+def _close(db: sqlite3.Connection) -> None:
+    try:
+        db.close()
+    except sqlite3.Error:
+        pass
+
+
+def _rollback(db: sqlite3.Connection) -> None:
+    try:
+        db.execute("ROLLBACK")
+    except sqlite3.Error:
+        pass
+
+
+def _leave_clean(db: sqlite3.Connection) -> None:
+    """On a clean exit the file is left whole, without -wal and -shm beside it: checkpointed, then out of WAL mode
+    (the next writer turns it back on). Busy (another connection still open) leaves it as it is."""
+    try:
+        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        db.execute("PRAGMA journal_mode=DELETE")
+    except sqlite3.Error:
+        pass

@@ -127,7 +127,7 @@ class SparkConsoleApp(NodeActions, App):
                 self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
         if self.record:
             try:
-                self.recorder = Recorder.open(self.cluster)
+                self.recorder = Recorder.open(self.cluster, on_status=say)    # its file's faults, said here
             except Exception as exc:    # a disk problem must not take the console down: say it, run without
                 self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
         if self.recorder is not None:
@@ -143,6 +143,12 @@ class SparkConsoleApp(NodeActions, App):
         self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
         self.notifier = Notifier(self.cluster.notify, bell=self.bell, cluster=self.cluster.source)
         self._unsubscribe.append(self.alerts.subscribe(self.notifier.submit))
+
+    def _say_notes(self, mon) -> None:
+        """A replay's notes (recorder/replay.py: the unreadable parts of a damaged recorder file), said on screen."""
+        for note in getattr(mon, "notes", ()):
+            self.dashboard.events.note(note, "yellow")
+            self.notify(note, severity="warning", timeout=15)
 
     def _show_postmortem(self, pm: dict) -> None:
         panel = self.dashboard.panels.get(pm["node"])
@@ -175,6 +181,7 @@ class SparkConsoleApp(NodeActions, App):
             self._live_monitor = self.monitor
             self._scrub_unsub = mon.subscribe(self._node_changed)
             self.monitor, self.replay_at = mon, at
+            self._say_notes(mon)
             await mon.start()
         self.sub_title = self._title()
         self.mark_all_dirty()
@@ -255,6 +262,7 @@ class SparkConsoleApp(NodeActions, App):
                 from ..serving.endpoint import ServingMonitor
                 self.serving = (self._serving_factory or ServingMonitor)(self.cluster)
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
+            self._say_notes(self.monitor)
             self._start_guard()
             if self.serving is not None:
                 self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))

@@ -10,8 +10,10 @@ node-changing action). The page is textual-serve's own, minus its web-font link:
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shlex
+import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +22,7 @@ import jinja2
 from aiohttp import web
 from textual_serve.server import Server
 
-from ..exporter.listen import Listen, bearer_ok, token_ok
+from ..exporter.listen import Listen, QuietRunner, bearer_ok, token_ok
 from ..tui.app import READ_ONLY_ENV
 
 COOKIE = "sparkconsole_token"
@@ -78,8 +80,9 @@ class ConsoleServer(Server):
                 if not token_ok(request.query.get("token"), self.token):
                     raise web.HTTPUnauthorized(text="401: wrong token\n")
                 # Swap the token in the URL for a cookie the websocket request will carry too.
-                resp = web.HTTPFound(location=request.rel_url.with_query(
-                    {k: v for k, v in request.query.items() if k != "token"}).human_repr())
+                # The URL stays percent-encoded: a decoded %0d%0a in the Location header would be a 500.
+                resp = web.HTTPFound(location=str(request.rel_url.with_query(
+                    {k: v for k, v in request.query.items() if k != "token"})))
                 resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict", path="/")
                 raise resp
             if not self._authorised(request):
@@ -102,7 +105,7 @@ class ConsoleServer(Server):
         # URLs from the request's own host: the page works whatever name or address the browser used.
         base = f"{request.scheme}://{request.host}"
         font_size = request.query.get("fontsize", "16")
-        return {"font_size": int(font_size) if font_size.isdigit() else 16,
+        return {"font_size": int(font_size) if font_size.isascii() and font_size.isdigit() else 16,
                 "app_websocket_url": ("wss" if request.scheme == "https" else "ws") + f"://{request.host}/ws",
                 "config": {"static": {"url": f"{base}/static/"}},
                 "application": {"name": self.title}}
@@ -111,6 +114,38 @@ class ConsoleServer(Server):
         print(f"sparkconsole serve: the console on {self.listen.url('/')}"
               + (" (read-only)" if self.read_only else "") + (" — token required" if self.token else "")
               + "; Ctrl+C stops", file=sys.stderr, flush=True)
+
+    def serve(self, debug: bool = False) -> None:
+        """textual-serve's serve(), on a runner whose refusals of malformed requests repeat none of their bytes."""
+        self.debug = debug
+        self.initialize_logging()
+        asyncio.run(self._serve())
+
+    async def _serve(self) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        runner = await self.start_runner()
+        try:
+            await stop.wait()
+        finally:
+            await runner.cleanup()
+
+    async def start_runner(self) -> QuietRunner:
+        """The app listening on self.host:self.port (0: a free port, then in self.port); cleanup() stops it."""
+        runner = QuietRunner(await self._make_app(), access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, self.host, self.port)
+        try:
+            await site.start()
+        except OSError:
+            await runner.cleanup()
+            raise
+        sockets = getattr(getattr(site, "_server", None), "sockets", None) or ()
+        if sockets:
+            self.port = sockets[0].getsockname()[1]
+        return runner
 
     def initialize_logging(self) -> None:
         import logging
