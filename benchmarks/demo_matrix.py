@@ -34,6 +34,10 @@ METRICS = (("decode_tps", "decode t/s", True), ("prefill_tps", "prefill t/s", Tr
 TARGET_WALL_S = 300.0
 
 
+def _fmt(v: float | None) -> str:
+    return "—" if v is None else f"{v:,.0f}"
+
+
 def run_matrix(speed: float, runs: int, conc: str, results: Path) -> float:
     cmd = [sys.executable, "-m", "sparkconsole", "bench", "matrix", "--recipe", "gpt-oss-120b", "--demo",
            "--speed", str(speed), "--topologies", ",".join(TOPOLOGIES), "--pp", "1024", "--tg", "128",
@@ -107,8 +111,7 @@ def main() -> int:
                 if s and p:
                     points += 1
                     within += abs(s / p - 1) <= 0.25
-                fmt = (lambda v: "—" if v is None else f"{v:,.0f}")
-                cells.append(f"{fmt(s)} / {fmt(p)} / {fmt(h)} ({err})")
+                cells.append(f"{_fmt(s)} / {_fmt(p)} / {_fmt(h)} ({err})")
             print(f"| {topo} | {c} | " + " | ".join(cells) + " |")
     print(f"\n{within}/{points} served points within 25% of published")
 

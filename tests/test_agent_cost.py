@@ -12,7 +12,6 @@ import sys
 import types
 from pathlib import Path
 
-import pynvml
 import pytest
 
 from sparkconsole import agent

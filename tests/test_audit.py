@@ -68,7 +68,7 @@ def test_concurrent_writers_do_not_interleave(state):
     [t.join() for t in threads]
     lines = (state / "audit.log").read_text().splitlines()
     assert len(lines) == 200
-    assert all(json.loads(l)["command"].startswith("x") for l in lines)
+    assert all(json.loads(ln)["command"].startswith("x") for ln in lines)
 
 
 def test_rotation(state, monkeypatch):

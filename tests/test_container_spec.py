@@ -5,7 +5,6 @@ runner's non-privileged set), its ulimit and NCCL_IGNORE_CPU_AFFINITY, and the c
 from __future__ import annotations
 
 import io
-import re
 import shlex
 import subprocess
 import tarfile

@@ -4,7 +4,6 @@ PSI follow generated runaways; the estimate must warn with lead time. Flat and n
 
 from __future__ import annotations
 
-import asyncio
 import math
 import os
 import random
@@ -17,7 +16,7 @@ from hypothesis import assume, HealthCheck, given, settings, strategies as st
 
 from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import ClusterConfig, NodeConfig, Thresholds
-from sparkconsole.nodes.forecast import NODE_RESERVE_B, WARN_S, HeadroomSeries, NodeForecaster, describe
+from sparkconsole.nodes.forecast import NODE_RESERVE_B, WARN_S, NodeForecaster, describe
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.nodes.samples import Tick
 from sparkconsole.protect import Guardian

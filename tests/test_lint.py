@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 from sparkconsole.config import ClusterConfig, NodeConfig
-from sparkconsole.launch import lint
 from sparkconsole.launch.lint import Facts, facts_from_monitors, preflight, refusals
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import bundled_recipes, find_recipe

@@ -180,7 +180,7 @@ async def test_served_timing_matches_engine_and_metrics_parse(server):
         # the same long prompt twice: the second finds its prefix cached and its first token comes sooner
         # (judged by the server's own TTFT, in the engine's time: the wall-clock gap is ~0.1 s, within load noise)
         before = await served_ttft_total(s, url)
-        cold = await stream_chat(s, url, "again " + text, 4, ignore_eos=True)
+        await stream_chat(s, url, "again " + text, 4, ignore_eos=True)          # the cold request
         between = await served_ttft_total(s, url)
         warm = await stream_chat(s, url, "again " + text, 4, ignore_eos=True)
         after = await served_ttft_total(s, url)

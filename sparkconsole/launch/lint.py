@@ -20,7 +20,7 @@ from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from . import lint_memory, lint_topology
 from .lint_compile import _cluster_eager, _custom_ops
-from .argv import flag_value, has_flag
+from .argv import flag_value
 from .plan import make_plan
 from .routers import compromised_versions
 from .steps import Plan

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from ..config import NodeConfig
 from ..errors import UserError
-from .recipe import Recipe, RouterImpl, SecretRef, fill
+from .recipe import RouterImpl, SecretRef, fill
 from .steps import Service, Step, launch_labels, url_host
 
 if TYPE_CHECKING:

@@ -21,7 +21,7 @@ import sqlite3
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 DAMAGE_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_IOERR")
 TIME_WIDTH_S = 1.0          # a gap in time is known to the second
@@ -56,7 +56,7 @@ class Gap:
         return (self.after if self.after is not None else -math.inf) < hi \
             and (self.before if self.before is not None else math.inf) > lo
 
-    def as_list(self) -> list:
+    def as_list(self) -> list[Any]:
         return [self.table, self.key, self.after, self.before, self.error, self.is_time, self.note]
 
     def text(self) -> str:
@@ -70,14 +70,14 @@ class Gap:
         return f"{self.table}" + (f" of {self.key}" if self.key else "") + f" unreadable {where} ({self.error})"
 
 
-def read_ranges(fetch: Callable[[float, float, int], list], lo: float, hi: float, width: float, gaps: list[Gap],
+def read_ranges(fetch: Callable[[float, float, int], list[Any]], lo: float, hi: float, width: float, gaps: list[Gap],
                 table: str, key: str | None, *, integer: bool = False, desc: bool = False,
-                first: int | None = None, chunk: int = 2000) -> list:
+                first: int | None = None, chunk: int = 2000) -> list[Any]:
     """The readable rows with lo ≤ key ≤ hi, walking the key order (descending with `desc`), at most `first`.
     fetch(a, b, n): at most n rows with a ≤ key ≤ b in that order, key first. Where a read fails, smaller ones find
     the last readable row; past it the walk gallops (steps doubling from `width`) to the nearest key where a read
     works, narrows that to `width`, records the Gap between the readable keys on either side, and goes on."""
-    out: list = []
+    out: list[Any] = []
     sign = -1 if desc else 1
 
     def past(k: float) -> float:

@@ -14,7 +14,7 @@ import os
 import shutil
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from .damage import is_damage
 
@@ -95,7 +95,7 @@ class Health:
             self.say(line, "bad")
         self.trouble, self._kind = line, kind
 
-    def drop(self, item: tuple) -> None:
+    def drop(self, item: tuple[Any, ...]) -> None:
         if not self._dropped_now:
             self.say(f"recorder: {self.path} still cannot be written and the memory cap is reached: the oldest "
                      "held rows are dropped from now on (counted, and said when it can write again)", "bad")
@@ -120,7 +120,7 @@ class Health:
         self.say(f"recorder: {self.path} was {how} while recording — a new file is started at that path; the rows "
                  f"written before are in the {how} file, not this one", "warn")
 
-    def set_aside(self, exc: BaseException, aside: Path, counts: dict | None, gaps: list[str], *,
+    def set_aside(self, exc: BaseException, aside: Path, counts: dict[str, int] | None, gaps: list[str], *,
                   copy_failed: BaseException | None = None) -> None:
         err = " ".join(str(exc).split())[:80]
         self.set_asides.append(aside)

@@ -61,7 +61,6 @@ ROUTERS = ("litellm-simple-shuffle", "litellm-least-busy", "vllm-router")
 
 
 if TYPE_CHECKING:
-    import aiohttp
 
     from .runaway import Runaway
 

@@ -70,7 +70,7 @@ class LogsScreen(Screen):
         line.append(f"{self.node_name} ", style="bold")
         line.append(text, style=style)
         if self.needle:
-            line.append(f"   search: {self.needle!r} ({sum(self.needle in l.lower() for l in self.lines)} lines)", style="cyan")
+            line.append(f"   search: {self.needle!r} ({sum(self.needle in ln.lower() for ln in self.lines)} lines)", style="cyan")
         self.query_one("#logs-status", Static).update(line)
 
     @work(exclusive=True, group="log-tail")
