@@ -79,3 +79,8 @@ async def recorded_vllm_endpoint():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+def error_lines(stderr: str) -> list[str]:
+    """A command's stderr lines less the one saying where its cluster came from (`cluster: …`, clusterfile.py)."""
+    return [ln for ln in stderr.strip().splitlines() if not ln.startswith("cluster: ")]

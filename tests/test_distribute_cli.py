@@ -8,6 +8,7 @@ import json
 import pytest
 
 from sparkconsole.cli import main
+from tests.helpers import error_lines
 
 
 @pytest.fixture
@@ -56,7 +57,7 @@ def test_model_rm_removes_from_the_named_node(here, capsys):
 def test_bad_input_is_one_line(here, capsys, argv, message):
     assert main(argv) == 2
     # the line saying where the cluster came from (clusterfile.py), then the error: one line
-    err = "".join(ln for ln in capsys.readouterr().err.splitlines(True) if not ln.startswith("cluster: "))
+    err = "".join(ln + "\n" for ln in error_lines(capsys.readouterr().err))
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
 
 

@@ -26,7 +26,7 @@ from sparkconsole.errors import UserError
 from sparkconsole.exporter.listen import Listen, parse_listen
 from sparkconsole.exporter.readings import Readings
 from sparkconsole.exporter.server import ExporterServer
-from tests.helpers import free_port, until
+from tests.helpers import error_lines, free_port, until
 from tests.test_status import cluster_yaml, meminfo_kb
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -98,7 +98,7 @@ def test_cli_refuses_a_network_address_without_token(tmp_path):
     r = subprocess.run([sys.executable, "-m", "sparkconsole", "exporter", "--listen", "0.0.0.0:9835"],
                        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=60)
     assert r.returncode == 2
-    err = "".join(ln for ln in r.stderr.splitlines(True) if not ln.startswith("cluster: "))   # where from, then the error
+    err = "".join(ln + "\n" for ln in error_lines(r.stderr))
     assert err.count("\n") == 1 and "no token was given" in err and "Traceback" not in err
     short = tmp_path / "short"
     short.write_text("abc\n")

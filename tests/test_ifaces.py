@@ -10,6 +10,7 @@ import pytest
 from sparkconsole.errors import UserError
 from sparkconsole.launch import ifaces
 from sparkconsole.nodes.transport import make_transport
+from tests.helpers import error_lines
 
 FIX = Path(__file__).parent / "fixtures" / "ifaces"
 SPARK_IBDEV = (FIX / "ibdev2netdev-spark-one-cable.txt").read_text()
@@ -119,5 +120,5 @@ def test_a_cluster_plan_without_interfaces_gets_them_from_the_nodes(sshd_nodes, 
     assert "note: node2: eth_if lo discovered (route to the peer" in r.stdout
     assert r.stdout.count("NCCL_SOCKET_IFNAME=lo") == 2
     off = plan("--offline")
-    err = [ln for ln in off.stderr.splitlines() if not ln.startswith("cluster: ")]     # where from, then the error
+    err = error_lines(off.stderr)
     assert off.returncode == 2 and "needs the network interface" in off.stderr and len(err) == 1

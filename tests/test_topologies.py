@@ -35,7 +35,7 @@ import httpx
 import pytest
 
 from sparkconsole.launch.recipe import find_recipe
-from tests.helpers import free_port
+from tests.helpers import error_lines, free_port
 from tests.testbed.sshd import ADDRESSES, _ensure_sshd, start_sshd_nodes
 
 pytestmark = pytest.mark.slow
@@ -352,7 +352,7 @@ def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed)
     # The Ray cluster formed: head on node1, worker on node2, both counted by `ray status` on the head.
     assert re.search(r"node1\s+ok\s+wait until the Ray cluster has 2 nodes: 2 found", out), out[-3000:]
     # vLLM's refusal, in one line, with what to do instead; and nothing left on either node.
-    err = launch.stderr.strip().splitlines()
+    err = error_lines(launch.stderr)
     assert len(err) == 1 and "does not support ray" in err[0] and "--backend mp" in err[0], launch.stderr
     assert "stopped what it had started on node1, node2" in err[0]
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []

@@ -53,8 +53,12 @@ def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Se
         if compromised_versions(impl, litellm=False):
             raise UserError("the router image is a compromised LiteLLM release (seed 001)", file=recipe.source,
                             field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
+        # Its Prometheus exporter takes 29000 unless told: beside the router's own port instead, so two routers on
+        # one machine (two launches, or the test bed's) never fight over it, and preflight checks it with the rest.
+        metrics_port = port + 1
         args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
-                "--host", "0.0.0.0", "--port", str(port)]
+                "--host", "0.0.0.0", "--port", str(port), "--prometheus-port", str(metrics_port)]
+        b.listen(head, metrics_port)
         if disagg:
             prefill, decode = servers
             args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from sparkconsole.launch.recipe import bundled_dir
+from tests.helpers import error_lines
 
 pytestmark = pytest.mark.sshd
 
@@ -55,7 +56,7 @@ def test_headless_change_without_yes_is_refused(headless, action, ledger):
     r = run("recipe", action, "tiny-testbed", "-T", "solo", "--offline")
     ledger.output(r.stdout + r.stderr, f"recipe {action}")
     assert r.returncode == 2, r
-    (line,) = r.stderr.strip().splitlines()
+    (line,) = error_lines(r.stderr)
     assert "--yes" in line and "no terminal to confirm" in line
     assert audit_lines(log) == []
 
@@ -67,7 +68,7 @@ def test_headless_stop_with_yes_is_audited_before_it_runs(headless, ledger):
     r = run("recipe", "stop", "tiny-testbed", "-T", "solo", "--yes")
     ledger.output(r.stdout + r.stderr, "recipe stop --yes")
     assert "Traceback" not in r.stderr
-    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r
+    assert r.returncode == 2 and len(error_lines(r.stderr)) == 1, r
     assert "spark1" in r.stderr and "docker" in r.stderr.lower()
     entries = audit_lines(log)
     assert entries, "nothing audited"

@@ -24,6 +24,7 @@ from sparkconsole.recorder.reader import RecorderReader
 from sparkconsole.recorder.replay import replay_monitor_factory
 from sparkconsole.recorder.store import RecorderStore
 from tests.test_recorder import integrity, tick
+from tests.helpers import error_lines
 
 ROOT = Path(__file__).resolve().parents[2]
 TICKS = 1200                 # 10 min at 2 Hz per node; spark2 stops 50 s before its DOWN
@@ -125,7 +126,7 @@ def test_a_damaged_page_is_said_and_the_rest_is_read(recording, table, env, tmp_
         md = cli(["postmortem", "spark2", "--file", str(path)], env, ledger).stdout
         assert ("**Partial:" in md) == bool(pm["unreadable"]), md[:600]
     else:
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and "damaged" in r.stderr, r.stderr
+        assert r.returncode == 2 and len(error_lines(r.stderr)) == 1 and "damaged" in r.stderr, r.stderr
     # the replay behind `console --at` and the scrub: plays what is readable, and its notes say what is not
     from sparkconsole.config import ClusterConfig, NodeConfig
     cluster = ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1"), NodeConfig("spark2", "127.0.0.1")),
@@ -196,7 +197,7 @@ def test_garbage_header(recording, env, tmp_path, ledger):
     for args in (["postmortem", "spark2", "--file", str(path)],
                  ["record", "repair", str(path), "--out", str(tmp_path / "new.sqlite")]):
         r = cli(args, env, ledger)
-        assert r.returncode == 2 and r.stderr.count("\n") == 1 and str(path) in r.stderr \
+        assert r.returncode == 2 and len(error_lines(r.stderr)) == 1 and str(path) in r.stderr \
             and "record repair" in r.stderr, r.stderr
     assert not (tmp_path / "new.sqlite").exists()
     with pytest.raises(UserError):
