@@ -175,6 +175,7 @@ class SparkConsoleApp(NodeActions, App):
             self.monitor, self.replay_at = mon, at
             await mon.start()
         self.sub_title = self._title()
+        self.screen.refresh_bindings()      # node-changing keys hide on a past moment and come back live
         self.mark_all_dirty()
 
     async def _end_scrub(self) -> None:

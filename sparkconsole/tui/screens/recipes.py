@@ -56,6 +56,7 @@ class RecipesScreen(Screen):
         self.running_plan = None
         self.runner = None
         self.progress: dict[str, str] = {}
+        self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
         self._loaded = False
 
     # --- data -------------------------------------------------------------------------------------------------
@@ -104,7 +105,40 @@ class RecipesScreen(Screen):
                 self.findings[key] = [_Finding("refuse", _one_line(exc))]
             except ImportError:
                 self.findings[key] = []
+            self.findings[key] += self._in_the_way(recipe, topology)
         return self.findings[key]
+
+    def _monitors(self) -> list:
+        mon = getattr(self.app, "monitor", None)
+        return list(mon.nodes.values()) if mon is not None else []
+
+    def running_groups(self) -> list:
+        """The launches running on the nodes now (their containers' labels), wherever they were started from."""
+        from ...nodes.launches import launch_groups
+        return launch_groups(self._monitors())
+
+    def running_of(self, key: str | None):
+        return next((g for g in self.running_groups() if g.recipe == key), None)
+
+    def _in_the_way(self, recipe, topology: str) -> list:
+        """A container of the plan's names already running on its node: the launch would fail on it, so say
+        which launch it is and how to stop it (the runner's own hint can only name the recipe being launched)."""
+        plan = self._make_plan(recipe, topology)
+        if plan is None:
+            return []
+        from ...nodes.launches import in_the_way
+        out = []
+        for hit in in_the_way(self._monitors(), [(svc.node, svc.container) for svc in plan.services]):
+            g = hit.group
+            if g is not None and g.recipe == recipe.key and g.topology == topology:
+                fix = "it is this launch, running: r restarts it, s stops it"
+            elif g is not None:
+                fix = (f"stop {g.recipe} first: choose it here and press s, or sparkconsole recipe stop {g.recipe} "
+                       f"--topology {g.topology}")
+            else:
+                fix = f"stop it on {hit.node} first: docker stop {hit.container}"
+            out.append(_Finding("block", f"{hit.words()}: a launch here would fail on the name", hit.node, fix))
+        return out
 
     def _make_plan(self, recipe, topology: str):
         from ...launch.plan import make_plan
@@ -147,6 +181,9 @@ class RecipesScreen(Screen):
 
     def _fill_list(self, needle: str) -> None:
         opts = []
+        running = {}
+        for g in self.running_groups():
+            running.setdefault(g.recipe, g)
         for key, r, err in self.entries:
             if needle and needle not in key.lower() and (r is None or needle not in r.name.lower()):
                 continue
@@ -160,15 +197,23 @@ class RecipesScreen(Screen):
                 mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
                 line.append(f"{mark} ", style=colour)
                 line.append(key, style="bold")
+                g = running.get(key)
+                if g is not None:
+                    line.append(f"  ● {g.topology} {g.verdict.lower()}", style="green" if g.verdict == "SERVING"
+                                else "yellow")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
         ol.set_options(opts)
-        if self.selected:
-            try:
-                ol.highlighted = ol.get_option_index(self.selected)
-            except Exception:
-                pass
+        self.listed = [o.id for o in opts]
+        if self.selected not in self.listed:
+            # The detail pane and Enter follow what the list shows: never a recipe the filter hid.
+            self.selected = next((k for k in self.listed if self._recipe(k) is not None),
+                                 self.listed[0] if self.listed else None)
+            self.topology = None
+            self._show()
+        if self.selected in self.listed:
+            ol.highlighted = self.listed.index(self.selected)
 
     def _recipe(self, key: str | None):
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
@@ -198,7 +243,10 @@ class RecipesScreen(Screen):
         r = self._recipe(self.selected)
         if r is None:
             err = next((e for k, _, e in self.entries if k == self.selected), None)
-            head.update(Text(err or "no recipe chosen", style="red" if err else "dim"))
+            needle = self.query_one("#recipe-filter", Input).value.strip()
+            empty = f"no recipe matches {needle!r} (escape clears the filter)" if needle and not self.listed \
+                else "no recipe chosen"
+            head.update(Text(err or empty, style="red" if err else "dim"))
             plan_view.update("")
             self.plan = None
             return
@@ -214,6 +262,12 @@ class RecipesScreen(Screen):
         for name in topos:
             t.append(f" {name} ", style="reverse bold" if name == self.topology else "dim")
         t.append("   (t: next)\n", style="dim")
+        g = self.running_of(r.key)
+        if g is not None:
+            t.append(f"● running as {g.topology} on {', '.join(dict.fromkeys(m.node for m in g.members))}: "
+                     f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
+                     else "yellow")
+            t.append("   (r: restart, s: stop)\n", style="dim")
         findings = self.preflight(r, self.topology)
         for f in findings:
             mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
@@ -262,7 +316,7 @@ class RecipesScreen(Screen):
             self._show()
 
     def action_launch(self) -> None:
-        r = self._recipe(self.selected)
+        r = self._recipe(self.selected) if self.selected in self.listed else None
         if r is None or self.plan is None:
             self.notify("choose a recipe with a plan first", severity="warning")
             return
@@ -308,11 +362,34 @@ class RecipesScreen(Screen):
             self._draw_progress()
             self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
 
+    def _running_plan(self):
+        """The plan of what r / s act on: the launch this console started, else the running launch of the chosen
+        recipe (or the only one running), planned again from its recipe and topology as the CLI's stop does."""
+        groups = self.running_groups()
+        if self.running_plan is not None and (not self._monitors() or any(
+                g.recipe == self.running_plan.recipe and g.topology == self.running_plan.topology for g in groups)):
+            return self.running_plan
+        g = self.running_of(self.selected) or (groups[0] if len(groups) == 1 else None)
+        r = self._recipe(g.recipe) if g is not None else None
+        if g is None or r is None:
+            return None
+        try:
+            from ...launch.plan import make_plan
+            return make_plan(r, g.topology, self.app.cluster, {})
+        except UserError as exc:
+            self.notify(f"{g.recipe} × {g.topology} runs, but cannot be planned here: {_one_line(exc)}"[:300],
+                        severity="error")
+            return None
+
     def _confirm_running(self, verb: str) -> None:
-        if self.running_plan is None or self.runner is None:
-            self.notify("no recipe was launched from this console", severity="warning")
+        plan = self._running_plan()
+        if plan is None:
+            running = self.running_groups()
+            self.notify("nothing running was launched from a recipe" if not running else
+                        "several launches run: choose the recipe to " + verb, severity="warning")
             return
-        plan = self.running_plan
+        if self.runner is None:
+            self.runner = self._runner()
         stops = [st for svc in [x for x in plan.services if x.role == "router"]
                  + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
         if verb == "stop":
@@ -339,9 +416,9 @@ class RecipesScreen(Screen):
                          shown, go, detail)
 
     def check_action(self, action: str, parameters) -> bool | None:
-        # Read-only console: node-changing keys are hidden from the footer and do nothing.
+        # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.
         return not (action in ("restart", "stop", "launch", "copy_model", "copy_image")
-                    and getattr(self.app, "read_only", False))
+                    and (getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
 
     def copy_argv(self, what: str) -> list[str] | None:
         """`sparkconsole model|image pull X --node …` for the plan's nodes: the command preflight names when a
@@ -413,8 +490,8 @@ class RecipesScreen(Screen):
 
 
 class _Finding:
-    def __init__(self, severity: str, message: str) -> None:
-        self.severity, self.message = severity, message
+    def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None) -> None:
+        self.severity, self.message, self.node, self.fix = severity, message, node, fix
 
 
 def plan_steps(plan) -> list[tuple[str, list]]:
