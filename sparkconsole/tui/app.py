@@ -94,6 +94,7 @@ class SparkConsoleApp(NodeActions, App):
                            ("logs", lambda: self.logs_screen)):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
+        self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
         self._launches_shown: tuple = ()    # (launch, verdict) last drawn: the recipes screen is told of changes
         self._wanted_eps: tuple = ()        # the endpoints to poll: the cluster file's, moved where launches serve
@@ -367,7 +368,9 @@ class SparkConsoleApp(NodeActions, App):
                 self.sub_title = self._title(max(shown))
         # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
         drawn = self.dashboard.drawn() if dirty else ()
-        for name in dirty:
+        # In the cluster file's order, not the set's (which hash seeds shuffle): events and toasts read the same
+        # way on every run.
+        for name in sorted(dirty, key=lambda n: self._order.get(n, len(self._order))):
             nm = self.node_monitor(name)
             panel = self.dashboard.panels.get(name)
             if nm is None or panel is None:
@@ -380,7 +383,7 @@ class SparkConsoleApp(NodeActions, App):
         if dirty:
             self._show_launches()
         eps, self._dirty_eps = self._dirty_eps, set()
-        for name in eps:
+        for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
             panel = self.dashboard.endpoint_panels.get(name)
@@ -442,7 +445,9 @@ class SparkConsoleApp(NodeActions, App):
             self.dashboard.events.add(a)
             if a.active:
                 sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
-                self.notify(a.message, title=a.source, severity=sev, timeout=8 if a.severity == "bad" else 5)
+                # The toast's title names the source already: its text need not say it again.
+                self.notify(a.message.removeprefix(a.source + " "), title=a.source, severity=sev,
+                            timeout=8 if a.severity == "bad" else 5)
                 if a.severity == "bad":
                     self.bell()
 

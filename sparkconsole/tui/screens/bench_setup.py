@@ -39,12 +39,19 @@ def parse_choice(concurrency: str, runs: str) -> SweepChoice | str:
     return SweepChoice(tuple(dict.fromkeys(levels)), n)
 
 
+def shown_path(path: str) -> str:
+    """A path under the working directory as relative to it (and said so), any other as it is."""
+    import os
+    rel = os.path.relpath(path)
+    return path if rel.startswith("..") else f"{rel} (in the working directory)"
+
+
 class BenchSetupScreen(ModalScreen[SweepChoice | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, target: str, results: str, choice: SweepChoice) -> None:
         super().__init__()
-        self.target, self.results, self.choice = target, results, choice
+        self.target, self.results, self.choice = target, shown_path(results), choice
 
     def compose(self) -> ComposeResult:
         with Vertical(id="bench-setup"):
