@@ -338,7 +338,9 @@ async def test_alerts_reach_the_event_log_and_a_toast(recording):
         assert active
         log = "\n".join(app.dashboard.events.history)
         assert any(a.source in log and a.message.split(": ", 1)[-1][:40] in log for a in active)
-        await wait_for(pilot, lambda: any(n.message in {a.message for a in active} for n in app._notifications),
+        # the toast's title names the source; its text is the message without it
+        await wait_for(pilot, lambda: any((n.title, n.message) in {(a.source, a.message.removeprefix(a.source + " "))
+                                                                   for a in active} for n in app._notifications),
                        what="a toast")
         await pilot.press("q")
 

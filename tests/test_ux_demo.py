@@ -45,15 +45,18 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         await wait_for(pilot, lambda: scr.is_mounted and scr.running_of("gpt-oss-120b") is not None, 30,
                        "gpt-oss-120b running on the recipes screen")
         assert scr.running_of("gpt-oss-120b").topology == "2x-solo"
-        scr.selected = "tiny-testbed"
-        scr.launches_changed()
+        # what runs is shown first (once the console has drawn the launch: its next redraw)
+        await wait_for(pilot, lambda: (scr.selected, scr.topology) == ("gpt-oss-120b", "2x-solo"), 10, "it chosen")
+        assert "● gpt-oss-120b  2x-solo serving" in widget_text(scr.query_one("#recipe-list"))
+        await pilot.press("slash", *"tiny", "enter")
+        await wait_for(pilot, lambda: scr.selected == "tiny-testbed", what="tiny-testbed chosen")
         await pilot.pause(0.2)
         head = widget_text(scr.query_one("#recipe-head"))
         # the launch would fail on the container's name: preflight says so, naming the recipe that runs
         assert "container vllm_node is running (gpt-oss-120b × 2x-solo)" in head, head
         assert "stop gpt-oss-120b first" in head
-        scr.selected = "gpt-oss-120b"
-        scr.launches_changed()
+        await pilot.press("slash", "ctrl+u", *"gpt", "enter")
+        await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", what="gpt-oss-120b chosen")
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
         assert app.screen.title_text.startswith("Restart gpt-oss-120b (2x-solo) on spark1, spark2")

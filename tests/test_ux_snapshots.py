@@ -13,6 +13,7 @@ import pytest
 from textual.command import CommandList
 from textual.widgets import Input
 
+from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.nodes.recording import read_recording
@@ -70,7 +71,8 @@ def held_app(monkeypatch, tmp_path):
                   for i in (1, 2))
     cfg = ClusterConfig(nodes=nodes, endpoints=(EndpointConfig("router", "http://10.0.0.1:4000", kind="router"),),
                         source="sparkconsole.yaml")
-    yield SparkConsoleApp(cfg, monitor=HeldMonitor(cfg, [hello, *ticks], now), serving=HeldServing())
+    alerts = AlertEngine(cfg.thresholds, clock=lambda: now)      # its default clock is bound when it is imported
+    yield SparkConsoleApp(cfg, monitor=HeldMonitor(cfg, [hello, *ticks], now), serving=HeldServing(), alerts=alerts)
     time.tzset()
 
 

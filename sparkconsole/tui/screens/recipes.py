@@ -54,6 +54,7 @@ class RecipesScreen(RecipeActions, Screen):
         self.runner = None
         self.progress: dict[str, str] = {}
         self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
+        self._pick_running = False
         self._loaded = False
 
     # --- data -------------------------------------------------------------------------------------------------
@@ -131,6 +132,8 @@ class RecipesScreen(RecipeActions, Screen):
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
         self.query_one("#plan-scroll").border_title = "Plan"
+        self._pick_running = self.selected is None        # until the operator chooses: what runs is shown first
+        self._select_running()
         self._fill_list("")
         if self.selected is None and self.recipe_choices():
             self.selected = self.recipe_choices()[0][0]
@@ -141,8 +144,14 @@ class RecipesScreen(RecipeActions, Screen):
         # Facts (guards, memory) move with the nodes: judge again each time the screen is shown.
         self.launches_changed()
 
+    def _select_running(self) -> None:
+        g = next(iter(self.running_groups()), None)
+        if self._pick_running and g is not None and self._recipe(g.recipe) is not None:
+            self.selected, self.topology = g.recipe, g.topology
+
     def launches_changed(self) -> None:
         """A launch started, stopped or changed verdict on the nodes: running marks and preflight judged again."""
+        self._select_running()
         self.findings.clear()
         if self.is_mounted and self.entries:
             self._fill_list(self.query_one("#recipe-filter", Input).value.strip().lower())
@@ -162,14 +171,18 @@ class RecipesScreen(RecipeActions, Screen):
                 line.append(key, style="bold")
                 line.append(f"  {err}", style="red")
             else:
-                topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
-                mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
-                line.append(f"{mark} ", style=colour)
-                line.append(key, style="bold")
                 g = running.get(key)
                 if g is not None:
-                    line.append(f"  ● {g.topology} {g.verdict.lower()}", style="green" if g.verdict == "SERVING"
-                                else "yellow")
+                    # Running: its own launch's verdict, not a preflight of launching it again over itself.
+                    colour = "green" if g.verdict == "SERVING" else ("red" if g.verdict == "BROKEN" else "yellow")
+                    line.append("● ", style=colour)
+                    line.append(key, style="bold")
+                    line.append(f"  {g.topology} {g.verdict.lower()}", style=colour)
+                else:
+                    topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
+                    mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
+                    line.append(f"{mark} ", style=colour)
+                    line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
@@ -188,7 +201,10 @@ class RecipesScreen(RecipeActions, Screen):
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_index != event.option_list.highlighted:
+            return          # a refill moved the highlight since: the newer one stands
         if event.option.id != self.selected:
+            self._pick_running = False       # the operator chose: launches coming and going no longer move it
             self.selected = event.option.id
             self.topology = None
             self._show()
@@ -348,6 +364,8 @@ class RecipesScreen(RecipeActions, Screen):
         self.query_one("#recipe-list").focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        if event.value.strip():
+            self._pick_running = False       # a filter typed: the list follows it, not the launches
         self._fill_list(event.value.strip().lower())
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
