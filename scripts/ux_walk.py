@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import os
 import sys
 import tempfile
@@ -32,6 +31,7 @@ VIEWS = (
 async def walk(out: Path, sizes: list[tuple[int, int]]) -> None:
     from sparkconsole.commands import demo
     from sparkconsole.sim.cluster import Serving, SimCluster
+    from tests.helpers import cancel_tasks
     from tests.screen import screen_text
 
     sim = SimCluster(serving=Serving(topology="2x-solo", recipe=demo.DEMO_RECIPE), load_speedup=demo.DEMO_LOAD_SPEEDUP)
@@ -66,10 +66,7 @@ async def walk(out: Path, sizes: list[tuple[int, int]]) -> None:
                         await pilot.pause(0.5)
             await app.action_quit()
     finally:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(tasks)
         await sim.stop()
 
 

@@ -79,3 +79,12 @@ async def recorded_vllm_endpoint():
     site = web.TCPSite(runner, "127.0.0.1", 0)
     await site.start()
     return runner, f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"
+
+
+async def cancel_tasks(tasks) -> None:
+    """Cancel each task and wait for it, whatever it raised (a demo's bring-up and load, at teardown)."""
+    import contextlib
+    for t in tasks:
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t

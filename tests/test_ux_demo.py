@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 
 import pytest
@@ -14,7 +13,7 @@ import pytest
 from sparkconsole.commands import demo
 from sparkconsole.sim.cluster import Serving, SimCluster
 from sparkconsole.tui.screens.confirm import ConfirmScreen
-from tests.helpers import wait_for
+from tests.helpers import cancel_tasks, wait_for
 from tests.test_tui_app import widget_text
 
 pytestmark = pytest.mark.slow        # a simulated cluster with its model servers, router and the console
@@ -29,10 +28,7 @@ async def demo_app(tmp_path, monkeypatch):
     try:
         yield demo.console_app(sim, argparse.Namespace(load=0, duration=None), tasks), sim, tmp_path
     finally:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(tasks)
         await sim.stop()
 
 
