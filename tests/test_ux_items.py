@@ -305,3 +305,23 @@ def test_in_the_way_names_the_launch_a_container_belongs_to():
     assert [(h.node, h.container) for h in hits] == [("spark1", "vllm_node")]
     assert hits[0].words() == "container vllm_node is running (gpt-oss-120b × 2x-solo)"
     assert json.dumps(hits[0].group.key) == '"gpt-oss-120b:2x-solo"'
+
+
+# --- found by the fuzzer: at 100×30 a long preflight pushed the plan (focusable) below the terminal's edge ---------
+async def test_the_plan_stays_on_screen_at_100x30_whatever_preflight_says(recording):
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=(100, 30)) as pilot:
+        await wait_for(pilot, lambda: all(nm.last for nm in app.monitor.nodes.values()), what="readings")
+        await pilot.press("2")
+        scr = app.recipes_screen
+        await wait_for(pilot, lambda: scr.is_mounted and scr.selected is not None, what="the recipes")
+        await pilot.pause(0.2)
+        head = widget_text(scr.query_one("#recipe-head"))
+        assert head.count("✗") >= 2                                   # a long preflight: it must not take it all
+        plan = scr.query_one("#plan-scroll")
+        region = app.screen.find_widget(plan).region
+        assert region.bottom <= 30 - 1 and region.height >= 5, region  # above the key bar, rows of the plan shown
+        await pilot.press("tab", "tab")
+        if app.focused is not None:
+            assert app.screen.find_widget(app.focused).region.bottom <= 30
+        await pilot.press("q")

@@ -122,7 +122,8 @@ class RecipesScreen(RecipeActions, Screen):
         with Horizontal():
             yield OptionList(id="recipe-list")
             with Vertical(id="recipe-detail"):
-                yield Static("", id="recipe-head")
+                with VerticalScroll(id="head-scroll"):      # a long preflight scrolls here, the plan stays
+                    yield Static("", id="recipe-head")
                 with VerticalScroll(id="plan-scroll"):
                     yield Static("", id="plan")
                 yield Static("", id="launch-progress")
