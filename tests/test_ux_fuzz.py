@@ -3,7 +3,7 @@ typed into filters and inputs, and resizes between 80×24 and 240×70, played on
 behind it. After each: still running, no exception, the focused widget on screen, no node changed unconfirmed.
 
 The quick test plays a few dozen sequences on the demo's nodes alone; the slow one plays
-$SPARKCONSOLE_FUZZ_SEQUENCES (default 150) on the demo serving gpt-oss-120b as 2x solo, so the recipes screen has
+$SPARKCONSOLE_FUZZ_SEQUENCES (default 100) on the demo serving gpt-oss-120b as 2x solo, so the recipes screen has
 a running launch to restart and stop. The really long run: SPARKCONSOLE_FUZZ_SEQUENCES=20000 with `-k fuzz_long`."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings
 
-from tests.ux_fuzz import Fuzz, binding_keys, sequences
+from tests.ux_fuzz import Fuzz, Step, binding_keys, sequences
 
 QUICK_SEQUENCES = 12
-LONG_SEQUENCES = int(os.environ.get("SPARKCONSOLE_FUZZ_SEQUENCES", "150"))
+LONG_SEQUENCES = int(os.environ.get("SPARKCONSOLE_FUZZ_SEQUENCES", "100"))
 
 
 def fuzz_console(topology: str):
@@ -52,6 +52,21 @@ def play(fuzz: Fuzz, examples: int, max_size: int) -> None:
 def test_fuzz_quick_every_key_sequence_keeps_the_console_up(nodes_only):
     play(nodes_only, QUICK_SEQUENCES, max_size=8)
     assert nodes_only.sequences >= QUICK_SEQUENCES and not nodes_only.errors and not nodes_only.changes
+
+
+def test_fuzz_harness_counts_a_confirmed_action_and_runs_nothing(nodes_only):
+    """The watch itself: r then y on a node is one confirmation answered yes, its restart not run, no node
+    changed; the same restart reached past its confirmation is a change the check reports."""
+    before = nodes_only.confirmed
+    nodes_only.play([Step("key", "r"), Step("key", "y")])
+    assert nodes_only.confirmed == before + 1 and not nodes_only.changes
+
+    async def unconfirmed() -> None:
+        await nodes_only.app.run_on_node("spark1", "container-restart", ["docker", "restart", "vllm_node"])
+    with pytest.raises(RuntimeError, match="without a confirmation"):
+        nodes_only.run(unconfirmed())
+    assert nodes_only.changes
+    nodes_only.changes.clear()
 
 
 @pytest.mark.slow

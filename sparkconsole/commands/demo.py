@@ -44,7 +44,8 @@ RUNAWAYS = ("memory", "thermal", "link")     # sim/runaway.py KINDS (not importe
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="a simulated two-node GB10 cluster with a model served, in the console",
-                              description=__doc__.replace("{after}", f"{RUNAWAY_AFTER_S:g}"), formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__.replace("{after}", f"{RUNAWAY_AFTER_S:g}"),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speed", type=float, default=1.0, metavar="F",
                    help="simulated clock speed relative to real time (default 1)")
     p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES, metavar="TOPOLOGY",
