@@ -283,7 +283,8 @@ class Fuzz:
         self.check(seq, before)
 
     async def _reset(self) -> None:
-        """Back to the dashboard at the start size, no modal open, no filter: each sequence from one place."""
+        """Back to the dashboard at the start size, no modal open, no filter, the first node focused: each sequence
+        from one place."""
         app = self.app
         bench = app._bench_screen
         if bench is not None and bench.sweep_worker is not None and bench.sweep_worker.is_running:
@@ -296,6 +297,7 @@ class Fuzz:
         if app.size != START_SIZE:
             await self.pilot.resize_terminal(*START_SIZE)
         app.dashboard.action_clear_filter()
+        next(iter(app.dashboard.panels.values())).focus()      # the focus the console starts with
         await self.pilot.pause()
 
     def check(self, seq: list[Step], before: tuple[int, int]) -> None:
