@@ -100,8 +100,22 @@ def _command_of(argv: list[str]) -> str | None:
     return ns.command
 
 
+def _relative_times(argv: list[str]) -> list[str]:
+    """`--at -15m` as `--at=-15m`: argparse reads a value that starts with '-' (and is no plain number) as an
+    option, and a time back from now (console --at, postmortem --at) is written that way."""
+    import re
+
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(r"-\d+(\.\d+)?[smhd]", arg):
+            out[-1] += "=" + arg
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = _relative_times(sys.argv[1:] if argv is None else list(argv))
     command = _command_of(argv)
     if command is None:
         if "console" not in COMMANDS or _module("console") is None:

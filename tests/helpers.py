@@ -84,3 +84,12 @@ async def recorded_vllm_endpoint():
 def error_lines(stderr: str) -> list[str]:
     """A command's stderr lines less the one saying where its cluster came from (`cluster: …`, clusterfile.py)."""
     return [ln for ln in stderr.strip().splitlines() if not ln.startswith("cluster: ")]
+
+
+async def cancel_tasks(tasks) -> None:
+    """Cancel each task and wait for it, whatever it raised (a demo's bring-up and load, at teardown)."""
+    import contextlib
+    for t in tasks:
+        t.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await t

@@ -39,7 +39,9 @@ def test_import_published_then_advise_and_report(tmp_path):
     (("matrix", "--recipe", "r", "--topologies", "solo", "--endpoints", "solo"), "--endpoints: bad entry"),
     (("matrix", "--recipe", "r", "--topologies", "solo"), "recipe: no recipe named 'r'"),
     (("matrix", "--recipe", "gpt-oss-120b", "--speed", "3"), "--speed: --speed sets the simulated clock"),
-    (("run", "--url", "http://127.0.0.1:9", "--results", "x.sqlite", "--latency-mode", "none"), "--model"),
+    # nothing listens there: said before the model is asked for (issue 24, item 9)
+    (("run", "--url", "http://127.0.0.1:9", "--results", "x.sqlite", "--latency-mode", "none"),
+     "--url: cannot connect to http://127.0.0.1:9"),
 ])
 def test_mistakes_are_one_line_errors(tmp_path, args, needle):
     (tmp_path / "notes.txt").write_text("not a database " * 200)

@@ -25,6 +25,7 @@ from sparkconsole.tui.app import SparkConsoleApp
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.webface.server import COOKIE, ConsoleServer
 from tests.helpers import free_port, until, wait_for
+from tests.screen import screen_lines
 from tests.test_tui_app import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +109,7 @@ async def test_read_only_console_has_no_node_changing_action(read_only, tmp_path
         panel.focus()
 
         def footer() -> str:
-            return "\n".join(s.text for s in app.screen._compositor.render_strips()[-2:])
+            return "\n".join(screen_lines(app)[-2:])
         # the panel's own keys reach the footer on a later frame (slower under load): wait for one that both
         # modes show, then read the rest
         await wait_for(pilot, lambda: "Logs" in footer(), timeout=30, what="the node panel's keys in the footer")

@@ -18,21 +18,10 @@ from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.tui.screens.help import HelpScreen
 from sparkconsole.tui.widgets.sim_badge import SimBadge
 from tests.helpers import recorded_vllm_endpoint, wait_for
+from tests.screen import screen_text, widget_text  # noqa: F401  (imported from here by other test modules)
 
 RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"
 SIZE = (120, 40)
-
-
-def screen_text(app) -> str:
-    """What the terminal shows right now, as plain text."""
-    return "\n".join(strip.text for strip in app.screen._compositor.render_strips())
-
-
-def widget_text(widget) -> str:
-    """The part of the screen a widget (with its children) covers, as plain text."""
-    region = widget.screen.find_widget(widget).region
-    lines = [strip.text for strip in widget.screen._compositor.render_strips()]
-    return "\n".join(line[region.x:region.right] for line in lines[region.y:region.bottom])
 
 
 def cluster(n: int = 2, endpoints=()) -> ClusterConfig:
@@ -349,7 +338,9 @@ async def test_alerts_reach_the_event_log_and_a_toast(recording):
         assert active
         log = "\n".join(app.dashboard.events.history)
         assert any(a.source in log and a.message.split(": ", 1)[-1][:40] in log for a in active)
-        await wait_for(pilot, lambda: any(n.message in {a.message for a in active} for n in app._notifications),
+        # the toast's title names the source; its text is the message without it
+        await wait_for(pilot, lambda: any((n.title, n.message) in {(a.source, a.message.removeprefix(a.source + " "))
+                                                                   for a in active} for n in app._notifications),
                        what="a toast")
         await pilot.press("q")
 

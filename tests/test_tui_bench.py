@@ -100,6 +100,10 @@ async def test_b_sweeps_a_real_server_and_x_stops_it(workdir):
             bench = app.bench_screen
             bench.runs, bench.concurrency = 1, (1, 2, 4, 8, 16, 32, 64, 128, 256)   # the last levels take long
             await pilot.press("b")
+            from sparkconsole.tui.screens.bench_setup import BenchSetupScreen
+            await wait_for(pilot, lambda: isinstance(app.screen, BenchSetupScreen), what="the sweep's setup")
+            assert bench.sweep_worker is None                  # nothing sent before Enter
+            await pilot.press("enter")
             await wait_for(pilot, lambda: len(bench.levels) >= 2, 120, "two levels")
             await pilot.press("x")
             await wait_for(pilot, lambda: not bench.sweep_worker.is_running, 10, "the sweep to stop")

@@ -10,15 +10,13 @@ import pytest
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.tui.app import SparkConsoleApp
 from tests.helpers import wait_for
+from tests.screen import widget_text
 
 pytestmark = pytest.mark.sshd
 
 
 def panel_text(app, name: str) -> str:
-    panel = app.dashboard.panels[name]
-    region = app.screen.find_widget(panel).region
-    lines = [s.text for s in app.screen._compositor.render_strips()]
-    return "\n".join(line[region.x:region.right] for line in lines[region.y:region.bottom])
+    return widget_text(app.dashboard.panels[name])
 
 
 @pytest.fixture(autouse=True)

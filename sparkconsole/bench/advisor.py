@@ -103,10 +103,15 @@ def markdown(verdicts: Sequence[Verdict]) -> str:
         compared = sorted({label for v in vs for label in v.compared})
         head = f"### When to use which — pp{pp} tg{tg}" + (f" depth {depth}" if depth else "")
         parts.append(head)
-        parts.append(f"Compared: {', '.join(compared)}. Winner per band (mean over the band's levels), "
-                     "margin over the runner-up.\n")
+        if len(compared) < 2:
+            parts.append(f"Only {compared[0] if compared else 'one run'} was measured: its figures per band (mean "
+                         "over the band's levels). Sweep another topology to compare.\n")
+        else:
+            parts.append(f"Compared: {', '.join(compared)}. Winner per band (mean over the band's levels), "
+                         "margin over the runner-up.\n")
         titles = [t for _, t, _, _ in CRITERIA]
-        parts.append("| concurrency | " + " | ".join(f"best {t}" for t in titles) + " |")
+        best = "best " if len(compared) >= 2 else ""
+        parts.append("| concurrency | " + " | ".join(f"{best}{t}" for t in titles) + " |")
         parts.append("|---|" + "---|" * len(titles))
         for edges in sorted({v.edges for v in vs}):
             row = [x for x in vs if x.edges == edges]

@@ -143,10 +143,18 @@ def markdown(store: ResultsStore, run_ids: Sequence[str] | None = None) -> str:
         return "No runs in this results file.\n"
     parts = [f"# Benchmark report — {store.path.name}", ""]
     cmp_levels = []
+    empty = []
     for run in runs:
         levels = store.levels(run.run_id)
+        if not levels:         # stopped before its first level finished: nothing to tabulate
+            empty.append(run)
+            continue
         cmp_levels += levels
         parts.append(run_markdown(run, levels))
+    if empty:
+        parts.append("Stopped before a level finished, nothing measured: " + ", ".join(
+            f"{r.label} (run {r.run_id}, {datetime.fromtimestamp(r.created, timezone.utc):%Y-%m-%d %H:%M} UTC)"
+            for r in empty) + ".\n")
     cmp = comparison_markdown(cmp_levels)
     if cmp:
         parts += ["## Comparison", "", cmp]

@@ -128,6 +128,37 @@ class EndpointFacts:
     simulated: bool
 
 
+class BatchClock:
+    """The time a sweep has left, from the batches timed so far: a batch takes a + b·concurrency seconds, fitted by
+    least squares (with one concurrency timed, that level's mean for every batch, never less than what was seen).
+    A time proportional to concurrency alone read a c64 batch as 64 c1 batches: decode-bound batches of a few
+    hundred tokens take a few times a c1 batch, so the first ETA of a c1…c64 sweep was ten times too long."""
+
+    def __init__(self) -> None:
+        self.timed: list[tuple[int, float]] = []
+
+    def add(self, concurrency: int, seconds: float) -> None:
+        self.timed.append((concurrency, seconds))
+
+    def predict(self, concurrency: int) -> float | None:
+        if not self.timed:
+            return None
+        n = len(self.timed)
+        mc = sum(c for c, _ in self.timed) / n
+        mt = sum(t for _, t in self.timed) / n
+        var = sum((c - mc) ** 2 for c, _ in self.timed)
+        if var == 0:
+            return mt
+        slope = max(0.0, sum((c - mc) * (t - mt) for c, t in self.timed) / var)
+        return max(mt + slope * (concurrency - mc), min(t for _, t in self.timed))
+
+    def left(self, batches: Sequence[int]) -> float | None:
+        """Seconds for these batches (their concurrencies), or None before the first one is timed."""
+        if not self.timed:
+            return None
+        return sum(self.predict(c) or 0.0 for c in batches)
+
+
 def _fmt_duration(s: float) -> str:
     s = int(round(s))
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
@@ -190,8 +221,38 @@ async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str,
         return None
 
 
+def connect_problem(exc: BaseException) -> str:
+    """'connection refused' for aiohttp's ClientConnectorError: the OS's words, not the exception's repr."""
+    err = getattr(exc, "os_error", None) or exc
+    if isinstance(err, ConnectionRefusedError):
+        return "connection refused (nothing listens there)"
+    words = getattr(err, "strerror", None) or " ".join(str(err).split()) or type(err).__name__
+    return words[:1].lower() + words[1:160]
+
+
+async def reachable(session: aiohttp.ClientSession, url: str, headers: dict[str, str]) -> None:
+    """A UserError naming the URL when nothing answers there: before a run is recorded, not one failed request
+    per level after it."""
+    try:
+        async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as resp:
+            await resp.read()
+    except (aiohttp.ClientConnectionError, OSError, asyncio.TimeoutError) as exc:
+        if isinstance(exc, aiohttp.ServerDisconnectedError):
+            return      # it answered, then hung up: the sweep records what its requests get
+        why = "no answer within 10 s" if isinstance(exc, asyncio.TimeoutError) else connect_problem(exc)
+        raise UserError(f"cannot connect to {server_root(url.removesuffix('/models'))}: {why}", field="--url",
+                        fix="start the server, or check the address and port") from None
+
+
+async def check_reachable(url: str) -> None:
+    """reachable() in a session of its own: the CLI asks before it opens (or creates) a results file."""
+    async with aiohttp.ClientSession() as session:
+        await reachable(session, api_base(url) + "/models", api_headers())
+
+
 async def discover(session: aiohttp.ClientSession, spec: SweepSpec, headers: dict[str, str]) -> EndpointFacts:
     root, base = server_root(spec.url), api_base(spec.url)
+    await reachable(session, base + "/models", headers)
     models, version, clock = await asyncio.gather(
         _get_json(session, base + "/models", headers), _get_json(session, root + "/version", headers),
         _get_json(session, root + "/sim/clock", headers))
@@ -340,28 +401,25 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
         # prompt would find its prefix in the server's cache.
         rng = random.Random()
         chat_url = api_base(spec.url) + "/chat/completions"
-        # ETA weights a batch by its concurrency: a crude but monotone model of batch time.
         batches_per_level = spec.runs + (1 if spec.warmup else 0)
-        work_total = sum(k.concurrency * batches_per_level for k in todo)
-        work_done = 0.0
-        busy = 0.0
+        remaining = [k.concurrency for k in todo for _ in range(batches_per_level)]
+        clock = BatchClock()
         failed = 0
 
         def progress(idx: int, key: LevelKey, run_index: int) -> None:
             if on_progress:
-                eta = busy / work_done * (work_total - work_done) if work_done else None
-                on_progress(Progress(key, idx, len(levels), run_index, spec.runs, eta, failed))
+                on_progress(Progress(key, idx, len(levels), run_index, spec.runs, clock.left(remaining), failed))
 
         async def batch(key: LevelKey, shape: PromptShape) -> list[RequestResult]:
-            nonlocal busy, work_done
             bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=exact_tg,
                                               token_ids=token_ids)).encode() for _ in range(key.concurrency)]
             t0 = time.perf_counter()
             results = list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
                                                               timeout=spec.request_timeout, watch=watch)
                                                   for b in bodies)))
-            busy += time.perf_counter() - t0
-            work_done += key.concurrency
+            clock.add(key.concurrency, time.perf_counter() - t0)
+            if key.concurrency in remaining:
+                remaining.remove(key.concurrency)
             return results
 
         watch = StallWatch(spec.stall_timeout, spec.first_timeout)    # one timer task for every stream

@@ -197,10 +197,11 @@ async def _cluster_probe(args: argparse.Namespace):
 
 async def _run(args: argparse.Namespace) -> int:
     from ..bench.results import ResultsStore
-    from ..bench.sweep import run_sweep
+    from ..bench.sweep import check_reachable, run_sweep
     from ..bench.matrix import recipe_hash
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
                  recipe_hash=recipe_hash(args.recipe) if args.recipe else None)
+    await check_reachable(args.url)      # nothing listening: one line, and no results file made for nothing
     line = _ProgressLine(args.quiet)
     probe, monitor = await _cluster_probe(args)
     try:

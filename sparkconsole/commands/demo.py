@@ -9,7 +9,7 @@ GPUs, /proc trees and docker; the model is started through each node's docker sh
 recipe plan sends. Everything lives in a temporary directory removed at exit. Every figure shown is in
 simulated time; `--speed F` runs that clock F times faster than real time.
 
-`--runaway KIND[:NODE]` starts a runaway on NODE (default: spark1 for solo, else spark2) RUNAWAY_AFTER_S seconds
+`--runaway KIND[:NODE]` starts a runaway on NODE (default: spark1 for solo, else spark2) {after} seconds
 after the model serves: `memory` (the vLLM container's memory grows until the node freezes), `thermal` (cooling
 fails, the GPU heats to shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
 """
@@ -17,9 +17,11 @@ fails, the GPU heats to shutdown), `link` (the node is cut off). The console war
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import TYPE_CHECKING, Awaitable, Callable
 
+from .. import paths
 from ..errors import UserError
 from . import LazyChoices
 
@@ -35,12 +37,15 @@ DEMO_LOAD_SPEEDUP = 20.0
 NODES_FIRST_MAX_S = 5.0
 # --runaway starts this long (real seconds) after the model serves.
 RUNAWAY_AFTER_S = 5.0
+# What the demo serves is this bundled recipe (its containers carry its labels): the recipes screen shows it running.
+DEMO_RECIPE = "gpt-oss-120b"
 RUNAWAYS = ("memory", "thermal", "link")     # sim/runaway.py KINDS (not imported: `demo --bad` answers at once)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("demo", help="a simulated two-node GB10 cluster with a model served, in the console",
-                              description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                              description=__doc__.replace("{after}", f"{RUNAWAY_AFTER_S:g}"),
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--speed", type=float, default=1.0, metavar="F",
                    help="simulated clock speed relative to real time (default 1)")
     p.add_argument("--topology", default="2x-solo", choices=TOPOLOGIES, metavar="TOPOLOGY",
@@ -156,7 +161,7 @@ async def run(args: argparse.Namespace) -> int:
     from ..sim.cluster import Serving, SimCluster
 
     _check(args)
-    sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router),
+    sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router, recipe=DEMO_RECIPE),
                      load_speedup=DEMO_LOAD_SPEEDUP)
     if args.runaway is not None:
         args.runaway_target = runaway_target(sim, args.runaway)
@@ -287,9 +292,11 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
         from ..sim.staged import StagedServing
         return StagedServing(cluster, sim.ready)
 
-    # With a runaway, the flight recorder runs as on a live cluster (its own SIMULATED file): post-mortems need it.
-    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim, serving_factory=staged,
-                          record=getattr(args, "runaway", None) is not None)
+    # The demo's state (audit log, flight recorder) lives in the simulated cluster's own directory, removed at
+    # exit: a simulated launch is never written to the operator's audit log. The flight recorder runs as on a live
+    # cluster: [ / ] scrub back through it, and post-mortems need it.
+    os.environ[paths.STATE_ENV] = str(sim.root / "state")
+    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim, serving_factory=staged, record=True)
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 

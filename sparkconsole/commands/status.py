@@ -105,6 +105,9 @@ def render_table(records: list[dict]) -> str:
                      host_mem, guards))
         if r["error"] and r["state"] != NodeState.LIVE.value:
             notes.append(f"{r['name']}: {r['error']}")
+        # What the agent could not read (docker refused, a /proc file missing): as --json has it under tick.errors.
+        for err in dict.fromkeys((t or {}).get("errors") or ()):
+            notes.append(f"{r['name']}: {' '.join(str(err).split())[:300]}")
         for c in r["containers"]:
             cap = f"cap {c['memory_limit_b'] / 2**30:.0f} GiB" if c.get("memory_limit_b") else "no memory cap"
             notes.append(f"{r['name']}: container {c['name']} {c.get('state') or '?'}"

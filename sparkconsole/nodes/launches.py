@@ -135,3 +135,30 @@ def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[Endpoin
             name = f"{name} {m.url.rsplit(':', 1)[-1]}"
         out[name] = EndpointConfig(name, m.url, kind="router" if m.role == "router" else "vllm", node=m.node)
     return tuple(out.values())
+
+
+@dataclass(frozen=True)
+class InTheWay:
+    """A container running where a launch wants to start one of the same name."""
+    node: str
+    container: str
+    group: LaunchGroup | None       # the launch it belongs to; None: started by hand, not by sparkconsole
+
+    def words(self) -> str:
+        owner = f"{self.group.recipe} × {self.group.topology}" if self.group else "not started by sparkconsole"
+        return f"container {self.container} is running ({owner})"
+
+
+def in_the_way(nodes: Iterable[Any], wanted: Iterable[tuple[str, str]]) -> list[InTheWay]:
+    """Each (node, container name) of `wanted` that runs on that node now (the agents' container lists), with the
+    launch it belongs to: a launch there would fail on the name, so preflight says so and names what to stop."""
+    nodes = list(nodes)
+    groups = launch_groups(nodes)
+    running = {(str(n.name), c.name) for n in nodes for c in (getattr(n, "containers", ()) or ())
+               if c.state == "running"}
+    out = []
+    for node, name in dict.fromkeys(wanted):
+        if (node, name) in running:
+            group = next((g for g in groups for m in g.members if m.node == node and m.container == name), None)
+            out.append(InTheWay(node, name, group))
+    return out

@@ -67,6 +67,7 @@ class Recorder:
         self.store = store
         self._seen: dict[str, tuple] = {}      # node -> (last tick time, state, boot id, containers)
         self._ep_seen: dict[str, float] = {}
+        self._guards: dict[str, object] = {}   # node -> the last GuardInputs recorded
         self._unsub: list[Callable[[], None]] = []
         self.on_postmortem: Callable[[dict], None] | None = None
         self._tasks: set[asyncio.Task] = set()
@@ -117,6 +118,10 @@ class Recorder:
         tick = nm.last
         if tick is not None and tick.time != prev[0]:
             self.store.put_tick(nm.name, tick, nm.config.container)
+            # The OOM-guard inputs, as an event when they change: a replay judges the guards as they were.
+            if tick.guards is not None and tick.guards != self._guards.get(nm.name):
+                self._guards[nm.name] = tick.guards
+                self.store.put_event(nm.name, "guards", asdict(tick.guards), tick.time)
         state = nm.state.value
         incident = False
         if state != prev[1]:

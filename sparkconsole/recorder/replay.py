@@ -30,8 +30,9 @@ def agent_lines(r: RecorderReader, node: str, since: float, until: float) -> lis
     if rows:
         hello["time"] = rows[0]["t"]      # paced by recorded time: the first tick plays at once
     lines = [json.dumps(hello)]
+    states = _StateEvents(r, node, since, until)
     for x in rows:
-        t = {"type": "tick", "seq": x["seq"] or 0, "time": x["t"]}
+        t = {"type": "tick", "seq": x["seq"] or 0, "time": x["t"], **states.at(x["t"])}
         g = {k: x[c] for k, c in (("temp_c", "temp_c"), ("slowdown_c", "slowdown_c"), ("power_w", "power_w"),
                                   ("sm_clock_mhz", "clock_mhz"), ("util_pct", "util_pct"), ("reasons_mask", "reasons"))
              if x[c] is not None}
@@ -46,6 +47,31 @@ def agent_lines(r: RecorderReader, node: str, since: float, until: float) -> lis
             t["pressure"] = {"some_avg10": x["psi_some"], "full_avg10": x["psi_full"]}
         lines.append(json.dumps(t))
     return lines
+
+
+class _StateEvents:
+    """A node's recorded guard inputs and containers (events, kept when they change), as the agent's tick fields at
+    each replayed time: a replay judges the OOM guards and shows the containers as they were, not as unknown."""
+
+    KINDS = ("guards", "containers")
+
+    def __init__(self, r: RecorderReader, node: str, since: float, until: float) -> None:
+        before = [r.last_event_before(node, kind, since) for kind in self.KINDS]
+        self.events = [e for e in before if e] + r.events(node, since, until, self.KINDS)
+        self.events.sort(key=lambda e: e["t"])
+        self.i = 0
+        self.now: dict = {}
+
+    def at(self, t: float) -> dict:
+        while self.i < len(self.events) and self.events[self.i]["t"] <= t:
+            e = self.events[self.i]
+            self.i += 1
+            if e["kind"] == "guards" and isinstance(e["data"], dict):
+                self.now["guards"] = e["data"]
+            elif e["kind"] == "containers" and isinstance(e["data"], list):
+                self.now["containers"] = [{**c, "labels": dict(c.get("labels") or ())}
+                                          for c in e["data"] if isinstance(c, dict)]
+        return dict(self.now)
 
 
 def replay_monitor_factory(path: str | Path, at: float):

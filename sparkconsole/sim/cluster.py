@@ -39,7 +39,7 @@ from .node import NodeTuning, SimNode
 
 DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
 CONTAINER = "vllm_node"
-ROUTER_CONTAINER = "router"
+ROUTER_CONTAINER = "vllm_node_router"     # the name the recipe's plan gives it (launch/routers.py): its stop finds it
 IMAGE = "vllm-node-mxfp4"
 STATE_PREFIX = "sparkconsole-sim-"
 
@@ -50,6 +50,9 @@ class Serving:
     topology: str = "2x-solo"                    # none | solo | cluster-tp2 | 2x-solo
     router: str = "litellm-simple-shuffle"       # litellm-simple-shuffle | litellm-least-busy | vllm-router
     model: str = "openai/gpt-oss-120b"
+    # The bundled recipe this serving is (the demo's: gpt-oss-120b), put on the containers as a launch's
+    # `sparkconsole.*` labels: the console shows that recipe running in that topology, and stops it with its plan.
+    recipe: str | None = None
     # The published gpt-oss-120b settings (gpt-oss-120b-topologies.csv header).
     vllm_args: tuple[str, ...] = ("--gpu-memory-utilization", "0.70", "--max-model-len", "4096",
                                   "--max-num-batched-tokens", "32768", "--kv-cache-dtype", "fp8",
@@ -222,9 +225,21 @@ class SimCluster:
         if wait:
             await self.wait_ready(timeout, progress=say)
 
+    def _labels(self, node: str, role: str, url: str | None) -> list[str]:
+        """The labels a recipe plan puts on a launch's containers (launch/steps.py launch_labels)."""
+        if not self.serving.recipe:
+            return []
+        labels = [f"recipe={self.serving.recipe}", f"topology={self.serving.topology}", f"role={role}", f"node={node}"]
+        if url:
+            labels.append(f"url={url}")
+        return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]
+
     def _vllm_run(self, node: str, extra: tuple[str, ...] = ()) -> list[str]:
         s = self.serving
-        return ["run", "-d", "--name", CONTAINER, "--gpus", "all", "--network", "host", "--ipc=host",
+        worker = "--headless" in extra
+        url = None if worker else f"http://{self.nodes[node].address}:{self.ports[node]}"
+        return ["run", "-d", "--name", CONTAINER, *self._labels(node, "worker" if worker else "server", url),
+                "--gpus", "all", "--network", "host", "--ipc=host",
                 "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
                 "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args, *extra]
 
@@ -253,7 +268,8 @@ class SimCluster:
         urls = [f"http://{self.nodes[n].address}:{self.ports[n]}/v1" for n in backends]
         served = self.serving.model
         if self.serving.router == "vllm-router":
-            args = ["run", "-d", "--name", ROUTER_CONTAINER, "--network", "host", "lmsysorg/vllm-router:latest",
+            args = ["run", "-d", "--name", ROUTER_CONTAINER, *self._labels(head, "router", f"http://{addr}:{port}"),
+                    "--network", "host", "lmsysorg/vllm-router:latest",
                     "vllm-router", "--host", addr, "--port", str(port), "--policy", "random", "--worker-urls", *urls]
         else:
             strategy = self.serving.router.removeprefix("litellm-")
@@ -262,7 +278,8 @@ class SimCluster:
                 "model_list": [{"model_name": served, "litellm_params": {"model": f"hosted_vllm/{served}",
                                                                         "api_base": u}} for u in urls],
                 "router_settings": {"routing_strategy": strategy}}, indent=1))
-            args = ["run", "-d", "--name", ROUTER_CONTAINER, "--network", "host", "-v", f"{cfg}:/app/config.yaml:ro",
+            args = ["run", "-d", "--name", ROUTER_CONTAINER, *self._labels(head, "router", f"http://{addr}:{port}"),
+                    "--network", "host", "-v", f"{cfg}:/app/config.yaml:ro",
                     "ghcr.io/berriai/litellm:main-stable",
                     "--config", "/app/config.yaml", "--host", addr, "--port", str(port)]
         await self.docker(head, *args)

@@ -96,7 +96,9 @@ class SparkConsoleApp(NodeActions, App):
                            ("logs", lambda: self.logs_screen)):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
+        self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
+        self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
         self._wanted_eps: tuple = ()        # the endpoints to poll: the cluster file's, moved where launches serve
         self._follow_lock = asyncio.Lock()
         self._shown: set[str] = set()      # nodes whose first reading has been drawn
@@ -184,6 +186,7 @@ class SparkConsoleApp(NodeActions, App):
             self._say_notes(mon)
             await mon.start()
         self.sub_title = self._title()
+        self.screen.refresh_bindings()      # node-changing keys hide on a past moment and come back live
         self.mark_all_dirty()
 
     async def _end_scrub(self) -> None:
@@ -377,7 +380,9 @@ class SparkConsoleApp(NodeActions, App):
                 self.sub_title = self._title(max(shown))
         # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
         drawn = self.dashboard.drawn() if dirty else ()
-        for name in dirty:
+        # In the cluster file's order, not the set's (which hash seeds shuffle): events and toasts read the same
+        # way on every run.
+        for name in sorted(dirty, key=lambda n: self._order.get(n, len(self._order))):
             nm = self.node_monitor(name)
             panel = self.dashboard.panels.get(name)
             if nm is None or panel is None:
@@ -390,7 +395,7 @@ class SparkConsoleApp(NodeActions, App):
         if dirty:
             self._show_launches()
         eps, self._dirty_eps = self._dirty_eps, set()
-        for name in eps:
+        for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
             panel = self.dashboard.endpoint_panels.get(name)
@@ -404,6 +409,11 @@ class SparkConsoleApp(NodeActions, App):
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
         groups = launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes if self.node_monitor(n.name))
         self.dashboard.launches.show(groups)
+        shown = tuple(g.line() for g in groups)         # its members and their states too: one node reports later
+        if shown != self._launches_shown:
+            self._launches_shown = shown
+            if self._recipes_screen is not None:
+                self._recipes_screen.launches_changed()
         if self.alerts is not None:
             self._take_alerts(self.alerts.observe_launches(groups))
         wanted = served_endpoints(groups, self.cluster.endpoints)
@@ -447,7 +457,9 @@ class SparkConsoleApp(NodeActions, App):
             self.dashboard.events.add(a)
             if a.active:
                 sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
-                self.notify(a.message, title=a.source, severity=sev, timeout=8 if a.severity == "bad" else 5)
+                # The toast's title names the source already: its text need not say it again.
+                self.notify(a.message.removeprefix(a.source + " "), title=a.source, severity=sev,
+                            timeout=8 if a.severity == "bad" else 5)
                 if a.severity == "bad":
                     self.bell()
 

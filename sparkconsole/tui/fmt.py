@@ -65,3 +65,8 @@ def since_iso(stamp: str | None, now: float) -> float | None:
     except ValueError:
         return None
     return now - t.timestamp()
+
+
+def plural(n: int, word: str, many: str | None = None) -> str:
+    """'1 line', '2 lines', '1 past run'."""
+    return f"{n} {word if n == 1 else (many or word + 's')}"

@@ -32,6 +32,10 @@ class NodeActions:
         if self.read_only:
             self.notify("read-only console: nothing was run", severity="warning", timeout=4)
             return
+        if self.replay_at is not None:
+            self.notify("REPLAY shows a past moment: nothing was run" +
+                        ("; ] returns to live" if self._live_monitor is not None else ""), severity="warning", timeout=5)
+            return
         def answered(yes: bool | None) -> None:
             if yes:
                 self.run_worker(then(), exit_on_error=False)

@@ -16,7 +16,8 @@ from textual.widgets import Header, Static
 
 from ...nodes.samples import THROTTLING
 from ...nodes.thermal import reason_of
-from ...paths import DEFAULT_RESULTS
+from ...paths import DEFAULT_RESULTS, DEMO_RESULTS
+from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.sim_badge import SimBadge
 from ..widgets.key_bar import KeyBar
@@ -39,9 +40,10 @@ def throttled(level) -> bool:
     return bool(note is not None and THROTTLING.intersection(reason_of(r) for r in note.throttle_reasons or ()))
 
 
-def store_path() -> Path:
-    """The same results file the `sparkconsole bench` command writes by default, so past runs show here."""
-    return Path(DEFAULT_RESULTS)
+def store_path(simulated: bool = False) -> Path:
+    """The same results file the `sparkconsole bench` command writes by default, so past runs show here; a
+    simulated cluster's go to the demo's file (as `bench matrix --demo`'s), never mixed with real ones."""
+    return Path(DEMO_RESULTS if simulated else DEFAULT_RESULTS).absolute()
 
 
 PAST_RUNS = 4
@@ -127,11 +129,36 @@ class BenchScreen(Screen):
             self.colours.pop(label, None)
         self._draw_legend()
 
+    def target(self) -> tuple[str, str, object] | None:
+        """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
+        app = self.app
+        plan = getattr(app.recipes_screen, "running_plan", None)    # launched from this console: name its topology
+        if plan is not None and plan.endpoint:
+            return plan.topology, plan.endpoint, plan
+        if not app.cluster.endpoints:
+            return None
+        ep = next((e for e in app.cluster.endpoints if e.kind == "router"), app.cluster.endpoints[0])
+        return ep.name, ep.url, None
+
     def action_start(self) -> None:
         if self.sweep_worker is not None and self.sweep_worker.is_running:
             self.notify("a sweep is already running (x stops it)", severity="warning")
             return
-        self.sweep_worker = self.run_worker(self._sweep(), exit_on_error=False, group="sweep")
+        target = self.target()
+        if target is None:
+            self.status("no endpoint in the cluster file to benchmark", "red")
+            return
+        from .bench_setup import BenchSetupScreen, SweepChoice
+
+        def chosen(choice: SweepChoice | None) -> None:
+            if choice is None:
+                self.notify("sweep cancelled: nothing was sent", timeout=3)
+                return
+            self.concurrency, self.runs = choice.concurrency, choice.runs
+            self.sweep_worker = self.run_worker(self._sweep(), exit_on_error=False, group="sweep")
+        label, url, _ = target
+        self.app.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.app.simulated)),
+                                              SweepChoice(self.concurrency, self.runs)), chosen)
 
     def action_stop(self) -> None:
         if self.sweep_worker is None or not self.sweep_worker.is_running:
@@ -147,23 +174,26 @@ class BenchScreen(Screen):
             self.status(f"bench layer not available: {exc}", "red")
             return
         app = self.app
-        if not app.cluster.endpoints:
+        target = self.target()
+        if target is None:
             self.status("no endpoint in the cluster file to benchmark", "red")
             return
-        ep = next((e for e in app.cluster.endpoints if e.kind == "router"), app.cluster.endpoints[0])
+        label, url, plan = target
         from ...bench.results import ResultsStore
-        plan = getattr(app.recipes_screen, "running_plan", None)    # launched from this console: name its topology
-        topology = plan.topology if plan is not None else None
-        url = plan.endpoint if plan is not None and plan.endpoint else ep.url
+        path = store_path(app.simulated)
         try:
-            spec = sweep_mod.SweepSpec(url=url, label=topology or ep.name, runs=self.runs, topology=topology,
+            spec = sweep_mod.SweepSpec(url=url, label=label, runs=self.runs,
+                                       topology=plan.topology if plan is not None else None,
                                        concurrency=self.concurrency,
                                        recipe=plan.recipe if plan is not None else None)
             self.status(f"sweeping {spec.run_label} ({url})…", "cyan")
-            with ResultsStore(store_path()) as store:
+            await sweep_mod.check_reachable(url)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with ResultsStore(path) as store:
                 out = await sweep_mod.run_sweep(spec, store, on_level=self.add_level, thermal_probe=app.thermal_note,
                                                 on_progress=lambda p: self.status(f"{spec.run_label}: {p.line()}", "cyan"))
-            self.status(f"sweep of {spec.run_label} done: {len(out.levels)} levels (run {out.run_id})", "green")
+            self.status(f"sweep of {spec.run_label} done: {plural(len(out.levels), 'level')} (run {out.run_id}) in "
+                        f"{path}; sparkconsole bench report {path}", "green")
         except Exception as exc:
             self.status(" ".join(str(exc).split())[:200], "red")
 
@@ -172,16 +202,18 @@ class BenchScreen(Screen):
         self._forget("past")
         if self.show_past:
             from ...bench.results import ResultsStore
-            if not store_path().exists():
+            path = store_path(self.app.simulated)
+            if not path.exists():
                 self.notify("no past runs yet", severity="warning")
                 return
-            with ResultsStore(store_path()) as store:
-                runs = store.runs()[-PAST_RUNS:]
+            current = {lv.run_id for lv in self.levels}     # drawn as lines already: not "past"
+            with ResultsStore(path) as store:
+                runs = [r for r in store.runs() if r.run_id not in current and store.levels(r.run_id)][-PAST_RUNS:]
                 for run in runs:
                     for lv in store.levels(run.run_id):
                         self.add_level(lv, f"{run.label} {time.strftime('%m-%d %H:%M', time.localtime(run.created))}",
                                        style="past")
-            self.notify(f"{len(runs)} past runs overlaid")
+            self.notify(f"{plural(len(runs), 'past run')} overlaid" if runs else "no past runs yet")
         else:
             self.notify("past runs hidden")
 

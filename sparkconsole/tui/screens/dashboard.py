@@ -83,9 +83,11 @@ class DashboardScreen(Screen):
         else:
             # Made on the first `/`: hidden until then, and the first frame is quicker without it (its import and
             # stylesheet are a tenth of a second on a 2-core machine).
-            from textual.widgets import Input
+            from textual.widgets import Input, Static
             box = Input(placeholder="filter nodes by name (escape clears)", id="node-filter")
             await self.mount(box, before=self.query_one(LaunchBar))
+            await self.query_one("#nodes").mount(Static("", id="node-nomatch"))
+            self.query_one("#node-nomatch").display = False
         box.display = True
         box.focus()
 
@@ -96,15 +98,25 @@ class DashboardScreen(Screen):
         box = found.first()
         box.value = ""
         box.display = False
+        # Shown again here, not when the Input's Changed message arrives: the focus below needs a panel on screen.
+        self.apply_filter("")
         if self.panels:
-            next(iter(p for p in self.panels.values() if p.display)).focus()
+            next(iter(self.panels.values())).focus()
 
-    def on_input_changed(self, event) -> None:      # Input.Changed
-        if event.input.id != "node-filter":
-            return
-        needle = event.value.strip().lower()
+    def apply_filter(self, needle: str) -> None:
+        """Only the panels whose node name holds `needle`; a line that says so when none does."""
+        needle = needle.strip().lower()
+        shown = 0
         for name, panel in self.panels.items():
             panel.display = not needle or needle in name.lower()
+            shown += panel.display
+        for empty in self.query("#node-nomatch"):
+            empty.display = bool(self.panels) and not shown
+            empty.update(f"no node matches {needle!r} (escape clears the filter)")
+
+    def on_input_changed(self, event) -> None:      # Input.Changed
+        if event.input.id == "node-filter":
+            self.apply_filter(event.value)
 
     def on_input_submitted(self, event) -> None:    # Input.Submitted
         if event.input.id == "node-filter":

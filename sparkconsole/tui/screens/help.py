@@ -13,10 +13,13 @@ KEYS = [
     ("everywhere", [("1 2 3 4", "dashboard · recipes · bench · logs"), (": or ctrl+p", "command palette: every action, every recipe"),
                     ("?", "this help"), ("[ / ]", "back / forward 5 min through the flight recorder (REPLAY; ] to live)"), ("/", "filter (nodes, recipes) or search (logs)"), ("tab", "next pane"), ("q", "quit: agents end, connections close")]),
     ("node panel", [("l", "tail the node's vLLM container log"), ("r", "restart the vLLM container (asks first)"),
-                    ("s", "stop the vLLM container (asks first)"), ("enter on a guard", "show the fixing command, run it after a confirmation")]),
+                    ("s", "stop the vLLM container (asks first)"),
+                    ("f or enter", "fix the first guard that is not ok: shows the command, runs it after a confirmation"),
+                    ("enter on a guard", "that guard's fix, the same way")]),
     ("recipes", [("enter", "launch the chosen recipe on the chosen topology (asks first)"), ("t", "next topology"),
-                 ("r / s", "restart / stop the running recipe (asks first)")]),
-    ("bench", [("b", "start a sweep"), ("x", "stop the sweep"), ("p", "overlay past runs"), ("f", "overlay the published reference")]),
+                 ("r / s", "restart / stop the running recipe (asks first)"),
+                 ("m / i", "copy the plan's model / image to its nodes (asks first)")]),
+    ("bench", [("b", "start a sweep: set its levels and runs, then confirm"), ("x", "stop the sweep"), ("p", "overlay past runs"), ("f", "overlay the published reference")]),
     ("logs", [("/", "search"), ("n", "next node"), ("f", "follow on/off"), ("escape", "clear the search")]),
 ]
 

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
+from ..fmt import plural
 from ..widgets.sim_badge import SimBadge
 from ..widgets.key_bar import KeyBar
 
@@ -70,7 +71,7 @@ class LogsScreen(Screen):
         line.append(f"{self.node_name} ", style="bold")
         line.append(text, style=style)
         if self.needle:
-            line.append(f"   search: {self.needle!r} ({sum(self.needle in ln.lower() for ln in self.lines)} lines)", style="cyan")
+            line.append(f"   search: {self.needle!r} ({plural(sum(self.needle in ln.lower() for ln in self.lines), 'line')})", style="cyan")
         self.query_one("#logs-status", Static).update(line)
 
     @work(exclusive=True, group="log-tail")

@@ -14,13 +14,10 @@ from textual.widgets.option_list import Option
 
 from ...errors import UserError
 from ..widgets.sim_badge import SimBadge
+from .recipes_running import RecipeActions, _Finding, _one_line
 from ..widgets.key_bar import KeyBar
 
 _VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 def finding_level(f) -> str:
@@ -33,7 +30,7 @@ def verdict(findings) -> str:
     return "bad" if "bad" in levels else ("warn" if "warn" in levels else "ok")
 
 
-class RecipesScreen(Screen):
+class RecipesScreen(RecipeActions, Screen):
     AUTO_FOCUS = "#recipe-list"
     BINDINGS = [
         Binding("enter", "launch", "Launch", priority=False),
@@ -56,6 +53,8 @@ class RecipesScreen(Screen):
         self.running_plan = None
         self.runner = None
         self.progress: dict[str, str] = {}
+        self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
+        self._pick_running = False
         self._loaded = False
 
     # --- data -------------------------------------------------------------------------------------------------
@@ -104,6 +103,7 @@ class RecipesScreen(Screen):
                 self.findings[key] = [_Finding("refuse", _one_line(exc))]
             except ImportError:
                 self.findings[key] = []
+            self.findings[key] += self._in_the_way(recipe, topology)
         return self.findings[key]
 
     def _make_plan(self, recipe, topology: str):
@@ -122,7 +122,8 @@ class RecipesScreen(Screen):
         with Horizontal():
             yield OptionList(id="recipe-list")
             with Vertical(id="recipe-detail"):
-                yield Static("", id="recipe-head")
+                with VerticalScroll(id="head-scroll"):      # a long preflight scrolls here, the plan stays
+                    yield Static("", id="recipe-head")
                 with VerticalScroll(id="plan-scroll"):
                     yield Static("", id="plan")
                 yield Static("", id="launch-progress")
@@ -132,6 +133,8 @@ class RecipesScreen(Screen):
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
         self.query_one("#plan-scroll").border_title = "Plan"
+        self._pick_running = self.selected is None        # until the operator chooses: what runs is shown first
+        self._select_running()
         self._fill_list("")
         if self.selected is None and self.recipe_choices():
             self.selected = self.recipe_choices()[0][0]
@@ -140,6 +143,16 @@ class RecipesScreen(Screen):
 
     def on_screen_resume(self) -> None:
         # Facts (guards, memory) move with the nodes: judge again each time the screen is shown.
+        self.launches_changed()
+
+    def _select_running(self) -> None:
+        g = next(iter(self.running_groups()), None)
+        if self._pick_running and g is not None and self._recipe(g.recipe) is not None:
+            self.selected, self.topology = g.recipe, g.topology
+
+    def launches_changed(self) -> None:
+        """A launch started, stopped or changed verdict on the nodes: running marks and preflight judged again."""
+        self._select_running()
         self.findings.clear()
         if self.is_mounted and self.entries:
             self._fill_list(self.query_one("#recipe-filter", Input).value.strip().lower())
@@ -147,6 +160,9 @@ class RecipesScreen(Screen):
 
     def _fill_list(self, needle: str) -> None:
         opts = []
+        running = {}
+        for g in self.running_groups():
+            running.setdefault(g.recipe, g)
         for key, r, err in self.entries:
             if needle and needle not in key.lower() and (r is None or needle not in r.name.lower()):
                 continue
@@ -156,25 +172,40 @@ class RecipesScreen(Screen):
                 line.append(key, style="bold")
                 line.append(f"  {err}", style="red")
             else:
-                topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
-                mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
-                line.append(f"{mark} ", style=colour)
-                line.append(key, style="bold")
+                g = running.get(key)
+                if g is not None:
+                    # Running: its own launch's verdict, not a preflight of launching it again over itself.
+                    colour = "green" if g.verdict == "SERVING" else ("red" if g.verdict == "BROKEN" else "yellow")
+                    line.append("● ", style=colour)
+                    line.append(key, style="bold")
+                    line.append(f"  {g.topology} {g.verdict.lower()}", style=colour)
+                else:
+                    topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
+                    mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
+                    line.append(f"{mark} ", style=colour)
+                    line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
         ol.set_options(opts)
-        if self.selected:
-            try:
-                ol.highlighted = ol.get_option_index(self.selected)
-            except Exception:
-                pass
+        self.listed = [o.id for o in opts]
+        if self.selected not in self.listed:
+            # The detail pane and Enter follow what the list shows: never a recipe the filter hid.
+            self.selected = next((k for k in self.listed if self._recipe(k) is not None),
+                                 self.listed[0] if self.listed else None)
+            self.topology = None
+            self._show()
+        if self.selected in self.listed:
+            ol.highlighted = self.listed.index(self.selected)
 
     def _recipe(self, key: str | None):
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_index != event.option_list.highlighted:
+            return          # a refill moved the highlight since: the newer one stands
         if event.option.id != self.selected:
+            self._pick_running = False       # the operator chose: launches coming and going no longer move it
             self.selected = event.option.id
             self.topology = None
             self._show()
@@ -198,7 +229,10 @@ class RecipesScreen(Screen):
         r = self._recipe(self.selected)
         if r is None:
             err = next((e for k, _, e in self.entries if k == self.selected), None)
-            head.update(Text(err or "no recipe chosen", style="red" if err else "dim"))
+            needle = self.query_one("#recipe-filter", Input).value.strip()
+            empty = f"no recipe matches {needle!r} (escape clears the filter)" if needle and not self.listed \
+                else "no recipe chosen"
+            head.update(Text(err or empty, style="red" if err else "dim"))
             plan_view.update("")
             self.plan = None
             return
@@ -214,6 +248,12 @@ class RecipesScreen(Screen):
         for name in topos:
             t.append(f" {name} ", style="reverse bold" if name == self.topology else "dim")
         t.append("   (t: next)\n", style="dim")
+        g = self.running_of(r.key)
+        if g is not None:
+            t.append(f"● running as {g.topology} on {', '.join(dict.fromkeys(m.node for m in g.members))}: "
+                     f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
+                     else "yellow")
+            t.append("   (r: restart, s: stop)\n", style="dim")
         findings = self.preflight(r, self.topology)
         for f in findings:
             mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
@@ -262,7 +302,7 @@ class RecipesScreen(Screen):
             self._show()
 
     def action_launch(self) -> None:
-        r = self._recipe(self.selected)
+        r = self._recipe(self.selected) if self.selected in self.listed else None
         if r is None or self.plan is None:
             self.notify("choose a recipe with a plan first", severity="warning")
             return
@@ -308,91 +348,10 @@ class RecipesScreen(Screen):
             self._draw_progress()
             self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
 
-    def _confirm_running(self, verb: str) -> None:
-        if self.running_plan is None or self.runner is None:
-            self.notify("no recipe was launched from this console", severity="warning")
-            return
-        plan = self.running_plan
-        stops = [st for svc in [x for x in plan.services if x.role == "router"]
-                 + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
-        if verb == "stop":
-            steps, detail = stops, "Routers first, then the servers; every container of the recipe is removed."
-        elif plan.restartable_in_place:
-            steps, detail = [svc.restart_step() for svc in plan.services if svc.role != "router"], \
-                "Each server restarts in place; requests in flight fail."
-        else:
-            steps, detail = stops + [st for st in plan.steps if st.change], \
-                "A tensor-parallel group cannot restart in place: it is stopped and launched again."
-        shown = "\n".join(f"{st.node}$ {st.shell()}" for st in steps[:8])
-        if len(steps) > 8:
-            shown += f"\n… and {len(steps) - 8} more"
-
-        async def go() -> None:
-            try:
-                await getattr(self.runner, verb)(plan, self._on_progress)
-                self.app.notify(f"{plan.recipe}: {verb} done", title="recipes")
-                if verb == "stop":
-                    self.running_plan = None
-            except Exception as exc:
-                self.app.notify(_one_line(exc)[:300], title=f"{verb} failed", severity="error", timeout=20)
-        self.app.confirm(f"{verb.capitalize()} {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
-                         shown, go, detail)
-
     def check_action(self, action: str, parameters) -> bool | None:
-        # Read-only console: node-changing keys are hidden from the footer and do nothing.
+        # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.
         return not (action in ("restart", "stop", "launch", "copy_model", "copy_image")
-                    and getattr(self.app, "read_only", False))
-
-    def copy_argv(self, what: str) -> list[str] | None:
-        """`sparkconsole model|image pull X --node …` for the plan's nodes: the command preflight names when a
-        node lacks the model or the image (distribute/), run from here as the operator would run it."""
-        if self.plan is None:
-            return None
-        from ...launch.lint import model_source
-        item = (model_source(next(iter(self.plan.server_args.values()), ())) if what == "model"
-                else self.plan.image)
-        if not item:
-            return None
-        argv = ["sparkconsole", what, "pull", item, *[a for n in self.plan.nodes for a in ("--node", n)], "--yes"]
-        source = self.app.cluster.source
-        if source and not source.startswith("<"):
-            argv += ["--cluster", source]
-        return argv
-
-    def _confirm_copy(self, what: str) -> None:
-        argv = self.copy_argv(what)
-        if argv is None:
-            self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
-            return
-        import shlex
-
-        async def go() -> None:
-            import asyncio
-            import sys
-            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
-                                                        stderr=asyncio.subprocess.STDOUT)
-            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
-                line = raw.decode(errors="replace").strip()
-                if line:
-                    self.progress[what] = line[-160:]
-                    self._draw_progress()
-            ok = await proc.wait() == 0
-            self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
-                            title="recipes", severity="information" if ok else "error")
-        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
-                         "Nodes that have it already are left as they are; progress shows below the plan.")
-
-    def action_copy_model(self) -> None:
-        self._confirm_copy("model")
-
-    def action_copy_image(self) -> None:
-        self._confirm_copy("image")
-
-    def action_restart(self) -> None:
-        self._confirm_running("restart")
-
-    def action_stop(self) -> None:
-        self._confirm_running("stop")
+                    and (getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
 
     def action_filter(self) -> None:
         box = self.query_one("#recipe-filter", Input)
@@ -406,15 +365,12 @@ class RecipesScreen(Screen):
         self.query_one("#recipe-list").focus()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        if event.value.strip():
+            self._pick_running = False       # a filter typed: the list follows it, not the launches
         self._fill_list(event.value.strip().lower())
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         self.query_one("#recipe-list").focus()
-
-
-class _Finding:
-    def __init__(self, severity: str, message: str) -> None:
-        self.severity, self.message = severity, message
 
 
 def plan_steps(plan) -> list[tuple[str, list]]:

@@ -32,6 +32,8 @@ class NodePanel(Vertical, can_focus=True):
         Binding("l", "logs", "Logs"),
         Binding("r", "restart", "Restart vLLM"),
         Binding("s", "stop", "Stop vLLM"),
+        Binding("f", "fix", "Fix guard"),
+        Binding("enter", "fix", "Fix guard", show=False),
     ]
 
     def __init__(self, node_name: str, container_name: str, **kwargs) -> None:
@@ -90,7 +92,10 @@ class NodePanel(Vertical, can_focus=True):
         last: Tick | None = nm.last
         info = nm.info
         sub = Text()
-        sub.append(state, style=_STATE_STYLE.get(state, ""))
+        if state == "LIVE" and getattr(self.app, "replay_at", None) is not None:
+            sub.append("REPLAY", style="bold magenta")     # a recorded moment plays: nothing here is live
+        else:
+            sub.append(state, style=_STATE_STYLE.get(state, ""))
         if state != "LIVE":
             sub.append(f" {duration(now - nm.since)}")
             if nm.last_error and state == "DOWN":
@@ -232,8 +237,20 @@ class NodePanel(Vertical, can_focus=True):
         return line
 
     def check_action(self, action: str, parameters) -> bool | None:
-        # Read-only console: node-changing keys are hidden from the footer and do nothing.
-        return not (action in ("restart", "stop", "launch") and getattr(self.app, "read_only", False))
+        # Read-only console, or a recorded moment (REPLAY): nothing to act on, so the keys are hidden too.
+        return not (action in ("restart", "stop", "launch", "fix") and (
+            getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
+
+    def action_fix(self) -> None:
+        """f / Enter: the fix of the first guard that is not ok (what Enter on its row in the checklist asks)."""
+        results = self._checklist.results
+        wanted = next((r for r in results if r.status in ("bad", "warn") and r.fix), None) \
+            or next((r for r in results if r.status != "ok"), None)
+        if wanted is None:
+            self.app.notify(f"{self.node_name}: every guard is ok" if results
+                            else f"{self.node_name}: no guard reading yet", title="guards")
+            return
+        self.app.confirm_guard_fix(self.node_name, wanted)
 
     def action_logs(self) -> None:
         self.app.open_logs(self.node_name)

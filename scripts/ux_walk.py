@@ -1,0 +1,88 @@
+"""The newcomer walk of docs/UX.md, repeatable: the demo (gpt-oss-120b as 2x solo behind the router) in the console,
+driven through Textual's Pilot at 100×30, 160×48 and 220×60, one SVG per view and size into screenshots/, and the
+text of every view printed, to be read as a first-time operator reads it.
+
+    .venv/bin/python scripts/ux_walk.py [--out screenshots] [--sizes 100x30,160x48,220x60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+# (name, keys from the dashboard): what a newcomer tries first
+VIEWS = (
+    ("dashboard", ()),
+    ("filter-no-match", ("slash", "z", "z", "z")),
+    ("recipes", ("2",)),
+    ("bench-setup", ("3", "b")),
+    ("replay", ("left_square_bracket",)),
+)
+
+
+async def walk(out: Path, sizes: list[tuple[int, int]]) -> None:
+    from sparkconsole.commands import demo
+    from sparkconsole.sim.cluster import Serving, SimCluster
+    from tests.helpers import cancel_tasks
+    from tests.screen import screen_text
+
+    sim = SimCluster(serving=Serving(topology="2x-solo", recipe=demo.DEMO_RECIPE), load_speedup=demo.DEMO_LOAD_SPEEDUP)
+    await sim.start_nodes()
+    tasks: list[asyncio.Task] = []
+    try:
+        app = demo.console_app(sim, argparse.Namespace(load=2, duration=None), tasks)
+        async with app.run_test(size=sizes[0]) as pilot:
+            deadline = time.monotonic() + 240
+            while not (all(e.is_set() for e in sim.ready.values()) and app.serving is not None
+                       and all(em.latest is not None for em in app.serving.endpoints.values())):
+                assert time.monotonic() < deadline, "the demo did not serve"
+                await pilot.pause(0.2)
+            await pilot.pause(12)           # the recorder holds some history to scrub back through
+            for w, h in sizes:
+                await pilot.resize_terminal(w, h)
+                for name, keys in VIEWS:
+                    while len(app.screen_stack) > 1:
+                        app.pop_screen()
+                    await app.action_show("dashboard")
+                    if app._scrub_back:
+                        await app.action_scrub(app._scrub_back)      # back to live
+                    app.dashboard.action_clear_filter()
+                    await pilot.pause(0.3)
+                    await pilot.press(*keys)
+                    await pilot.pause(1.5)
+                    path = out / f"walk-{name}-{w}x{h}.svg"
+                    path.write_text(app.export_screenshot(title=f"sparkconsole demo: {name} {w}x{h}"))
+                    print(f"===== {name} {w}x{h} ({path.name})\n{screen_text(app)}\n", flush=True)
+                    if name == "replay":
+                        await pilot.press("right_square_bracket")
+                        await pilot.pause(0.5)
+            await app.action_quit()
+    finally:
+        await cancel_tasks(tasks)
+        await sim.stop()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", default=str(ROOT / "screenshots"))
+    ap.add_argument("--sizes", default="100x30,160x48,220x60")
+    args = ap.parse_args()
+    sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
+    out = Path(args.out).resolve()
+    os.environ.setdefault("SPARKCONSOLE_STATE_DIR", tempfile.mkdtemp(prefix="sparkconsole-walk-"))
+    os.chdir(tempfile.mkdtemp(prefix="sparkconsole-walk-cwd-"))
+    out.mkdir(parents=True, exist_ok=True)
+    asyncio.run(walk(out, sizes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,153 @@
+"""The recipes screen's actions on what runs: the launches found on the nodes (their containers' labels, whoever
+started them), r / s on them, preflight's word on a container already in a plan's way, and m / i (the model or
+image to the plan's nodes). A mixin of RecipesScreen: it uses the screen's app, selection, plan and progress."""
+
+from __future__ import annotations
+
+from ...errors import UserError
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())
+
+
+class _Finding:
+    def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None) -> None:
+        self.severity, self.message, self.node, self.fix = severity, message, node, fix
+
+
+class RecipeActions:
+    def _monitors(self) -> list:
+        mon = getattr(self.app, "monitor", None)
+        return list(mon.nodes.values()) if mon is not None else []
+
+    def running_groups(self) -> list:
+        """The launches running on the nodes now (their containers' labels), wherever they were started from."""
+        from ...nodes.launches import launch_groups
+        return launch_groups(self._monitors())
+
+    def running_of(self, key: str | None):
+        return next((g for g in self.running_groups() if g.recipe == key), None)
+
+    def _in_the_way(self, recipe, topology: str) -> list:
+        """A container of the plan's names already running on its node: the launch would fail on it, so say
+        which launch it is and how to stop it (the runner's own hint can only name the recipe being launched)."""
+        plan = self._make_plan(recipe, topology)
+        if plan is None:
+            return []
+        from ...nodes.launches import in_the_way
+        out = []
+        for hit in in_the_way(self._monitors(), [(svc.node, svc.container) for svc in plan.services]):
+            g = hit.group
+            if g is not None and g.recipe == recipe.key and g.topology == topology:
+                fix = "it is this launch, running: r restarts it, s stops it"
+            elif g is not None:
+                fix = (f"stop {g.recipe} first: choose it here and press s, or sparkconsole recipe stop {g.recipe} "
+                       f"--topology {g.topology}")
+            else:
+                fix = f"stop it on {hit.node} first: docker stop {hit.container}"
+            out.append(_Finding("block", f"{hit.words()}: a launch here would fail on the name", hit.node, fix))
+        return out
+
+    def _running_plan(self):
+        """The plan of what r / s act on: the launch this console started, else the running launch of the chosen
+        recipe (or the only one running), planned again from its recipe and topology as the CLI's stop does."""
+        if self.running_plan is not None:
+            return self.running_plan
+        groups = self.running_groups()
+        g = self.running_of(self.selected) or (groups[0] if len(groups) == 1 else None)
+        r = self._recipe(g.recipe) if g is not None else None
+        if g is None or r is None:
+            return None
+        try:
+            from ...launch.plan import make_plan
+            return make_plan(r, g.topology, self.app.cluster, {})
+        except UserError as exc:
+            self.notify(f"{g.recipe} × {g.topology} runs, but cannot be planned here: {_one_line(exc)}"[:300],
+                        severity="error")
+            return None
+
+    def _confirm_running(self, verb: str) -> None:
+        plan = self._running_plan()
+        if plan is None:
+            running = self.running_groups()
+            self.notify("nothing running was launched from a recipe" if not running else
+                        "several launches run: choose the recipe to " + verb, severity="warning")
+            return
+        if self.runner is None:
+            self.runner = self._runner()
+        stops = [st for svc in [x for x in plan.services if x.role == "router"]
+                 + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
+        if verb == "stop":
+            steps, detail = stops, "Routers first, then the servers; every container of the recipe is removed."
+        elif plan.restartable_in_place:
+            steps, detail = [svc.restart_step() for svc in plan.services if svc.role != "router"], \
+                "Each server restarts in place; requests in flight fail."
+        else:
+            steps, detail = stops + [st for st in plan.steps if st.change], \
+                "A tensor-parallel group cannot restart in place: it is stopped and launched again."
+        shown = "\n".join(f"{st.node}$ {st.shell()}" for st in steps[:8])
+        if len(steps) > 8:
+            shown += f"\n… and {len(steps) - 8} more"
+
+        async def go() -> None:
+            try:
+                await getattr(self.runner, verb)(plan, self._on_progress)
+                self.app.notify(f"{plan.recipe}: {verb} done", title="recipes")
+                if verb == "stop":
+                    self.running_plan = None
+            except Exception as exc:
+                self.app.notify(_one_line(exc)[:300], title=f"{verb} failed", severity="error", timeout=20)
+        self.app.confirm(f"{verb.capitalize()} {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
+                         shown, go, detail)
+
+    def copy_argv(self, what: str) -> list[str] | None:
+        """`sparkconsole model|image pull X --node …` for the plan's nodes: the command preflight names when a
+        node lacks the model or the image (distribute/), run from here as the operator would run it."""
+        if self.plan is None:
+            return None
+        from ...launch.lint import model_source
+        item = (model_source(next(iter(self.plan.server_args.values()), ())) if what == "model"
+                else self.plan.image)
+        if not item:
+            return None
+        argv = ["sparkconsole", what, "pull", item, *[a for n in self.plan.nodes for a in ("--node", n)], "--yes"]
+        source = self.app.cluster.source
+        if source and not source.startswith("<"):
+            argv += ["--cluster", source]
+        return argv
+
+    def _confirm_copy(self, what: str) -> None:
+        argv = self.copy_argv(what)
+        if argv is None:
+            self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
+            return
+        import shlex
+
+        async def go() -> None:
+            import asyncio
+            import sys
+            proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
+                                                        stderr=asyncio.subprocess.STDOUT)
+            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
+                line = raw.decode(errors="replace").strip()
+                if line:
+                    self.progress[what] = line[-160:]
+                    self._draw_progress()
+            ok = await proc.wait() == 0
+            self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
+                            title="recipes", severity="information" if ok else "error")
+        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+                         "Nodes that have it already are left as they are; progress shows below the plan.")
+
+    def action_copy_model(self) -> None:
+        self._confirm_copy("model")
+
+    def action_copy_image(self) -> None:
+        self._confirm_copy("image")
+
+    def action_restart(self) -> None:
+        self._confirm_running("restart")
+
+    def action_stop(self) -> None:
+        self._confirm_running("stop")

@@ -1,0 +1,73 @@
+"""Issue 24 on the demo itself (a simulated cluster serving gpt-oss-120b as 2x solo behind a router): the recipes
+screen agrees with what runs, r restarts it, a launch that would collide names the launch in its way, what the
+console runs is audited in the demo's own state directory, and [ scrubs back through the demo's flight recorder."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+
+import pytest
+
+from sparkconsole.commands import demo
+from sparkconsole.sim.cluster import Serving, SimCluster
+from sparkconsole.tui.screens.confirm import ConfirmScreen
+from tests.helpers import cancel_tasks, wait_for
+from tests.test_tui_app import widget_text
+
+pytestmark = pytest.mark.slow        # a simulated cluster with its model servers, router and the console
+
+
+@pytest.fixture
+async def demo_app(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "operator-state"))    # the operator's own
+    sim = SimCluster(serving=Serving(topology="2x-solo", recipe=demo.DEMO_RECIPE), load_speedup=demo.DEMO_LOAD_SPEEDUP)
+    await sim.start_nodes()
+    tasks: list[asyncio.Task] = []
+    try:
+        yield demo.console_app(sim, argparse.Namespace(load=0, duration=None), tasks), sim, tmp_path
+    finally:
+        await cancel_tasks(tasks)
+        await sim.stop()
+
+
+async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audited_in_the_demo(demo_app):
+    app, sim, tmp = demo_app
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: all(e.is_set() for e in sim.ready.values()), 180, "the demo serving")
+        await pilot.press("2")
+        scr = app.recipes_screen
+        await wait_for(pilot, lambda: scr.is_mounted and scr.running_of("gpt-oss-120b") is not None, 30,
+                       "gpt-oss-120b running on the recipes screen")
+        assert scr.running_of("gpt-oss-120b").topology == "2x-solo"
+        # what runs is shown first (once the console has drawn the launch: its next redraw)
+        await wait_for(pilot, lambda: (scr.selected, scr.topology) == ("gpt-oss-120b", "2x-solo"), 10, "it chosen")
+        assert "● gpt-oss-120b  2x-solo serving" in widget_text(scr.query_one("#recipe-list"))
+        await pilot.press("slash", *"tiny", "enter")
+        await wait_for(pilot, lambda: scr.selected == "tiny-testbed", what="tiny-testbed chosen")
+        await pilot.pause(0.2)
+        head = widget_text(scr.query_one("#recipe-head"))
+        # the launch would fail on the container's name: preflight says so, naming the recipe that runs
+        assert "container vllm_node is running (gpt-oss-120b × 2x-solo)" in head, head
+        assert "stop gpt-oss-120b first" in head
+        await pilot.press("slash", "ctrl+u", *"gpt", "enter")
+        await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", what="gpt-oss-120b chosen")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
+        assert app.screen.title_text.startswith("Restart gpt-oss-120b (2x-solo) on spark1, spark2")
+        await pilot.press("y")
+        demo_audit = sim.root / "state" / "audit.log"
+        await wait_for(pilot, lambda: demo_audit.exists() and "restart" in demo_audit.read_text(), 60,
+                       "the restart audited in the demo's state directory")
+        assert not (tmp / "operator-state" / "audit.log").exists()
+        entry = json.loads(demo_audit.read_text().splitlines()[0])
+        assert entry["node"] in ("spark1", "spark2")
+        # the demo records: [ goes back through its own flight recorder
+        assert app.recorder is not None and str(app.recorder.store.path).startswith(str(sim.root))
+        await pilot.press("1")
+        await pilot.press("left_square_bracket")
+        await wait_for(pilot, lambda: app.sub_title.startswith("REPLAY "), 30, "REPLAY in the demo")
+        await pilot.press("right_square_bracket")
+        await wait_for(pilot, lambda: not app.sub_title.startswith("REPLAY"), 30, "live again")
+        await pilot.press("q")
