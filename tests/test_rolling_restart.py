@@ -316,9 +316,12 @@ async def test_all_at_once_for_contrast_fails_requests(tmp_path, docker_engine, 
     try:
         async with Load(plan.endpoint) as load:
             await asyncio.sleep(1.0)
+            t0 = time.monotonic()
             assert await restart(runner, plan, all_at_once=True) is None
+            took = time.monotonic() - t0
             await asyncio.sleep(1.0)
-        print(f"all at once: {load.ok} ok, {load.failed} failed ({sorted(set(load.errors))[:3]})")
+        print(f"all at once: {load.ok} ok, {load.failed} failed in a restart of {took:.1f} s "
+              f"({sorted(set(load.errors))[:3]})")
         assert load.failed > 0
     finally:
         await runner.stop(plan)
