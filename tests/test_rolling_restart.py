@@ -294,7 +294,7 @@ async def test_a_server_that_does_not_come_back_stops_the_roll(tmp_path, docker_
         with pytest.raises(LaunchError) as ei:
             await restart(runner, plan, drain_timeout=10)
         msg = str(ei.value)
-        assert "sc_run_1 on node node1 did not come back" in msg and "ValueError: boom on 127.0.0.2" in msg
+        assert "sc_run_1 on node node1: did not come back" in msg and "ValueError: boom on 127.0.0.2" in msg
         assert "sc_run_2 still serving" in msg and ei.value.node == "node1"
         assert started_at(docker_engine, "sc_run_2") == before2          # the roll stopped before node2
         async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
@@ -302,6 +302,12 @@ async def test_a_server_that_does_not_come_back_stops_the_roll(tmp_path, docker_
             for _ in range(4):
                 r = await client.post(plan.endpoint + "/v1/completions", json={"model": "fake-model", "prompt": "hi"})
                 assert r.status_code == 200 and r.json()["choices"][0]["text"] == "127.0.0.3"
+            # with node2 taken out by hand too, a roll refuses to empty the router: nothing is restarted
+            await client.post(router.url + "/remove_worker", params={"url": plan.service("node2/server").url})
+            with pytest.raises(LaunchError) as ei:
+                await restart(runner, plan, drain_timeout=10)
+            assert "would leave the router with no server" in str(ei.value)
+            assert started_at(docker_engine, "sc_run_2") == before2
     finally:
         await runner.stop(plan)
 

@@ -212,50 +212,81 @@ async def completes(client: httpx.AsyncClient, svc: Service) -> str | None:
 async def rolling_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback | None" = None, *,
                           drain_timeout: float = DRAIN_TIMEOUT_S) -> RestartReport:
     """One server at a time: out of the router, drained, restarted, healthy and answering, back in."""
-    from .runner import LaunchError
-
-    emit = runner._emitter(on_progress)
     router = router_of(plan)
     assert router is not None and router.url
-    report = RestartReport("rolling")
-    t0 = time.monotonic()
-    action = f"rolling restart {plan.recipe} ({plan.topology})"
+    roll = _Roll(runner, plan, router, runner._emitter(on_progress), drain_timeout)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
-        api = WorkerApi(client, router.url) if worker_api(plan) else None
-        for svc in backends(plan):
-            res = ServerRestart(svc.key, svc.node)
-            report.servers.append(res)
-            out_at = time.monotonic()
-            if api is not None:
-                emit(svc.node, "draining", f"taking {svc.container} out of the router", svc.key)
-                audit.record(action, router.node, f"POST {router.url}/remove_worker?url={svc.url}")
-                await api.remove(str(svc.url))
-            res.drained, res.cut, res.drain_s = await drain(client, svc, drain_timeout, emit)
-            if res.cut:
-                emit(svc.node, "draining", f"drain timed out after {drain_timeout:g} s: stopping {svc.container} "
-                                           f"with {res.cut} request(s) cut", svc.key)
-            t_restart = time.monotonic()
-            emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
-            why = await restart_one(runner, plan, svc, emit, action)
-            if why is None:
-                why = await completes(client, svc)
-            res.restart_s = time.monotonic() - t_restart
-            if why is not None:
-                _record(action, report, plan, t0)
-                others = [s.container for s in backends(plan) if s.key != svc.key]
-                emit(svc.node, "failed", f"{svc.container} did not come back: {why}", svc.key)
-                raise LaunchError(f"rolling restart stopped: {svc.role} {svc.container} on node {svc.node} did not "
-                                  f"come back: {why}; it stays out of the router, "
-                                  f"{', '.join(others) or 'no other server'} still serving",
-                                  node=svc.node, fix=f"read its log: docker logs {svc.container} (on {svc.node})")
-            if api is not None:
-                await api.add(str(svc.url))
-                audit.record(action, router.node, f"POST {router.url}/add_worker?url={svc.url}")
-            res.out_s, res.ok = time.monotonic() - out_at, True
-            emit(svc.node, "back", f"{svc.container} back in after {res.out_s:.1f} s (drained {res.drained}, "
-                                   f"cut {res.cut})", svc.key)
-    _record(action, report, plan, t0)
-    return report
+        roll.client = client
+        roll.api = WorkerApi(client, router.url) if worker_api(plan) else None
+        try:
+            for svc in backends(plan):
+                await roll.one(svc)
+        finally:
+            _record(roll.action, roll.report, plan, roll.t0)
+    return roll.report
+
+
+class _Roll:
+    """One rolling restart's state: the router, its worker API (None behind LiteLLM), the report so far."""
+
+    def __init__(self, runner: "Runner", plan: Plan, router: Service, emit: Callable[..., None],
+                 drain_timeout: float) -> None:
+        self.runner, self.plan, self.router, self.emit, self.drain_timeout = runner, plan, router, emit, drain_timeout
+        self.report = RestartReport("rolling")
+        self.t0 = time.monotonic()
+        self.action = f"rolling restart {plan.recipe} ({plan.topology})"
+        self.client: httpx.AsyncClient
+        self.api: WorkerApi | None = None
+
+    def fail(self, svc: Service, why: str, fix: str) -> Exception:
+        from .runner import LaunchError
+        others = [s.container for s in backends(self.plan) if s.key != svc.key]
+        self.emit(svc.node, "failed", f"{svc.container}: {why}", svc.key)
+        return LaunchError(f"rolling restart stopped at {svc.role} {svc.container} on node {svc.node}: {why}; "
+                           f"{', '.join(others) or 'no other server'} still serving", node=svc.node, fix=fix)
+
+    async def take_out(self, svc: Service) -> None:
+        if self.api is None:
+            return
+        fix = f"check the router ({self.router.container} on {self.router.node}), then restart again"
+        try:
+            others = [u for u in await self.api.list() if u != svc.url]
+            if not others:
+                raise self.fail(svc, "taking it out would leave the router with no server", fix)
+            self.emit(svc.node, "draining", f"taking {svc.container} out of the router", svc.key)
+            audit.record(self.action, self.router.node, f"POST {self.router.url}/remove_worker?url={svc.url}")
+            await self.api.remove(str(svc.url))
+        except (httpx.HTTPError, RuntimeError, ValueError) as exc:
+            raise self.fail(svc, f"the router's worker API failed: {exc}", fix) from None
+
+    async def one(self, svc: Service) -> None:
+        res = ServerRestart(svc.key, svc.node)
+        self.report.servers.append(res)
+        out_at = time.monotonic()
+        await self.take_out(svc)
+        res.drained, res.cut, res.drain_s = await drain(self.client, svc, self.drain_timeout, self.emit)
+        if res.cut:
+            self.emit(svc.node, "draining", f"drain timed out after {self.drain_timeout:g} s: stopping "
+                                            f"{svc.container} with {res.cut} request(s) cut", svc.key)
+        t_restart = time.monotonic()
+        self.emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
+        why = await restart_one(self.runner, self.plan, svc, self.emit, self.action)
+        if why is None:
+            why = await completes(self.client, svc)
+        res.restart_s = time.monotonic() - t_restart
+        if why is not None:
+            raise self.fail(svc, f"did not come back: {why}; it stays out of the router",
+                            f"read its log: docker logs {svc.container} (on {svc.node})")
+        if self.api is not None:
+            try:
+                await self.api.add(str(svc.url))
+            except (httpx.HTTPError, RuntimeError) as exc:
+                raise self.fail(svc, f"restarted, but not back in the router: {exc}",
+                                f"add it by hand: curl -X POST '{self.router.url}/add_worker?url={svc.url}'") from None
+            audit.record(self.action, self.router.node, f"POST {self.router.url}/add_worker?url={svc.url}")
+        res.out_s, res.ok = time.monotonic() - out_at, True
+        self.emit(svc.node, "back", f"{svc.container} back in after {res.out_s:.1f} s (drained {res.drained}, "
+                                    f"cut {res.cut})", svc.key)
 
 
 async def restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback | None" = None, *,
