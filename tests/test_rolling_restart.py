@@ -373,3 +373,46 @@ def test_negative_drain_timeout_is_refused(tmp_path, capsys):
     err = capsys.readouterr().err
     assert rc != 0 and "--drain-timeout" in err and "Traceback" not in err
 
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_cli_restart_rolls_by_default_behind_the_router(tmp_path, docker_engine, testbed_base_image,
+                                                              vllm_router_env, local_cluster, state, monkeypatch,
+                                                              capsys):
+    from sparkconsole.cli import main
+    from tests.test_runner import docker_env
+    plan, runner = await _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, local_cluster)
+    rows = "".join(f"  - {{name: {n.name}, address: {n.address}, local: true, container: {n.container}, "
+                   f"vllm_port: {n.vllm_port}}}\n" for n in local_cluster.nodes)
+    (tmp_path / "sparkconsole.yaml").write_text("nodes:\n" + rows)
+    for k, v in docker_env(docker_engine):
+        monkeypatch.setenv(k, v)
+    try:
+        before = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+        rc = await asyncio.to_thread(main, ["--cluster", str(tmp_path / "sparkconsole.yaml"), "recipe", "restart",
+                                            str(tmp_path / "fake.yaml"), "-T", "2x-solo", "--yes",
+                                            "--drain-timeout", "20"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert "rolling restart in" in out and "node2/server back" in out and "ready again" in out
+        assert all(started_at(docker_engine, n) != before[n] for n in before)
+    finally:
+        await runner.stop(plan)
+
+
+def test_a_plan_with_mods_relaunches_one_server_from_its_own_steps(tmp_path):
+    from sparkconsole.launch.rolling import relaunch_steps, router_of
+    from tests.test_runner import write_mod
+    write_mod(tmp_path, "patch", "echo patched\n")
+    recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path, mods=("mods/patch",))
+    plan = make_plan(recipe, "2x-solo", _cluster(tmp_path))
+    assert not plan.restartable_in_place
+    assert "stop and remove its container, start it again from its launch steps" in restart_text(plan)
+    steps = relaunch_steps(plan, plan.service("node1/server"), router_of(plan))
+    whats = [s.what for s in steps]
+    assert all(s.node == "node1" for s in steps)
+    assert any(s.service == "node1/server" for s in steps)                 # its docker run
+    assert any(w.startswith("mod patch: run its run.sh") for w in whats)
+    assert any(w.startswith("start vLLM in sc_plan_1") for w in whats)     # the gate opened after the mods
+    assert not any("router" in w for w in whats)
