@@ -416,3 +416,31 @@ def test_a_plan_with_mods_relaunches_one_server_from_its_own_steps(tmp_path):
     assert any(w.startswith("mod patch: run its run.sh") for w in whats)
     assert any(w.startswith("start vLLM in sc_plan_1") for w in whats)     # the gate opened after the mods
     assert not any("router" in w for w in whats)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_rolling_restart_of_a_plan_with_mods_relaunches_each_server(tmp_path, docker_engine,
+                                                                          testbed_base_image, vllm_router_env,
+                                                                          local_cluster, state):
+    from tests.test_runner import write_mod
+    write_mod(tmp_path, "mark", 'date +%s%N > "$WORKSPACE_DIR/mod-ran.txt"\n')
+    recipe = fake_recipe(tmp_path, testbed_base_image, router_venv=vllm_router_env.path, mods=("mods/mark",))
+    (tmp_path / "server.py").write_text(SERVER)
+    plan = make_plan(recipe, "2x-solo", local_cluster)
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=120,
+                    measure_router=False)
+    await runner.launch(plan)
+    try:
+        ids = {n: docker_engine.inspect(n)["Id"] for n in ("sc_run_1", "sc_run_2")}
+        async with Load(plan.endpoint) as load:
+            await asyncio.sleep(1.0)
+            report = await restart(runner, plan, drain_timeout=30)
+        print(f"rolling with mods: {load.ok} ok, {load.failed} failed; {report.line()}")
+        assert load.failed == 0, load.errors[:5]
+        for n in ids:                                    # new containers, each with its mod applied again
+            assert docker_engine.inspect(n)["Id"] != ids[n]
+            assert docker_engine.run(["exec", n, "sh", "-c", 'cat "$PWD/mod-ran.txt"']).stdout.strip()
+        assert docker_engine.inspect("sc_run_1_router")["State"]["Running"] is True
+    finally:
+        await runner.stop(plan)

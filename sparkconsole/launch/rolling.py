@@ -177,14 +177,15 @@ async def in_flight(client: httpx.AsyncClient, svc: Service) -> int | None:
 async def drain(client: httpx.AsyncClient, svc: Service, timeout: float, emit: Callable[..., None],
                 poll: float = DRAIN_POLL_S) -> tuple[int, int, float]:
     """Wait until the server has no request left (two readings in a row, so a request still on its way from the
-    router is seen); returns (requests it had, requests left at the deadline, seconds)."""
+    router is seen); returns (requests that finished, requests left at the deadline, seconds). A server without
+    /metrics (not vLLM, or already down) has nothing to wait for."""
     t0 = time.monotonic()
     first: int | None = None
     zeros = 0
     left = 0
     while True:
         n = await in_flight(client, svc)
-        if n is None:              # no metrics (down, or not vLLM): nothing to wait for
+        if n is None:
             return first or 0, 0, time.monotonic() - t0
         first = n if first is None else max(first, n)
         left = n
@@ -193,7 +194,7 @@ async def drain(client: httpx.AsyncClient, svc: Service, timeout: float, emit: C
             return first, 0, time.monotonic() - t0
         remaining = timeout - (time.monotonic() - t0)
         if remaining <= 0:
-            return first, left, time.monotonic() - t0
+            return first - left, left, time.monotonic() - t0
         emit(svc.node, "draining", f"draining {svc.container}: {n} request(s) left, {remaining:.0f} s left", svc.key)
         await asyncio.sleep(poll)
 
