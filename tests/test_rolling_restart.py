@@ -395,6 +395,7 @@ async def test_cli_restart_rolls_by_default_behind_the_router(tmp_path, docker_e
                                             "--drain-timeout", "20"])
         out = capsys.readouterr().out
         assert rc == 0, out
+        assert "rolling, one server at a time" in out.split("rolling restart in")[0]     # shown before it runs
         assert "rolling restart in" in out and "node2/server back" in out and "ready again" in out
         assert all(started_at(docker_engine, n) != before[n] for n in before)
     finally:

@@ -277,6 +277,9 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
                                 fix=(first.fix or "see the findings above")
                                 + ("" if first.severity == "block" else "; or pass --force"))
         print(plan.render({n.name: n.address for n in cluster.nodes}))
+        if action == "restart":
+            from ..launch.rolling import restart_text
+            print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
         _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
         transports = {}
         if monitor is not None:
