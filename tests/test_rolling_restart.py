@@ -151,8 +151,8 @@ def test_cli_plan_restart_prints_the_steps(tmp_path, monkeypatch, capsys):
 class Load:
     """A client loop: `workers` requests at a time through the router until stopped; counts what failed."""
 
-    def __init__(self, url: str, workers: int = 4) -> None:
-        self.url, self.workers = url, workers
+    def __init__(self, url: str, workers: int = 4, headers: dict | None = None) -> None:
+        self.url, self.workers, self.headers = url, workers, headers or {}
         self.ok = self.failed = 0
         self.errors: list[str] = []
         self.stop = asyncio.Event()
@@ -173,7 +173,7 @@ class Load:
             await asyncio.sleep(0.05)
 
     async def __aenter__(self) -> "Load":
-        self.client = httpx.AsyncClient(trust_env=False, timeout=60)
+        self.client = httpx.AsyncClient(trust_env=False, timeout=60, headers=self.headers)
         self.tasks = [asyncio.ensure_future(self._one(self.client)) for _ in range(self.workers)]
         return self
 
@@ -443,5 +443,35 @@ async def test_rolling_restart_of_a_plan_with_mods_relaunches_each_server(tmp_pa
             assert docker_engine.inspect(n)["Id"] != ids[n]
             assert docker_engine.run(["exec", n, "sh", "-c", 'cat "$PWD/mod-ran.txt"']).stdout.strip()
         assert docker_engine.inspect("sc_run_1_router")["State"]["Running"] is True
+    finally:
+        await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_rolling_restart_behind_litellm_drains_and_restarts_one_at_a_time(tmp_path, docker_engine,
+                                                                                testbed_base_image, litellm_env,
+                                                                                local_cluster, state, monkeypatch):
+    """LiteLLM cannot take a server out without its database: the roll drains (bounded) and restarts one server
+    at a time, and LiteLLM's own failed calls steer it away. Prints what a client saw."""
+    import secrets as pysecrets
+    key = "sk-" + pysecrets.token_hex(16)
+    monkeypatch.setenv("LITELLM_MASTER_KEY", key)
+    recipe = fake_recipe(tmp_path, testbed_base_image, litellm_venv=litellm_env.path)
+    (tmp_path / "server.py").write_text(SERVER)
+    plan = make_plan(recipe, "2x-solo", local_cluster, {"router": "simple-shuffle",
+                                                         "router_dir": str(tmp_path / "routers")})
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.5, ready_timeout=300,
+                    measure_router=False)
+    await runner.launch(plan)
+    try:
+        before = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+        async with Load(plan.endpoint, headers={"Authorization": f"Bearer {key}"}) as load:
+            await asyncio.sleep(1.0)
+            report = await restart(runner, plan, drain_timeout=3)
+        print(f"rolling behind LiteLLM: {load.ok} ok, {load.failed} failed ({sorted(set(load.errors))[:2]}); "
+              f"{report.line()}")
+        assert [s.ok for s in report.servers] == [True, True] and load.ok > 0
+        assert all(started_at(docker_engine, n) != before[n] for n in before)
     finally:
         await runner.stop(plan)
