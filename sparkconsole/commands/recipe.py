@@ -8,6 +8,9 @@
     sparkconsole recipe status tiny-testbed --topology cluster-tp2      (exit code 1 unless it serves)
     sparkconsole recipe stop tiny-testbed --topology solo --yes
     sparkconsole recipe restart tiny-testbed --topology solo --yes
+    sparkconsole recipe restart tiny-testbed -T 2x-solo --yes [--all-at-once] [--drain-timeout 120]
+    (behind a router: one server at a time, out of the router, drained, restarted, back in; --all-at-once: together)
+    sparkconsole recipe plan tiny-testbed -T 2x-solo --restart      (the restart's steps per server)
 
 Changes to nodes need `--yes` when there is no terminal to ask on; `--force` overrides preflight refusals
 (except compromised router releases, which are always refused).
@@ -97,6 +100,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
         sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
         sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
+        if name in ("plan", "restart"):
+            if name == "plan":
+                sp.add_argument("--restart", action="store_true",
+                                help="print the restart's steps per server (drain, stop, start, healthy, back in)")
+            sp.add_argument("--all-at-once", action="store_true",
+                            help="restart every server together (default behind a router: one at a time)")
+            sp.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
+                            help="wait at most this long for a server's requests to finish before it is stopped "
+                                 "(0: no drain; default %(default)g)")
         sp.set_defaults(func=run)
 
 
@@ -265,6 +277,9 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
                                 fix=(first.fix or "see the findings above")
                                 + ("" if first.severity == "block" else "; or pass --force"))
         print(plan.render({n.name: n.address for n in cluster.nodes}))
+        if action == "restart":
+            from ..launch.rolling import restart_text
+            print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
         _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
         transports = {}
         if monitor is not None:
@@ -280,7 +295,10 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             ready = await runner.launch(plan, show)
             print(f"ready: {plan.endpoint} ({', '.join(f'{k} {v:g} s' for k, v in ready.items())})")
         elif action == "restart":
-            await runner.restart(plan, show)
+            from ..launch.rolling import restart
+            report = await restart(runner, plan, show, drain_timeout=args.drain_timeout, all_at_once=args.all_at_once)
+            if report is not None:
+                print(report.line())
             print(f"ready again: {plan.endpoint}")
         else:
             await runner.stop(plan, show)
@@ -321,6 +339,9 @@ async def _main(args: argparse.Namespace) -> int:
     from ..launch.plan import make_plan
     from ..launch.recipe import find_recipe
 
+    if getattr(args, "drain_timeout", 0) < 0:
+        raise UserError(f"--drain-timeout {args.drain_timeout:g} is negative", field="--drain-timeout",
+                        fix="give the seconds to wait for requests to finish (0: no drain)")
     recipe = find_recipe(args.recipe)
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]
@@ -335,6 +356,9 @@ async def _main(args: argparse.Namespace) -> int:
         for w in recipe.warnings:
             print(f"warning: {w}")
         print(plan.render({n.name: n.address for n in cluster.nodes}))
+        if args.restart:
+            from ..launch.rolling import restart_text
+            print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
         return 0
     if args.recipe_command == "lint" and args.offline:
         findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)

@@ -37,7 +37,8 @@ LOG_LINES_KEPT = 200
 @dataclass(frozen=True)
 class Progress:
     node: str
-    stage: str                    # step | ok | failed | log | waiting | ready | stopping | stopped | info
+    stage: str                    # step | ok | failed | log | waiting | ready | stopping | stopped | info |
+                                  # draining | restarting | back (a rolling or graceful restart: launch/rolling.py)
     message: str
     service: str | None = None
     time: float = 0.0

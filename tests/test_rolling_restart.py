@@ -1,0 +1,477 @@
+"""Restarts that drop no request (launch/rolling.py): the plan in words, and on the real test engine a rolling
+restart of 2x-solo behind the real vllm-router with a client sending requests through it the whole time.
+
+The servers are test_runner.py's stdlib stand-in, extended here with what a drain reads: a /metrics with vLLM's
+`vllm:num_requests_running` / `vllm:num_requests_waiting`, completions that take a while (a prompt "sleep N"
+holds one N seconds), and a death on start-up once a marker file for its address exists (a server that does not
+come back).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from sparkconsole import audit
+from sparkconsole.launch.plan import make_plan
+from sparkconsole.launch.rolling import restart, restart_text, rolls
+from sparkconsole.launch.runner import LaunchError, Runner
+from tests.test_runner import (containers, fake_recipe, local_cluster, local_transports,  # noqa: F401 (fixtures)
+                               started_at, state)
+
+SERVER = '''\
+import json, os, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port, host, model, delay, fail_host = int(sys.argv[1]), sys.argv[2], sys.argv[3], float(sys.argv[4]), sys.argv[5]
+print(f"INFO starting {model} on {host}:{port}", file=sys.stderr, flush=True)
+time.sleep(delay)
+if host == fail_host or os.path.exists(os.path.join(os.path.dirname(__file__), "fail-" + host)):
+    print("Traceback (most recent call last):", file=sys.stderr)
+    print(f"ValueError: boom on {host}", file=sys.stderr, flush=True)
+    sys.exit(1)
+running = 0
+lock = threading.Lock()
+
+class H(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
+
+    def reply(self, body, ctype="application/json"):
+        self.send_response(200)
+        self.send_header("Content-Type", ctype)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        if self.path == "/health":
+            self.reply(b"")
+        elif self.path == "/v1/models":
+            self.reply(json.dumps({"object": "list", "data": [{"id": model, "object": "model"}]}).encode())
+        elif self.path == "/metrics":
+            with lock:
+                n = running
+            self.reply((f'vllm:num_requests_running{{model_name="{model}"}} {n}.0\\n'
+                        f'vllm:num_requests_waiting{{model_name="{model}"}} 0.0\\n').encode(), "text/plain")
+        else:
+            self.send_response(404); self.send_header("Content-Length", "0"); self.end_headers()
+
+    def do_POST(self):
+        global running
+        req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        prompt = str(req.get("prompt", ""))
+        with lock:
+            running += 1
+        try:
+            time.sleep(float(prompt.split()[1]) if prompt.startswith("sleep ") else 0.2)
+            body = {"id": "c1", "object": "text_completion", "created": 0, "model": model,
+                    "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+                    "choices": [{"index": 0, "text": host, "finish_reason": "length"}]}
+            self.reply(json.dumps(body).encode())
+        finally:
+            with lock:
+                running -= 1
+
+    def log_message(self, *a):
+        pass
+
+print("INFO Application startup complete.", file=sys.stderr, flush=True)
+ThreadingHTTPServer((host, port), H).serve_forever()
+'''
+
+
+def roll_recipe(tmp_path: Path, image: str, router_venv: Path):
+    recipe = fake_recipe(tmp_path, image, router_venv=router_venv)
+    (tmp_path / "server.py").write_text(SERVER)        # the recipe's command runs this file
+    return recipe
+
+
+# --- the plan in words --------------------------------------------------------------------------------------
+def _cluster(tmp_path):
+    from sparkconsole.config import ClusterConfig, NodeConfig
+    nodes = tuple(NodeConfig(name=f"node{i + 1}", address=f"127.0.0.{i + 2}", role="head" if i == 0 else "worker",
+                             container=f"sc_plan_{i + 1}", vllm_port=18000 + i, local=True) for i in range(2))
+    return ClusterConfig(nodes=nodes, endpoints=(), source="<plan test>")
+
+
+def test_restart_plan_of_2x_solo_rolls_one_server_at_a_time(tmp_path):
+    recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path)
+    plan = make_plan(recipe, "2x-solo", _cluster(tmp_path))
+    assert rolls(plan)
+    text = restart_text(plan, drain_timeout=45)
+    assert "rolling, one server at a time behind vllm-router" in text
+    first, second = text.index("sc_plan_1 on node1"), text.index("sc_plan_2 on node2")
+    assert first < second
+    # each server's steps, in order, before the next server's
+    block = text[first:second]
+    order = [block.index(w) for w in ("POST /remove_worker", "drain", "at most 45 s", "docker restart",
+                                      "one-token completion", "POST /add_worker")]
+    assert order == sorted(order)
+    assert "does not come back stops the roll" in text
+
+
+def test_restart_plan_all_at_once_and_without_a_router(tmp_path):
+    recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path)
+    cluster = _cluster(tmp_path)
+    text = restart_text(make_plan(recipe, "2x-solo", cluster), all_at_once=True)
+    assert "all at once" in text and "requests in flight fail" in text and "remove_worker" not in text
+    solo = make_plan(recipe, "solo", cluster)
+    assert not rolls(solo)
+    text = restart_text(solo, drain_timeout=30)
+    assert "graceful" in text and "at most 30 s" in text and "restart (docker restart)" in text
+    assert "router" not in text
+    assert "drain" not in restart_text(solo, drain_timeout=0)
+
+
+def test_restart_plan_behind_litellm_says_it_cannot_take_a_server_out(tmp_path):
+    recipe = fake_recipe(tmp_path, "img:1", litellm_venv=tmp_path)
+    plan = make_plan(recipe, "2x-solo", _cluster(tmp_path), {"router": "simple-shuffle"})
+    text = restart_text(plan)
+    assert "rolling" in text and "no API to take it out without its database" in text
+    assert "remove_worker" not in text
+
+
+def test_cli_plan_restart_prints_the_steps(tmp_path, monkeypatch, capsys):
+    from sparkconsole.cli import main
+    recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path)
+    (tmp_path / "sparkconsole.yaml").write_text(
+        "nodes:\n  - {name: node1, address: 127.0.0.2, local: true, container: sc_p_1, vllm_port: 18001}\n"
+        "  - {name: node2, address: 127.0.0.3, local: true, container: sc_p_2, vllm_port: 18002}\n")
+    rc = main(["--cluster", str(tmp_path / "sparkconsole.yaml"), "recipe", "plan", recipe.source, "-T", "2x-solo",
+               "--restart", "--drain-timeout", "60"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "rolling, one server at a time" in out and "at most 60 s" in out
+
+
+# --- on the real test engine, behind the real vllm-router ------------------------------------------------------
+class Load:
+    """A client loop: `workers` requests at a time through the router until stopped; counts what failed."""
+
+    def __init__(self, url: str, workers: int = 4, headers: dict | None = None) -> None:
+        self.url, self.workers, self.headers = url, workers, headers or {}
+        self.ok = self.failed = 0
+        self.errors: list[str] = []
+        self.stop = asyncio.Event()
+        self.tasks: list[asyncio.Task] = []
+
+    async def _one(self, client: httpx.AsyncClient) -> None:
+        while not self.stop.is_set():
+            try:
+                r = await client.post(self.url + "/v1/completions",
+                                      json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+                if r.status_code == 200:
+                    self.ok += 1
+                    continue
+                self.errors.append(f"HTTP {r.status_code} {r.text[:100]}")
+            except httpx.HTTPError as exc:
+                self.errors.append(type(exc).__name__)
+            self.failed += 1
+            await asyncio.sleep(0.05)
+
+    async def __aenter__(self) -> "Load":
+        self.client = httpx.AsyncClient(trust_env=False, timeout=60, headers=self.headers)
+        self.tasks = [asyncio.ensure_future(self._one(self.client)) for _ in range(self.workers)]
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        self.stop.set()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        await self.client.aclose()
+
+
+class WorkerWatch:
+    """Polls the router's /list_workers during a restart: the fewest backends ever in, and for how long one
+    backend carried everything."""
+
+    def __init__(self, router_url: str) -> None:
+        self.url = router_url
+        self.counts: list[tuple[float, int]] = []
+        self.stop = asyncio.Event()
+
+    async def run(self) -> None:
+        async with httpx.AsyncClient(trust_env=False, timeout=5) as client:
+            while not self.stop.is_set():
+                try:
+                    urls = (await client.get(self.url + "/list_workers")).json()["urls"]
+                    self.counts.append((time.monotonic(), len(urls)))
+                except httpx.HTTPError:
+                    self.counts.append((time.monotonic(), -1))       # the router itself did not answer
+                await asyncio.sleep(0.1)
+
+    def longest_alone_s(self) -> float:
+        best, since = 0.0, None
+        for t, n in self.counts:
+            if n == 1 and since is None:
+                since = t
+            elif n != 1 and since is not None:
+                best, since = max(best, t - since), None
+        return best
+
+
+async def _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, cluster, **over):
+    recipe = roll_recipe(tmp_path, testbed_base_image, vllm_router_env.path)
+    plan = make_plan(recipe, "2x-solo", cluster, over)
+    runner = Runner(cluster, await local_transports(cluster), poll_interval=0.3, ready_timeout=120,
+                    measure_router=False)
+    await runner.launch(plan)
+    return plan, runner
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_rolling_restart_under_load_drops_nothing(tmp_path, docker_engine, testbed_base_image,
+                                                        vllm_router_env, local_cluster, state):
+    plan, runner = await _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, local_cluster)
+    router = next(s for s in plan.services if s.role == "router")
+    events = []
+    try:
+        before = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+        watch = WorkerWatch(router.url)
+        poller = asyncio.ensure_future(watch.run())
+        async with Load(plan.endpoint) as load:
+            await asyncio.sleep(1.0)                      # traffic on both servers before the roll
+            report = await restart(runner, plan, events.append, drain_timeout=30)
+            await asyncio.sleep(1.0)
+        watch.stop.set()
+        await poller
+        after = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+        print(f"rolling: {load.ok} ok, {load.failed} failed; {report.line()}; "
+              f"one backend alone at most {watch.longest_alone_s():.1f} s")
+        assert load.failed == 0, load.errors[:5]
+        assert load.ok > 0
+        assert all(before[n] != after[n] for n in before)             # both containers replaced
+        assert watch.counts and min(n for _, n in watch.counts) == 1  # one out at a time, never none
+        assert watch.counts[-1][1] == 2
+        assert [s.ok for s in report.servers] == [True, True] and report.cut == 0
+        # the events say each server's state, in order: out, draining, restarting, back
+        n1 = [e.stage for e in events if e.service == "node1/server" and e.stage in ("draining", "restarting", "back")]
+        assert n1[0] == "draining" and n1[-1] == "back" and "restarting" in n1
+        first_back = next(i for i, e in enumerate(events) if e.stage == "back")
+        assert all(e.service != "node2/server" or e.stage in ("log",) for e in events[:first_back])
+        logged = [e for e in audit.read() if e.action.startswith("rolling restart")]
+        assert any("remove_worker" in e.command for e in logged)
+        assert any("node1/server back" in e.command and "node2/server back" in e.command for e in logged)
+    finally:
+        await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_drain_that_times_out_reports_the_requests_cut(tmp_path, docker_engine, testbed_base_image,
+                                                                vllm_router_env, local_cluster, state):
+    plan, runner = await _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, local_cluster)
+    server1 = plan.service("node1/server")
+    try:
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+            long = asyncio.ensure_future(client.post(server1.url + "/v1/completions",
+                                                     json={"model": "fake-model", "prompt": "sleep 60"}))
+            events = []
+            await asyncio.sleep(0.5)
+            report = await restart(runner, plan, events.append, drain_timeout=2)
+            with pytest.raises(httpx.HTTPError):
+                await long                               # the request that was cut
+        assert report.servers[0].cut == 1 and report.servers[1].cut == 0
+        assert any("1 request(s) cut" in e.message for e in events)
+        assert any(e.stage == "draining" and "1 request(s) left" in e.message for e in events)
+        assert any("cut 1" in e.command for e in audit.read() if e.action.startswith("rolling restart"))
+    finally:
+        await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_server_that_does_not_come_back_stops_the_roll(tmp_path, docker_engine, testbed_base_image,
+                                                               vllm_router_env, local_cluster, state):
+    plan, runner = await _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, local_cluster)
+    router = next(s for s in plan.services if s.role == "router")
+    try:
+        (tmp_path / "fail-127.0.0.2").write_text("")     # node1's server dies when it starts again
+        before2 = started_at(docker_engine, "sc_run_2")
+        with pytest.raises(LaunchError) as ei:
+            await restart(runner, plan, drain_timeout=10)
+        msg = str(ei.value)
+        assert "sc_run_1 on node node1: did not come back" in msg and "ValueError: boom on 127.0.0.2" in msg
+        assert "sc_run_2 still serving" in msg and ei.value.node == "node1"
+        assert started_at(docker_engine, "sc_run_2") == before2          # the roll stopped before node2
+        async with httpx.AsyncClient(trust_env=False, timeout=30) as client:
+            assert (await client.get(router.url + "/list_workers")).json()["urls"] == [plan.service("node2/server").url]
+            for _ in range(4):
+                r = await client.post(plan.endpoint + "/v1/completions", json={"model": "fake-model", "prompt": "hi"})
+                assert r.status_code == 200 and r.json()["choices"][0]["text"] == "127.0.0.3"
+            # with node2 taken out by hand too, a roll refuses to empty the router: nothing is restarted
+            await client.post(router.url + "/remove_worker", params={"url": plan.service("node2/server").url})
+            with pytest.raises(LaunchError) as ei:
+                await restart(runner, plan, drain_timeout=10)
+            assert "would leave the router with no server" in str(ei.value)
+            assert started_at(docker_engine, "sc_run_2") == before2
+    finally:
+        await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_all_at_once_for_contrast_fails_requests(tmp_path, docker_engine, testbed_base_image,
+                                                       vllm_router_env, local_cluster, state):
+    # a server that takes 3 s to come up, as a real one takes minutes: longer than the router's retries
+    plan, runner = await _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, local_cluster,
+                                 delay=3)
+    try:
+        async with Load(plan.endpoint) as load:
+            await asyncio.sleep(1.0)
+            task = asyncio.ensure_future(restart(runner, plan, all_at_once=True))
+            for _ in range(600):                # until the first failures are in (not the router's whole outage)
+                if load.failed >= 10 or task.done():
+                    break
+                await asyncio.sleep(0.1)
+        print(f"all at once: {load.ok} ok, {load.failed} failed before the test stopped looking "
+              f"({sorted(set(load.errors))[:3]})")
+        assert load.failed > 0
+        if not task.done():
+            task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+    finally:
+        await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_graceful_restart_of_solo_lets_the_request_in_flight_finish(tmp_path, docker_engine,
+                                                                          testbed_base_image, vllm_router_env,
+                                                                          local_cluster, state):
+    recipe = roll_recipe(tmp_path, testbed_base_image, vllm_router_env.path)
+    plan = make_plan(recipe, "solo", local_cluster)
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=120)
+    await runner.launch(plan)
+    try:
+        before = started_at(docker_engine, "sc_run_1")
+        events = []
+        async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
+            slow = asyncio.ensure_future(client.post(plan.endpoint + "/v1/completions",
+                                                     json={"model": "fake-model", "prompt": "sleep 3"}))
+            await asyncio.sleep(0.5)
+            report = await restart(runner, plan, events.append, drain_timeout=30)
+            assert (await slow).status_code == 200          # finished before the stop
+        assert report.mode == "graceful" and report.servers[0].drained == 1 and report.cut == 0
+        assert started_at(docker_engine, "sc_run_1") != before
+        assert any(e.stage == "draining" and "1 request(s) left" in e.message for e in events)
+        assert any(e.action.startswith("graceful restart") and "drained 1, cut 0" in e.command for e in audit.read())
+    finally:
+        await runner.stop(plan)
+
+
+def test_negative_drain_timeout_is_refused(tmp_path, capsys):
+    from sparkconsole.cli import main
+    recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path)
+    (tmp_path / "sparkconsole.yaml").write_text(
+        "nodes:\n  - {name: node1, address: 127.0.0.2, local: true, container: sc_p_1, vllm_port: 18001}\n")
+    rc = main(["--cluster", str(tmp_path / "sparkconsole.yaml"), "recipe", "restart", recipe.source, "-T", "solo",
+               "--yes", "--drain-timeout", "-1"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "--drain-timeout" in err and "Traceback" not in err
+
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_cli_restart_rolls_by_default_behind_the_router(tmp_path, docker_engine, testbed_base_image,
+                                                              vllm_router_env, local_cluster, state, monkeypatch,
+                                                              capsys):
+    from sparkconsole.cli import main
+    from tests.test_runner import docker_env
+    plan, runner = await _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, local_cluster)
+    rows = "".join(f"  - {{name: {n.name}, address: {n.address}, local: true, container: {n.container}, "
+                   f"vllm_port: {n.vllm_port}}}\n" for n in local_cluster.nodes)
+    (tmp_path / "sparkconsole.yaml").write_text("nodes:\n" + rows)
+    for k, v in docker_env(docker_engine):
+        monkeypatch.setenv(k, v)
+    try:
+        before = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+        rc = await asyncio.to_thread(main, ["--cluster", str(tmp_path / "sparkconsole.yaml"), "recipe", "restart",
+                                            str(tmp_path / "fake.yaml"), "-T", "2x-solo", "--yes",
+                                            "--drain-timeout", "20"])
+        out = capsys.readouterr().out
+        assert rc == 0, out
+        assert "rolling, one server at a time" in out.split("rolling restart in")[0]     # shown before it runs
+        assert "rolling restart in" in out and "node2/server back" in out and "ready again" in out
+        assert all(started_at(docker_engine, n) != before[n] for n in before)
+    finally:
+        await runner.stop(plan)
+
+
+def test_a_plan_with_mods_relaunches_one_server_from_its_own_steps(tmp_path):
+    from sparkconsole.launch.rolling import relaunch_steps, router_of
+    from tests.test_runner import write_mod
+    write_mod(tmp_path, "patch", "echo patched\n")
+    recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path, mods=("mods/patch",))
+    plan = make_plan(recipe, "2x-solo", _cluster(tmp_path))
+    assert not plan.restartable_in_place
+    assert "stop and remove its container, start it again from its launch steps" in restart_text(plan)
+    steps = relaunch_steps(plan, plan.service("node1/server"), router_of(plan))
+    whats = [s.what for s in steps]
+    assert all(s.node == "node1" for s in steps)
+    assert any(s.service == "node1/server" for s in steps)                 # its docker run
+    assert any(w.startswith("mod patch: run its run.sh") for w in whats)
+    assert any(w.startswith("start vLLM in sc_plan_1") for w in whats)     # the gate opened after the mods
+    assert not any("router" in w for w in whats)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_rolling_restart_of_a_plan_with_mods_relaunches_each_server(tmp_path, docker_engine,
+                                                                          testbed_base_image, vllm_router_env,
+                                                                          local_cluster, state):
+    from tests.test_runner import write_mod
+    write_mod(tmp_path, "mark", 'date +%s%N > "$WORKSPACE_DIR/mod-ran.txt"\n')
+    recipe = fake_recipe(tmp_path, testbed_base_image, router_venv=vllm_router_env.path, mods=("mods/mark",))
+    (tmp_path / "server.py").write_text(SERVER)
+    plan = make_plan(recipe, "2x-solo", local_cluster)
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.3, ready_timeout=120,
+                    measure_router=False)
+    await runner.launch(plan)
+    try:
+        ids = {n: docker_engine.inspect(n)["Id"] for n in ("sc_run_1", "sc_run_2")}
+        async with Load(plan.endpoint) as load:
+            await asyncio.sleep(1.0)
+            report = await restart(runner, plan, drain_timeout=30)
+        print(f"rolling with mods: {load.ok} ok, {load.failed} failed; {report.line()}")
+        assert load.failed == 0, load.errors[:5]
+        for n in ids:                                    # new containers, each with its mod applied again
+            assert docker_engine.inspect(n)["Id"] != ids[n]
+            assert docker_engine.run(["exec", n, "sh", "-c", 'cat "$PWD/mod-ran.txt"']).stdout.strip()
+        assert docker_engine.inspect("sc_run_1_router")["State"]["Running"] is True
+    finally:
+        await runner.stop(plan)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+async def test_rolling_restart_behind_litellm_drains_and_restarts_one_at_a_time(tmp_path, docker_engine,
+                                                                                testbed_base_image, litellm_env,
+                                                                                local_cluster, state, monkeypatch):
+    """LiteLLM cannot take a server out without its database: the roll drains (bounded) and restarts one server
+    at a time, and LiteLLM's own failed calls steer it away. Prints what a client saw."""
+    import secrets as pysecrets
+    key = "sk-" + pysecrets.token_hex(16)
+    monkeypatch.setenv("LITELLM_MASTER_KEY", key)
+    recipe = fake_recipe(tmp_path, testbed_base_image, litellm_venv=litellm_env.path)
+    (tmp_path / "server.py").write_text(SERVER)
+    plan = make_plan(recipe, "2x-solo", local_cluster, {"router": "simple-shuffle",
+                                                         "router_dir": str(tmp_path / "routers")})
+    runner = Runner(local_cluster, await local_transports(local_cluster), poll_interval=0.5, ready_timeout=300,
+                    measure_router=False)
+    await runner.launch(plan)
+    try:
+        before = {n: started_at(docker_engine, n) for n in ("sc_run_1", "sc_run_2")}
+        async with Load(plan.endpoint, headers={"Authorization": f"Bearer {key}"}) as load:
+            await asyncio.sleep(1.0)
+            report = await restart(runner, plan, drain_timeout=3)
+        print(f"rolling behind LiteLLM: {load.ok} ok, {load.failed} failed ({sorted(set(load.errors))[:2]}); "
+              f"{report.line()}")
+        assert [s.ok for s in report.servers] == [True, True] and load.ok > 0
+        assert all(started_at(docker_engine, n) != before[n] for n in before)
+    finally:
+        await runner.stop(plan)
