@@ -28,13 +28,13 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import httpx
 
 from .. import audit
 from ..serving import metrics as vmetrics
-from .steps import Plan, Service
+from .steps import Plan, Service, Step
 
 if TYPE_CHECKING:
     from .runner import ProgressCallback, Runner
@@ -165,7 +165,7 @@ class WorkerApi:
 async def in_flight(client: httpx.AsyncClient, svc: Service) -> int | None:
     """running + waiting requests on one server, from its /metrics; None when it does not answer."""
     try:
-        r = await client.get(svc.url + "/metrics")
+        r = await client.get(f"{svc.url}/metrics")
         if r.status_code != 200:
             return None
         s = vmetrics.parse(r.text, only=(*vmetrics.RUNNING, *vmetrics.WAITING))
@@ -203,7 +203,7 @@ async def completes(client: httpx.AsyncClient, svc: Service) -> str | None:
     """None when the server answers a real one-token completion, else why not."""
     body = {"model": svc.model, "prompt": "hi", "max_tokens": 1}
     try:
-        r = await client.post(svc.url + "/v1/completions", json=body, timeout=120)
+        r = await client.post(f"{svc.url}/v1/completions", json=body, timeout=120)
     except httpx.HTTPError as exc:
         return f"a one-token completion failed: {type(exc).__name__}"
     return None if r.status_code == 200 else f"a one-token completion answered HTTP {r.status_code}: {r.text[:200]}"
@@ -323,14 +323,14 @@ async def restart_one(runner: "Runner", plan: Plan, svc: Service, emit: Callable
     return None
 
 
-def relaunch_steps(plan: Plan, svc: Service, router: Service | None) -> list:
+def relaunch_steps(plan: Plan, svc: Service, router: Service | None) -> list[Step]:
     """The launch steps that start this one server again (its node's, the router's left out)."""
-    def routers(st) -> bool:
+    def routers(st: Step) -> bool:
         return router is not None and (st.service == router.key or any(router.container in a for a in st.argv))
     return [st for st in plan.steps if st.node == svc.node and not routers(st)]
 
 
-def emit_to(emit: Callable[..., None]) -> Callable:
+def emit_to(emit: Callable[..., None]) -> Callable[[Any], None]:
     """The runner's callbacks take Progress events; `emit` takes their fields."""
     return lambda ev: emit(ev.node, ev.stage, ev.message, ev.service)
 
