@@ -296,7 +296,7 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
     # exit: a simulated launch is never written to the operator's audit log. The flight recorder runs as on a live
     # cluster: [ / ] scrub back through it, and post-mortems need it.
     os.environ[paths.STATE_ENV] = str(sim.root / "state")
-    app = SparkConsoleApp(sim.cluster, simulated=True, sim=sim, serving_factory=staged, record=True)
+    app = SparkConsoleApp(sim.cluster, simulated=True, serving_factory=staged, record=True)
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 

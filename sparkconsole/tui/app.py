@@ -11,6 +11,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 from textual import events
 from textual.app import App
@@ -23,6 +24,11 @@ from .node_actions import NodeActions
 from .palette import ConsoleCommands
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
+
+if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (_import_layers)
+    from ..alerts import AlertEngine
+    from ..nodes.monitor import ClusterMonitor
+    from ..serving.endpoint import ServingMonitor
 
 REDRAW_HZ = 4.0
 FIRST_FRAME_REFRESHES = 20
@@ -61,9 +67,10 @@ class SparkConsoleApp(NodeActions, App):
     # Textual re-parses every stylesheet and restyles the whole app twice first (~40 ms of the first frame).
     DEFAULT_MODE = "dashboard"
 
-    def __init__(self, cluster: ClusterConfig, *, monitor=None, simulated: bool = False, sim=None,
-                 serving=None, alerts=None, monitor_factory: Callable | None = None,
-                 read_only: bool | None = None, serving_factory: Callable | None = None,
+    def __init__(self, cluster: ClusterConfig, *, monitor: ClusterMonitor | None = None, simulated: bool = False,
+                 serving: ServingMonitor | None = None, alerts: AlertEngine | None = None,
+                 monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
+                 read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
                  replay_at: float | None = None, record: bool = False, notice: str | None = None) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
@@ -77,7 +84,6 @@ class SparkConsoleApp(NodeActions, App):
         self.serving = serving
         self.alerts = alerts
         self.simulated = simulated or cluster.simulated
-        self.sim = sim
         self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
         self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
         self.record = record and replay_at is None
