@@ -42,6 +42,18 @@ async def test_a_filter_that_matches_nothing_says_so_and_escape_brings_every_nod
         await pilot.press("q")
 
 
+async def test_a_filter_that_looks_like_markup_is_shown_as_typed(recording):
+    # the long key fuzz found it: `[/` in the filter ended the console with a MarkupError
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: app.dashboard.complete(), what="the dashboard")
+        await pilot.press("slash", "left_square_bracket", "slash", "x")
+        await wait_for(pilot, lambda: not any(p.display for p in app.dashboard.panels.values()), what="no panel")
+        await pilot.pause(0.1)
+        assert app.is_running and "no node matches '[/x'" in widget_text(app.dashboard.query_one("#nodes"))
+        await pilot.press("escape", "q")
+
+
 # --- 2. the recipes screen acts only on what it shows ----------------------------------------------------------
 async def test_the_recipe_filter_moves_the_detail_and_enter_never_acts_on_a_hidden_recipe(recording):
     app, _, _ = make_app(recording)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
+from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Grid, VerticalScroll
@@ -112,7 +113,8 @@ class DashboardScreen(Screen):
             shown += panel.display
         for empty in self.query("#node-nomatch"):
             empty.display = bool(self.panels) and not shown
-            empty.update(f"no node matches {needle!r} (escape clears the filter)")
+            # Text, not markup: what the operator typed (`[/`, say) is shown as typed, never parsed as a tag
+            empty.update(Text(f"no node matches {needle!r} (escape clears the filter)"))
 
     def on_input_changed(self, event) -> None:      # Input.Changed
         if event.input.id == "node-filter":
