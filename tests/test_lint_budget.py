@@ -89,7 +89,7 @@ def test_guard_state_and_sizes():
 
 
 CUSTOM_ALL = ["--compilation-config", '{"cudagraph_mode":"PIECEWISE","custom_ops":["all"]}']
-CACHES = ("/var/cache/sc/vllm:/home/vllm/.cache/vllm", "/var/cache/sc/tilelang:/home/vllm/.tilelang")
+CACHES = ("/srv/caches/vllm:/workspace/.cache/vllm", "/srv/caches/tilelang:/workspace/.tilelang")   # node:container
 
 
 def custom_ops(recipe, facts=None, caches=False):
