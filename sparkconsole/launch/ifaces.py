@@ -163,6 +163,7 @@ async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -
     Returns (overrides with `eth_if`/`ib_if`/`cluster_addresses` added, a note per finding). `connect(node)`
     gives a connected transport."""
     from .plan import make_plan
+    from .planning import node_iface
     if topology not in ("cluster-tp2", "disagg"):
         return overrides, []
     probe = make_plan(recipe, topology, cluster, {**overrides, "eth_if": overrides.get("eth_if") or "lo"})
@@ -197,9 +198,7 @@ async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -
             out["ib_if"] = ib
     addresses = {}
     for n in nodes:
-        given = overrides.get("eth_if")
-        iface = eth.get(n.name) or (given.get(n.name) if isinstance(given, dict) else given) or n.eth_if \
-            or recipe.cluster.eth_if
+        iface = eth.get(n.name) or node_iface(overrides, recipe, n, "eth_if")
         if not iface:
             continue
         try:

@@ -23,6 +23,12 @@ def _iface(value: Any, node: str) -> str | None:
     return str(value) if value is not None else None
 
 
+def node_iface(options: Mapping[str, Any], recipe: Recipe, node: NodeConfig, key: str) -> str | None:
+    """--eth-if/--ib-if (one for all, or per node), else the node's own setting in the cluster file, else the
+    recipe's."""
+    return _iface(options.get(key), node.name) or getattr(node, key, None) or getattr(recipe.cluster, key)
+
+
 @dataclass
 class PlanBuilder:
     recipe: Recipe
@@ -68,9 +74,7 @@ class PlanBuilder:
         return {"node_address": node.address, **self.params, "port": port}
 
     def iface(self, node: NodeConfig, key: str) -> str | None:
-        """--eth-if/--ib-if, else the node's own setting in the cluster file (when it has one), else the recipe's."""
-        recipe_value = getattr(self.recipe.cluster, key)
-        return _iface(self.options.get(key), node.name) or getattr(node, key, None) or recipe_value
+        return node_iface(self.options, self.recipe, node, key)
 
     def link_address(self, node: NodeConfig) -> str:
         """The node's address on the link between the nodes (discovered on its cluster interface), else the one
