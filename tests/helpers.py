@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sqlite3
 import time
@@ -10,11 +11,38 @@ import time
 import pytest
 
 
+# Ports handed to servers come from below the kernel's ephemeral range (ip_local_port_range starts at 32768):
+# a port the OS picks with bind(0) is in that range, where every outgoing connection and every vLLM engine's
+# ZMQ socket also takes its port, so a server started on it seconds later found it taken now and then
+# ("Address already in use"). Each xdist worker owns a block of its own, handed out in order, so two workers
+# never pick the same port and one worker reuses a port only after going round its whole block.
+_PORT_FLOOR, _PORT_CEILING = 20000, 32768
+_PORT_BLOCKS = 10      # the controller and up to 9 workers (tests/parallel.py starts at most 8)
+_next_port: int | None = None
+
+
+def _port_block() -> tuple[int, int]:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")          # "gw3", or "" in the controller / -n 0
+    index = (int(worker[2:]) + 1 if worker[2:].isdigit() else 0) % _PORT_BLOCKS
+    size = (_PORT_CEILING - _PORT_FLOOR) // _PORT_BLOCKS
+    return _PORT_FLOOR + index * size, _PORT_FLOOR + (index + 1) * size
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on `host` right now (the OS picks it; a race with other binders is unlikely on loopback)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    """A port free on `host` now, from this worker's own block below the ephemeral range (see above)."""
+    global _next_port
+    low, high = _port_block()
+    if _next_port is None:      # a different start each session: a port a killed run left in use is skipped anyway
+        _next_port = low + (os.getpid() * 7919) % (high - low)
+    for _ in range(high - low):
+        port, _next_port = _next_port, low + (_next_port + 1 - low) % (high - low)
+        with socket.socket() as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError(f"no free port on {host} in {low}-{high - 1}")
 
 
 async def wait_for(pilot, cond, timeout: float = 10.0, what: str = "condition", step: float = 0.05) -> None:

@@ -18,7 +18,7 @@ from sparkconsole.bench.results import ResultsStore
 TOPOLOGIES = ("solo", "cluster-tp2")
 
 
-def sc(*args: str, env: dict, timeout: float = 120) -> subprocess.CompletedProcess:
+def sc(*args: str, env: dict, timeout: float = 280) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "sparkconsole", "bench", *args], capture_output=True, text=True,
                           timeout=timeout, env=env)
 
@@ -34,7 +34,7 @@ def sim_processes(marker: str) -> list[psutil.Process]:
     return out
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(300)
 def test_demo_matrix_through_the_recipe_runner(tmp_path):
     env = dict(os.environ, SPARKCONSOLE_STATE_DIR=str(tmp_path / "state"))
     results = tmp_path / "matrix.sqlite"

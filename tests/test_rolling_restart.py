@@ -377,10 +377,6 @@ def test_negative_drain_timeout_is_refused(tmp_path, capsys):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
-# Open: in one of two clean-clone runs node2's stand-in could not bind its port again on restart ("Address already
-# in use"); the cause is not found yet, so a failure here is reported, not fatal (tests/test_rolling_restart.py's
-# in-process rolls assert the same roll on every run).
-@pytest.mark.xfail(strict=False, reason="node2's stand-in once found its port taken on restart (cause open)")
 async def test_cli_restart_rolls_by_default_behind_the_router(tmp_path, docker_engine, testbed_base_image,
                                                               vllm_router_env, local_cluster, state, monkeypatch,
                                                               capsys):

@@ -95,14 +95,16 @@ def _port_claims() -> Iterator[dict[str, list]]:
 
 
 def claim_port(host: str, preferred: int, owner: Path) -> int:
-    """A port for a simulated server on `host`: `preferred` when free, else one the kernel picks.
+    """A port for a simulated server on `host`: `preferred` when free, else the next free one above it.
 
     A simulated vLLM, like the real one, binds only once its model is loaded, seconds after the port was
     chosen. A bind probe alone would hand the same free port to two clusters starting side by side (two demos,
     or test workers), and the second would read the first's /health as its own. So every live cluster's
-    claims are kept in one file (_port_claims)."""
+    claims are kept in one file (_port_claims). The fallbacks stay near `preferred`, not where bind(0) would
+    put them: the kernel's ephemeral range is also where outgoing connections take their ports, so one could
+    hold the port by the time the server binds it."""
     with _port_claims() as claims:
-        for port in (preferred, *([0] * 20)):
+        for port in range(preferred, min(preferred + 200, 65536)):
             with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
                 try:
                     s.bind((host, port))
