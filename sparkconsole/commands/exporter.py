@@ -2,8 +2,8 @@
 
     sparkconsole exporter [--listen 127.0.0.1:9835] [--token-file FILE]
 
-The same monitors the console uses (one SSH connection per node, nothing installed on the nodes) and its alert
-rules; a scrape answers from the last readings with their age. Any address but loopback needs a bearer token
+The same monitors the console uses (one SSH connection per node, nothing installed on the nodes; attached to the
+cluster's collector, `sparkconsole record`, when one runs) and its alert rules; a scrape answers from the last readings with their age. Any address but loopback needs a bearer token
 (--token-file, or the environment variable SPARKCONSOLE_EXPORTER_TOKEN) and is refused without one.
 """
 
@@ -38,7 +38,10 @@ async def run(args: argparse.Namespace) -> int:
     listen = parse_listen(args.listen)
     token = read_token(args.token_file, TOKEN_ENV)
     cluster = load(args)
-    server = ExporterServer(Readings(cluster), listen, token)
+    readings = Readings(cluster, attach=True)     # to the cluster's collector when one runs (collector/attach.py)
+    readings.monitor.subscribe_status(lambda text, severity: print(f"sparkconsole exporter: {text}", file=sys.stderr,
+                                                                    flush=True))
+    server = ExporterServer(readings, listen, token)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -8,6 +8,11 @@ and state change in the cluster's recorder file (state dir; see recorder/store.p
 the alert rules, the memory-exhaustion warning and the opt-in guard (protect:), sends notifications (notify:)
 and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
 was queued is committed before it exits, and a SIGKILL loses at most the last batch (≤ 0.5 s).
+
+It is the cluster's collector (sparkconsole/collector/): the only writer of the recorder file (a second `record`
+is refused with one line naming this one), and it serves its readings on a Unix socket in the state dir, so the
+console, `status`, `serve` tabs and `exporter` attach to it instead of starting agents of their own.
+`--exporter` and `--serve` run those listeners inside it (docs/COLLECTOR.md has the systemd user unit).
 """
 
 from __future__ import annotations
@@ -29,6 +34,14 @@ def register(subparsers) -> None:
                               "recorder file until stopped. `sparkconsole postmortem` and `console --at` read it.")
     p.add_argument("--file", metavar="PATH", help="recorder file (default: one per cluster in the state dir)")
     p.add_argument("--duration", type=float, default=0.0, metavar="S", help="stop after S seconds (0: never)")
+    p.add_argument("--exporter", metavar="HOST:PORT", help="also serve Prometheus /metrics from this collector "
+                   "(as `sparkconsole exporter --listen`; off loopback it needs --exporter-token-file)")
+    p.add_argument("--exporter-token-file", metavar="FILE", help="bearer token for --exporter (first line of FILE; "
+                   "or set SPARKCONSOLE_EXPORTER_TOKEN)")
+    p.add_argument("--serve", metavar="HOST:PORT", help="also serve the console to browser tabs from this collector "
+                   "(as `sparkconsole serve --listen`); each tab's console attaches to it")
+    p.add_argument("--serve-token-file", metavar="FILE", help="token for --serve (or set SPARKCONSOLE_SERVE_TOKEN; "
+                   "generated and printed once off loopback)")
     p.set_defaults(func=run)
     sub = p.add_subparsers(dest="record_command", metavar="ACTION")
     rp = sub.add_parser("repair", help="copy what is still readable of a damaged recorder file into a new one",
@@ -73,12 +86,7 @@ def repair(args: argparse.Namespace) -> int:
 async def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
-    from ..alerts import AlertEngine
-    from ..nodes.guard import evaluate_guards
-    from ..nodes.monitor import ClusterMonitor
-    from ..notify.notifier import Notifier
-    from ..protect import Guardian
-    from ..recorder.feed import Recorder
+    from ..collector.core import Collector
     from ..recorder.postmortem import one_line
 
     cluster = load(args)
@@ -87,57 +95,106 @@ async def run(args: argparse.Namespace) -> int:
             raise UserError("the recorder is off in the cluster file", field="recorder.enabled",
                             fix="set 'recorder: {enabled: true}' or pass --file PATH")
         cluster = replace(cluster, recorder=replace(cluster.recorder, enabled=True))   # --file asks for it
+    listeners = _listeners(args)          # bad addresses and tokens are refused before anything starts
     # Unattended: the alert rules, the exhaustion warning, the opt-in guard, notifications and post-mortems run
     # here too, said on stdout (one line each), and so is every fault of the recorder file (recorder/health.py):
     # record goes on watching, alerting and guarding without it, and writes again once it can.
     def say(text: str, severity: str = "info") -> None:
         print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
-    rec = Recorder.open(cluster, args.file, on_status=say, on_loop=False)     # print is thread-safe: said in order
+    core = Collector(cluster, say=say, history=16, bell=lambda: print("\a", end="", flush=True))
+    # the writer lock first: a second collector for this cluster stops here, with one line naming the first
+    rec = core.open_recorder(args.file, role="record", on_loop=False,      # print is thread-safe: said in order
+                             on_postmortem=lambda pm: say(one_line(pm), "bad"))
     assert rec is not None
-    mon = ClusterMonitor(cluster, history=16)
-    rec.attach(mon)
-    alerts = AlertEngine(cluster.thresholds)
-    rec.attach_alerts(alerts)
-    guardian = Guardian(cluster, alerts, say=say, recorder=rec)
-    mon.subscribe(guardian.on_node)
-    rec.on_postmortem = lambda pm: say(one_line(pm), "bad")
-    notifier = Notifier(cluster.notify, bell=lambda: print("\a", end="", flush=True), cluster=cluster.source)
-    alerts.subscribe(notifier.submit)
-
-    def node_alerts(nm) -> None:
-        t = nm.last
-        guards = evaluate_guards(t.guards, t.mem, nm.containers, nm.config.container) if t else []
-        for a in alerts.observe_node(nm, guards):
-            say(a.message, a.severity if a.active else "info")
-    mon.subscribe(node_alerts)
-    serving = None
-    if cluster.endpoints:
-        from ..serving.endpoint import ServingMonitor
-        serving = ServingMonitor(cluster)
-        rec.attach_serving(serving)
+    core.alerts.subscribe(lambda a: None if a.key.startswith("exhaust:") else      # the guardian says those
+                          say(a.message, a.severity if a.active else "info"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {rec.store.path}", flush=True)
-    await mon.start()
-    if serving is not None:
-        await serving.start()
+    server = None
+    stops: list = []
     try:
+        server = await _serve_viewers(core, cluster, rec)
+        print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {rec.store.path}; viewers attach "
+              f"at {server.path}", flush=True)
+        await core.start()
+        for start in listeners:
+            stops.append(await start(core))
         try:
             await asyncio.wait_for(stop.wait(), args.duration if args.duration > 0 else None)
         except asyncio.TimeoutError:
             pass
     finally:
-        if serving is not None:
-            await serving.stop()
-        await mon.stop()
-        await guardian.wait_actions()
-        await rec.wait_postmortems()
-        rec.close()
-        notifier.flush(10)
-        notifier.close()
+        for stop_listener in reversed(stops):
+            await stop_listener()
+        if server is not None:
+            await server.stop()      # before the lock goes: the next collector's socket is never ours to remove
+        await core.stop(flush_s=10)
     lost = rec.store.rows_dropped
     print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches to {rec.store.path}"
           + (f"; {lost} rows lost (said above)" if lost else ""), file=sys.stderr if lost else sys.stdout, flush=True)
     return 1 if lost else 0
+
+
+async def _serve_viewers(core, cluster, rec):
+    import os
+
+    from ..collector.lock import socket_path
+    from ..collector.server import CollectorServer
+    server = CollectorServer(core, socket_path(cluster), info={
+        "pid": os.getpid(), "since": core.writer_lock.info["since"], "role": "record", "source": cluster.source,
+        "recorder": str(rec.store.path)})
+    await server.start()
+    return server
+
+
+def _listeners(args: argparse.Namespace) -> list:
+    """--exporter / --serve, checked now (address, token) and started later: each `start()` returns its stop."""
+    from ..exporter.listen import parse_listen, read_token
+    out = []
+    if args.exporter:
+        from .exporter import TOKEN_ENV
+        listen = parse_listen(args.exporter, "--exporter")
+        token = read_token(args.exporter_token_file, TOKEN_ENV)
+        if not listen.loopback and not token:
+            raise UserError(f"{listen.host} is reachable from the network and no token was given", field="--exporter",
+                            fix="give --exporter-token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), or listen on "
+                            "127.0.0.1")
+        out.append(lambda core: _start_exporter(core, listen, token))
+    if args.serve:
+        from .serve import TOKEN_ENV as SERVE_TOKEN_ENV, decide
+        listen = parse_listen(args.serve, "--serve")
+        token, generated, read_only = decide(listen, read_token(args.serve_token_file, SERVE_TOKEN_ENV), None)
+        out.append(lambda core: _start_console_server(args, listen, token, generated, read_only))
+    return out
+
+
+async def _start_exporter(core, listen, token):
+    from ..exporter.listen import Listen
+    from ..exporter.server import ExporterServer
+    server = ExporterServer(core, listen, token, own_readings=False)
+    await server.start()
+    print(f"metrics at {Listen(listen.host, server.port).url('/metrics')}"
+          + ("" if token is None else " (bearer token required)"), flush=True)
+    return server.stop
+
+
+async def _start_console_server(args, listen, token, generated, read_only):
+    import os
+
+    from ..exporter.listen import Listen
+    from ..webface.server import ConsoleServer
+    from .serve import TOKEN_ENV as SERVE_TOKEN_ENV
+    os.environ.pop(SERVE_TOKEN_ENV, None)          # the console children need no token
+    server = ConsoleServer(listen, token=token, read_only=read_only, demo=False, cluster=getattr(args, "cluster", None))
+    try:
+        runner = await server.start_runner()
+    except OSError as exc:
+        raise UserError(f"cannot listen on {listen.host}:{listen.port}: {exc.strerror or exc}", field="--serve",
+                        fix="pick a free port") from None
+    url = Listen(listen.host, server.port).url("/")
+    # a generated token is printed once, here, in the URL to open
+    print(f"the console at {url}" + (f"?token={token}" if generated else "")
+          + (" (read-only)" if read_only else ""), flush=True)
+    return runner.cleanup

@@ -139,10 +139,12 @@ def _containers_known(nm: NodeMonitor) -> bool:
 
 
 async def run(args: argparse.Namespace) -> int:
-    from ..nodes.monitor import ClusterMonitor
+    from ..collector.attach import AttachedMonitor
 
     cluster = load(args)
-    mon = ClusterMonitor(cluster, history=16)
+    # Attached to the cluster's collector when one runs (its readings at once, no agent of our own); else ours.
+    mon = AttachedMonitor(cluster, history=16)
+    mon.subscribe_status(lambda text, severity: print(f"sparkconsole status: {text}", file=sys.stderr, flush=True))
     await mon.start()
     try:
         return await _report(args, cluster, mon)   # `status | head`: the reader leaving is cli.main's (exit 141)

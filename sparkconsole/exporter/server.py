@@ -56,7 +56,8 @@ def make_app(registry: CollectorRegistry, token: str | None) -> web.Application:
 class ExporterServer:
     """Readings + the HTTP server; `await start()`, `await stop()`. The port is known after start()."""
 
-    def __init__(self, readings: Readings, listen: Listen, token: str | None) -> None:
+    def __init__(self, readings: Readings, listen: Listen, token: str | None, *, own_readings: bool = True) -> None:
+        """own_readings=False: the readings are started and stopped by their owner (`record --exporter`)."""
         if not listen.loopback and not token:
             raise UserError(f"{listen.host} is reachable from the network and no token was given",
                             field="--listen", fix="give --token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), "
@@ -67,9 +68,11 @@ class ExporterServer:
         self.app = make_app(self.registry, token)
         self._runner: web.AppRunner | None = None
         self.port = listen.port
+        self.own_readings = own_readings
 
     async def start(self) -> None:
-        await self.readings.start()
+        if self.own_readings:
+            await self.readings.start()
         self._runner = QuietRunner(self.app, access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.listen.host, self.listen.port)
@@ -88,7 +91,8 @@ class ExporterServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
-        await self.readings.stop()
+        if self.own_readings:
+            await self.readings.stop()
 
     async def serve_forever(self, stop: asyncio.Event) -> None:
         await self.start()

@@ -89,6 +89,7 @@ class NodeMonitor:
         self.connects = 0
         self.last_rx = 0.0                 # time.monotonic() of the last tick
         self._subs: Subscribers[NodeMonitor] = Subscribers("node monitor")
+        self._line_subs: Subscribers[tuple] = Subscribers("agent line")
         self._task: asyncio.Task | None = None
         self._stream: LineStream | None = None
         self._failures = 0
@@ -98,6 +99,11 @@ class NodeMonitor:
     # -------- publishing
     def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
         return self._subs.add(cb)
+
+    def subscribe_lines(self, cb: Callable[[tuple], None]) -> Callable[[], None]:
+        """cb((node, parsed, received, line)) for each hello and tick line taken, before the node's subscribers hear
+        of it: the agent's own words, which the collector passes on to the viewers attached to it (collector/)."""
+        return self._line_subs.add(cb)
 
     def _notify(self) -> None:
         self._subs.notify(self)            # a broken subscriber must not stop telemetry
@@ -138,6 +144,8 @@ class NodeMonitor:
                 return
             self.last = tick
             self.history.append(tick)
+            if self._line_subs:
+                self._line_subs.notify((self, d, tick.received, line))
             if tick.containers is not None:
                 self.containers = tick.containers
             self.last_rx = time.monotonic()
@@ -160,6 +168,8 @@ class NodeMonitor:
                 if not self.boot_ids or info.boot_id != self.boot_ids[-1]:
                     self.boot_ids.append(info.boot_id)
             self.info = info
+            if self._line_subs:
+                self._line_subs.notify((self, d, time.time() if received is None else received, line))
             self._notify()
         else:
             self.bad_lines += 1
@@ -243,6 +253,7 @@ class NodeMonitor:
                 pass
 
     def start(self) -> None:
+        self._stopping = False           # a viewer stops its own agents while attached and starts them again
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self.run(), name=f"monitor:{self.name}")
 

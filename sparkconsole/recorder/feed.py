@@ -42,14 +42,19 @@ def _on_this_loop(cb: Callable[[str, str], None]) -> Callable[[str, str], None]:
     return hop
 
 
-def recorder_path(cluster: ClusterConfig) -> Path:
-    """state_dir()/recorder/<cluster file stem>-<hash of its full path>.sqlite: one file per cluster file."""
+def cluster_key(cluster: ClusterConfig) -> str:
+    """<cluster file stem>-<hash of its full path>: what names the cluster's recorder file and its collector."""
     src = cluster.source
     stem = "".join(ch if ch.isalnum() or ch in "-_" else "_" for ch in Path(src).stem)[:40] or "cluster"
     if cluster.simulated:
         stem = "SIMULATED-" + stem      # simulated history never mixes with a real cluster's
     digest = hashlib.sha256(str(Path(src).expanduser().resolve() if "<" not in src else src).encode()).hexdigest()[:10]
-    return paths.state_dir() / "recorder" / f"{stem}-{digest}.sqlite"
+    return f"{stem}-{digest}"
+
+
+def recorder_path(cluster: ClusterConfig) -> Path:
+    """state_dir()/recorder/<cluster_key>.sqlite: one file per cluster file."""
+    return paths.state_dir() / "recorder" / f"{cluster_key(cluster)}.sqlite"
 
 
 def latest_demo_recording() -> Path | None:

@@ -1,0 +1,203 @@
+"""A viewer's ClusterMonitor: attached to the cluster's collector when one runs, watching on its own otherwise.
+
+    mon = AttachedMonitor(cluster)                # same .nodes (NodeMonitors), .subscribe, .start, .stop
+    mon.subscribe_status(lambda text, severity: ...)   # one line each time it attaches, loses or falls back
+    await mon.start()                             # attached (mon.attached) or on its own, said in one line
+
+Attached, the node monitors run no agent: they are fed the agent lines the collector took (collector/wire.py),
+parsed by the same NodeMonitor.handle_line, with their STALE / DOWN from the collector and the same staleness
+timer as ever (no tick for 3 intervals: STALE). Their transports stay, unconnected until used: actions
+(restart, stop, launch, guard fixes) are the viewer's own, over its own connection.
+
+A viewer that loses its collector says so, marks every LIVE node STALE at once (what it shows is no longer
+live), and starts its own agents; it tries the socket again every RETRY_S and, when a collector answers, stops
+its agents and attaches again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from pathlib import Path
+from typing import Callable
+
+from ..config import ClusterConfig
+from ..nodes.monitor import ClusterMonitor
+from ..nodes.samples import NodeState
+from ..nodes.transport import make_transport
+from ..subscribers import Subscribers
+from .lock import describe_holder, socket_path
+from .wire import MAX_LINE, ShortPath, decode
+
+log = logging.getLogger(__name__)
+
+RETRY_S = 2.0              # how often a viewer on its own looks for a collector again
+SNAPSHOT_TIMEOUT_S = 10.0  # a collector that answers sends its current state within this
+
+
+class AttachedMonitor(ClusterMonitor):
+    def __init__(self, config: ClusterConfig, *, socket: Path | None = None, transport_factory=make_transport,
+                 history: int = 600, retry_s: float = RETRY_S) -> None:
+        super().__init__(config, transport_factory=transport_factory, history=history)
+        self.socket = Path(socket) if socket is not None else socket_path(config)
+        self.retry_s = retry_s
+        self.attached = False
+        self.collector: dict | None = None          # the collector's own line while attached (pid, since, …)
+        self.collector_alerts: dict[str, dict] = {}  # its active alerts
+        self.status_line = ""
+        self.attaches = 0
+        self._status_subs: Subscribers[tuple] = Subscribers("attach status")
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+        self._loop_task: asyncio.Task | None = None
+        self._local = False
+
+    def subscribe_status(self, cb: Callable[[str, str], None]) -> Callable[[], None]:
+        return self._status_subs.add(lambda item: cb(*item))
+
+    def _say(self, text: str, severity: str = "info") -> None:
+        self.status_line = text
+        self._status_subs.notify((text, severity))
+
+    # --- lifecycle --------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        if self._watchdog is None:
+            self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="monitor:stale")
+        if await self._attach():
+            self._say(f"attached to the cluster's collector, {self._who()}: its agents, one per node")
+        else:
+            self._say(f"no collector runs for {self.config.source}: watching the nodes on its own "
+                      "(`sparkconsole record` is the collector every viewer attaches to)")
+            self._go_local()
+        self._loop_task = asyncio.get_running_loop().create_task(self._run(), name="monitor:attach")
+
+    async def stop(self) -> None:
+        task, self._loop_task = self._loop_task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._close()
+        await super().stop()
+
+    def _who(self) -> str:
+        return describe_holder(self.collector or {})
+
+    # --- attaching -----------------------------------------------------------------------------------------
+    async def _connect(self) -> bool:
+        if not self.socket.exists():
+            return False
+        try:
+            with ShortPath(self.socket) as where:
+                self._reader, self._writer = await asyncio.wait_for(
+                    asyncio.open_unix_connection(where, limit=MAX_LINE), 5)
+        except (OSError, asyncio.TimeoutError):
+            return False
+        return True
+
+    async def _attach(self) -> bool:
+        """Connect, stop our own agents, read the collector's current state up to `ready`."""
+        if not await self._connect():
+            return False
+        if self._local:
+            self._local = False
+            await asyncio.gather(*(nm.stop() for nm in self.nodes.values()), return_exceptions=True)
+        self.collector_alerts.clear()
+        try:
+            async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
+                while True:
+                    d = await self._next()
+                    if d is None:
+                        raise ConnectionError("closed before its state was sent")
+                    if d["type"] == "ready":
+                        break
+                    self._apply(d)
+        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+            log.info("collector at %s: %s", self.socket, exc)
+            self._close()
+            return False
+        self.attached = True
+        self.attaches += 1
+        return True
+
+    async def _next(self) -> dict | None:
+        """The next message; None at the end of the stream."""
+        while True:
+            line = await self._reader.readline()
+            if not line:
+                return None
+            d = decode(line)
+            if d is not None:
+                return d
+
+    def _close(self) -> None:
+        writer, self._writer, self._reader = self._writer, None, None
+        if writer is not None:
+            writer.close()
+
+    def _apply(self, d: dict) -> None:
+        kind = d["type"]
+        if kind == "collector":
+            self.collector = d
+            return
+        if kind == "alert":
+            if d.get("active"):
+                self.collector_alerts[str(d.get("key"))] = d
+            else:
+                self.collector_alerts.pop(str(d.get("key")), None)
+            return
+        nm = self.nodes.get(d.get("node"))
+        if nm is None:
+            return
+        if kind in ("hello", "tick") and isinstance(d.get("line"), str):
+            if kind == "tick" and nm.last is not None and isinstance(d.get("time"), (int, float)) \
+                    and d["time"] <= nm.last.time:
+                return        # older than what we have (our own agent's ticks before we attached again)
+            rx = d.get("rx")
+            nm.handle_line(d["line"], rx if isinstance(rx, (int, float)) else time.time())
+        elif kind == "node":
+            try:
+                state = NodeState(d.get("state"))
+            except ValueError:
+                return
+            for key in ("bad_lines", "reboots"):
+                if isinstance(d.get(key), int):
+                    setattr(nm, key, d[key])
+            if state != NodeState.LIVE:      # LIVE is what ticks make; a state they cannot show comes from here
+                nm._set_state(state, d.get("error") if isinstance(d.get("error"), str) else None)
+                if isinstance(d.get("since"), (int, float)):
+                    nm.since = d["since"]
+
+    # --- following the collector, or watching on our own ---------------------------------------------------
+    def _go_local(self) -> None:
+        self._local = True
+        for nm in self.nodes.values():
+            if nm.transport is not None:
+                nm.start()
+
+    def _lost(self, why: str) -> None:
+        self.attached = False
+        self._close()
+        for nm in self.nodes.values():
+            if nm.state == NodeState.LIVE:
+                nm._set_state(NodeState.STALE, "the collector is gone")
+        self._say(f"lost the collector ({self._who()}: {why}): the nodes are STALE until this viewer's own agents "
+                  "read them; it attaches again when a collector runs", "warn")
+        self._go_local()
+
+    async def _run(self) -> None:
+        while True:
+            if self.attached:
+                try:
+                    while (d := await self._next()) is not None:
+                        self._apply(d)
+                    why = "it closed its socket"
+                except (OSError, ValueError) as exc:
+                    why = " ".join(str(exc).split())[:120] or type(exc).__name__
+                self._lost(why)
+            await asyncio.sleep(self.retry_s)
+            with contextlib.suppress(Exception):
+                if await self._attach():
+                    self._say(f"attached again to the cluster's collector, {self._who()}; this viewer's own "
+                              "agents stopped")
