@@ -62,6 +62,11 @@ class AttachedMonitor(ClusterMonitor):
         self._status_subs.notify((text, severity))
 
     # --- lifecycle --------------------------------------------------------------------------------------------
+    async def probe(self) -> bool:
+        """Whether a collector answers on the socket (kept connected: start() attaches over this connection).
+        A front end asks before start() to know what to wire (a console records only on its own)."""
+        return self._writer is not None or await self._connect()
+
     async def start(self) -> None:
         if self._watchdog is None:
             self._watchdog = asyncio.get_running_loop().create_task(self._watch(), name="monitor:stale")
@@ -97,8 +102,8 @@ class AttachedMonitor(ClusterMonitor):
         return True
 
     async def _attach(self) -> bool:
-        """Connect, stop our own agents, read the collector's current state up to `ready`."""
-        if not await self._connect():
+        """Connect (unless probe() did), stop our own agents, read the collector's current state up to `ready`."""
+        if self._writer is None and not await self._connect():
             return False
         if self._local:
             self._local = False

@@ -220,9 +220,10 @@ class Collector:
         if self.serving is not None:
             await self.serving.start()
 
-    async def stop(self, *, flush_s: float = 0.0) -> None:
-        """Stops the monitors; waits for the guard's stops and the post-mortems under way; closes (checkpoints)
-        the recorder file and sends what the notifier still holds."""
+    async def stop(self, *, flush_s: float = 0.0, settle: bool = True) -> None:
+        """Stops the monitors; waits for the guard's stops and the post-mortems under way (settle; a console
+        quitting does not wait for them); closes (checkpoints) the recorder file and sends what the notifier still
+        holds for up to flush_s seconds."""
         if self._stopped:
             return
         self._stopped = True
@@ -235,9 +236,9 @@ class Collector:
         for unsub in self._unsub:
             unsub()
         self._unsub.clear()
-        if self.guardian is not None:
+        if settle and self.guardian is not None:
             await self.guardian.wait_actions()
-        if self.recorder is not None:
+        if settle and self.recorder is not None:
             await self.recorder.wait_postmortems()
         self.close(flush_s=flush_s)
 

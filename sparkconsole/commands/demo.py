@@ -106,39 +106,17 @@ async def watch_headless(sim: SimCluster, emit) -> "Callable[[], Awaitable[None]
     """What the console runs below its dashboard — monitor, flight recorder, alerts, the exhaustion warning (and the
     guard, if the cluster asks for it) and post-mortems — for `demo --headless --runaway`: `emit(dict)` gets each
     alert and post-mortem. Returns the coroutine function that stops it."""
-    from ..alerts import AlertEngine
-    from ..nodes.guard import evaluate_guards
-    from ..nodes.monitor import ClusterMonitor
-    from ..protect import Guardian
-    from ..recorder.feed import Recorder
+    from ..collector.core import Collector
 
     cluster = sim.cluster
-    rec = Recorder.open(cluster)
-    mon = ClusterMonitor(cluster)
-    alerts = AlertEngine(cluster.thresholds)
-    alerts.subscribe(lambda a: emit({"alert": a.key, "severity": a.severity, "active": a.active, "message": a.message}))
-    if rec is not None:
-        rec.attach(mon)
-        rec.attach_alerts(alerts)
-        rec.on_postmortem = lambda pm: emit({"postmortem": pm["node"], "verdict": pm["verdict"],
-                                             "evidence": pm["evidence"]})
-    guardian = Guardian(cluster, alerts, recorder=rec, say=lambda text, sev: emit({"guard": text, "severity": sev})
-                        if "guard" in text else None)
-    mon.subscribe(guardian.on_node)
-
-    def node_alerts(nm) -> None:
-        t = nm.last
-        alerts.observe_node(nm, evaluate_guards(t.guards, t.mem, nm.containers, nm.config.container) if t else [])
-    mon.subscribe(node_alerts)
-    await mon.start()
-
-    async def stop() -> None:
-        await mon.stop()
-        await guardian.wait_actions()
-        if rec is not None:
-            await rec.wait_postmortems()
-            rec.close()
-    return stop
+    core = Collector(cluster, with_serving=False,
+                     say=lambda text, sev: emit({"guard": text, "severity": sev}) if "guard" in text else None)
+    core.alerts.subscribe(lambda a: emit({"alert": a.key, "severity": a.severity, "active": a.active,
+                                          "message": a.message}))
+    core.open_recorder(role="demo", on_postmortem=lambda pm: emit({"postmortem": pm["node"], "verdict": pm["verdict"],
+                                                                    "evidence": pm["evidence"]}))
+    await core.start()
+    return core.stop
 
 
 def describe(sim: SimCluster) -> dict:

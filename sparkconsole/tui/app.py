@@ -1,8 +1,10 @@
-"""The console app: wires the monitors the layers below publish to the screens, and the keys to their actions.
+"""The console app: draws what the headless core (collector/core.py) publishes, and binds the keys to actions.
 
-The app starts the ClusterMonitor it is given (or builds one from the cluster) and the serving monitor for the
-cluster's endpoints, and stops both when it quits: remote agents end and connections close. Node updates only
-mark a panel dirty; a timer redraws dirty panels a few times a second, so a burst of ticks costs one frame.
+After the first frame the app builds its monitor (attached to the cluster's collector when one runs and the app
+was asked to attach: collector/attach.py; else its own ClusterMonitor) and the core over it, which feeds the
+alerts, the guard, the recorder and the notifier and follows the endpoints; the app stops both when it quits:
+remote agents end and connections close. Node updates only mark a panel dirty; a timer redraws dirty panels a
+few times a second, so a burst of ticks costs one frame. Alerts arrive as the core raises them, not on a redraw.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from ..config import ClusterConfig
-from ..nodes.launches import launch_groups, served_endpoints
+from ..nodes.launches import launch_groups
 from .heap import TICK_S, HeapKeeper
 from .node_actions import NodeActions
 from .palette import ConsoleCommands
@@ -27,6 +29,7 @@ from .screens.help import HelpScreen
 
 if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (_import_layers)
     from ..alerts import AlertEngine
+    from ..collector.core import Collector
     from ..nodes.monitor import ClusterMonitor
     from ..serving.endpoint import ServingMonitor
 
@@ -71,25 +74,27 @@ class SparkConsoleApp(NodeActions, App):
                  serving: ServingMonitor | None = None, alerts: AlertEngine | None = None,
                  monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
                  read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
-                 replay_at: float | None = None, record: bool = False, notice: str | None = None) -> None:
+                 replay_at: float | None = None, record: bool = False, notice: str | None = None,
+                 attach: bool = False) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
         serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints.
+        attach: with neither, attach to the cluster's collector when one runs (then the collector records).
         notice: one line shown at start (where the cluster came from, clusterfile.py)."""
         super().__init__()
         self.cluster = cluster
         self.monitor = monitor
         self._monitor_factory = monitor_factory
         self._serving_factory = serving_factory
-        self.serving = serving
+        self._serving = serving
         self.alerts = alerts
+        self.attach = attach
+        self.core: Collector | None = None
         self.simulated = simulated or cluster.simulated
         self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
         self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
         self.record = record and replay_at is None
         self.notice = notice
-        self.recorder = None
-        self.notifier = None
         self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
         self._scrub_back = 0                # minutes
         self._scrub_unsub = None
@@ -105,8 +110,6 @@ class SparkConsoleApp(NodeActions, App):
         self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
         self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
-        self._wanted_eps: tuple = ()        # the endpoints to poll: the cluster file's, moved where launches serve
-        self._follow_lock = asyncio.Lock()
         self._shown: set[str] = set()      # nodes whose first reading has been drawn
         self._unsubscribe: list[Callable[[], None]] = []
         self._last_age_refresh = 0.0
@@ -120,37 +123,51 @@ class SparkConsoleApp(NodeActions, App):
         return replay + ("SIMULATED · " if self.simulated else "") + ("READ-ONLY · " if self.read_only else "") \
             + self.cluster.source
 
-    def _start_guard(self) -> None:
-        """Flight recorder, exhaustion warning + opt-in guard, notifications, post-mortems (all below the TUI)."""
-        from ..notify.notifier import Notifier
-        from ..protect import Guardian
-        from ..recorder.feed import Recorder
+    @property
+    def serving(self):
+        return self.core.serving if self.core is not None else self._serving
+
+    @property
+    def recorder(self):
+        return self.core.recorder if self.core is not None else None
+
+    @property
+    def notifier(self):
+        return self.core.notifier if self.core is not None else None
+
+    def _say(self, text: str, sev: str = "info") -> None:
+        if not self._drawing():
+            return
+        self.dashboard.events.note(text, {"bad": "red", "warn": "yellow"}.get(sev, "cyan"))
+        if sev in ("warn", "bad"):
+            self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
+
+    def _start_core(self, attached: bool) -> None:
+        """The core over the monitor: flight recorder (on its own only: attached, the collector records),
+        exhaustion warning + opt-in guard, notifications, post-mortems, endpoint following (all below the TUI)."""
+        from ..collector.core import Collector
         from ..recorder.postmortem import one_line
-        colour = {"bad": "red", "warn": "yellow"}
-        def say(text: str, sev: str = "info") -> None:
-            if not self._drawing():
-                return
-            self.dashboard.events.note(text, colour.get(sev, "cyan"))
-            if sev in ("warn", "bad"):
-                self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
-        if self.record:
-            try:
-                self.recorder = Recorder.open(self.cluster, on_status=say)    # its file's faults, said here
+        self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
+                                     say=self._say, acting=not attached, replay=self.replay_at is not None,
+                                     serving_factory=self._serving_factory, bell=self.bell)
+        if self.record and not attached:
+            try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
+                core.open_recorder(role="console", on_postmortem=lambda pm: (
+                    self._say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad"),
+                    self._show_postmortem(pm)))
             except Exception as exc:    # a disk problem must not take the console down: say it, run without
                 self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
-        if self.recorder is not None:
-            self.recorder.attach(self.monitor)
-            self.recorder.attach_alerts(self.alerts)
-            if self.serving is not None:
-                self.recorder.attach_serving(self.serving)
-            self.recorder.on_postmortem = lambda pm: (
-                say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad"),
-                self._show_postmortem(pm))
-        guardian = Guardian(self.cluster, self.alerts, recorder=self.recorder, say=say,
-                            replay=self.replay_at is not None)
-        self._unsubscribe.append(self.monitor.subscribe(guardian.on_node))
-        self.notifier = Notifier(self.cluster.notify, bell=self.bell, cluster=self.cluster.source)
-        self._unsubscribe.append(self.alerts.subscribe(self.notifier.submit))
+        self._unsubscribe.append(self.alerts.subscribe(self._alert_changed))
+        self._unsubscribe.append(core.subscribe_endpoints(self._endpoint_changed))
+        self._unsubscribe.append(core.subscribe_follow(self._followed))
+
+    def _attach_status(self, text: str, severity: str) -> None:
+        """collector/attach.py's one line: attached, on its own, lost the collector, attached again."""
+        if not self._drawing():
+            return
+        self.dashboard.events.note(text, {"warn": "yellow", "bad": "red"}.get(severity, "cyan"))
+        self.notify(text, title="collector", severity="warning" if severity in ("warn", "bad") else "information",
+                    timeout=10)
 
     def _say_notes(self, mon) -> None:
         """A replay's notes (recorder/replay.py: the unreadable parts of a damaged recorder file), said on screen."""
@@ -167,7 +184,8 @@ class SparkConsoleApp(NodeActions, App):
         """[ / ]: the dashboard as it was 5 minutes further back / forward (an hour at most), from the flight
         recorder, labelled REPLAY; back at 0 it is live again. The live monitor, the recorder and the guard keep
         running underneath; alerts are not fed from the replay, and a replayed node refuses commands."""
-        if self.recorder is None:
+        path = await self._recorder_file()
+        if path is None:
             self.notify("no flight recorder in this console: nothing to scrub back through", severity="warning")
             return
         back = max(0, min(self.SCRUB_MAX_MIN, self._scrub_back - minutes))
@@ -177,9 +195,8 @@ class SparkConsoleApp(NodeActions, App):
         at = time.time() - back * 60
         mon = None
         if back:
-            await asyncio.to_thread(self.recorder.store.flush)
             try:
-                mon = replay_monitor_factory(self.recorder.store.path, at)(self.cluster)
+                mon = replay_monitor_factory(path, at)(self.cluster)
             except Exception as exc:   # nothing recorded then: say so, stay where we are
                 self.notify(" ".join(str(exc).split())[:200], severity="warning")
                 return
@@ -194,6 +211,15 @@ class SparkConsoleApp(NodeActions, App):
         self.sub_title = self._title()
         self.screen.refresh_bindings()      # node-changing keys hide on a past moment and come back live
         self.mark_all_dirty()
+
+    async def _recorder_file(self):
+        """The recorder file to scrub back through: this console's (flushed first), or the collector's it is
+        attached to."""
+        if self.recorder is not None:
+            await asyncio.to_thread(self.recorder.store.flush)
+            return self.recorder.store.path
+        collector = getattr(self.core.monitor if self.core else None, "collector", None) or {}
+        return collector.get("recorder") if getattr(self.core.monitor, "attached", False) else None
 
     async def _end_scrub(self) -> None:
         if self._live_monitor is None:
@@ -264,20 +290,22 @@ class SparkConsoleApp(NodeActions, App):
             if self.monitor is None:
                 if self._monitor_factory is not None:
                     self.monitor = self._monitor_factory(self.cluster)
+                elif self.attach:
+                    from ..collector.attach import AttachedMonitor
+                    self.monitor = AttachedMonitor(self.cluster)
                 else:
                     from ..nodes.monitor import ClusterMonitor
                     self.monitor = ClusterMonitor(self.cluster)
-            if self.serving is None and self.cluster.endpoints:
-                from ..serving.endpoint import ServingMonitor
-                self.serving = (self._serving_factory or ServingMonitor)(self.cluster)
+            attached = False
+            if hasattr(self.monitor, "probe"):
+                self._unsubscribe.append(self.monitor.subscribe_status(self._attach_status))
+                attached = await self.monitor.probe()
+            if self._stopped:
+                return
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
             self._say_notes(self.monitor)
-            self._start_guard()
-            if self.serving is not None:
-                self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
-            await self.monitor.start()
-            if self.serving is not None:
-                await self.serving.start()
+            self._start_core(attached)
+            await self.core.start()
         except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
             self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
             self.dashboard.events.note(f"monitor: {exc}", "red")
@@ -296,14 +324,13 @@ class SparkConsoleApp(NodeActions, App):
         for unsub in self._unsubscribe:
             unsub()
         self._unsubscribe.clear()
-        if self.serving is not None:
-            await self.serving.stop()
-        if self.monitor is not None:
-            await self.monitor.stop()
-        if self.recorder is not None:
-            self.recorder.close()
-        if self.notifier is not None:
-            self.notifier.close()
+        if self.core is not None:
+            await self.core.stop(settle=False)     # the recorder file closed (checkpointed) on every clean exit
+        else:
+            if self._serving is not None:
+                await self._serving.stop()
+            if self.monitor is not None:
+                await self.monitor.stop()
 
     async def action_quit(self) -> None:
         await self.stop_monitors()
@@ -336,11 +363,10 @@ class SparkConsoleApp(NodeActions, App):
         return self.monitor.nodes.get(name) if self.monitor is not None else None
 
     def guards_for(self, nm) -> list:
-        last = nm.last
-        if last is None:
-            return []
-        from ..nodes.guard import evaluate_guards
-        return evaluate_guards(last.guards, last.mem, nm.containers, nm.config.container)
+        if self.core is not None:
+            return self.core.guards(nm)
+        from ..collector.core import guards_of
+        return guards_of(nm)
 
     def node_facts(self):
         """What preflight learns from the live nodes: guard results, host memory, unified memory."""
@@ -384,7 +410,7 @@ class SparkConsoleApp(NodeActions, App):
             shown = [nm.last.time for nm in self.monitor.nodes.values() if nm.last is not None]
             if shown:
                 self.sub_title = self._title(max(shown))
-        # Alerts for every node that changed; drawing only for panels in view (the rest on scroll or resume).
+        # Drawing only for panels in view (the rest on scroll or resume).
         drawn = self.dashboard.drawn() if dirty else ()
         # In the cluster file's order, not the set's (which hash seeds shuffle): events and toasts read the same
         # way on every run.
@@ -393,11 +419,8 @@ class SparkConsoleApp(NodeActions, App):
             panel = self.dashboard.panels.get(name)
             if nm is None or panel is None:
                 continue
-            guards = self.guards_for(nm)
             if panel in drawn:
-                panel.show(nm, guards, now, self.cluster.thresholds, drawn=drawn)
-            if self.alerts is not None and self._live_monitor is None:   # never from a replay
-                self._take_alerts(self.alerts.observe_node(nm, guards))
+                panel.show(nm, self.guards_for(nm), now, self.cluster.thresholds, drawn=drawn)
         if dirty:
             self._show_launches()
         eps, self._dirty_eps = self._dirty_eps, set()
@@ -408,8 +431,6 @@ class SparkConsoleApp(NodeActions, App):
             if snap is None or panel is None:
                 continue
             panel.show(snap, now)
-            if self.alerts is not None:
-                self._take_alerts(self.alerts.observe_endpoint(snap, self._endpoint_power(name)))
 
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
@@ -420,42 +441,27 @@ class SparkConsoleApp(NodeActions, App):
             self._launches_shown = shown
             if self._recipes_screen is not None:
                 self._recipes_screen.launches_changed()
-        if self.alerts is not None:
-            self._take_alerts(self.alerts.observe_launches(groups))
-        wanted = served_endpoints(groups, self.cluster.endpoints)
-        if wanted != (self._wanted_eps or self.cluster.endpoints) and self.replay_at is None \
-                and self._live_monitor is None and not self._stopped:
-            self._wanted_eps = wanted
-            self.run_worker(self._follow_endpoints(), name="follow-endpoints", exit_on_error=False)
 
-    async def _follow_endpoints(self) -> None:
-        """Poll where the launches serve (a recipe's own port, a router): panels appear, move and go with them."""
-        async with self._follow_lock:
-            if self._stopped:
-                return
-            if self.serving is None:
-                from dataclasses import replace
-                from ..serving.endpoint import ServingMonitor
-                self.serving = (self._serving_factory or ServingMonitor)(replace(self.cluster, endpoints=()))
-                self._unsubscribe.append(self.serving.subscribe(self._endpoint_changed))
-                await self.serving.start()
-            wanted = self._wanted_eps
-            added, moved, removed = await self.serving.follow(wanted)
-            if added or moved or removed:
-                await self.dashboard.follow_endpoints({ep.name: ep for ep in wanted}, added, moved, removed)
-                configured = {ep.name: ep.url for ep in self.cluster.endpoints}
-                for name in moved:
-                    url = self.serving.endpoints[name].config.url
-                    why = "the cluster file's endpoint" if configured.get(name) == url else "where the launch serves"
-                    self.dashboard.events.note(f"{name}: polling {url}, {why}", "cyan")
+    def _followed(self, change: tuple) -> None:
+        """The core polls where the launches serve now (a recipe's own port, a router): panels appear, move and go
+        with them."""
+        if self._drawing():
+            self.run_worker(self._show_followed(*change), name="follow-endpoints", exit_on_error=False)
 
-    def _endpoint_power(self, name: str) -> float | None:
-        em = self.serving.endpoints.get(name) if self.serving is not None else None
-        ep = em.config if em is not None else None
-        nm = self.node_monitor(ep.node) if ep and ep.node else None
-        if nm is None or nm.last is None or not nm.last.gpus:
-            return None
-        return nm.last.gpus[0].power_w
+    async def _show_followed(self, wanted, added, moved, removed) -> None:
+        await self.dashboard.follow_endpoints({ep.name: ep for ep in wanted}, added, moved, removed)
+        configured = {ep.name: ep.url for ep in self.cluster.endpoints}
+        for name in moved:
+            em = self.serving.endpoints.get(name) if self.serving is not None else None
+            if em is None:
+                continue
+            url = em.config.url
+            why = "the cluster file's endpoint" if configured.get(name) == url else "where the launch serves"
+            self.dashboard.events.note(f"{name}: polling {url}, {why}", "cyan")
+
+    def _alert_changed(self, alert) -> None:
+        if self._drawing():
+            self._take_alerts((alert,))
 
     def _take_alerts(self, alerts) -> None:
         # The engine returns changes only (raised, severity changed, cleared): each one is news.
