@@ -60,9 +60,9 @@ def build_app(args: argparse.Namespace):
             from ..nodes.replay import replay_factory
             return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))
         return SparkConsoleApp(cluster, monitor_factory=replayed, notice=resolved.origin)
-    # The monitor (and the SSH stack under it) is built after the first frame.
-    # the flight recorder keeps live clusters only
-    return SparkConsoleApp(cluster, record=True, notice=resolved.origin)
+    # The monitor (and the SSH stack under it) is built after the first frame: attached to the cluster's collector
+    # (`sparkconsole record`) when one runs, else its own, which then keeps the flight recorder (live clusters only).
+    return SparkConsoleApp(cluster, record=True, attach=True, notice=resolved.origin)
 
 
 def run(args: argparse.Namespace) -> int:
