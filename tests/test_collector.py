@@ -1,0 +1,171 @@
+"""One collector per cluster, many viewers (issue 28), on the real sshd test nodes: `sparkconsole record` as a
+process holds the one agent per node and writes the recorder file; a console (in this process), `status --watch`
+and the exporter (processes) attach to its socket. SIGKILLed, the viewers say so, mark what they show STALE and
+go on with agents of their own; the file is sound; a new collector takes over and the viewers attach again."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import psutil
+import pytest
+
+from sparkconsole.config import load_cluster
+from sparkconsole.nodes.samples import NodeState
+from sparkconsole.recorder.reader import RecorderReader
+from sparkconsole.tui.app import SparkConsoleApp
+from tests.helpers import free_port, wait_for
+from tests.test_status import cluster_yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+pytestmark = pytest.mark.sshd
+
+
+def agents(node) -> int:
+    """Agent processes running on a test node (the monitor's bootstrap names `_sparkconsole_pynvml`)."""
+    n = 0
+    for pid in node.session_pids():
+        try:
+            p = psutil.Process(pid)
+            if p.name().startswith("python") and "_sparkconsole_pynvml" in " ".join(p.cmdline()):
+                n += 1
+        except psutil.Error:
+            continue
+    return n
+
+
+def integrity(path: Path) -> str:
+    db = sqlite3.connect(path)
+    try:
+        return db.execute("PRAGMA integrity_check").fetchone()[0]
+    finally:
+        db.close()
+
+
+class Procs:
+    def __init__(self, tmp_path: Path, cfg: Path, env: dict) -> None:
+        self.tmp, self.cfg, self.env, self.all = tmp_path, cfg, env, []
+
+    def spawn(self, name: str, *args: str) -> subprocess.Popen:
+        out = open(self.tmp / f"{name}.out", "w")
+        p = subprocess.Popen([sys.executable, "-m", "sparkconsole", "--cluster", str(self.cfg), *args], cwd=ROOT,
+                             env=self.env, stdout=out, stderr=subprocess.STDOUT, text=True)
+        self.all.append(p)
+        return p
+
+    def out(self, name: str) -> str:
+        return (self.tmp / f"{name}.out").read_text()
+
+    def run(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(self.cfg), *args], cwd=ROOT,
+                              env=self.env, capture_output=True, text=True, timeout=60)
+
+    def kill_all(self) -> None:
+        for p in self.all:
+            if p.poll() is None:
+                p.kill()
+                p.wait(10)
+
+
+def consecutive(seqs: list[int]) -> bool:
+    return bool(seqs) and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+
+
+def metrics(port: int) -> str:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+            return r.read().decode()
+    except OSError:            # not listening yet
+        return ""
+
+
+async def test_one_collector_feeds_every_viewer_and_a_killed_one_is_taken_over(sshd_live, tmp_path, monkeypatch):
+    cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
+    state = tmp_path / "state"
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+    db = tmp_path / "rec.sqlite"
+    procs = Procs(tmp_path, cfg, env)
+    nodes = list(sshd_live)
+    try:
+        collector = procs.spawn("record1", "record", "--file", str(db))
+        deadline = time.monotonic() + 60
+        while "viewers attach at" not in procs.out("record1") or not all(agents(n) == 1 for n in nodes):
+            assert collector.poll() is None and time.monotonic() < deadline, procs.out("record1")
+            time.sleep(0.2)
+        status = procs.spawn("status", "status", "--watch", "--json", "--timeout", "20")
+        port = free_port()
+        exporter = procs.spawn("exporter", "exporter", "--listen", f"127.0.0.1:{port}")
+        app = SparkConsoleApp(load_cluster(cfg), attach=True, record=True)
+        async with app.run_test(size=(160, 50)) as pilot:
+            mon = lambda: app.monitor          # noqa: E731 — built after the first frame
+            await wait_for(pilot, lambda: mon() is not None and getattr(mon(), "attached", False) and all(
+                nm.state == NodeState.LIVE and len(nm.history) >= 2 for nm in mon().nodes.values()), 60,
+                "the console attached, both nodes LIVE")
+            assert app.recorder is None, "an attached console must not write the recorder file"
+            for name, what in (("status", "status"), ("exporter", "exporter")):
+                await wait_for(pilot, lambda n=name: "attached to the cluster's collector" in procs.out(n), 60,
+                               f"{what} attached")
+            await wait_for(pilot, lambda: 'sparkconsole_node_up{node="node2"} 1.0' in metrics(port), 30,
+                           "the exporter's nodes up")
+            # 1 collector + 3 viewers: one agent per node, and it stays one
+            for _ in range(8):
+                assert [agents(n) for n in nodes] == [1, 1], "a viewer started an agent of its own"
+                await pilot.pause(0.3)
+            # the one writer: a second collector is refused in one line naming the first
+            second = procs.run("record", "--duration", "1")
+            assert second.returncode != 0
+            said = [line for line in second.stderr.splitlines() if not line.startswith("cluster: ")]   # where from
+            assert len(said) == 1 and "another collector records this cluster already: sparkconsole record " \
+                f"(pid {collector.pid}, since " in said[0], second.stderr
+            # the recorder holds one stream of ticks per node
+            reader = RecorderReader(db)
+            for n in ("node1", "node2"):
+                seqs = [r["seq"] for r in reader.ticks(n, 0, time.time() + 10)]
+                assert len(seqs) >= 8 and consecutive(seqs), (n, seqs[:20])
+            reader.close()
+
+            # SIGKILL the collector
+            at_loss: list[dict] = []
+            unsub = mon().subscribe_status(lambda text, sev: at_loss.append(
+                {nm.name: nm.state for nm in mon().nodes.values()}) if text.startswith("lost") else None)
+            killed_at = time.time()
+            collector.send_signal(signal.SIGKILL)
+            collector.wait(10)
+            await wait_for(pilot, lambda: not mon().attached, 30, "the console noticing")
+            assert mon().status_line.startswith("lost the collector")
+            # ... and going on with agents of its own: LIVE on ticks read after the kill
+            await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE and nm.last.received > killed_at
+                                              for nm in mon().nodes.values()), 60, "the console on its own")
+            unsub()
+            # never stale data shown as live: the moment the loss is noticed, every node is STALE
+            assert at_loss == [{"node1": NodeState.STALE, "node2": NodeState.STALE}], at_loss
+            for name in ("status", "exporter"):
+                await wait_for(pilot, lambda n=name: "lost the collector" in procs.out(n), 60, f"{name} noticing")
+            await wait_for(pilot, lambda: 'sparkconsole_node_up{node="node1"} 1.0' in metrics(port), 60,
+                           "the exporter on its own")
+            assert status.poll() is None and exporter.poll() is None
+            assert integrity(db) == "ok"
+
+            # a new collector takes over; the viewers attach again and stop their own agents
+            procs.spawn("record2", "record", "--file", str(db))
+            await wait_for(pilot, lambda: mon().attached and mon().attaches == 2, 60, "the console attached again")
+            for name in ("status", "exporter"):
+                await wait_for(pilot, lambda n=name: "attached again" in procs.out(n), 60, f"{name} attached again")
+            await wait_for(pilot, lambda: [agents(n) for n in nodes] == [1, 1], 60, "one agent per node again")
+            retaken = time.time()
+            await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE and nm.last.received > retaken
+                                              for nm in mon().nodes.values()), 30, "live from the new collector")
+            await pilot.press("q")
+        assert "Traceback" not in procs.out("status") + procs.out("exporter")
+    finally:
+        procs.kill_all()
+    assert integrity(db) == "ok"
