@@ -5,7 +5,6 @@ go on with agents of their own; the file is sound; a new collector takes over an
 
 from __future__ import annotations
 
-import asyncio
 import os
 import signal
 import sqlite3
@@ -169,3 +168,36 @@ async def test_one_collector_feeds_every_viewer_and_a_killed_one_is_taken_over(s
     finally:
         procs.kill_all()
     assert integrity(db) == "ok"
+
+
+def test_record_serves_metrics_and_the_console_from_the_collector(sshd_live, tmp_path):
+    """docs/COLLECTOR.md's systemd unit's command line: `record --exporter ADDR --serve ADDR`, one process."""
+    cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    procs = Procs(tmp_path, cfg, env)
+    nodes = list(sshd_live)
+    mport, sport = free_port(), free_port()
+    try:
+        collector = procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"),
+                                "--exporter", f"127.0.0.1:{mport}", "--serve", f"127.0.0.1:{sport}")
+        deadline = time.monotonic() + 60
+        while not ('sparkconsole_node_up{node="node1"} 1.0' in (text := metrics(mport))
+                   and 'sparkconsole_node_up{node="node2"} 1.0' in text):
+            assert collector.poll() is None and time.monotonic() < deadline, procs.out("record")
+            time.sleep(0.2)
+        out = procs.out("record")
+        assert f"metrics at http://127.0.0.1:{mport}/metrics" in out and f"the console on http://127.0.0.1:{sport}/" \
+            in out, out
+        with urllib.request.urlopen(f"http://127.0.0.1:{sport}/", timeout=10) as r:
+            assert r.status == 200 and "sparkconsole" in r.read().decode()
+        # the exporter inside the collector reads the collector's own monitors: still one agent per node
+        assert [agents(n) for n in nodes] == [1, 1]
+        # and a status attached to it reads the collector's state at once
+        r = procs.run("status", "--json", "--timeout", "20")
+        assert r.returncode == 0 and "attached to the cluster's collector" in r.stderr, r.stderr
+        assert [agents(n) for n in nodes] == [1, 1]
+        collector.send_signal(signal.SIGTERM)
+        assert collector.wait(30) == 0, procs.out("record")
+        assert "recorded" in procs.out("record") and "Traceback" not in procs.out("record")
+    finally:
+        procs.kill_all()

@@ -99,6 +99,8 @@ class Collector:
         if not self.cluster.recorder.enabled:
             return None
         lock = WriterLock.acquire(self.cluster, role)
+        if lock.error:
+            log.warning("recorder writer lock not taken (%s): recording without it", lock.error)
         try:
             rec = Recorder.open(self.cluster, path, on_status=self.say, on_loop=on_loop)
         except BaseException:

@@ -26,14 +26,16 @@ LOCK_NAME = "lock"
 SOCKET_NAME = "sock"
 
 
-def collector_dir(cluster: ClusterConfig) -> Path:
+def collector_dir(cluster: ClusterConfig, *, create: bool = False) -> Path:
     d = paths.state_dir() / "collector" / cluster_key(cluster)
-    d.mkdir(parents=True, exist_ok=True, mode=0o700)
-    os.chmod(d, 0o700)           # mkdir's mode is masked by the umask: only this user may reach the socket
+    if create:
+        d.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(d, 0o700)       # mkdir's mode is masked by the umask: only this user may reach the socket
     return d
 
 
 def socket_path(cluster: ClusterConfig) -> Path:
+    """Where the collector listens (a viewer only looks: nothing is created)."""
     return collector_dir(cluster) / SOCKET_NAME
 
 
@@ -44,16 +46,23 @@ def describe_holder(info: dict) -> str:
 
 
 class WriterLock:
-    def __init__(self, path: Path, fd: int, info: dict) -> None:
+    def __init__(self, path: Path, fd: int | None, info: dict, error: str | None = None) -> None:
         self.path = path
         self.info = info
+        self.error = error          # why no lock could be taken (the state dir full or read-only), else None
         self._fd: int | None = fd
 
     @classmethod
     def acquire(cls, cluster: ClusterConfig, role: str) -> "WriterLock":
-        """The cluster's writer lock, or a UserError naming the process that holds it."""
-        path = collector_dir(cluster) / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        """The cluster's writer lock, or a UserError naming the process that holds it. Where the lock file cannot
+        be made at all (the state dir full, read-only), a lock with .error: the recorder keeps its rows in memory
+        until the disk is back (recorder/store.py), and must not be refused for it."""
+        info = {"pid": os.getpid(), "since": time.time(), "role": role}
+        try:
+            path = collector_dir(cluster, create=True) / LOCK_NAME
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            return cls(collector_dir(cluster) / LOCK_NAME, None, info, error=exc.strerror or str(exc))
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -68,9 +77,11 @@ class WriterLock:
         except BaseException:
             os.close(fd)
             raise
-        info = {"pid": os.getpid(), "since": time.time(), "role": role}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError:
+            pass                          # held all the same; a refused second writer just cannot name us
         return cls(path, fd, info)
 
     def release(self) -> None:
@@ -79,5 +90,7 @@ class WriterLock:
             return
         try:
             os.ftruncate(fd, 0)
+        except OSError:
+            pass
         finally:
             os.close(fd)                  # closing the only descriptor lets the lock go

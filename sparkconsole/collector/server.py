@@ -130,6 +130,8 @@ class CollectorServer:
             self._unsub.append(nm.subscribe_lines(self._on_line))
         self._unsub.append(mon.subscribe(self._on_node))
         self._unsub.append(self.core.alerts.subscribe(self._on_alert))
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.path.parent, 0o700)
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()                 # left by a collector that was killed: we hold the lock now
         with ShortPath(self.path) as where:

@@ -161,12 +161,13 @@ def _listeners(args: argparse.Namespace) -> list:
             raise UserError(f"{listen.host} is reachable from the network and no token was given", field="--exporter",
                             fix="give --exporter-token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), or listen on "
                             "127.0.0.1")
-        out.append(lambda core: _start_exporter(core, listen, token))
+        out.append(lambda core, listen=listen, token=token: _start_exporter(core, listen, token))
     if args.serve:
         from .serve import TOKEN_ENV as SERVE_TOKEN_ENV, decide
         listen = parse_listen(args.serve, "--serve")
         token, generated, read_only = decide(listen, read_token(args.serve_token_file, SERVE_TOKEN_ENV), None)
-        out.append(lambda core: _start_console_server(args, listen, token, generated, read_only))
+        out.append(lambda core, listen=listen, token=token, generated=generated, read_only=read_only:
+                   _start_console_server(args, listen, token, generated, read_only))
     return out
 
 
@@ -193,8 +194,6 @@ async def _start_console_server(args, listen, token, generated, read_only):
     except OSError as exc:
         raise UserError(f"cannot listen on {listen.host}:{listen.port}: {exc.strerror or exc}", field="--serve",
                         fix="pick a free port") from None
-    url = Listen(listen.host, server.port).url("/")
-    # a generated token is printed once, here, in the URL to open
-    print(f"the console at {url}" + (f"?token={token}" if generated else "")
-          + (" (read-only)" if read_only else ""), flush=True)
+    if generated:     # printed once, here, in the URL to open (the server's own line names the address)
+        print(f"sparkconsole serve: open {Listen(listen.host, server.port).url('/')}?token={token}", flush=True)
     return runner.cleanup
