@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from sparkconsole.recorder.reader import RecorderReader  # noqa: E402
+from tests.test_collector import agents as agents_on  # noqa: E402
 from tests.testbed.sshd import start_sshd_nodes  # noqa: E402
 
 
@@ -41,16 +42,7 @@ def cluster_file(path: Path, sshd, n: int, interval: float) -> Path:
 
 
 def agents(sshd) -> int:
-    n = 0
-    for node in sshd:
-        for pid in node.session_pids():
-            try:
-                p = psutil.Process(pid)
-                if p.name().startswith("python") and "_sparkconsole_pynvml" in " ".join(p.cmdline()):
-                    n += 1
-            except psutil.Error:
-                continue
-    return n
+    return sum(agents_on(node) for node in sshd)
 
 
 def spawn(cfg: Path, env: dict, *args: str) -> subprocess.Popen:

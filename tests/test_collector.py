@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -22,6 +21,7 @@ from sparkconsole.nodes.samples import NodeState
 from sparkconsole.recorder.reader import RecorderReader
 from sparkconsole.tui.app import SparkConsoleApp
 from tests.helpers import free_port, wait_for
+from tests.test_recorder import integrity
 from tests.test_status import cluster_yaml
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,14 +39,6 @@ def agents(node) -> int:
         except psutil.Error:
             continue
     return n
-
-
-def integrity(path: Path) -> str:
-    db = sqlite3.connect(path)
-    try:
-        return db.execute("PRAGMA integrity_check").fetchone()[0]
-    finally:
-        db.close()
 
 
 class Procs:

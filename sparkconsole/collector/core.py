@@ -43,13 +43,13 @@ def guards_of(nm) -> list[GuardResult]:
 class Collector:
     """monitor: a ClusterMonitor (or anything with .nodes, .subscribe, .start, .stop), built from the cluster when
     None. serving: a ServingMonitor, built for the cluster's endpoints when None (with_serving), or once a launch
-    serves somewhere (follow). acting: False for a viewer (no guard action, no notification). replay: a recorded
+    serves somewhere (follow; serve_launches=False: only where the cluster file has endpoints). acting: False for a viewer (no guard action, no notification). replay: a recorded
     past (the guard says what it would have done; nothing is followed)."""
 
     def __init__(self, cluster: ClusterConfig, *, monitor=None, serving=None, alerts: AlertEngine | None = None,
                  say: Say | None = None, acting: bool = True, replay: bool = False, follow: bool = True,
                  with_serving: bool = True, serving_factory: Callable | None = None, history: int = 600,
-                 bell: Callable[[], None] | None = None) -> None:
+                 bell: Callable[[], None] | None = None, serve_launches: bool = True) -> None:
         self.cluster = cluster
         if monitor is None:
             from ..nodes.monitor import ClusterMonitor
@@ -65,6 +65,7 @@ class Collector:
         self.replay = replay
         self.follow = follow and not replay
         self.with_serving = with_serving
+        self.serve_launches = serve_launches
         self.bell = bell
         self.recorder = None
         self.writer_lock = None
@@ -175,7 +176,7 @@ class Collector:
             if self._stopped:
                 return
             if self.serving is None:
-                if not self.with_serving:
+                if not (self.with_serving and self.serve_launches):
                     return
                 self.serving = self._make_serving(replace(self.cluster, endpoints=()))
                 self._unsub.append(self.serving.subscribe(self._endpoint_changed))

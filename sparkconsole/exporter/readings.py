@@ -30,5 +30,6 @@ class Readings(Collector):
             else:
                 from ..nodes.monitor import ClusterMonitor
                 monitor = ClusterMonitor(cluster, history=16)
+        # endpoints only where the cluster file names them: a launch's own endpoints are not invented as series
         super().__init__(cluster, monitor=monitor, serving=serving, alerts=alerts, with_serving=with_serving,
-                         acting=False)
+                         acting=False, serve_launches=False)

@@ -161,14 +161,6 @@ class SparkConsoleApp(NodeActions, App):
         self._unsubscribe.append(core.subscribe_endpoints(self._endpoint_changed))
         self._unsubscribe.append(core.subscribe_follow(self._followed))
 
-    def _attach_status(self, text: str, severity: str) -> None:
-        """collector/attach.py's one line: attached, on its own, lost the collector, attached again."""
-        if not self._drawing():
-            return
-        self.dashboard.events.note(text, {"warn": "yellow", "bad": "red"}.get(severity, "cyan"))
-        self.notify(text, title="collector", severity="warning" if severity in ("warn", "bad") else "information",
-                    timeout=10)
-
     def _say_notes(self, mon) -> None:
         """A replay's notes (recorder/replay.py: the unreadable parts of a damaged recorder file), said on screen."""
         for note in getattr(mon, "notes", ()):
@@ -298,7 +290,7 @@ class SparkConsoleApp(NodeActions, App):
                     self.monitor = ClusterMonitor(self.cluster)
             attached = False
             if hasattr(self.monitor, "probe"):
-                self._unsubscribe.append(self.monitor.subscribe_status(self._attach_status))
+                self._unsubscribe.append(self.monitor.subscribe_status(self._say))   # attached, alone, lost: one line
                 attached = await self.monitor.probe()
             if self._stopped:
                 return
