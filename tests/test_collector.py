@@ -193,3 +193,53 @@ def test_record_serves_metrics_and_the_console_from_the_collector(sshd_live, tmp
         assert "recorded" in procs.out("record") and "Traceback" not in procs.out("record")
     finally:
         procs.kill_all()
+
+
+async def test_a_viewer_shows_the_collectors_endpoint_polls_and_polls_itself_once_it_is_gone(tmp_path, monkeypatch):
+    """The collector's core and socket in this process over a replayed node and a real HTTP server answering like
+    vLLM: an attached viewer's endpoint shows the collector's polls (the same snapshots) and polls nothing itself;
+    when the collector closes, the viewer says so and polls the endpoint on its own."""
+    from sparkconsole.collector.attach import AttachedMonitor
+    from sparkconsole.collector.core import Collector
+    from sparkconsole.collector.lock import socket_path
+    from sparkconsole.collector.server import CollectorServer
+    from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.replay import replay_factory
+    from tests.helpers import until
+    from tests.test_endpoint import Server, vllm_routes
+    from tests.test_serving_metrics import VllmExporter, seeded_workload
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    replay = replay_factory(str(ROOT / "tests/fixtures/agent-h100-load.jsonl"), interval=0.1)
+    async with Server(vllm_routes(seeded_workload(VllmExporter("v1")))) as srv:
+        cluster = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),),
+                                endpoints=(EndpointConfig(name="vllm1", url=srv.url, node="spark1"),),
+                                source=str(tmp_path / "c.yaml"))
+        core = Collector(cluster, monitor=ClusterMonitor(cluster, transport_factory=replay))
+        server = CollectorServer(core, socket_path(cluster), info={"pid": os.getpid(), "role": "record"})
+        await server.start()
+        await core.start()
+        viewer_mon = AttachedMonitor(cluster, transport_factory=replay, retry_s=0.2)
+        said: list[str] = []
+        viewer_mon.subscribe_status(lambda text, sev: said.append(text))
+        viewer = Collector(cluster, monitor=viewer_mon, acting=False, serving_factory=viewer_mon.serving_for)
+        try:
+            await until(lambda: core.serving.endpoints["vllm1"].latest is not None, 20, "the collector's first poll")
+            await viewer.start()
+            assert viewer_mon.attached and said[-1].startswith("attached to the cluster's collector")
+            em = viewer.serving.endpoints["vllm1"]
+            await until(lambda: em.latest is not None and viewer_mon.nodes["spark1"].last is not None, 20,
+                        "the collector's state in the viewer")
+            mine = core.serving.endpoints["vllm1"]
+            await until(lambda: em.latest == mine.latest, 20, "the same snapshot on both sides")
+            assert em.latest.running == 8 and em._task is None, "an attached viewer must not poll"
+            # the collector goes: the viewer says so and polls for itself
+            await server.stop()
+            await until(lambda: em._task is not None, 20, "the viewer polling on its own")
+            assert any(text.startswith("lost the collector") for text in said)
+            polled = em.latest.time
+            await until(lambda: em.latest.time > polled, 20, "a poll of the viewer's own")
+        finally:
+            await viewer.stop()
+            await core.stop()

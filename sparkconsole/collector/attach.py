@@ -9,6 +9,9 @@ parsed by the same NodeMonitor.handle_line, with their STALE / DOWN from the col
 timer as ever (no tick for 3 intervals: STALE). Their transports stay, unconnected until used: actions
 (restart, stop, launch, guard fixes) are the viewer's own, over its own connection.
 
+Endpoints likewise (AttachedServing, built by `serving_for`): attached, the viewer follows the same launches to
+the same endpoints and shows the collector's polls of them; on its own, it polls them itself.
+
 A viewer that loses its collector says so, marks every LIVE node STALE at once (what it shows is no longer
 live), and starts its own agents; it tries the socket again every RETRY_S and, when a collector answers, stops
 its agents and attaches again.
@@ -27,9 +30,10 @@ from ..config import ClusterConfig
 from ..nodes.monitor import ClusterMonitor
 from ..nodes.samples import NodeState
 from ..nodes.transport import make_transport
+from ..serving.endpoint import ServingMonitor
 from ..subscribers import Subscribers
 from .lock import describe_holder, socket_path
-from .wire import MAX_LINE, ShortPath, decode
+from .wire import MAX_LINE, ShortPath, decode, snapshot_from
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +57,12 @@ class AttachedMonitor(ClusterMonitor):
         self._writer: asyncio.StreamWriter | None = None
         self._loop_task: asyncio.Task | None = None
         self._local = False
+        self._servings: list[AttachedServing] = []
+        self.endpoint_msgs: dict[str, dict] = {}     # each endpoint's last poll from the collector
+
+    def serving_for(self, cluster: ClusterConfig) -> "AttachedServing":
+        """The ServingMonitor a viewer's core builds (collector/core.py's serving_factory)."""
+        return AttachedServing(cluster, self)
 
     def subscribe_status(self, cb: Callable[[str, str], None]) -> Callable[[], None]:
         return self._status_subs.add(lambda item: cb(*item))
@@ -124,6 +134,7 @@ class AttachedMonitor(ClusterMonitor):
             return False
         self.attached = True
         self.attaches += 1
+        self._servings_local(False)
         return True
 
     async def _next(self) -> dict | None:
@@ -145,6 +156,11 @@ class AttachedMonitor(ClusterMonitor):
         kind = d["type"]
         if kind == "collector":
             self.collector = d
+            return
+        if kind == "endpoint" and isinstance(d.get("snap"), dict):
+            self.endpoint_msgs[str(d.get("name"))] = d
+            for serving in self._servings:
+                serving.feed(d)
             return
         if kind == "alert":
             if d.get("active"):
@@ -175,8 +191,13 @@ class AttachedMonitor(ClusterMonitor):
                     nm.since = d["since"]
 
     # --- following the collector, or watching on our own ---------------------------------------------------
+    def _servings_local(self, local: bool) -> None:
+        for serving in self._servings:
+            asyncio.get_running_loop().create_task(serving.set_local(local))
+
     def _go_local(self) -> None:
         self._local = True
+        self._servings_local(True)
         for nm in self.nodes.values():
             if nm.transport is not None:
                 nm.start()
@@ -206,3 +227,48 @@ class AttachedMonitor(ClusterMonitor):
                 if await self._attach():
                     self._say(f"attached again to the cluster's collector, {self._who()}; this viewer's own "
                               "agents stopped")
+
+
+class AttachedServing(ServingMonitor):
+    """A viewer's endpoints: while its monitor is attached, no poll of its own, the collector's polls published as
+    if they were; on its own, polled as ever."""
+
+    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, **kw) -> None:
+        super().__init__(config, **kw)
+        self.monitor = monitor
+        monitor._servings.append(self)
+
+    async def start(self) -> None:
+        if self.monitor.attached:
+            self._started = True
+            return
+        await super().start()
+
+    async def follow(self, wanted):
+        started = self._started
+        self._started = started and not self.monitor.attached     # attached: new endpoints are not polled here
+        try:
+            added, moved, removed = await super().follow(wanted)
+        finally:
+            self._started = started
+        for name in (*added, *moved):          # the collector may have sent their polls before we followed
+            if (d := self.monitor.endpoint_msgs.get(name)) is not None:
+                self.feed(d)
+        return added, moved, removed
+
+    def feed(self, d: dict) -> None:
+        em = self.endpoints.get(d.get("name"))
+        if em is None or em.config.url != d.get("url") or self.monitor._local:
+            return
+        try:
+            snap = snapshot_from(d["snap"])
+        except (TypeError, ValueError):
+            return
+        if em.latest is None or snap.time > em.latest.time:
+            em._publish(snap)
+
+    async def set_local(self, local: bool) -> None:
+        if not self._started:
+            return
+        for em in list(self.endpoints.values()):
+            await (em.start() if local else em.stop())

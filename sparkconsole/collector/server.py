@@ -41,6 +41,7 @@ class CollectorServer:
         self.path = Path(path)
         self.info = info
         self.nodes: dict[str, _NodeWire] = {name: _NodeWire() for name in core.monitor.nodes}
+        self.endpoints: dict[str, bytes] = {}       # name -> its last poll, as sent
         self._clients: set[asyncio.StreamWriter] = set()
         self._server: asyncio.AbstractServer | None = None
         self._unsub: list = []
@@ -72,6 +73,14 @@ class CollectorServer:
             return
         w.state = state
         self._send(self._node_msg(nm))
+
+    def _on_endpoint(self, em) -> None:
+        snap = getattr(em, "latest", None)
+        if snap is None:
+            return
+        data = encode("endpoint", name=snap.name, url=em.config.url, node=em.config.node, snap=asdict(snap))
+        self.endpoints[snap.name] = data
+        self._send(data)
 
     def _on_alert(self, alert) -> None:
         self._send(encode("alert", **asdict(alert)))
@@ -105,6 +114,7 @@ class CollectorServer:
                     line = json.dumps(d, separators=(",", ":"))
                 out.append(encode("tick", node=name, rx=rx, time=t, line=line))
             out.append(self._node_msg(nm))
+        out += list(self.endpoints.values())
         out += [encode("alert", **asdict(a)) for a in self.core.alerts.active.values()]
         out.append(encode("ready"))
         return out
@@ -130,6 +140,7 @@ class CollectorServer:
             self._unsub.append(nm.subscribe_lines(self._on_line))
         self._unsub.append(mon.subscribe(self._on_node))
         self._unsub.append(self.core.alerts.subscribe(self._on_alert))
+        self._unsub.append(self.core.subscribe_endpoints(self._on_endpoint))
         self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.path.parent, 0o700)
         with contextlib.suppress(FileNotFoundError):

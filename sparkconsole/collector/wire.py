@@ -4,11 +4,12 @@
     hello       {node, rx, line}                         the agent's own hello line, as the collector took it
     tick        {node, rx, time, line}                   the agent's own tick line (nodes/samples.py reads both)
     node        {node, state, since, error, bad_lines, reboots}   a node's state, when it changes
+    endpoint    {name, url, node, snap}                  an endpoint poll (serving/endpoint.py's snapshot)
     alert       {key, severity, source, message, time, active}    every raise and clear
     ready       {}                                       the current state has been sent; changes follow
 
 On connect a viewer gets `collector`, then for each node its hello, its last ticks (the last one with the node's
-containers in it) and its state, then the active alerts, then `ready`; after that each change as it happens.
+containers in it) and its state, then each endpoint's last poll, the active alerts, then `ready`; after that each change as it happens.
 The agent's lines travel as they came, so a viewer parses them with the same code a monitor uses, and `rx` (when
 the collector received them) keeps every age the same on both sides.
 """
@@ -53,3 +54,16 @@ class ShortPath:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+def _tuples(v):
+    return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
+
+
+def snapshot_from(d: dict):
+    """An endpoint message's `snap` back into the EndpointSnapshot the collector polled (JSON lists → tuples)."""
+    from dataclasses import fields
+
+    from ..serving.endpoint import EndpointSnapshot
+    names = {f.name for f in fields(EndpointSnapshot)}
+    return EndpointSnapshot(**{k: _tuples(v) for k, v in d.items() if k in names})

@@ -32,4 +32,4 @@ class Readings(Collector):
                 monitor = ClusterMonitor(cluster, history=16)
         # endpoints only where the cluster file names them: a launch's own endpoints are not invented as series
         super().__init__(cluster, monitor=monitor, serving=serving, alerts=alerts, with_serving=with_serving,
-                         acting=False, serve_launches=False)
+                         acting=False, serve_launches=False, serving_factory=getattr(monitor, "serving_for", None))

@@ -149,7 +149,8 @@ class SparkConsoleApp(NodeActions, App):
         from ..recorder.postmortem import one_line
         self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
                                      say=self._say, acting=not attached, replay=self.replay_at is not None,
-                                     serving_factory=self._serving_factory, bell=self.bell)
+                                     serving_factory=self._serving_factory or getattr(self.monitor, "serving_for", None),
+                                     bell=self.bell)
         if self.record and not attached:
             try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
                 core.open_recorder(role="console", on_postmortem=lambda pm: (
