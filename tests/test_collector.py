@@ -243,3 +243,44 @@ async def test_a_viewer_shows_the_collectors_endpoint_polls_and_polls_itself_onc
         finally:
             await viewer.stop()
             await core.stop()
+
+
+@pytest.mark.slow
+async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
+    """`record --serve --exporter` and two chromium tabs: each tab's console attaches (says so on screen) and
+    shows the nodes' readings; still one agent per node. (Time to the first reading: benchmarks/tab_open.py.)"""
+    import re
+
+    from tests.helpers import until
+    from tests.test_serve import CHROMIUM, CHROMIUM_ARGS, Screen, _need_browser
+
+    pw_api = _need_browser()
+    cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    procs = Procs(tmp_path, cfg, env)
+    nodes = list(sshd_live)
+    mport, sport = free_port(), free_port()
+    try:
+        procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"), "--exporter", f"127.0.0.1:{mport}",
+                    "--serve", f"127.0.0.1:{sport}")
+        await until(lambda: 'sparkconsole_node_up{node="node2"} 1.0' in metrics(mport), 60, "the collector up")
+        async with pw_api.async_playwright() as pw:
+            browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+            try:
+                screens = []
+                for _ in range(2):
+                    page = await browser.new_page(viewport={"width": 1600, "height": 1000})
+                    await page.route(re.compile(r"^(?!https?://127\.0\.0\.1[:/]|ws://127\.0\.0\.1[:/]).*"),
+                                     lambda route: route.abort())
+                    screen = Screen()
+                    page.on("websocket", screen.on_ws)
+                    await page.goto(f"http://127.0.0.1:{sport}/")
+                    screens.append(screen)
+                for screen in screens:
+                    await until(lambda s=screen: "GiB free" in s.text and "attached to the cluster's collector"
+                                in " ".join(s.text.split()), 120, "a tab attached, with the nodes' readings")
+                assert [agents(n) for n in nodes] == [1, 1]
+            finally:
+                await browser.close()
+    finally:
+        procs.kill_all()

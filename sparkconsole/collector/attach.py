@@ -6,8 +6,9 @@
 
 Attached, the node monitors run no agent: they are fed the agent lines the collector took (collector/wire.py),
 parsed by the same NodeMonitor.handle_line, with their STALE / DOWN from the collector and the same staleness
-timer as ever (no tick for 3 intervals: STALE). Their transports stay, unconnected until used: actions
-(restart, stop, launch, guard fixes) are the viewer's own, over its own connection.
+timer as ever (no tick for 3 intervals: STALE). Their transports are made on first use (attached, the SSH stack
+is not even imported until then): actions (restart, stop, launch, guard fixes) are the viewer's own, over its own
+connection.
 
 Endpoints likewise (AttachedServing, built by `serving_for`): attached, the viewer follows the same launches to
 the same endpoints and shows the collector's polls of them; on its own, it polls them itself.
@@ -44,7 +45,8 @@ SNAPSHOT_TIMEOUT_S = 10.0  # a collector that answers sends its current state wi
 class AttachedMonitor(ClusterMonitor):
     def __init__(self, config: ClusterConfig, *, socket: Path | None = None, transport_factory=make_transport,
                  history: int = 600, retry_s: float = RETRY_S) -> None:
-        super().__init__(config, transport_factory=transport_factory, history=history)
+        super().__init__(config, transport_factory=lambda node, ssh: _LazyTransport(transport_factory, node, ssh),
+                         history=history)
         self.socket = Path(socket) if socket is not None else socket_path(config)
         self.retry_s = retry_s
         self.attached = False
@@ -227,6 +229,31 @@ class AttachedMonitor(ClusterMonitor):
                 if await self._attach():
                     self._say(f"attached again to the cluster's collector, {self._who()}; this viewer's own "
                               "agents stopped")
+
+
+class _LazyTransport:
+    """A node's transport, made on its first use."""
+
+    def __init__(self, factory, node, ssh) -> None:
+        self._args = (factory, node, ssh)
+        self._real = None
+
+    def _get(self):
+        if self._real is None:
+            factory, node, ssh = self._args
+            self._real = factory(node, ssh)
+        return self._real
+
+    @property
+    def connected(self) -> bool:
+        return self._real is not None and self._real.connected
+
+    async def close(self) -> None:
+        if self._real is not None:
+            await self._real.close()
+
+    def __getattr__(self, name: str):
+        return getattr(self._get(), name)
 
 
 class AttachedServing(ServingMonitor):

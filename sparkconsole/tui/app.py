@@ -41,10 +41,11 @@ AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its ag
 READ_ONLY_ENV = "SPARKCONSOLE_READ_ONLY"
 
 
-def _import_layers(serving: bool) -> None:
+def _import_layers(serving: bool, attach: bool = False) -> None:
     """Runs in a thread: the modules the monitors need, imported while the event loop keeps drawing."""
     import importlib
-    importlib.import_module("sparkconsole.nodes.monitor")
+    importlib.import_module("sparkconsole.collector.attach" if attach else "sparkconsole.nodes.monitor")
+    importlib.import_module("sparkconsole.collector.core")
     if serving:
         importlib.import_module("sparkconsole.serving.endpoint")
 
@@ -211,8 +212,9 @@ class SparkConsoleApp(NodeActions, App):
         if self.recorder is not None:
             await asyncio.to_thread(self.recorder.store.flush)
             return self.recorder.store.path
-        collector = getattr(self.core.monitor if self.core else None, "collector", None) or {}
-        return collector.get("recorder") if getattr(self.core.monitor, "attached", False) else None
+        live = self.core.monitor if self.core is not None else None
+        collector = getattr(live, "collector", None) or {}
+        return collector.get("recorder") if getattr(live, "attached", False) else None
 
     async def _end_scrub(self) -> None:
         if self._live_monitor is None:
@@ -277,7 +279,8 @@ class SparkConsoleApp(NodeActions, App):
 
     async def _start_monitors(self) -> None:
         try:
-            await asyncio.to_thread(_import_layers, bool(self.cluster.endpoints and self.serving is None))
+            await asyncio.to_thread(_import_layers, bool(self.cluster.endpoints and self.serving is None),
+                                    self.attach and self.monitor is None and self._monitor_factory is None)
             if self._stopped:
                 return
             if self.monitor is None:
