@@ -47,7 +47,12 @@ class AttachedMonitor(ClusterMonitor):
                  history: int = 600, retry_s: float = RETRY_S) -> None:
         super().__init__(config, transport_factory=lambda node, ssh: _LazyTransport(transport_factory, node, ssh),
                          history=history)
-        self.socket = Path(socket) if socket is not None else socket_path(config)
+        if socket is None:
+            try:
+                socket = socket_path(config)
+            except OSError:              # no state dir to be had (read-only home): no collector to find either
+                socket = None
+        self.socket = Path(socket) if socket is not None else None
         self.retry_s = retry_s
         self.attached = False
         self.collector: dict | None = None          # the collector's own line while attached (pid, since, …)
@@ -103,7 +108,7 @@ class AttachedMonitor(ClusterMonitor):
 
     # --- attaching -----------------------------------------------------------------------------------------
     async def _connect(self) -> bool:
-        if not self.socket.exists():
+        if self.socket is None or not self.socket.exists():
             return False
         try:
             with ShortPath(self.socket) as where:
