@@ -165,4 +165,5 @@ def test_unattended_record_sends_a_down_node_to_the_webhook(sshd_live, tmp_path)
     hooks = [json.loads(b) for _, _, b in rx.got]
     assert any(h["node"] == "gone" and h["state"] == "raised" and h["severity"] == "bad" for h in hooks), hooks
     alerts = [e["data"] for e in RecorderReader(tmp_path / "r.sqlite").events("gone", 0, 2e9, ("alert",))]
-    assert alerts and alerts[0]["key"] == "node:gone:state"
+    # (its endpoint's alert may come first: the collector's core feeds endpoint polls to the rules, as the console)
+    assert any(a["key"] == "node:gone:state" for a in alerts), alerts

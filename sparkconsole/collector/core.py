@@ -219,6 +219,9 @@ class Collector:
             return
         self._started = True
         self._wire()
+        for nm in self.monitor.nodes.values():      # what a monitor already holds is judged now, not at its next tick
+            if nm.last is not None:
+                self._node_changed(nm)
         await self.monitor.start()
         if self.serving is not None:
             await self.serving.start()

@@ -111,6 +111,7 @@ class SparkConsoleApp(NodeActions, App):
         self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
         self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
+        self._alerts_due: list = []         # alerts the core raised or cleared since the last frame
         self._shown: set[str] = set()      # nodes whose first reading has been drawn
         self._unsubscribe: list[Callable[[], None]] = []
         self._last_age_refresh = 0.0
@@ -419,6 +420,8 @@ class SparkConsoleApp(NodeActions, App):
                 panel.show(nm, self.guards_for(nm), now, self.cluster.thresholds, drawn=drawn)
         if dirty:
             self._show_launches()
+        due, self._alerts_due = self._alerts_due, []
+        self._take_alerts(due)
         eps, self._dirty_eps = self._dirty_eps, set()
         for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
@@ -456,8 +459,9 @@ class SparkConsoleApp(NodeActions, App):
             self.dashboard.events.note(f"{name}: polling {url}, {why}", "cyan")
 
     def _alert_changed(self, alert) -> None:
+        # raised, recorded and notified by the core on the tick; shown with the next frame
         if self._drawing():
-            self._take_alerts((alert,))
+            self._alerts_due.append(alert)
 
     def _take_alerts(self, alerts) -> None:
         # The engine returns changes only (raised, severity changed, cleared): each one is news.
