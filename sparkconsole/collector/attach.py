@@ -122,7 +122,8 @@ class AttachedMonitor(ClusterMonitor):
         """Connect (unless probe() did), stop our own agents, read the collector's current state up to `ready`."""
         if self._writer is None and not await self._connect():
             return False
-        if self._local:
+        was_local = self._local
+        if was_local:
             self._local = False
             await asyncio.gather(*(nm.stop() for nm in self.nodes.values()), return_exceptions=True)
         self.collector_alerts.clear()
@@ -138,6 +139,8 @@ class AttachedMonitor(ClusterMonitor):
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
             log.info("collector at %s: %s", self.socket, exc)
             self._close()
+            if was_local:
+                self._go_local()          # it went away while sending its state: on our own again
             return False
         self.attached = True
         self.attaches += 1
