@@ -25,7 +25,7 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from ..config import ClusterConfig
 from ..nodes.monitor import ClusterMonitor
@@ -43,7 +43,8 @@ SNAPSHOT_TIMEOUT_S = 10.0  # a collector that answers sends its current state wi
 
 
 class AttachedMonitor(ClusterMonitor):
-    def __init__(self, config: ClusterConfig, *, socket: Path | None = None, transport_factory=make_transport,
+    def __init__(self, config: ClusterConfig, *, socket: Path | None = None,
+                 transport_factory: Callable[..., Any] = make_transport,
                  history: int = 600, retry_s: float = RETRY_S) -> None:
         super().__init__(config, transport_factory=lambda node, ssh: _LazyTransport(transport_factory, node, ssh),
                          history=history)
@@ -55,17 +56,17 @@ class AttachedMonitor(ClusterMonitor):
         self.socket = Path(socket) if socket is not None else None
         self.retry_s = retry_s
         self.attached = False
-        self.collector: dict | None = None          # the collector's own line while attached (pid, since, …)
-        self.collector_alerts: dict[str, dict] = {}  # its active alerts
+        self.collector: dict[str, Any] | None = None          # the collector's own line while attached (pid, since, …)
+        self.collector_alerts: dict[str, dict[str, Any]] = {}  # its active alerts
         self.status_line = ""
         self.attaches = 0
-        self._status_subs: Subscribers[tuple] = Subscribers("attach status")
+        self._status_subs: Subscribers[tuple[str, str]] = Subscribers("attach status")
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
-        self._loop_task: asyncio.Task | None = None
+        self._loop_task: asyncio.Task[None] | None = None
         self._local = False
         self._servings: list[AttachedServing] = []
-        self.endpoint_msgs: dict[str, dict] = {}     # each endpoint's last poll from the collector
+        self.endpoint_msgs: dict[str, dict[str, Any]] = {}     # each endpoint's last poll from the collector
 
     def serving_for(self, cluster: ClusterConfig) -> "AttachedServing":
         """The ServingMonitor a viewer's core builds (collector/core.py's serving_factory)."""
@@ -147,22 +148,23 @@ class AttachedMonitor(ClusterMonitor):
         self._servings_local(False)
         return True
 
-    async def _next(self) -> dict | None:
+    async def _next(self) -> dict[str, Any] | None:
         """The next message; None at the end of the stream."""
-        while True:
+        while self._reader is not None:
             line = await self._reader.readline()
             if not line:
                 return None
             d = decode(line)
             if d is not None:
                 return d
+        return None
 
     def _close(self) -> None:
         writer, self._writer, self._reader = self._writer, None, None
         if writer is not None:
             writer.close()
 
-    def _apply(self, d: dict) -> None:
+    def _apply(self, d: dict[str, Any]) -> None:
         kind = d["type"]
         if kind == "collector":
             self.collector = d
@@ -178,7 +180,7 @@ class AttachedMonitor(ClusterMonitor):
             else:
                 self.collector_alerts.pop(str(d.get("key")), None)
             return
-        nm = self.nodes.get(d.get("node"))
+        nm = self.nodes.get(str(d.get("node")))
         if nm is None:
             return
         if kind in ("hello", "tick") and isinstance(d.get("line"), str):
@@ -242,11 +244,11 @@ class AttachedMonitor(ClusterMonitor):
 class _LazyTransport:
     """A node's transport, made on its first use."""
 
-    def __init__(self, factory, node, ssh) -> None:
+    def __init__(self, factory: Callable[..., Any], node: Any, ssh: Any) -> None:
         self._args = (factory, node, ssh)
-        self._real = None
+        self._real: Any = None
 
-    def _get(self):
+    def _get(self) -> Any:
         if self._real is None:
             factory, node, ssh = self._args
             self._real = factory(node, ssh)
@@ -260,7 +262,7 @@ class _LazyTransport:
         if self._real is not None:
             await self._real.close()
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
 
 
@@ -268,7 +270,7 @@ class AttachedServing(ServingMonitor):
     """A viewer's endpoints: while its monitor is attached, no poll of its own, the collector's polls published as
     if they were; on its own, polled as ever."""
 
-    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, **kw) -> None:
+    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, **kw: Any) -> None:
         super().__init__(config, **kw)
         self.monitor = monitor
         monitor._servings.append(self)
@@ -279,7 +281,7 @@ class AttachedServing(ServingMonitor):
             return
         await super().start()
 
-    async def follow(self, wanted):
+    async def follow(self, wanted: Any) -> tuple[list[str], list[str], list[str]]:
         started = self._started
         self._started = started and not self.monitor.attached     # attached: new endpoints are not polled here
         try:
@@ -291,8 +293,8 @@ class AttachedServing(ServingMonitor):
                 self.feed(d)
         return added, moved, removed
 
-    def feed(self, d: dict) -> None:
-        em = self.endpoints.get(d.get("name"))
+    def feed(self, d: dict[str, Any]) -> None:
+        em = self.endpoints.get(str(d.get("name")))
         if em is None or em.config.url != d.get("url") or self.monitor._local:
             return
         try:

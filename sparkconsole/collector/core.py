@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..alerts import AlertEngine
 from ..config import ClusterConfig
@@ -27,12 +28,18 @@ from ..nodes.guard import GuardResult, evaluate_guards
 from ..nodes.launches import launch_groups, served_endpoints
 from ..subscribers import Subscribers
 
+if TYPE_CHECKING:
+    from ..notify.notifier import Notifier
+    from ..protect import Guardian
+    from ..recorder.feed import Recorder
+    from .lock import WriterLock
+
 log = logging.getLogger(__name__)
 
 Say = Callable[[str, str], None]      # say(text, severity): severity info | warn | bad
 
 
-def guards_of(nm) -> list[GuardResult]:
+def guards_of(nm: Any) -> list[GuardResult]:
     """The OOM guards of a node from its last tick."""
     t = nm.last
     if t is None:
@@ -46,9 +53,11 @@ class Collector:
     serves somewhere (follow; serve_launches=False: only where the cluster file has endpoints). acting: False for a viewer (no guard action, no notification). replay: a recorded
     past (the guard says what it would have done; nothing is followed)."""
 
-    def __init__(self, cluster: ClusterConfig, *, monitor=None, serving=None, alerts: AlertEngine | None = None,
+    def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, serving: Any = None,
+                 alerts: AlertEngine | None = None,
                  say: Say | None = None, acting: bool = True, replay: bool = False, follow: bool = True,
-                 with_serving: bool = True, serving_factory: Callable | None = None, history: int = 600,
+                 with_serving: bool = True, serving_factory: Callable[[ClusterConfig], Any] | None = None,
+                 history: int = 600,
                  bell: Callable[[], None] | None = None, serve_launches: bool = True) -> None:
         self.cluster = cluster
         if monitor is None:
@@ -67,24 +76,24 @@ class Collector:
         self.with_serving = with_serving
         self.serve_launches = serve_launches
         self.bell = bell
-        self.recorder = None
-        self.writer_lock = None
-        self.notifier = None
-        self.guardian = None
+        self.recorder: Recorder | None = None
+        self.writer_lock: WriterLock | None = None
+        self.notifier: Notifier | None = None
+        self.guardian: Guardian | None = None
         self._unsub: list[Callable[[], None]] = []
-        self._guards: dict[str, tuple[object, tuple, list[GuardResult]]] = {}   # name -> (tick, containers, results)
-        self._launch_key: tuple = ()
-        self.launches: list = []                  # the launch groups seen on the last change of any node
-        self._wanted = tuple(cluster.endpoints)
+        self._guards: dict[str, tuple[object, object, list[GuardResult]]] = {}   # name -> (tick, containers, results)
+        self._launch_key: tuple[tuple[int, object], ...] = ()
+        self.launches: list[Any] = []                  # the launch groups seen on the last change of any node
+        self._wanted: tuple[Any, ...] = tuple(cluster.endpoints)
         self._follow_lock = asyncio.Lock()
-        self._tasks: set[asyncio.Task] = set()
-        self._endpoint_subs: Subscribers = Subscribers("collector endpoints")
-        self._follow_subs: Subscribers[tuple] = Subscribers("collector follow")
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._endpoint_subs: Subscribers[Any] = Subscribers("collector endpoints")
+        self._follow_subs: Subscribers[tuple[Any, ...]] = Subscribers("collector follow")
         self._started = False
         self._stopped = False
         self._closed = False
 
-    def _make_serving(self, cluster: ClusterConfig):
+    def _make_serving(self, cluster: ClusterConfig) -> Any:
         if self._serving_factory is not None:
             return self._serving_factory(cluster)
         from ..serving.endpoint import ServingMonitor
@@ -92,7 +101,7 @@ class Collector:
 
     # --- the recorder (the only writer of the cluster's file: collector/lock.py) ------------------------------
     def open_recorder(self, path: str | Path | None = None, *, role: str = "record", on_loop: bool = True,
-                      on_postmortem: Callable[[dict], None] | None = None):
+                      on_postmortem: Callable[[dict[str, Any]], None] | None = None) -> Recorder | None:
         """Takes the cluster's writer lock (a UserError naming the running collector when another holds it), then
         opens the recorder file; None when the cluster file turns the recorder off."""
         from ..recorder.feed import Recorder
@@ -109,19 +118,20 @@ class Collector:
             raise
         self.writer_lock = lock
         self.recorder = rec
-        rec.on_postmortem = on_postmortem
+        if rec is not None:
+            rec.on_postmortem = on_postmortem
         return rec
 
     # --- what the front ends subscribe to ---------------------------------------------------------------------
-    def subscribe_endpoints(self, cb: Callable) -> Callable[[], None]:
+    def subscribe_endpoints(self, cb: Callable[[Any], None]) -> Callable[[], None]:
         """cb(endpoint_monitor) after every endpoint poll, whichever ServingMonitor polls it now."""
         return self._endpoint_subs.add(cb)
 
-    def subscribe_follow(self, cb: Callable[[tuple], None]) -> Callable[[], None]:
+    def subscribe_follow(self, cb: Callable[[tuple[Any, ...]], None]) -> Callable[[], None]:
         """cb((wanted, added, moved, removed)) after the endpoints polled changed to follow the launches."""
         return self._follow_subs.add(cb)
 
-    def guards(self, nm) -> list[GuardResult]:
+    def guards(self, nm: Any) -> list[GuardResult]:
         """guards_of(nm), computed once per tick (the alert feed, the panels and every scrape read the same)."""
         cached = self._guards.get(nm.name)
         if cached is not None and cached[0] is nm.last and cached[1] is nm.containers:
@@ -139,15 +149,16 @@ class Collector:
         nm = self.monitor.nodes.get(node) if node else None
         if nm is None or nm.last is None or not nm.last.gpus:
             return None
-        return nm.last.gpus[0].power_w
+        power: float | None = nm.last.gpus[0].power_w
+        return power
 
-    def endpoint_snapshots(self) -> list:
+    def endpoint_snapshots(self) -> list[Any]:
         if self.serving is None:
             return []
         return [em.latest for em in self.serving.endpoints.values() if em.latest is not None]
 
     # --- the feed: every tick and every poll ----------------------------------------------------------------
-    def _node_changed(self, nm) -> None:
+    def _node_changed(self, nm: Any) -> None:
         if self._stopped:
             return
         self.alerts.observe_node(nm, self.guards(nm))
@@ -166,7 +177,7 @@ class Collector:
             self._wanted = wanted
             self._spawn(self._follow())
 
-    def _spawn(self, coro) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -186,7 +197,7 @@ class Collector:
             if added or moved or removed:
                 self._follow_subs.notify((wanted, added, moved, removed))
 
-    def _endpoint_changed(self, em) -> None:
+    def _endpoint_changed(self, em: Any) -> None:
         snap = getattr(em, "latest", None)
         if snap is not None and not self._stopped:
             self.alerts.observe_endpoint(snap, self.endpoint_power(snap.name))
@@ -201,16 +212,19 @@ class Collector:
             rec.attach_alerts(self.alerts)
             if self.serving is not None:
                 rec.attach_serving(self.serving)
-        self.guardian = Guardian(self.cluster, self.alerts, recorder=rec, say=self.say, replay=self.replay)
+        self.guardian = guardian = Guardian(self.cluster, self.alerts, recorder=rec, say=self.say, replay=self.replay)
         if not self.acting:
-            self.guardian.threshold_s = 0       # the collector this viewer is attached to acts, once
-        self._unsub.append(self.monitor.subscribe(self.guardian.on_node))
+            guardian.threshold_s = 0       # the collector this viewer is attached to acts, once
+        self._unsub.append(self.monitor.subscribe(guardian.on_node))
         self._unsub.append(self.monitor.subscribe(self._node_changed))
         if self.acting and not self.replay:
             from ..notify.notifier import Notifier
-            self.notifier = Notifier(self.cluster.notify, bell=self.bell or (lambda: None),
-                                     cluster=self.cluster.source)
-            self._unsub.append(self.alerts.subscribe(self.notifier.submit))
+            self.notifier = notifier = Notifier(self.cluster.notify, bell=self.bell or (lambda: None),
+                                                cluster=self.cluster.source)
+
+            def send(alert: Any) -> None:
+                notifier.submit(alert)        # False when filtered or rate-limited: nothing to do then
+            self._unsub.append(self.alerts.subscribe(send))
         if self.serving is not None:
             self._unsub.append(self.serving.subscribe(self._endpoint_changed))
 

@@ -16,6 +16,7 @@ import json
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 from .. import paths
 from ..config import ClusterConfig
@@ -39,14 +40,14 @@ def socket_path(cluster: ClusterConfig) -> Path:
     return collector_dir(cluster) / SOCKET_NAME
 
 
-def describe_holder(info: dict) -> str:
+def describe_holder(info: dict[str, Any]) -> str:
     since = info.get("since")
     when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since)) if isinstance(since, (int, float)) else "?"
     return f"sparkconsole {info.get('role') or '?'} (pid {info.get('pid') or '?'}, since {when})"
 
 
 class WriterLock:
-    def __init__(self, path: Path, fd: int | None, info: dict, error: str | None = None) -> None:
+    def __init__(self, path: Path, fd: int | None, info: dict[str, Any], error: str | None = None) -> None:
         self.path = path
         self.info = info
         self.error = error          # why no lock could be taken (the state dir full or read-only), else None

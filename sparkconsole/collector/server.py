@@ -18,6 +18,7 @@ import logging
 import os
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any, Callable
 
 from .wire import ShortPath, encode
 
@@ -31,12 +32,12 @@ class _NodeWire:
     def __init__(self) -> None:
         self.hello: tuple[float, str] | None = None
         self.ticks: collections.deque[tuple[float, float, str]] = collections.deque(maxlen=SNAPSHOT_TICKS)
-        self.containers: list | None = None        # the agent's containers list, as it last sent one
-        self.state: tuple | None = None
+        self.containers: list[Any] | None = None        # the agent's containers list, as it last sent one
+        self.state: tuple[Any, ...] | None = None
 
 
 class CollectorServer:
-    def __init__(self, core, path: Path, info: dict) -> None:
+    def __init__(self, core: Any, path: Path, info: dict[str, Any]) -> None:
         self.core = core
         self.path = Path(path)
         self.info = info
@@ -44,10 +45,10 @@ class CollectorServer:
         self.endpoints: dict[str, bytes] = {}       # name -> its last poll, as sent
         self._clients: set[asyncio.StreamWriter] = set()
         self._server: asyncio.AbstractServer | None = None
-        self._unsub: list = []
+        self._unsub: list[Callable[[], None]] = []
 
     # --- what the monitors say ------------------------------------------------------------------------------
-    def _on_line(self, item: tuple) -> None:
+    def _on_line(self, item: tuple[Any, dict[str, Any], float, str]) -> None:
         nm, d, rx, line = item
         w = self.nodes.get(nm.name)
         if w is None:
@@ -62,11 +63,11 @@ class CollectorServer:
         w.ticks.append((rx, t, line))
         self._send(encode("tick", node=nm.name, rx=rx, time=t, line=line))
 
-    def _node_msg(self, nm) -> bytes:
+    def _node_msg(self, nm: Any) -> bytes:
         return encode("node", node=nm.name, state=nm.state.value, since=nm.since, error=nm.last_error,
                       bad_lines=nm.bad_lines, reboots=nm.reboots)
 
-    def _on_node(self, nm) -> None:
+    def _on_node(self, nm: Any) -> None:
         w = self.nodes.get(nm.name)
         state = (nm.state, nm.since, nm.last_error)
         if w is None or state == w.state:
@@ -74,7 +75,7 @@ class CollectorServer:
         w.state = state
         self._send(self._node_msg(nm))
 
-    def _on_endpoint(self, em) -> None:
+    def _on_endpoint(self, em: Any) -> None:
         snap = getattr(em, "latest", None)
         if snap is None:
             return
@@ -82,7 +83,7 @@ class CollectorServer:
         self.endpoints[snap.name] = data
         self._send(data)
 
-    def _on_alert(self, alert) -> None:
+    def _on_alert(self, alert: Any) -> None:
         self._send(encode("alert", **asdict(alert)))
 
     # --- viewers ---------------------------------------------------------------------------------------------

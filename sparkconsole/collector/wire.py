@@ -19,16 +19,17 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
 MAX_LINE = 1 << 22         # a snapshot line is one agent line and a little: anything longer is not ours
 SUN_PATH_MAX = 100         # sockaddr_un's path is 108 bytes with its NUL: a longer path goes through /proc
 
 
-def encode(kind: str, **fields) -> bytes:
+def encode(kind: str, **fields: Any) -> bytes:
     return (json.dumps({"type": kind, **fields}, separators=(",", ":")) + "\n").encode()
 
 
-def decode(line: bytes) -> dict | None:
+def decode(line: bytes) -> dict[str, Any] | None:
     try:
         d = json.loads(line)
     except ValueError:
@@ -50,17 +51,17 @@ class ShortPath:
         self._fd = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         return f"/proc/self/fd/{self._fd}/{self.path.name}"
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
 
-def _tuples(v):
+def _tuples(v: Any) -> Any:
     return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
-def snapshot_from(d: dict):
+def snapshot_from(d: dict[str, Any]) -> Any:
     """An endpoint message's `snap` back into the EndpointSnapshot the collector polled (JSON lists → tuples)."""
     from dataclasses import fields
 
