@@ -284,3 +284,35 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
                 await browser.close()
     finally:
         procs.kill_all()
+
+
+async def test_a_frozen_collector_is_counted_gone(sshd_live, tmp_path, monkeypatch):
+    """SIGSTOP (no socket closed): the viewer hears no beat, says so, shows STALE and watches on its own; the
+    collector thawed, the viewer attaches again."""
+    from sparkconsole.collector.attach import AttachedMonitor
+    from tests.helpers import until
+
+    cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    procs = Procs(tmp_path, cfg, env)
+    collector = procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"))
+    mon = AttachedMonitor(load_cluster(cfg), retry_s=0.5)
+    said: list[str] = []
+    mon.subscribe_status(lambda text, sev: said.append(text))
+    try:
+        await until(lambda: "viewers attach at" in procs.out("record"), 60, "the collector up")
+        await mon.start()
+        assert mon.attached
+        await until(lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), 30, "LIVE, attached")
+        collector.send_signal(signal.SIGSTOP)
+        await until(lambda: not mon.attached, 30, "the frozen collector noticed")
+        assert any("not a word from it" in text for text in said), said
+        await until(lambda: [agents(n) for n in sshd_live] == [2, 2] and all(
+            nm.state == NodeState.LIVE for nm in mon.nodes.values()), 60, "the viewer's own agents")
+        collector.send_signal(signal.SIGCONT)
+        await until(lambda: mon.attached and [agents(n) for n in sshd_live] == [1, 1], 60, "attached again")
+    finally:
+        collector.send_signal(signal.SIGCONT)
+        await mon.stop()
+        procs.kill_all()

@@ -34,7 +34,7 @@ from ..nodes.transport import make_transport
 from ..serving.endpoint import ServingMonitor
 from ..subscribers import Subscribers
 from .lock import describe_holder, socket_path
-from .wire import MAX_LINE, ShortPath, decode, snapshot_from
+from .wire import MAX_LINE, SILENT_S, ShortPath, decode, snapshot_from
 
 log = logging.getLogger(__name__)
 
@@ -120,23 +120,25 @@ class AttachedMonitor(ClusterMonitor):
         return True
 
     async def _attach(self) -> bool:
-        """Connect (unless probe() did), stop our own agents, read the collector's current state up to `ready`."""
+        """Connect (unless probe() did); once the collector has said who it is, stop our own agents and read its
+        current state up to `ready`. (A stopped collector's socket still accepts: only its first line counts.)"""
         if self._writer is None and not await self._connect():
             return False
-        was_local = self._local
-        if was_local:
-            self._local = False
-            await asyncio.gather(*(nm.stop() for nm in self.nodes.values()), return_exceptions=True)
-        self.collector_alerts.clear()
+        was_local = False
         try:
             async with asyncio.timeout(SNAPSHOT_TIMEOUT_S):
-                while True:
+                d = await self._next()
+                if d is None or d["type"] != "collector":
+                    raise ConnectionError("closed before it said who it is")
+                was_local, self._local = self._local, False
+                if was_local:
+                    await asyncio.gather(*(nm.stop() for nm in self.nodes.values()), return_exceptions=True)
+                self.collector_alerts.clear()
+                while d["type"] != "ready":
+                    self._apply(d)
                     d = await self._next()
                     if d is None:
                         raise ConnectionError("closed before its state was sent")
-                    if d["type"] == "ready":
-                        break
-                    self._apply(d)
         except (OSError, ValueError, asyncio.TimeoutError) as exc:
             log.info("collector at %s: %s", self.socket, exc)
             self._close()
@@ -228,9 +230,11 @@ class AttachedMonitor(ClusterMonitor):
         while True:
             if self.attached:
                 try:
-                    while (d := await self._next()) is not None:
+                    while (d := await asyncio.wait_for(self._next(), SILENT_S)) is not None:
                         self._apply(d)
                     why = "it closed its socket"
+                except asyncio.TimeoutError:
+                    why = f"not a word from it in {SILENT_S:g} s"
                 except (OSError, ValueError) as exc:
                     why = " ".join(str(exc).split())[:120] or type(exc).__name__
                 self._lost(why)

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Callable
 
-from .wire import ShortPath, encode
+from .wire import BEAT_S, ShortPath, encode
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +45,7 @@ class CollectorServer:
         self.endpoints: dict[str, bytes] = {}       # name -> its last poll, as sent
         self._clients: set[asyncio.StreamWriter] = set()
         self._server: asyncio.AbstractServer | None = None
+        self._beat: asyncio.Task[None] | None = None
         self._unsub: list[Callable[[], None]] = []
 
     # --- what the monitors say ------------------------------------------------------------------------------
@@ -149,8 +150,19 @@ class CollectorServer:
         with ShortPath(self.path) as where:
             self._server = await asyncio.start_unix_server(self._client, path=where, limit=1 << 16)
         os.chmod(self.path, 0o600)
+        self._beat = asyncio.get_running_loop().create_task(self._beats(), name="collector:beat")
+
+    async def _beats(self) -> None:
+        beat = encode("beat")
+        while True:
+            await asyncio.sleep(BEAT_S)
+            self._send(beat)
 
     async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            await asyncio.gather(self._beat, return_exceptions=True)
+            self._beat = None
         for unsub in self._unsub:
             unsub()
         self._unsub.clear()

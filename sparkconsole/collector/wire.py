@@ -7,6 +7,7 @@
     endpoint    {name, url, node, snap}                  an endpoint poll (serving/endpoint.py's snapshot)
     alert       {key, severity, source, message, time, active}    every raise and clear
     ready       {}                                       the current state has been sent; changes follow
+    beat        {}                                       every BEAT_S: a collector that is silent longer is gone
 
 On connect a viewer gets `collector`, then for each node its hello, its last ticks (the last one with the node's
 containers in it) and its state, then each endpoint's last poll, the active alerts, then `ready`; after that each change as it happens.
@@ -21,6 +22,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+BEAT_S = 1.0              # the collector says something at least this often
+SILENT_S = 5.0            # a viewer that hears nothing for this long counts its collector gone (frozen, stopped)
 MAX_LINE = 1 << 22         # a snapshot line is one agent line and a little: anything longer is not ours
 SUN_PATH_MAX = 100         # sockaddr_un's path is 108 bytes with its NUL: a longer path goes through /proc
 
