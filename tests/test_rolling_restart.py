@@ -151,8 +151,10 @@ def test_cli_plan_restart_prints_the_steps(tmp_path, monkeypatch, capsys):
 class Load:
     """A client loop: `workers` requests at a time through the router until stopped; counts what failed."""
 
-    def __init__(self, url: str, workers: int = 4, headers: dict | None = None) -> None:
+    def __init__(self, url: str, workers: int = 4, headers: dict | None = None, model: str = "fake-model",
+                 max_tokens: int = 1) -> None:
         self.url, self.workers, self.headers = url, workers, headers or {}
+        self.model, self.max_tokens = model, max_tokens
         self.ok = self.failed = 0
         self.errors: list[str] = []
         self.stop = asyncio.Event()
@@ -162,7 +164,7 @@ class Load:
         while not self.stop.is_set():
             try:
                 r = await client.post(self.url + "/v1/completions",
-                                      json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+                                      json={"model": self.model, "prompt": "hi", "max_tokens": self.max_tokens})
                 if r.status_code == 200:
                     self.ok += 1
                     continue

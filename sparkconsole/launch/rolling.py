@@ -90,7 +90,9 @@ def rolls(plan: Plan) -> bool:
 
 
 def worker_api(plan: Plan) -> bool:
-    """Whether the router takes a server out on request (vllm-router); LiteLLM has no API for it without its DB."""
+    """Whether the plan's router takes a server out on request (vllm-router); LiteLLM has no API for it without
+    its DB. What the roll does is decided by asking the running router (WorkerApi.answers): the router that runs
+    may not be the recipe's default (the demo's LiteLLM, a launch with --router)."""
     return plan.router == "vllm-router"
 
 
@@ -145,6 +147,14 @@ class WorkerApi:
 
     def __init__(self, client: httpx.AsyncClient, url: str) -> None:
         self.client, self.url = client, url.rstrip("/")
+
+    async def answers(self) -> bool:
+        """Whether the router has the worker API: vllm-router lists its workers; LiteLLM answers 404 or 401."""
+        try:
+            await self.list()
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        return True
 
     async def list(self) -> list[str]:
         r = await self.client.get(self.url + "/list_workers")
@@ -218,7 +228,11 @@ async def rolling_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCa
     roll = _Roll(runner, plan, router, runner._emitter(on_progress), drain_timeout)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         roll.client = client
-        roll.api = WorkerApi(client, router.url) if worker_api(plan) else None
+        api = WorkerApi(client, router.url)
+        roll.api = api if await api.answers() else None
+        if roll.api is None and worker_api(plan):
+            roll.emit(router.node, "info", f"{router.container} has no worker API: each server is drained and "
+                                           "restarted while the router still lists it", router.key)
         try:
             for svc in backends(plan):
                 await roll.one(svc)

@@ -53,6 +53,9 @@ class Serving:
     # The bundled recipe this serving is (the demo's: gpt-oss-120b), put on the containers as a launch's
     # `sparkconsole.*` labels: the console shows that recipe running in that topology, and stops it with its plan.
     recipe: str | None = None
+    # More names the servers answer to besides `model` (vLLM's --served-model-name takes several): the recipe's
+    # own served name, so a plan of that recipe finds its model on the demo's servers (restart, readiness).
+    served_names: tuple[str, ...] = ()
     # The published gpt-oss-120b settings (gpt-oss-120b-topologies.csv header).
     vllm_args: tuple[str, ...] = ("--gpu-memory-utilization", "0.70", "--max-model-len", "4096",
                                   "--max-num-batched-tokens", "32768", "--kv-cache-dtype", "fp8",
@@ -243,7 +246,8 @@ class SimCluster:
         return ["run", "-d", "--name", CONTAINER, *self._labels(node, "worker" if worker else "server", url),
                 "--gpus", "all", "--network", "host", "--ipc=host",
                 "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
-                "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args, *extra]
+                "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args,
+                *(("--served-model-name", s.model, *s.served_names) if s.served_names else ()), *extra]
 
     async def _launch(self) -> None:
         s = self.serving
