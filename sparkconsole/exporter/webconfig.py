@@ -14,6 +14,7 @@ the file, its line, the field and the fix.
 
 from __future__ import annotations
 
+import difflib
 import re
 import ssl
 from dataclasses import dataclass, field
@@ -79,8 +80,9 @@ def _mapping(doc: Located, path: tuple, value: Any, known: tuple[str, ...]) -> d
         if key in UNSUPPORTED:
             raise doc.error(path + (key,), "not supported by sparkconsole", fix=UNSUPPORTED[key])
         if key not in known:
-            raise doc.error(path + (key,), "unknown field",
-                            fix=f"use one of {', '.join(known)}, or remove it")
+            near = difflib.get_close_matches(str(key), known, n=1)
+            raise doc.error(path + (key,), "unknown field", fix=(f"did you mean {near[0]}? " if near else "")
+                            + f"use one of {', '.join(known)}, or remove it")
     return value
 
 
