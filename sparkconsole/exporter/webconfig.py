@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..yamlsrc import Located, load_file
+from ..yamlsrc import Located, Path_, load_file
 
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
                 "TLS12": ssl.TLSVersion.TLSv1_2, "TLS13": ssl.TLSVersion.TLSv1_3}
@@ -73,7 +73,7 @@ def read_web_config(path: str | Path) -> WebConfig:
                      _headers(doc, data.get("http_server_config")), mtls)
 
 
-def _mapping(doc: Located, path: tuple, value: Any, known: tuple[str, ...]) -> dict:
+def _mapping(doc: Located, path: Path_, value: Any, known: tuple[str, ...]) -> dict[str, Any]:
     if not isinstance(value, dict):
         raise doc.error(path, "must be a mapping", fix="write `key: value` lines under it (exporter-toolkit format)")
     for key in value:
@@ -86,13 +86,13 @@ def _mapping(doc: Located, path: tuple, value: Any, known: tuple[str, ...]) -> d
     return value
 
 
-def _string(doc: Located, path: tuple, value: Any, fix: str) -> str:
+def _string(doc: Located, path: Path_, value: Any, fix: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise doc.error(path, "must be a non-empty string", fix=fix)
     return value.strip()
 
 
-def _file(doc: Located, path: tuple, value: Any) -> str:
+def _file(doc: Located, path: Path_, value: Any) -> str:
     """A file the config names, relative to the config's own directory; it must exist and be readable."""
     name = _string(doc, path, value, fix="give the path of a PEM file")
     p = Path(name).expanduser()
@@ -133,7 +133,7 @@ def _tls_context(doc: Located, tls: Any) -> tuple[ssl.SSLContext, bool]:
     return ctx, _client_auth(doc, base, tls, ctx)
 
 
-def _client_auth(doc: Located, base: tuple, tls: dict, ctx: ssl.SSLContext) -> bool:
+def _client_auth(doc: Located, base: Path_, tls: dict[str, Any], ctx: ssl.SSLContext) -> bool:
     kind = tls.get("client_auth_type", "NoClientCert")
     path = base + ("client_auth_type",)
     if kind not in CLIENT_AUTH:
@@ -157,7 +157,7 @@ def _client_auth(doc: Located, base: tuple, tls: dict, ctx: ssl.SSLContext) -> b
     return True
 
 
-def _version(doc: Located, path: tuple, value: Any) -> ssl.TLSVersion:
+def _version(doc: Located, path: Path_, value: Any) -> ssl.TLSVersion:
     if value not in TLS_VERSIONS:
         raise doc.error(path, f"{value!r} is not a TLS version", fix="use TLS12 or TLS13 (or TLS10, TLS11)")
     return TLS_VERSIONS[value]
