@@ -18,7 +18,7 @@ from sparkconsole.exporter.access import Access
 from sparkconsole.exporter.listener import make_listener
 from sparkconsole.webface.server import COOKIE, ConsoleServer
 from tests.helpers import free_port, until
-from tests.test_serve import CHROMIUM, CHROMIUM_ARGS, Screen, _listening, _need_browser
+from tests.test_serve import CHROMIUM, CHROMIUM_ARGS, Screen, _listening, _need_browser, stop_serve
 from tests.tlsca import TestCA, bcrypt_hash
 
 TOKEN = "serve-tls-token-0123456789abcdef"
@@ -140,12 +140,6 @@ async def test_chromium_opens_the_console_over_tls_with_basic_auth(pki, tmp_path
             finally:
                 await browser.close()
     finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(10)
-    out = proc.stdout.read().decode() if proc.stdout else ""
+        out = stop_serve(proc)
     assert f"the console on https://127.0.0.1:{port}/ (read-only) — basic auth required" in out, out
     assert PASSWORD not in out
