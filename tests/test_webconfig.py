@@ -146,6 +146,45 @@ def test_cli_says_each_mistake_in_one_line(ca, tmp_path):
         assert lines[0].startswith("sparkconsole: " + want) and "fix:" in lines[0], (argv, lines)
 
 
+async def test_a_renewed_certificate_is_served_from_the_next_connection(tmp_path, caplog):
+    """Renewal as certbot or cert-manager does it (new files renamed into place): the next handshake gets the new
+    certificate without a restart; a renewal that does not load keeps the last good one, said once in the log."""
+    from aiohttp import web
+
+    from sparkconsole.exporter.listen import QuietRunner
+    from sparkconsole.exporter.listener import start_site
+    ca = TestCA(tmp_path / "pki")
+    first = ca.issue("server")
+    cfg = write(ca.dir, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
+    listener = make_listener("127.0.0.1:0", web_config_file=str(cfg))
+    runner = QuietRunner(web.Application(), access_log=None)
+    await runner.setup()
+    port = await start_site(runner, listener)
+    client = ssl.create_default_context(cafile=str(ca.ca_file))
+
+    def served() -> str:
+        import socket
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as raw, \
+                client.wrap_socket(raw, server_hostname="127.0.0.1") as s:
+            return dict(x[0] for x in s.getpeercert()["subject"])["commonName"]
+    try:
+        assert await asyncio.to_thread(served) == "server"
+        renewed = ca.issue("renewed")
+        os.replace(renewed.key, first.key)
+        os.replace(renewed.cert, first.cert)
+        assert await asyncio.to_thread(served) == "renewed"
+        broken = ca.dir / "broken.crt"
+        broken.write_text("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+        os.replace(broken, first.cert)
+        with caplog.at_level("WARNING", logger="sparkconsole.webconfig"):
+            assert await asyncio.to_thread(served) == "renewed"
+            assert await asyncio.to_thread(served) == "renewed"
+        said = [r.getMessage() for r in caplog.records if r.name == "sparkconsole.webconfig"]
+        assert len(said) == 1 and "serving the last good one" in said[0] and "cert_file" in said[0], said
+    finally:
+        await runner.cleanup()
+
+
 def test_basic_auth_header_parsing():
     assert parse_basic(basic("alice", "pa:ss")) == ("alice", b"pa:ss")
     assert parse_basic("basic " + base64.b64encode(b"\xff:\xfe").decode()) == ("\udcff", b"\xfe")

@@ -54,6 +54,10 @@ def add_listen_args(p: argparse.ArgumentParser, *, default: str, token_env: str,
                         "or basic auth users)")
     p.add_argument("--token-file", metavar="FILE",
                    help=f"bearer token every request must send (first line of FILE; or set {token_env})")
+    add_web_config_arg(p)
+
+
+def add_web_config_arg(p: argparse.ArgumentParser) -> None:
     p.add_argument("--web-config-file", metavar="FILE", help=WEB_CONFIG_HELP)
 
 

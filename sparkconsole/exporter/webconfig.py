@@ -5,8 +5,11 @@ Prometheus exporter toolkit (node_exporter's `--web.config.file`), so one file s
     http_server_config: {headers: {...}}
     basic_auth_users: {user: bcrypt-hash}
 
-Read once at start into an `ssl.SSLContext`, the users' hashes and the response headers. Relative paths are read
-from the config file's directory, as the toolkit reads them. What the toolkit has and Python's `ssl` cannot do
+Read at start into an `ssl.SSLContext`, the users' hashes and the response headers. Relative paths are read
+from the config file's directory, as the toolkit reads them. A renewed certificate is served from the next
+connection on: each TLS handshake looks at the files' change times (a stat each) and, when one changed, the
+config is read again; a reading that fails (a half-written renewal) keeps the last good certificate and says so
+once in the log. Users, headers and the client CA are read at start only. What the toolkit has and Python's `ssl` cannot do
 (Go's cipher and curve names, a client certificate requested but not verified, inline PEM keys) is refused with
 the fix, never ignored: a setting that silently does nothing is worse than none. Every mistake is one line naming
 the file, its line, the field and the fix.
@@ -15,12 +18,15 @@ the file, its line, the field and the fix.
 from __future__ import annotations
 
 import difflib
+import logging
+import os
 import re
 import ssl
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..errors import UserError
 from ..yamlsrc import Located, Path_, load_file
 
 TLS_VERSIONS = {"TLS10": ssl.TLSVersion.TLSv1, "TLS11": ssl.TLSVersion.TLSv1_1,
@@ -58,9 +64,10 @@ class WebConfig:
     users: dict[str, bytes] = field(default_factory=dict)     # user -> bcrypt hash
     headers: dict[str, str] = field(default_factory=dict)     # added to every response
     client_certs: bool = False                                # mTLS: a verified client certificate is asked for
+    tls_files: tuple[str, ...] = ()                           # the certificate and key files, as resolved
 
 
-def read_web_config(path: str | Path) -> WebConfig:
+def read_web_config(path: str | Path, *, reload_certificates: bool = True) -> WebConfig:
     """The file at `path` as a WebConfig; a one-line UserError for anything wrong in it or in the files it names."""
     doc = load_file(Path(path).expanduser())
     data = doc.data
@@ -68,9 +75,47 @@ def read_web_config(path: str | Path) -> WebConfig:
         return WebConfig(doc.file)          # an empty file configures nothing, as in the toolkit
     _mapping(doc, (), data, TOP)
     tls = data.get("tls_server_config")
-    ctx, mtls = _tls_context(doc, tls) if tls is not None else (None, False)
+    ctx, mtls, files = _tls_context(doc, tls) if tls is not None else (None, False, ())
+    if ctx is not None and reload_certificates:
+        ctx.sni_callback = _Renewals(doc.file, ctx, files)
     return WebConfig(doc.file, ctx, _users(doc, data.get("basic_auth_users")),
-                     _headers(doc, data.get("http_server_config")), mtls)
+                     _headers(doc, data.get("http_server_config")), mtls, files)
+
+
+class _Renewals:
+    """The SSL context's servername callback (OpenSSL calls it on every handshake, with or without SNI): when the
+    config or a file it names changed, the connection gets a context read afresh (its certificate and key)."""
+
+    def __init__(self, file: str, ctx: ssl.SSLContext, files: tuple[str, ...]) -> None:
+        self.file = file
+        self.files = (file, *files)
+        self.current = ctx
+        self.stamp = self._stamp()
+
+    def _stamp(self) -> tuple[tuple[int, int, int], ...]:
+        out = []
+        for name in self.files:
+            try:
+                st = os.stat(name)
+                out.append((st.st_mtime_ns, st.st_ino, st.st_size))     # a renewal renamed into place: a new inode
+            except OSError:
+                out.append((-1, -1, -1))
+        return tuple(out)
+
+    def __call__(self, conn: ssl.SSLObject, server_name: str | None, ctx: ssl.SSLContext) -> None:
+        stamp = self._stamp()
+        if stamp != self.stamp:
+            try:
+                fresh = read_web_config(self.file, reload_certificates=False)
+            except UserError as exc:
+                logging.getLogger("sparkconsole.webconfig").warning(
+                    "the changed certificate does not load, serving the last good one: %s", exc)
+            else:
+                if fresh.ssl_context is not None:
+                    self.current, self.files = fresh.ssl_context, (self.file, *fresh.tls_files)
+            self.stamp = self._stamp()
+        if self.current is not ctx:
+            conn.context = self.current
 
 
 def _mapping(doc: Located, path: Path_, value: Any, known: tuple[str, ...]) -> dict[str, Any]:
@@ -107,7 +152,7 @@ def _file(doc: Located, path: Path_, value: Any) -> str:
     return str(p)
 
 
-def _tls_context(doc: Located, tls: Any) -> tuple[ssl.SSLContext, bool]:
+def _tls_context(doc: Located, tls: Any) -> tuple[ssl.SSLContext, bool, tuple[str, ...]]:
     base = ("tls_server_config",)
     _mapping(doc, base, tls, TLS_KEYS)
     for need in ("cert_file", "key_file"):
@@ -130,7 +175,7 @@ def _tls_context(doc: Located, tls: Any) -> tuple[ssl.SSLContext, bool]:
         raise doc.error(base + ("cert_file",), f"certificate and key do not load ({_ssl_reason(exc)})",
                         fix="give a PEM certificate and the PEM private key that belongs to it") from None
     ctx.set_alpn_protocols(["http/1.1"])
-    return ctx, _client_auth(doc, base, tls, ctx)
+    return ctx, _client_auth(doc, base, tls, ctx), (cert, key)
 
 
 def _client_auth(doc: Located, base: Path_, tls: dict[str, Any], ctx: ssl.SSLContext) -> bool:
