@@ -3,7 +3,6 @@ the token, in Debian's chromium (Playwright) trusting exactly the test server's 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import ssl
@@ -14,7 +13,6 @@ import time
 import aiohttp
 import pytest
 
-from sparkconsole.exporter.access import Access
 from sparkconsole.exporter.listener import make_listener
 from sparkconsole.webface.server import COOKIE, ConsoleServer
 from tests.helpers import free_port, until
@@ -64,19 +62,23 @@ async def test_token_over_tls_sets_a_secure_cookie_and_a_wss_page(pki):
         await runner.cleanup()
 
 
-def test_generated_token_keeps_tls_and_users(pki):
-    """Off loopback with TLS and no users: the token generated for the URL keeps the listener's TLS."""
-    from sparkconsole.commands.serve import decide
+def test_generated_token_keeps_tls_and_users(pki, monkeypatch):
+    """Off loopback with TLS and no users: a token is generated and the URL to open says https; with basic auth
+    users none is generated (the users are asked instead)."""
+    import argparse
+
+    from sparkconsole.commands.serve import TOKEN_ENV, listener_for
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
     cfg = pki.dir / "web.yml"
     cfg.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n")
-    listener = make_listener("0.0.0.0:8099", web_config_file=str(cfg))
-    token, generated, read_only = decide(listener.listen, None, None, users=False)
-    assert generated and read_only
-    listener = dataclasses.replace(listener, access=Access(token=token))
-    assert listener.tls and listener.url("/").startswith("https://0.0.0.0:8099/")
+    args = argparse.Namespace(listen="0.0.0.0:8099", token=None, token_file=None, web_config_file=str(cfg),
+                              read_only=None)
+    listener, generated, read_only = listener_for(args)
+    assert generated and read_only and listener.access.token and listener.access.users is None
+    assert listener.tls and listener.url("/") == "https://0.0.0.0:8099/"
     cfg.write_text(cfg.read_text() + f"basic_auth_users:\n  alice: {bcrypt_hash('x')}\n")
-    with_users = make_listener("0.0.0.0:8099", web_config_file=str(cfg))
-    assert decide(with_users.listen, None, None, users=True)[:2] == (None, False)
+    listener, generated, read_only = listener_for(args)
+    assert not generated and read_only and listener.access.token is None and listener.access.users is not None
 
 
 @pytest.mark.slow

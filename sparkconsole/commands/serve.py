@@ -42,14 +42,15 @@ def decide(listen, token: str | None, read_only: bool | None, *, users: bool = F
     return token, generated, (not listen.loopback) if read_only is None else read_only
 
 
-def run(args: argparse.Namespace) -> int:
+def listener_for(args: argparse.Namespace):
+    """(listener, generated, read_only) for the command line: the address, the web config, the token given or
+    generated (off loopback without basic auth users), read-only as decided."""
     import dataclasses
 
     from ..exporter.access import Access
     from ..exporter.listen import check_token, read_token
     from ..exporter.listener import make_listener
     from ..secrets import register as register_secret
-    from ..webface.server import ConsoleServer
 
     token = args.token
     if token is not None:
@@ -63,8 +64,16 @@ def run(args: argparse.Namespace) -> int:
                                          users=listener.access.users is not None)
     if generated:
         listener = dataclasses.replace(listener, access=Access(token=token, users=listener.access.users))
+    return listener, generated, read_only
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..webface.server import ConsoleServer
+
+    listener, generated, read_only = listener_for(args)
+    if generated:
         # Printed once, here, and nowhere else: the operator copies this URL to the other room's browser.
-        print(f"sparkconsole serve: open {listener.url('/')}?token={token}", flush=True)
+        print(f"sparkconsole serve: open {listener.url('/')}?token={listener.access.token}", flush=True)
     server = ConsoleServer(listener, read_only=read_only, demo=args.demo, cluster=getattr(args, "cluster", None))
     server.serve()
     print("sparkconsole serve: stopped", file=sys.stderr)
