@@ -145,3 +145,11 @@ async def test_chromium_opens_the_console_over_tls_with_basic_auth(pki, tmp_path
         out = stop_serve(proc)
     assert f"the console on https://127.0.0.1:{port}/ (read-only) — basic auth required" in out, out
     assert PASSWORD not in out
+
+
+def test_console_server_refuses_an_open_network_address():
+    """Whoever builds the server (serve, or a collector serving the console): off loopback, someone is asked."""
+    from sparkconsole.errors import UserError
+    from sparkconsole.exporter.listen import Listen
+    with pytest.raises(UserError, match="no token was given"):
+        ConsoleServer(Listen("0.0.0.0", 8099), read_only=True, demo=True)

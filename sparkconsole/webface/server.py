@@ -62,6 +62,8 @@ class ConsoleServer(Server):
         """`listen`: a Listener (exporter/listener.make_listener: TLS, basic auth, token), or a bare Listen
         with `token`."""
         listener = as_listener(listen, token)
+        listener.refuse_open_network("give --token-file FILE (or let `sparkconsole serve` generate a token), "
+                                     "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
         # Read-only is said in the child's environment, whatever this process's environment says.
         env = ["env", f"{READ_ONLY_ENV}=1"] if read_only else ["env", "-u", READ_ONLY_ENV]
         super().__init__(shlex.join(env + console_argv(demo=demo, cluster=cluster)), host=listener.listen.host,
