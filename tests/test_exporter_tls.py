@@ -146,3 +146,5 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_client_certificates(tmp
     # The line the operator reads says https, and what a client must send.
     assert f"metrics at https://127.0.0.1:{p_basic}/metrics (basic auth required)" in err, err
     assert PASSWORD not in err and "Traceback" not in err
+    err = exps[1].stderr.read()
+    assert f"metrics at https://127.0.0.1:{p_mtls}/metrics (client certificate required)" in err, err

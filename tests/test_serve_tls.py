@@ -64,7 +64,7 @@ async def test_token_over_tls_sets_a_secure_cookie_and_a_wss_page(pki):
 
 def test_generated_token_keeps_tls_and_users(pki, monkeypatch):
     """Off loopback with TLS and no users: a token is generated and the URL to open says https; with basic auth
-    users none is generated (the users are asked instead)."""
+    users, or required client certificates, none is generated (they ask who comes in)."""
     import argparse
 
     from sparkconsole.commands.serve import TOKEN_ENV, listener_for
@@ -79,6 +79,10 @@ def test_generated_token_keeps_tls_and_users(pki, monkeypatch):
     cfg.write_text(cfg.read_text() + f"basic_auth_users:\n  alice: {bcrypt_hash('x')}\n")
     listener, generated, read_only = listener_for(args)
     assert not generated and read_only and listener.access.token is None and listener.access.users is not None
+    cfg.write_text("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n"
+                   "  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: ca.crt\n")
+    listener, generated, read_only = listener_for(args)
+    assert not generated and listener.access.token is None and listener.describe() == "client certificate required"
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ async def run(args: argparse.Namespace) -> int:
     try:
         print(f"sparkconsole exporter: {len(cluster.nodes)} node(s), {len(cluster.endpoints)} endpoint(s) from "
               f"{cluster.source}; metrics at {server.url('/metrics')}"
-              + (f" ({listener.access.describe()})" if listener.access.required else ""), file=sys.stderr, flush=True)
+              + (f" ({listener.describe()})" if listener.asks_who else ""), file=sys.stderr, flush=True)
         await stop.wait()
     finally:
         await server.stop()

@@ -32,12 +32,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def decide(listen, token: str | None, read_only: bool | None, *, users: bool = False) -> tuple[str | None, bool, bool]:
-    """(token, generated, read_only) for this address: off loopback a token, generated if none was given and no
-    basic auth users were; read-only off loopback unless asked otherwise."""
+def decide(listen, token: str | None, read_only: bool | None, *, asked: bool = False) -> tuple[str | None, bool, bool]:
+    """(token, generated, read_only) for this address: off loopback a token, generated if none was given and
+    nothing else asks who comes in (`asked`: basic auth users or required client certificates); read-only off
+    loopback unless asked otherwise."""
     from ..exporter.listen import generate_token
     generated = False
-    if token is None and not users and not listen.loopback:
+    if token is None and not asked and not listen.loopback:
         token, generated = generate_token(), True
     return token, generated, (not listen.loopback) if read_only is None else read_only
 
@@ -61,7 +62,7 @@ def listener_for(args: argparse.Namespace):
     os.environ.pop(TOKEN_ENV, None)          # the console children need no token
     listener = make_listener(args.listen, token=token, web_config_file=args.web_config_file)
     token, generated, read_only = decide(listener.listen, token, args.read_only,
-                                         users=listener.access.users is not None)
+                                         asked=listener.asks_who)
     if generated:
         listener = dataclasses.replace(listener, access=Access(token=token, users=listener.access.users))
     return listener, generated, read_only

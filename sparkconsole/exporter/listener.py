@@ -40,9 +40,24 @@ class Listener:
         listen = self.listen if port is None else dataclasses.replace(self.listen, port=port)
         return listen.url(path)
 
+    @property
+    def client_certificates(self) -> bool:
+        """Mutual TLS: only a client with a certificate from the web config's client CA gets through the handshake."""
+        return self.ssl_context is not None and self.ssl_context.verify_mode == ssl.CERT_REQUIRED
+
+    @property
+    def asks_who(self) -> bool:
+        return self.access.required or self.client_certificates
+
+    def describe(self) -> str:
+        """What a client must bring, for the line printed at start (never a secret): '' when nothing."""
+        parts = ([self.access.describe()] if self.access.required else []) + (
+            ["client certificate required"] if self.client_certificates else [])
+        return "; ".join(parts)
+
     def refuse_open_network(self, fix: str) -> None:
         """An address reachable from the network with nobody asked who they are: a one-line refusal."""
-        if not self.listen.loopback and not self.access.required:
+        if not self.listen.loopback and not self.asks_who:
             raise UserError(f"{self.listen.host} is reachable from the network and no token was given "
                             "(nor basic auth users)",
                             field="--listen", fix=fix)

@@ -125,7 +125,7 @@ class ConsoleServer(Server):
     def say_listening(self) -> None:
         print(f"sparkconsole serve: the console on {self.listener.url('/', port=self.port)}"
               + (" (read-only)" if self.read_only else "")
-              + (f" — {self.access.describe()}" if self.access.required else "")
+              + (f" — {self.listener.describe()}" if self.listener.asks_who else "")
               + "; Ctrl+C stops", file=sys.stderr, flush=True)
 
     def serve(self, debug: bool = False) -> None:
