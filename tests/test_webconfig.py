@@ -71,8 +71,8 @@ basic_auth_users:
     # Off loopback, required client certificates ask who comes in, as a token or users do; TLS alone does not.
     make_listener("0.0.0.0:9835", web_config_file=str(cfg)).refuse_open_network("unused")
     tls_only = write(ca.dir, "tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n", "tls-only.yml")
-    with pytest.raises(UserError, match="no token was given"):
-        make_listener("0.0.0.0:9835", web_config_file=str(tls_only)).refuse_open_network("give one")
+    with pytest.raises(UserError, match="^--exporter: 0.0.0.0 is reachable .* no token was given"):
+        make_listener("0.0.0.0:9835", web_config_file=str(tls_only), field="--exporter").refuse_open_network("give one")
     # An empty file configures nothing, as in the toolkit.
     empty = make_listener("127.0.0.1:9835", web_config_file=str(write(tmp_path, "")))
     assert not empty.tls and empty.url() == "http://127.0.0.1:9835" and not empty.access.required

@@ -31,6 +31,7 @@ class Listener:
     access: Access = field(default_factory=Access)
     ssl_context: ssl.SSLContext | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    option: str = "--listen"                         # the command-line option that gave the address, for errors
 
     @property
     def tls(self) -> bool:
@@ -59,8 +60,7 @@ class Listener:
         """An address reachable from the network with nobody asked who they are: a one-line refusal."""
         if not self.listen.loopback and not self.asks_who:
             raise UserError(f"{self.listen.host} is reachable from the network and no token was given "
-                            "(nor basic auth users)",
-                            field="--listen", fix=fix)
+                            "(nor basic auth users, nor required client certificates)", field=self.option, fix=fix)
 
 
 def add_listen_args(p: argparse.ArgumentParser, *, default: str, token_env: str, what: str) -> None:
@@ -83,12 +83,12 @@ def make_listener(listen: str | Listen, *, token: str | None = None, web_config_
     from .webconfig import read_web_config
     where = parse_listen(listen, field) if isinstance(listen, str) else listen
     if not web_config_file:
-        return Listener(where, Access(token=token))
+        return Listener(where, Access(token=token), option=field)
     cfg = read_web_config(web_config_file)
     if cfg.ssl_context is not None:
         where = dataclasses.replace(where, scheme="https")
     return Listener(where, Access(token=token, users=BasicUsers(cfg.users) if cfg.users else None),
-                    cfg.ssl_context, cfg.headers)
+                    cfg.ssl_context, cfg.headers, field)
 
 
 def as_listener(listen: Listen | Listener, token: Access | str | None = None) -> Listener:
@@ -119,6 +119,6 @@ async def start_site(runner: web.AppRunner, listener: Listener) -> int:
     except OSError as exc:
         await runner.cleanup()
         raise UserError(f"cannot listen on {listener.listen.host}:{listener.listen.port}: {exc.strerror or exc}",
-                        field="--listen", fix="pick a free port") from None
+                        field=listener.option, fix="pick a free port") from None
     sockets = getattr(getattr(site, "_server", None), "sockets", None) or ()
     return sockets[0].getsockname()[1] if sockets else listener.listen.port
