@@ -220,3 +220,11 @@ async def test_a_verified_password_costs_one_bcrypt_not_one_per_request():
     assert got == [False] * 6
     assert [v for _, v in access.challenge()] == ['Basic realm="sparkconsole", charset="UTF-8"',
                                                    'Bearer realm="sparkconsole"']
+
+
+def test_the_options_import_nothing_heavy():
+    """An argument error in `serve`'s listener options is answered before aiohttp or bcrypt is imported."""
+    from tests.test_cli import heavy, imported
+    p, mods = imported("serve", "--web-config-file")
+    assert p.returncode == 2 and "expected one argument" in p.stderr
+    assert "sparkconsole.exporter.listenargs" in mods and heavy(mods) == [] and "bcrypt" not in mods, heavy(mods)

@@ -23,7 +23,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("exporter", help="serve the nodes' readings, guards, endpoints and alerts to "
                               "Prometheus (/metrics)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    from ..exporter.listener import add_listen_args
+    from ..exporter.listenargs import add_listen_args
     add_listen_args(p, default=DEFAULT_LISTEN, token_env=TOKEN_ENV, what="/metrics")
     p.set_defaults(func=run)
 

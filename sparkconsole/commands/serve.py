@@ -23,7 +23,7 @@ DEFAULT_LISTEN = "127.0.0.1:8099"
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve the console in a browser tab (textual-serve)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    from ..exporter.listener import add_listen_args
+    from ..exporter.listenargs import add_listen_args
     add_listen_args(p, default=DEFAULT_LISTEN, token_env=TOKEN_ENV, what="the console")
     p.add_argument("--token", metavar="T", help="the token itself (visible in `ps`: prefer --token-file)")
     p.add_argument("--read-only", action=argparse.BooleanOptionalAction, default=None,

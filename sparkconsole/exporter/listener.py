@@ -2,14 +2,13 @@
 the address, the web config's TLS context, response headers and basic auth users, the bearer token, and the one
 rule: an address other than loopback is reachable from the network, so it must ask every request who it is.
 
-    add_listen_args(parser, default=…, token_env=…)            # --listen, --token-file, --web-config-file
-    listener = make_listener(text, token=…, web_config_file=…)  # -> Listener (https URLs when TLS is on)
+    listenargs.add_listen_args(parser, default=…, token_env=…)   # --listen, --token-file, --web-config-file
+    listener = make_listener(text, token=…, web_config_file=…)   # -> Listener (https URLs when TLS is on)
     port = await start_site(runner, listener)
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import ssl
 from collections.abc import Mapping
@@ -20,10 +19,6 @@ from aiohttp import web
 from ..errors import UserError
 from .access import Access, BasicUsers, as_access
 from .listen import Listen, parse_listen
-
-WEB_CONFIG_HELP = ("TLS and basic auth, in the Prometheus exporter-toolkit format (node_exporter's "
-                   "--web.config.file): tls_server_config, basic_auth_users (bcrypt), http_server_config.headers")
-
 
 @dataclass(frozen=True)
 class Listener:
@@ -61,19 +56,6 @@ class Listener:
         if not self.listen.loopback and not self.asks_who:
             raise UserError(f"{self.listen.host} is reachable from the network and no token was given "
                             "(nor basic auth users, nor required client certificates)", field=self.option, fix=fix)
-
-
-def add_listen_args(p: argparse.ArgumentParser, *, default: str, token_env: str, what: str) -> None:
-    p.add_argument("--listen", default=default, metavar="HOST:PORT",
-                   help=f"address to serve {what} on (default {default}; any other than loopback needs a token "
-                        "or basic auth users)")
-    p.add_argument("--token-file", metavar="FILE",
-                   help=f"bearer token every request must send (first line of FILE; or set {token_env})")
-    add_web_config_arg(p)
-
-
-def add_web_config_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--web-config-file", metavar="FILE", help=WEB_CONFIG_HELP)
 
 
 def make_listener(listen: str | Listen, *, token: str | None = None, web_config_file: str | None = None,
