@@ -109,11 +109,20 @@ async def test_r_in_the_demo_rolls_behind_the_routers_worker_api_and_drops_nothi
         assert "rolling, one server at a time behind vllm-router" in shown, shown
         assert "take it out of the router (POST /remove_worker)" in shown
         seen: set[str] = set()
+        backends: list[str] = []          # the router panel's "backends up/total", as the console polled it
         async with Load(sim.router_url, workers=3, model=sim.serving.name, max_tokens=4) as load:
             await pilot.press("y")
 
+            def panel() -> str | None:
+                em = app.serving.endpoints.get("router") if app.serving else None
+                snap = em.latest if em is not None else None
+                if snap is not None and snap.backends_total:
+                    backends.append(f"{snap.backends_up}/{snap.backends_total}")
+                return backends[-1] if backends else None
+
             def done() -> bool:
                 seen.update(v for v in app.restart_stages.values())
+                panel()
                 return any("rolling restart in" in n.message for n in app._notifications)
             try:
                 await wait_for(pilot, done, 150, "the rolling restart's report", step=0.02)
@@ -122,7 +131,10 @@ async def test_r_in_the_demo_rolls_behind_the_routers_worker_api_and_drops_nothi
                                      f"{[n.message for n in app._notifications]}; events "
                                      f"{list(app.dashboard.events.history)[-8:]}") from None
         assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors[:3])
+        await wait_for(pilot, lambda: panel() == "2/2", 30, "the router panel's next poll: both back")
         assert {"draining", "restarting", "back"} <= seen, seen          # the launch bar showed each stage
+        shown = [b for i, b in enumerate(backends) if i == 0 or backends[i - 1] != b]
+        assert "1/2" in shown and shown[-1] == "2/2", shown                # the router panel: 2/2 -> 1/2 -> 2/2
         events = "\n".join(app.dashboard.events.history)
         for node in sim.nodes:
             assert f"{node}: taking vllm_node out of the router" in events, events
