@@ -20,6 +20,7 @@ from sparkconsole import audit
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.rolling import restart, restart_text, rolls
 from sparkconsole.launch.runner import LaunchError, Runner
+from tests.helpers import longest_alone
 from tests.test_runner import (containers, fake_recipe, local_cluster, local_transports,  # noqa: F401 (fixtures)
                                started_at, state)
 
@@ -205,13 +206,7 @@ class WorkerWatch:
                 await asyncio.sleep(0.1)
 
     def longest_alone_s(self) -> float:
-        best, since = 0.0, None
-        for t, n in self.counts:
-            if n == 1 and since is None:
-                since = t
-            elif n != 1 and since is not None:
-                best, since = max(best, t - since), None
-        return best
+        return longest_alone(self.counts)
 
 
 async def _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, cluster, **over):

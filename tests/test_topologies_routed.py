@@ -17,6 +17,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests.helpers import longest_alone
 from tests.test_topologies import counter, names_on, scrape, topology_bed
 
 pytestmark = pytest.mark.slow
@@ -166,13 +167,7 @@ class BackendWatch(threading.Thread):
                 time.sleep(0.25)
 
     def longest_alone(self) -> float:
-        longest, since = 0.0, None
-        for t, n in self.counts:
-            if n == 1 and since is None:
-                since = t
-            elif n != 1 and since is not None:
-                longest, since = max(longest, t - since), None
-        return longest
+        return longest_alone(self.counts)
 
 
 def sweep_during(bed, router: str, results: Path, restart_args: list[str]) -> tuple[subprocess.CompletedProcess, list,
