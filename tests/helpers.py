@@ -121,3 +121,14 @@ async def cancel_tasks(tasks) -> None:
         t.cancel()
         with contextlib.suppress(asyncio.CancelledError, Exception):
             await t
+
+
+def longest_alone(counts: list[tuple[float, int]]) -> float:
+    """From (time, backends serving) samples of a restart: the longest stretch one backend carried everything."""
+    best, since = 0.0, None
+    for t, n in counts:
+        if n == 1 and since is None:
+            since = t
+        elif n != 1 and since is not None:
+            best, since = max(best, t - since), None
+    return best

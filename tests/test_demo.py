@@ -74,7 +74,8 @@ async def test_headless_demo_serves_then_exits_cleanly():
             status, _ = await get(e["url"] + "/health")
             assert status == 200
         status, body = await get(eps["router"]["url"] + "/v1/models")
-        assert json.loads(body)["data"][0]["id"] == "openai/gpt-oss-120b"
+        # served as the bundled recipe serves it: under the recipe's served_model_name
+        assert json.loads(body)["data"][0]["id"] == "gpt-oss-120b"
         # the background load reaches both replicas through the router (randomly spread: give it a few requests)
         deadline = time.monotonic() + 9
         for n in ("spark1", "spark2"):

@@ -20,6 +20,7 @@ from sparkconsole import audit
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.rolling import restart, restart_text, rolls
 from sparkconsole.launch.runner import LaunchError, Runner
+from tests.helpers import longest_alone
 from tests.test_runner import (containers, fake_recipe, local_cluster, local_transports,  # noqa: F401 (fixtures)
                                started_at, state)
 
@@ -108,7 +109,7 @@ def test_restart_plan_of_2x_solo_rolls_one_server_at_a_time(tmp_path):
     assert first < second
     # each server's steps, in order, before the next server's
     block = text[first:second]
-    order = [block.index(w) for w in ("POST /remove_worker", "drain", "at most 45 s", "docker restart",
+    order = [block.index(w) for w in ("POST /remove_worker", "drain", "at most 45 s", "start a new one from the plan",
                                       "one-token completion", "POST /add_worker")]
     assert order == sorted(order)
     assert "does not come back stops the roll" in text
@@ -151,8 +152,10 @@ def test_cli_plan_restart_prints_the_steps(tmp_path, monkeypatch, capsys):
 class Load:
     """A client loop: `workers` requests at a time through the router until stopped; counts what failed."""
 
-    def __init__(self, url: str, workers: int = 4, headers: dict | None = None) -> None:
+    def __init__(self, url: str, workers: int = 4, headers: dict | None = None, model: str = "fake-model",
+                 max_tokens: int = 1) -> None:
         self.url, self.workers, self.headers = url, workers, headers or {}
+        self.model, self.max_tokens = model, max_tokens
         self.ok = self.failed = 0
         self.errors: list[str] = []
         self.stop = asyncio.Event()
@@ -162,7 +165,7 @@ class Load:
         while not self.stop.is_set():
             try:
                 r = await client.post(self.url + "/v1/completions",
-                                      json={"model": "fake-model", "prompt": "hi", "max_tokens": 1})
+                                      json={"model": self.model, "prompt": "hi", "max_tokens": self.max_tokens})
                 if r.status_code == 200:
                     self.ok += 1
                     continue
@@ -203,13 +206,7 @@ class WorkerWatch:
                 await asyncio.sleep(0.1)
 
     def longest_alone_s(self) -> float:
-        best, since = 0.0, None
-        for t, n in self.counts:
-            if n == 1 and since is None:
-                since = t
-            elif n != 1 and since is not None:
-                best, since = max(best, t - since), None
-        return best
+        return longest_alone(self.counts)
 
 
 async def _launch(tmp_path, docker_engine, testbed_base_image, vllm_router_env, cluster, **over):
@@ -409,7 +406,7 @@ def test_a_plan_with_mods_relaunches_one_server_from_its_own_steps(tmp_path):
     recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path, mods=("mods/patch",))
     plan = make_plan(recipe, "2x-solo", _cluster(tmp_path))
     assert not plan.restartable_in_place
-    assert "stop and remove its container, start it again from its launch steps" in restart_text(plan)
+    assert "start a new one from the plan" in restart_text(plan)
     steps = relaunch_steps(plan, plan.service("node1/server"), router_of(plan))
     whats = [s.what for s in steps]
     assert all(s.node == "node1" for s in steps)

@@ -220,14 +220,19 @@ async def test_browser_shows_the_demo_console(tmp_path):
             finally:
                 await browser.close()
     finally:
-        os.killpg(proc.pid, 15)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, 9)
-            proc.wait(10)
-        out = proc.stdout.read().decode() if proc.stdout else ""
+        out = stop_serve(proc)
         assert TOKEN not in out
+
+
+def stop_serve(proc: subprocess.Popen) -> str:
+    """SIGTERM to the serve process's group (its console children too), SIGKILL if it lingers; its output."""
+    os.killpg(proc.pid, 15)
+    try:
+        proc.wait(20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.wait(10)
+    return proc.stdout.read().decode() if proc.stdout else ""
 
 
 def _listening(port: int) -> bool:

@@ -7,11 +7,17 @@ from __future__ import annotations
 
 import os
 import re
+import signal
+import subprocess
+import sys
+import threading
+import time
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.helpers import longest_alone
 from tests.test_topologies import counter, names_on, scrape, topology_bed
 
 pytestmark = pytest.mark.slow
@@ -125,3 +131,150 @@ def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tin
     report = bed.sc("bench", "report", str(results), "--run", runs["disagg"].run_id, timeout=60)
     assert "KV cache over the connector" in report.stdout, report.stdout + report.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []         # every topology stopped
+
+
+# --- restarts behind a router, under a real sweep (issue 27) ----------------------------------------------------
+
+class BackendWatch(threading.Thread):
+    """Polls the router while a restart runs: vllm-router's own worker list (/list_workers), else how many of the
+    launch's servers answer /health. The fewest seen, and the longest time only one carried everything."""
+
+    def __init__(self, router: str, servers: list[str], headers: dict) -> None:
+        super().__init__(daemon=True)
+        self.router, self.servers, self.headers = router, servers, headers
+        self.done = threading.Event()
+        self.counts: list[tuple[float, int]] = []
+
+    def count(self, client: httpx.Client) -> int:
+        r = client.get(self.router + "/list_workers", headers=self.headers)
+        if r.status_code == 200 and isinstance(r.json(), dict) and "urls" in r.json():
+            return len(r.json()["urls"])
+        up = 0
+        for s in self.servers:
+            try:
+                up += client.get(s + "/health").status_code == 200
+            except httpx.HTTPError:
+                pass
+        return up
+
+    def run(self) -> None:
+        with httpx.Client(timeout=5, trust_env=False) as client:
+            while not self.done.is_set():
+                try:
+                    self.counts.append((time.monotonic(), self.count(client)))
+                except httpx.HTTPError:
+                    self.counts.append((time.monotonic(), -1))
+                time.sleep(0.25)
+
+    def longest_alone(self) -> float:
+        return longest_alone(self.counts)
+
+
+def sweep_during(bed, router: str, results: Path, restart_args: list[str]) -> tuple[subprocess.CompletedProcess, list,
+                                                                                   BackendWatch, float]:
+    """A `bench run` sweep at c4 and c8 through the router, the restart run while it goes, the sweep stopped
+    (Ctrl-C) once the restart is over and a few more batches passed: (the restart, every request, the watch)."""
+    from sparkconsole.bench.results import ResultsStore
+    watch = BackendWatch(router, [bed.url(0), bed.url(1)], {"Authorization": f"Bearer {bed.env['SPARKCONSOLE_API_KEY']}"})
+    bench = subprocess.Popen([sys.executable, "-m", "sparkconsole", "bench", "run", "--url", router, "--pp", "32",
+                              "--tg", "8", "-c", "4,8", "--runs", "2000", "--no-warmup", "--results", str(results),
+                              "--quiet", "--topology", "2x-solo"],
+                             env=bed.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while levels_batches(results) < 3:                 # the sweep is under way
+            assert bench.poll() is None, bench.communicate()
+            assert time.monotonic() < deadline, "the sweep sent nothing in 300 s"
+            time.sleep(0.5)
+        watch.start()
+        t0 = time.monotonic()
+        restart = bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--yes", *restart_args), timeout=1200)
+        took = time.monotonic() - t0
+        after = levels_batches(results)
+        deadline = time.monotonic() + 120
+        while levels_batches(results) < after + 3 and time.monotonic() < deadline:
+            time.sleep(0.5)                                 # a few batches on the restarted servers
+    finally:
+        watch.done.set()
+        bench.send_signal(signal.SIGINT)
+        try:
+            bench.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            bench.kill()
+            bench.communicate()
+    with ResultsStore(results) as store:
+        rows = [r for run in store.runs() for r in store.requests(run.run_id)]
+    return restart, rows, watch, took
+
+
+def levels_batches(results: Path) -> int:
+    """Batches the sweep has stored so far (read-only, while it writes)."""
+    import sqlite3
+    if not results.exists():
+        return 0
+    db = sqlite3.connect(f"file:{results}?mode=ro", uri=True, timeout=10)
+    try:
+        return db.execute("SELECT COUNT(DISTINCT concurrency || '/' || run_index) FROM requests").fetchone()[0]
+    except sqlite3.OperationalError:
+        return 0
+    finally:
+        db.close()
+
+
+def server_ids(bed) -> list[str]:
+    return [bed.engine.inspect(c)["Id"] for c in bed.containers[:2]]
+
+
+@pytest.mark.timeout(2400)
+def test_a_rolling_restart_under_a_sweep_drops_no_request_and_all_at_once_does(bed, tiny_model):
+    """Issue 27's proof on real parts: 2x solo of the tiny model on the two SSH nodes behind the real vllm-router, a
+    `bench run` sweep at c4-c8 through it, `recipe restart` meanwhile: no failed request in the results store,
+    both containers new, a backend serving at every moment. Then `--all-at-once`, for contrast: it fails some."""
+    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", "vllm-router", "--yes", "--force"))
+    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+    url = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
+    before = server_ids(bed)
+
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / "roll.sqlite", ["--router", "vllm-router"])
+    assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
+    assert "rolling restart in" in restart.stdout + restart.stderr
+    failed = [r for r in rows if not r["ok"]]
+    alone = watch.longest_alone()
+    print(f"\nvllm-router: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} failed;"
+          f" fewest backends {min(n for _, n in watch.counts)}, longest one alone {alone:.1f} s")
+    assert len(rows) > 0 and not failed, [r["error"] for r in failed][:3]
+    after = server_ids(bed)
+    assert all(a != b for a, b in zip(after, before)), (before, after)          # new containers, both
+    assert watch.counts and min(n for _, n in watch.counts) >= 1                  # never none serving
+    assert alone > 0                                                               # one at a time: 2 -> 1 -> 2
+
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / "hard.sqlite", ["--router", "vllm-router",
+                                                                                    "--all-at-once"])
+    assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
+    failed = [r for r in rows if not r["ok"]]
+    print(f"vllm-router: all-at-once restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} "
+          "failed")
+    assert failed, "every server down at once, yet no request failed"
+
+
+@pytest.mark.timeout(1500)
+def test_a_rolling_restart_behind_litellm_keeps_new_requests_off_the_restarting_server(bed, tiny_model):
+    """Behind LiteLLM (no database, so no API to take a server out) the roll drains and restarts one server at a
+    time, and the router's config cools a refusing backend at its first failure and retries elsewhere: no request
+    fails on a stopped server. What LiteLLM still sends to a server between its drain and its stop is cut (the
+    closing note counts them); vllm-router's roll above cuts none."""
+    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", "simple-shuffle", "--yes",
+                                                         "--force"))
+    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+    url = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
+    before = server_ids(bed)
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / "roll-litellm.sqlite", ["--router", "simple-shuffle"])
+    assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
+    failed = [r for r in rows if not r["ok"]]
+    print(f"\nLiteLLM simple-shuffle: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, "
+          f"{len(failed)} failed (cut mid-stream), fewest backends answering {min(n for _, n in watch.counts)}")
+    refused = [r["error"] for r in failed if "Cannot connect" in (r["error"] or "") or "Connect call failed"
+               in (r["error"] or "")]
+    assert len(rows) > 0 and not refused, refused[:3]
+    assert all(a != b for a, b in zip(server_ids(bed), before))
+    assert min(n for _, n in watch.counts) >= 1

@@ -7,11 +7,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 
+import httpx
 import pytest
 
 from sparkconsole.commands import demo
-from sparkconsole.sim.cluster import Serving, SimCluster
+from sparkconsole.sim.cluster import SimCluster
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from tests.helpers import cancel_tasks, wait_for
 from tests.test_tui_app import widget_text
@@ -22,7 +24,7 @@ pytestmark = pytest.mark.slow        # a simulated cluster with its model server
 @pytest.fixture
 async def demo_app(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "operator-state"))    # the operator's own
-    sim = SimCluster(serving=Serving(topology="2x-solo", recipe=demo.DEMO_RECIPE), load_speedup=demo.DEMO_LOAD_SPEEDUP)
+    sim = SimCluster(serving=demo.demo_serving("2x-solo"), load_speedup=demo.DEMO_LOAD_SPEEDUP)
     await sim.start_nodes()
     tasks: list[asyncio.Task] = []
     try:
@@ -70,4 +72,84 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         await wait_for(pilot, lambda: app.sub_title.startswith("REPLAY "), 30, "REPLAY in the demo")
         await pilot.press("right_square_bracket")
         await wait_for(pilot, lambda: not app.sub_title.startswith("REPLAY"), 30, "live again")
+        await pilot.press("q")
+
+
+@pytest.fixture
+async def demo_behind_vllm_router(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "operator-state"))
+    base = f"127.{os.getpid() % 200 + 20}.78"      # addresses of its own: the recipe's ports are free there
+    sim = SimCluster(serving=demo.demo_serving("2x-solo", "vllm-router"),
+                     load_speedup=demo.DEMO_LOAD_SPEEDUP, nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    await sim.start_nodes()
+    tasks: list[asyncio.Task] = []
+    try:
+        yield demo.console_app(sim, argparse.Namespace(load=0, duration=None), tasks), sim
+    finally:
+        await cancel_tasks(tasks)
+        await sim.stop()
+
+
+async def test_r_in_the_demo_rolls_behind_the_routers_worker_api_and_drops_nothing(demo_behind_vllm_router):
+    """Issue 27 on the simulator: the demo's vllm-router has the real one's worker API, so r rolls for real: one
+    server out, drained, restarted, back in, then the other; a client through the router meanwhile sees no
+    failure; the launch bar and the events pane say each step, and the recorder keeps them."""
+    from tests.test_rolling_restart import Load
+    app, sim = demo_behind_vllm_router
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: all(e.is_set() for e in sim.ready.values()), 180, "the demo serving")
+        before = {n: (await sim.docker(n, "inspect", "-f", "{{.Id}}", "vllm_node"))[1] for n in sim.nodes}
+        await pilot.press("2")
+        scr = app.recipes_screen
+        await wait_for(pilot, lambda: scr.is_mounted and scr.running_of("gpt-oss-120b") is not None, 30, "it running")
+        await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", 10, "it chosen")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
+        shown = app.screen.command
+        assert "rolling, one server at a time behind vllm-router" in shown, shown
+        assert "take it out of the router (POST /remove_worker)" in shown
+        seen: set[str] = set()
+        backends: list[str] = []          # the router panel's "backends up/total", as the console polled it
+        async with Load(sim.router_url, workers=3, model=sim.serving.name, max_tokens=4) as load:
+            await pilot.press("y")
+
+            def panel() -> str | None:
+                em = app.serving.endpoints.get("router") if app.serving else None
+                snap = em.latest if em is not None else None
+                if snap is not None and snap.backends_total:
+                    backends.append(f"{snap.backends_up}/{snap.backends_total}")
+                return backends[-1] if backends else None
+
+            def done() -> bool:
+                seen.update(v for v in app.restart_stages.values())
+                panel()
+                return any("rolling restart in" in n.message for n in app._notifications)
+            try:
+                await wait_for(pilot, done, 150, "the rolling restart's report", step=0.02)
+            except AssertionError:
+                raise AssertionError(f"no report; progress {scr.progress}; notes "
+                                     f"{[n.message for n in app._notifications]}; events "
+                                     f"{list(app.dashboard.events.history)[-8:]}") from None
+        assert load.failed == 0 and load.ok > 0, (load.ok, load.failed, load.errors[:3])
+        await wait_for(pilot, lambda: panel() == "2/2", 30, "the router panel's next poll: both back")
+        assert {"draining", "restarting", "back"} <= seen, seen          # the launch bar showed each stage
+        shown = [b for i, b in enumerate(backends) if i == 0 or backends[i - 1] != b]
+        assert "1/2" in shown and shown[-1] == "2/2", shown                # the router panel: 2/2 -> 1/2 -> 2/2
+        events = "\n".join(app.dashboard.events.history)
+        for node in sim.nodes:
+            assert f"{node}: taking vllm_node out of the router" in events, events
+            assert f"{node}: vllm_node back in after" in events, events
+        after = {n: (await sim.docker(n, "inspect", "-f", "{{.Id}}", "vllm_node"))[1] for n in sim.nodes}
+        assert all(after[n].strip() and after[n] != before[n] for n in sim.nodes), (before, after)   # new containers
+        async with httpx.AsyncClient(trust_env=False) as client:
+            workers = (await client.get(sim.router_url + "/list_workers")).json()["urls"]
+        assert len(workers) == 2                                                   # both back in the router
+        app.recorder.store.flush()
+        from sparkconsole.recorder.reader import RecorderReader
+        r = RecorderReader(app.recorder.store.path)
+        try:
+            stages = [e["data"]["stage"] for n in sim.nodes for e in r.events(n, 0, 1e12, ("restart",))]
+        finally:
+            r.close()
+        assert stages.count("back") == 2 and "draining" in stages, stages
         await pilot.press("q")

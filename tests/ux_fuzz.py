@@ -209,9 +209,9 @@ class Fuzz:
         """Runs as one task for the whole fuzz (Textual keeps the app in that task's context variables): starts the
         demo console, then plays each sequence handed over on the queue."""
         from sparkconsole.commands import demo
-        from sparkconsole.sim.cluster import Serving, SimCluster
+        from sparkconsole.sim.cluster import SimCluster
 
-        self.sim = SimCluster(serving=Serving(topology=topology, recipe=demo.DEMO_RECIPE),
+        self.sim = SimCluster(serving=demo.demo_serving(topology),
                               load_speedup=demo.DEMO_LOAD_SPEEDUP)
         await self.sim.start_nodes()
         self.app = demo.console_app(self.sim, argparse.Namespace(load=0, duration=None), self._tasks)

@@ -78,6 +78,15 @@ def _check(args: argparse.Namespace) -> None:
                             fix="give memory, thermal or link, optionally :NODE (e.g. memory:spark2)")
 
 
+def demo_serving(topology: str = "2x-solo", router: str = "litellm-simple-shuffle"):
+    """What the demo serves: the demo recipe's model, answering to the recipe's served name as well (its plan's
+    readiness check and restart look for that name)."""
+    from ..launch.recipe import find_recipe
+    from ..sim.cluster import Serving
+    name = find_recipe(DEMO_RECIPE).defaults.get("served_model_name")
+    return Serving(topology=topology, router=router, recipe=DEMO_RECIPE, served_names=(str(name),) if name else ())
+
+
 def runaway_target(sim: SimCluster, spec: str) -> tuple[str, str]:
     """(kind, node) of --runaway KIND[:NODE]; the node checked against the cluster's."""
     kind, _, node = spec.partition(":")
@@ -136,10 +145,10 @@ async def run(args: argparse.Namespace) -> int:
     import json
     import signal
 
-    from ..sim.cluster import Serving, SimCluster
+    from ..sim.cluster import SimCluster
 
     _check(args)
-    sim = SimCluster(speed=args.speed, serving=Serving(topology=args.topology, router=args.router, recipe=DEMO_RECIPE),
+    sim = SimCluster(speed=args.speed, serving=demo_serving(args.topology, args.router),
                      load_speedup=DEMO_LOAD_SPEEDUP)
     if args.runaway is not None:
         args.runaway_target = runaway_target(sim, args.runaway)

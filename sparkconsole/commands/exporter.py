@@ -1,10 +1,12 @@
 """`sparkconsole exporter`: the console's readings as Prometheus metrics on /metrics.
 
-    sparkconsole exporter [--listen 127.0.0.1:9835] [--token-file FILE]
+    sparkconsole exporter [--listen 127.0.0.1:9835] [--token-file FILE] [--web-config-file FILE]
 
 The same monitors the console uses (one SSH connection per node, nothing installed on the nodes; attached to the
-cluster's collector, `sparkconsole record`, when one runs) and its alert rules; a scrape answers from the last readings with their age. Any address but loopback needs a bearer token
-(--token-file, or the environment variable SPARKCONSOLE_EXPORTER_TOKEN) and is refused without one.
+cluster's collector, `sparkconsole record`, when one runs) and its alert rules; a scrape answers from the last
+readings with their age. Any address but loopback needs a bearer token (--token-file, or the environment variable
+SPARKCONSOLE_EXPORTER_TOKEN) or basic auth users, and is refused without one. --web-config-file takes
+node_exporter's web config: TLS (tls_server_config) and basic_auth_users.
 """
 
 from __future__ import annotations
@@ -22,26 +24,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("exporter", help="serve the nodes' readings, guards, endpoints and alerts to "
                               "Prometheus (/metrics)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--listen", default=DEFAULT_LISTEN, metavar="HOST:PORT",
-                   help=f"address to serve /metrics on (default {DEFAULT_LISTEN}; any other than loopback needs a token)")
-    p.add_argument("--token-file", metavar="FILE",
-                   help=f"bearer token every scrape must send (first line of FILE; or set {TOKEN_ENV})")
+    from ..exporter.listenargs import add_listen_args
+    add_listen_args(p, default=DEFAULT_LISTEN, token_env=TOKEN_ENV, what="/metrics")
     p.set_defaults(func=run)
 
 
 async def run(args: argparse.Namespace) -> int:
     from ..commands.status import load
-    from ..exporter.listen import Listen, parse_listen, read_token
+    from ..exporter.listen import read_token
+    from ..exporter.listener import make_listener
     from ..exporter.readings import Readings
     from ..exporter.server import ExporterServer
 
-    listen = parse_listen(args.listen)
-    token = read_token(args.token_file, TOKEN_ENV)
+    listener = make_listener(args.listen, token=read_token(args.token_file, TOKEN_ENV),
+                             web_config_file=args.web_config_file)
     cluster = load(args)
     readings = Readings(cluster, attach=True)     # to the cluster's collector when one runs (collector/attach.py)
     readings.monitor.subscribe_status(lambda text, severity: print(f"sparkconsole exporter: {text}", file=sys.stderr,
                                                                     flush=True))
-    server = ExporterServer(readings, listen, token)
+    server = ExporterServer(readings, listener)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -49,8 +50,8 @@ async def run(args: argparse.Namespace) -> int:
     await server.start()
     try:
         print(f"sparkconsole exporter: {len(cluster.nodes)} node(s), {len(cluster.endpoints)} endpoint(s) from "
-              f"{cluster.source}; metrics at {Listen(listen.host, server.port).url('/metrics')}"
-              + ("" if token is None else " (bearer token required)"), file=sys.stderr, flush=True)
+              f"{cluster.source}; metrics at {server.url('/metrics')}"
+              + (f" ({listener.describe()})" if listener.asks_who else ""), file=sys.stderr, flush=True)
         await stop.wait()
     finally:
         await server.stop()

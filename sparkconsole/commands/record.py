@@ -25,6 +25,7 @@ import sys
 import time
 
 from ..errors import UserError
+from ..exporter.listenargs import add_web_config_arg
 from .status import load
 
 
@@ -40,6 +41,7 @@ def register(subparsers) -> None:
                    "or set SPARKCONSOLE_EXPORTER_TOKEN)")
     p.add_argument("--serve", metavar="HOST:PORT", help="also serve the console to browser tabs from this collector "
                    "(as `sparkconsole serve --listen`); each tab's console attaches to it")
+    add_web_config_arg(p)     # for --exporter and --serve alike (TLS, basic auth)
     p.add_argument("--serve-token-file", metavar="FILE", help="token for --serve (or set SPARKCONSOLE_SERVE_TOKEN; "
                    "generated and printed once off loopback)")
     p.set_defaults(func=run)
@@ -150,50 +152,51 @@ async def _serve_viewers(core, cluster, rec):
 
 
 def _listeners(args: argparse.Namespace) -> list:
-    """--exporter / --serve, checked now (address, token) and started later: each `start()` returns its stop."""
-    from ..exporter.listen import parse_listen, read_token
+    """--exporter / --serve, checked now (address, token, web config) and started later: each `start(core)`
+    returns its stop. The same listeners as `sparkconsole exporter` and `sparkconsole serve` (exporter/listener.py)."""
+    import dataclasses
+
+    from ..exporter.access import Access
+    from ..exporter.listen import read_token
+    from ..exporter.listener import make_listener
     out = []
     if args.exporter:
         from .exporter import TOKEN_ENV
-        listen = parse_listen(args.exporter, "--exporter")
-        token = read_token(args.exporter_token_file, TOKEN_ENV)
-        if not listen.loopback and not token:
-            raise UserError(f"{listen.host} is reachable from the network and no token was given", field="--exporter",
-                            fix="give --exporter-token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), or listen on "
-                            "127.0.0.1")
-        out.append(lambda core, listen=listen, token=token: _start_exporter(core, listen, token))
+        exporter = make_listener(args.exporter, token=read_token(args.exporter_token_file, TOKEN_ENV),
+                                 web_config_file=args.web_config_file, field="--exporter")
+        exporter.refuse_open_network("give --exporter-token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), "
+                                     "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
+        out.append(lambda core, listener=exporter: _start_exporter(core, listener))
     if args.serve:
         from .serve import TOKEN_ENV as SERVE_TOKEN_ENV, decide
-        listen = parse_listen(args.serve, "--serve")
-        token, generated, read_only = decide(listen, read_token(args.serve_token_file, SERVE_TOKEN_ENV), None)
-        out.append(lambda core, listen=listen, token=token, generated=generated, read_only=read_only:
-                   _start_console_server(args, listen, token, generated, read_only))
+        token = read_token(args.serve_token_file, SERVE_TOKEN_ENV)
+        serve = make_listener(args.serve, token=token, web_config_file=args.web_config_file, field="--serve")
+        token, generated, read_only = decide(serve.listen, token, None, asked=serve.asks_who)
+        if generated:
+            serve = dataclasses.replace(serve, access=Access(token=token, users=serve.access.users))
+        out.append(lambda core, listener=serve, generated=generated, read_only=read_only:
+                   _start_console_server(args, listener, generated, read_only))
     return out
 
 
-async def _start_exporter(core, listen, token):
-    from ..exporter.listen import Listen
+async def _start_exporter(core, listener):
     from ..exporter.server import ExporterServer
-    server = ExporterServer(core, listen, token, own_readings=False)
+    server = ExporterServer(core, listener, own_readings=False)
     await server.start()
-    print(f"metrics at {Listen(listen.host, server.port).url('/metrics')}"
-          + ("" if token is None else " (bearer token required)"), flush=True)
+    print(f"metrics at {server.url('/metrics')}" + (f" ({listener.describe()})" if listener.asks_who else ""),
+          flush=True)
     return server.stop
 
 
-async def _start_console_server(args, listen, token, generated, read_only):
+async def _start_console_server(args, listener, generated, read_only):
     import os
 
-    from ..exporter.listen import Listen
     from ..webface.server import ConsoleServer
     from .serve import TOKEN_ENV as SERVE_TOKEN_ENV
     os.environ.pop(SERVE_TOKEN_ENV, None)          # the console children need no token
-    server = ConsoleServer(listen, token=token, read_only=read_only, demo=False, cluster=getattr(args, "cluster", None))
-    try:
-        runner = await server.start_runner()
-    except OSError as exc:
-        raise UserError(f"cannot listen on {listen.host}:{listen.port}: {exc.strerror or exc}", field="--serve",
-                        fix="pick a free port") from None
+    server = ConsoleServer(listener, read_only=read_only, demo=False, cluster=getattr(args, "cluster", None))
+    runner = await server.start_runner()
     if generated:     # printed once, here, in the URL to open (the server's own line names the address)
-        print(f"sparkconsole serve: open {Listen(listen.host, server.port).url('/')}?token={token}", flush=True)
+        print(f"sparkconsole serve: open {listener.url('/', port=server.port)}?token={listener.access.token}",
+              flush=True)
     return runner.cleanup

@@ -28,6 +28,7 @@ MIN_TOKEN_LEN = 16
 class Listen:
     host: str
     port: int
+    scheme: str = "http"          # "https" once a web config gives TLS: every URL printed says so
 
     @property
     def loopback(self) -> bool:
@@ -35,7 +36,7 @@ class Listen:
 
     def url(self, path: str = "") -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}{path}"
+        return f"{self.scheme}://{host}:{self.port}{path}"
 
 
 def is_loopback(host: str) -> bool:

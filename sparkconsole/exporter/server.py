@@ -1,7 +1,8 @@
 """The HTTP side of the exporter: GET /metrics (Prometheus text, or OpenMetrics when the scraper asks for it),
 on aiohttp in the monitors' own event loop, so a scrape reads the readings between two ticks and never races
 them. Off loopback every request needs `Authorization: Bearer <token>` (Prometheus: `authorization:
-{credentials_file: …}`); a wrong or missing one gets 401 and no hint.
+{credentials_file: …}`) or a web config's basic auth user (`basic_auth: {username, password_file}`); a wrong or
+missing one gets 401 and no hint. With the web config's tls_server_config it answers HTTPS only.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ from prometheus_client.process_collector import ProcessCollector
 
 from ..errors import UserError
 from .collector import ConsoleCollector
-from .listen import Listen, QuietRunner, bearer_ok
+from .access import Access, as_access
+from .listen import Listen, QuietRunner
+from .listener import Listener, add_headers, as_listener, start_site
 from .readings import Readings
 
 INDEX = b"sparkconsole exporter: metrics at /metrics\n"
@@ -31,12 +34,14 @@ def make_registry(readings: Readings, *, process: bool = True) -> CollectorRegis
     return reg
 
 
-def make_app(registry: CollectorRegistry, token: str | None) -> web.Application:
+def make_app(registry: CollectorRegistry, access: Access | str | None,
+             headers: dict[str, str] | None = None) -> web.Application:
+    access = as_access(access)
+
     @web.middleware
     async def auth(request: web.Request, handler):
-        if token is not None and not bearer_ok(request.headers.get("Authorization"), token):
-            raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Bearer realm="sparkconsole"'},
-                                       text="401: a bearer token is required\n")
+        if not await access.allows(request.headers.get("Authorization")):
+            raise web.HTTPUnauthorized(headers=access.challenge(), text=f"401: {access.describe()}\n")
         return await handler(request)
 
     async def metrics(request: web.Request) -> web.Response:
@@ -50,42 +55,43 @@ def make_app(registry: CollectorRegistry, token: str | None) -> web.Application:
     app = web.Application(middlewares=[auth])
     app.router.add_get("/metrics", metrics)
     app.router.add_get("/", index)
+    add_headers(app, headers or {})
     return app
 
 
 class ExporterServer:
-    """Readings + the HTTP server; `await start()`, `await stop()`. The port is known after start()."""
+    """Readings + the HTTP(S) server; `await start()`, `await stop()`. The port is known after start().
+    `listen`: a Listener (listener.make_listener: TLS, basic auth, token), or a bare Listen with `token`."""
 
-    def __init__(self, readings: Readings, listen: Listen, token: str | None, *, own_readings: bool = True) -> None:
+    def __init__(self, readings: Readings, listen: Listen | Listener, token: str | None = None, *,
+                 own_readings: bool = True) -> None:
         """own_readings=False: the readings are started and stopped by their owner (`record --exporter`)."""
-        if not listen.loopback and not token:
-            raise UserError(f"{listen.host} is reachable from the network and no token was given",
-                            field="--listen", fix="give --token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), "
-                            "or listen on 127.0.0.1")
+        self.listener = as_listener(listen, token)
+        self.listener.refuse_open_network(
+            "give --token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), basic_auth_users in --web-config-file, "
+            "or listen on 127.0.0.1")
         self.readings = readings
-        self.listen = listen
+        self.listen = self.listener.listen
         self.registry = make_registry(readings)
-        self.app = make_app(self.registry, token)
+        self.app = make_app(self.registry, self.listener.access, dict(self.listener.headers))
         self._runner: web.AppRunner | None = None
-        self.port = listen.port
+        self.port = self.listen.port
         self.own_readings = own_readings
+
+    def url(self, path: str = "/metrics") -> str:
+        return self.listener.url(path, port=self.port)
 
     async def start(self) -> None:
         if self.own_readings:
             await self.readings.start()
         self._runner = QuietRunner(self.app, access_log=None)
         await self._runner.setup()
-        site = web.TCPSite(self._runner, self.listen.host, self.listen.port)
         try:
-            await site.start()
-        except OSError as exc:
+            self.port = await start_site(self._runner, self.listener)
+        except UserError:
+            self._runner = None          # start_site cleaned it up
             await self.stop()
-            raise UserError(f"cannot listen on {self.listen.host}:{self.listen.port}: {exc.strerror or exc}",
-                            field="--listen", fix="pick a free port") from None
-        server = getattr(site, "_server", None)
-        sockets = getattr(server, "sockets", None) or ()
-        if sockets:
-            self.port = sockets[0].getsockname()[1]      # --listen HOST:0 picks a free one
+            raise
 
     async def stop(self) -> None:
         if self._runner is not None:

@@ -2,9 +2,9 @@
 
 Rolling (a router in front of N servers, 2x-solo): one server at a time is taken out of the router, drained
 (its own `vllm:num_requests_running` + `vllm:num_requests_waiting` reach 0, bounded by the drain timeout, after
-which it is stopped anyway and the requests still on it are reported as cut), restarted (`docker restart`, or
-stopped and started again from its plan steps when the plan is not restartable in place), waited for until it is
-healthy and answers a real one-token completion, and put back into the router. Only then the next one. A server
+which it is stopped anyway and the requests still on it are reported as cut), launched again from the plan (a
+new container with the recipe's flags and image as they are now: what a restart for a new image or a changed flag
+needs, which `docker restart` would not give), waited for until it is healthy and answers a real one-token completion, and put back into the router. Only then the next one. A server
 that does not come back stops the roll: it stays out of the router and the others keep serving.
 
 vllm-router 0.1.17's worker API, as it answers on the test bed:
@@ -90,7 +90,9 @@ def rolls(plan: Plan) -> bool:
 
 
 def worker_api(plan: Plan) -> bool:
-    """Whether the router takes a server out on request (vllm-router); LiteLLM has no API for it without its DB."""
+    """Whether the plan's router takes a server out on request (vllm-router); LiteLLM has no API for it without
+    its DB. What the roll does is decided by asking the running router (WorkerApi.answers): the router that runs
+    may not be the recipe's default (the demo's LiteLLM, a launch with --router)."""
     return plan.router == "vllm-router"
 
 
@@ -99,6 +101,8 @@ def restart_text(plan: Plan, *, all_at_once: bool = False, drain_timeout: float 
     """The restart's steps per server, in words (`recipe plan NAME -T TOPOLOGY --restart`)."""
     how = ("docker restart" if plan.restartable_in_place
            else "stop and remove its container, start it again from its launch steps")
+    relaunch = ("stop and remove its container, start a new one from the plan (the recipe's flags and image as "
+                "they are now)")
     drain = (f"drain: wait until its running + waiting requests reach 0 (at most {drain_timeout:g} s; "
              "then it is stopped anyway and the requests cut are counted)")
     if all_at_once or not rolls(plan):
@@ -132,7 +136,7 @@ def restart_text(plan: Plan, *, all_at_once: bool = False, drain_timeout: float 
         back = ("put it back into the router (POST /add_worker)" if worker_api(plan) else
                 "LiteLLM sends to it again once its cooldown ends")
         lines.append(f"  server {i}: {s.container} on {s.node} ({s.url})")
-        for j, what in enumerate((out, drain, f"stop and start it ({how})",
+        for j, what in enumerate((out, drain, relaunch,
                                   "wait until it is healthy and answers a one-token completion", back), 1):
             lines.append(f"    {i}.{j} {what}")
     lines.append("  a server that does not come back stops the roll; the others keep serving")
@@ -145,6 +149,14 @@ class WorkerApi:
 
     def __init__(self, client: httpx.AsyncClient, url: str) -> None:
         self.client, self.url = client, url.rstrip("/")
+
+    async def answers(self) -> bool:
+        """Whether the router has the worker API: vllm-router lists its workers; LiteLLM answers 404 or 401."""
+        try:
+            await self.list()
+        except (httpx.HTTPError, ValueError, AttributeError):
+            return False
+        return True
 
     async def list(self) -> list[str]:
         r = await self.client.get(self.url + "/list_workers")
@@ -218,7 +230,11 @@ async def rolling_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCa
     roll = _Roll(runner, plan, router, runner._emitter(on_progress), drain_timeout)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         roll.client = client
-        roll.api = WorkerApi(client, router.url) if worker_api(plan) else None
+        api = WorkerApi(client, router.url)
+        roll.api = api if await api.answers() else None
+        if roll.api is None and worker_api(plan):
+            roll.emit(router.node, "info", f"{router.container} has no worker API: each server is drained and "
+                                           "restarted while the router still lists it", router.key)
         try:
             for svc in backends(plan):
                 await roll.one(svc)
@@ -304,14 +320,12 @@ async def restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback |
 
 
 async def restart_one(runner: "Runner", plan: Plan, svc: Service, emit: Callable[..., None], action: str) -> str | None:
-    """Restart one server and wait until it is ready; None, or why it did not come back (its log line)."""
+    """Launch one server again from the plan and wait until it is ready; None, or why it did not come back (its
+    log line). A new container, not `docker restart`: operators restart to take a new image or a changed flag,
+    which a restarted container would not have."""
     from .runner import LaunchError
 
-    if plan.restartable_in_place:
-        steps = [svc.restart_step()]
-    else:
-        router = router_of(plan)
-        steps = [*svc.stop_steps(), *relaunch_steps(plan, svc, router)]
+    steps = [*svc.stop_steps(), *relaunch_steps(plan, svc, router_of(plan))]
     for st in steps:
         why = await runner.run_step(st, action, emit)
         if why is not None:

@@ -118,7 +118,11 @@ def litellm_config(model: str, servers: Sequence[Service], strategy: str) -> str
         "model_list": [{"model_name": model,
                         "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": f"{s.url}/v1"}}
                        for s in servers],
-        "router_settings": {"routing_strategy": strategy},
+        # A backend that refuses a connection (stopped for a restart, crashed) is cooled down at its first failure
+        # and the request retried on another: LiteLLM cannot take a server out without its database, so this is
+        # how a rolling restart behind it keeps new requests off the server being restarted.
+        "router_settings": {"routing_strategy": strategy, "num_retries": 2, "allowed_fails": 0,
+                            "cooldown_time": 10},
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
     }
     return yaml.safe_dump(doc, sort_keys=False)

@@ -55,6 +55,9 @@ ROUTER_LATENCY = ("vllm_router_request_duration_seconds", "vllm_router_generate_
 ROUTER_BACKEND_REQUESTS = ("vllm_router_processed_requests_total", "litellm_deployment_total_requests_total")
 ROUTER_TTFT = ("litellm_llm_api_time_to_first_token_metric",)
 ROUTER_WORKER_HEALTH = "vllm_router_worker_health"          # 1 healthy, 0 not; label worker
+# Workers in the router's list now: vllm-router 0.1.17 keeps a removed worker's health series (at 1) after
+# POST /remove_worker, so only this gauge says it left (a rolling restart's 2/2 -> 1/2 -> 2/2).
+ROUTER_ACTIVE_WORKERS = "vllm_router_active_workers"
 ROUTER_WORKER_LOAD = ("vllm_router_running_requests", "vllm_router_worker_load")  # label worker
 LITELLM_DEPLOYMENT_STATE = "litellm_deployment_state"      # 0 healthy, 1 partial outage, 2 outage
 LITELLM_IN_FLIGHT = "litellm_deployment_in_progress_requests"
@@ -65,7 +68,8 @@ CONSOLE_NAMES: tuple[str, ...] = tuple(dict.fromkeys(
     RUNNING + WAITING + KV_USAGE + tuple(n for pair in PREFIX_COUNTERS for names in pair for n in names)
     + PREFIX_HIT_RATE_GAUGE + PROMPT_TOKENS + GENERATION_TOKENS + TTFT + ITL + PROMPT_BY_SOURCE + KV_BYTES
     + KV_XFER_TIME + KV_FAILED + ROUTER_REQUESTS + ROUTER_ERRORS
-    + ROUTER_LATENCY + ROUTER_TTFT + (ROUTER_WORKER_HEALTH,) + ROUTER_WORKER_LOAD + ROUTER_BACKEND_REQUESTS
+    + ROUTER_LATENCY + ROUTER_TTFT + (ROUTER_WORKER_HEALTH, ROUTER_ACTIVE_WORKERS) + ROUTER_WORKER_LOAD
+    + ROUTER_BACKEND_REQUESTS
     + (LITELLM_DEPLOYMENT_STATE, LITELLM_IN_FLIGHT)))
 
 INF = float("inf")
@@ -453,6 +457,9 @@ def router_metrics(s: Scrape) -> RouterMetrics | None:
     health = s.values(ROUTER_WORKER_HEALTH)
     if health:
         total, up = len(health), sum(1 for v in health.values() if v >= 1)
+        active = s.total(ROUTER_ACTIVE_WORKERS)
+        if active is not None:
+            up = min(up, int(active))
     else:
         states = s.values(LITELLM_DEPLOYMENT_STATE)
         if states:

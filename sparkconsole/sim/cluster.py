@@ -53,6 +53,15 @@ class Serving:
     # The bundled recipe this serving is (the demo's: gpt-oss-120b), put on the containers as a launch's
     # `sparkconsole.*` labels: the console shows that recipe running in that topology, and stops it with its plan.
     recipe: str | None = None
+    # Names the servers answer to before `model` (vLLM's --served-model-name takes several and names the first
+    # in its answers): the recipe's own served name, as a launch of that recipe serves it, so the recipe's plan
+    # finds its model on the demo's servers (readiness, a restart that launches a server again from the plan).
+    served_names: tuple[str, ...] = ()
+
+    @property
+    def name(self) -> str:
+        """The model name clients ask for."""
+        return self.served_names[0] if self.served_names else self.model
     # The published gpt-oss-120b settings (gpt-oss-120b-topologies.csv header).
     vllm_args: tuple[str, ...] = ("--gpu-memory-utilization", "0.70", "--max-model-len", "4096",
                                   "--max-num-batched-tokens", "32768", "--kv-cache-dtype", "fp8",
@@ -243,7 +252,8 @@ class SimCluster:
         return ["run", "-d", "--name", CONTAINER, *self._labels(node, "worker" if worker else "server", url),
                 "--gpus", "all", "--network", "host", "--ipc=host",
                 "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
-                "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args, *extra]
+                "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args,
+                *(("--served-model-name", *s.served_names, s.model) if s.served_names else ()), *extra]
 
     async def _launch(self) -> None:
         s = self.serving
@@ -268,7 +278,7 @@ class SimCluster:
         addr = self.nodes[head].address
         port = self._router_port or claim_port(addr, self.router_port_pref, self.root)
         urls = [f"http://{self.nodes[n].address}:{self.ports[n]}/v1" for n in backends]
-        served = self.serving.model
+        served = self.serving.name
         if self.serving.router == "vllm-router":
             args = ["run", "-d", "--name", ROUTER_CONTAINER, *self._labels(head, "router", f"http://{addr}:{port}"),
                     "--network", "host", "lmsysorg/vllm-router:latest",

@@ -68,6 +68,7 @@ class Backend:
     url: str            # base, without /v1
     model: str | None   # served model name (None: whatever the client asks for)
     healthy: bool = False
+    active: bool = True  # in the router's worker list (vllm-router's /remove_worker takes it out)
 
 
 class SimRouter:
@@ -108,6 +109,8 @@ class SimRouter:
             self.m_ttft = None
             self.m_health = Gauge("vllm_router_worker_health", "1 healthy, 0 not.", ["worker"], registry=reg)
             self.m_load = Gauge("vllm_router_running_requests", "In-flight requests per worker.", ["worker"], registry=reg)
+            self.m_active = Gauge("vllm_router_active_workers", "Workers in the router's list.", registry=reg)
+            self.m_active.set_function(lambda: sum(1 for b in self.backends if b.active))
             self.label = "worker"
         else:
             self.m_requests = Counter("litellm_proxy_total_requests_metric", "Requests to the proxy.", ["api_base"],
@@ -174,7 +177,40 @@ class SimRouter:
         r.add_get("/version", self.h_version)
         r.add_post("/v1/chat/completions", self.h_forward)
         r.add_post("/v1/completions", self.h_forward)
+        if self.flavor == "vllm-router":
+            r.add_get("/list_workers", self.h_list_workers)
+            r.add_post("/remove_worker", self.h_remove_worker)
+            r.add_post("/add_worker", self.h_add_worker)
         return app
+
+    # ---- vllm-router's worker API (launch/rolling.py's docstring: the real one's answers) -----------------
+    def _worker(self, request: web.Request) -> Backend | None:
+        url = _base(request.query.get("url", ""))
+        return next((b for b in self.backends if b.url == url), None)
+
+    async def h_list_workers(self, request: web.Request) -> web.Response:
+        return web.json_response({"urls": [b.url for b in self.backends if b.active]})
+
+    async def h_remove_worker(self, request: web.Request) -> web.Response:
+        b = self._worker(request)
+        if b is not None:
+            b.active = False
+        return web.Response(text=f"Successfully removed worker: {request.query.get('url', '')}")
+
+    async def h_add_worker(self, request: web.Request) -> web.Response:
+        url = request.query.get("url", "")
+        b = self._worker(request)
+        if b is None:
+            return web.Response(status=400, text=f"Worker {url} is not one of this simulated router's backends")
+        if b.active:
+            return web.Response(status=400, text=f"Worker {url} already exists")
+        deadline = time.monotonic() + 600
+        while not b.healthy:          # the real one waits for the worker's health check too
+            if time.monotonic() > deadline:
+                return web.Response(status=400, text=f"Timeout waiting for worker {url} to become healthy")
+            await asyncio.sleep(0.2)
+        b.active = True
+        return web.Response(text=f"Successfully added worker: {url}")
 
     async def h_health(self, request: web.Request) -> web.Response:
         up = [b.url for b in self.backends if b.healthy]
@@ -210,7 +246,8 @@ class SimRouter:
         return web.Response(body=generate_latest(self.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
     def _candidates(self, model: str | None) -> list[int]:
-        idx = [i for i, b in enumerate(self.backends) if b.model is None or model is None or b.model == model]
+        idx = [i for i, b in enumerate(self.backends)
+               if b.active and (b.model is None or model is None or b.model == model)]
         if self.flavor == "vllm-router":
             healthy = [i for i in idx if self.backends[i].healthy]
             idx = healthy or idx

@@ -21,7 +21,7 @@ from .vllm_args import SIM_VERSION
 
 
 class VllmHttpApi:
-    """Routes and handlers; the server class provides ns, speed, clock, engine, metrics, served, model_arg,
+    """Routes and handlers; the server class provides ns, speed, clock, engine, metrics, served, names, model_arg,
     max_model_len, profile, submit() and abort()."""
 
     def app(self) -> web.Application:
@@ -67,9 +67,9 @@ class VllmHttpApi:
 
     async def h_models(self, request: web.Request) -> web.Response:
         return web.json_response({"object": "list", "data": [{
-            "id": self.served, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+            "id": name, "object": "model", "created": int(time.time()), "owned_by": "vllm",
             "root": self.model_arg, "parent": None, "max_model_len": self.max_model_len,
-            "permission": []}]})
+            "permission": []} for name in self.names]})
 
     async def h_metrics(self, request: web.Request) -> web.Response:
         if self.engine:
@@ -92,7 +92,7 @@ class VllmHttpApi:
 
     def _model_ok(self, body: dict) -> web.Response | None:
         model = body.get("model")
-        if model is not None and model != self.served:
+        if model is not None and model not in self.names:
             return self.error(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
         return None
 

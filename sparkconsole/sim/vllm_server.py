@@ -95,7 +95,9 @@ class SimVllmServer(VllmHttpApi):
         self.model_arg = ns.model or ns.model_tag
         if not self.model_arg:
             raise UserError("no model given", field="model", fix="vllm serve MODEL [args]")
-        self.served = (ns.served_model_name or [self.model_arg])[0]
+        # vLLM answers to every --served-model-name and names the first in its responses
+        self.names = tuple(ns.served_model_name or [self.model_arg])
+        self.served = self.names[0]
         self.profile = profile_for(self.model_arg, ns.sim_profile)
         self.node_dir = Path(ns.sim_node_dir) if ns.sim_node_dir else None
         sim = (read_json(self.node_dir / "sim.json") if self.node_dir else None) or {}

@@ -112,6 +112,8 @@ class SparkConsoleApp(NodeActions, App):
         self._dirty_eps: set[str] = set()
         self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
         self._alerts_due: list = []         # alerts the core raised or cleared since the last frame
+        # (node, container) -> its stage while a restart from this console runs (the launch bar shows it)
+        self.restart_stages: dict[tuple[str, str], str] = {}
         self._shown: set[str] = set()      # nodes whose first reading has been drawn
         self._unsubscribe: list[Callable[[], None]] = []
         self._last_age_refresh = 0.0
@@ -434,7 +436,7 @@ class SparkConsoleApp(NodeActions, App):
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
         groups = launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes if self.node_monitor(n.name))
-        self.dashboard.launches.show(groups)
+        self.dashboard.launches.show(groups, self.restart_stages)
         shown = tuple(g.line() for g in groups)         # its members and their states too: one node reports later
         if shown != self._launches_shown:
             self._launches_shown = shown

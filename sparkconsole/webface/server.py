@@ -4,13 +4,16 @@ Each browser connection runs the console in a child process (`python -m sparkcon
 shlex-joined for textual-serve's shell). With a token, every request — the page, its static files and the
 websocket that drives the console — must carry it: `Authorization: Bearer …`, or `?token=…` once, which sets an
 HttpOnly, SameSite=Strict cookie and redirects to the bare URL (the websocket then sends the cookie). Anything
-else gets 401; a request whose Origin is another site's is refused (403) even on loopback. Read-only is passed to the child as SPARKCONSOLE_READ_ONLY=1 (tui/app.py hides and refuses every
+else gets 401; a request whose Origin is another site's is refused (403) even on loopback. Basic auth users of a web
+config do instead of (or beside) the token; with its tls_server_config the page and websocket are https/wss.
+Read-only is passed to the child as SPARKCONSOLE_READ_ONLY=1 (tui/app.py hides and refuses every
 node-changing action). The page is textual-serve's own, minus its web-font link: nothing leaves loopback.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 import shlex
 import signal
@@ -22,7 +25,8 @@ import jinja2
 from aiohttp import web
 from textual_serve.server import Server
 
-from ..exporter.listen import Listen, QuietRunner, bearer_ok, token_ok
+from ..exporter.listen import Listen, QuietRunner, token_ok
+from ..exporter.listener import Listener, add_headers, as_listener, start_site
 from ..tui.app import READ_ONLY_ENV
 
 COOKIE = "sparkconsole_token"
@@ -53,21 +57,27 @@ def _same_origin(request: web.Request) -> bool:
 
 
 class ConsoleServer(Server):
-    def __init__(self, listen: Listen, *, token: str | None, read_only: bool, demo: bool,
+    def __init__(self, listen: Listen | Listener, *, token: str | None = None, read_only: bool, demo: bool,
                  cluster: str | None = None) -> None:
+        """`listen`: a Listener (exporter/listener.make_listener: TLS, basic auth, token), or a bare Listen
+        with `token`."""
+        listener = as_listener(listen, token)
+        listener.refuse_open_network("give --token-file FILE (or let `sparkconsole serve` generate a token), "
+                                     "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
         # Read-only is said in the child's environment, whatever this process's environment says.
         env = ["env", f"{READ_ONLY_ENV}=1"] if read_only else ["env", "-u", READ_ONLY_ENV]
-        super().__init__(shlex.join(env + console_argv(demo=demo, cluster=cluster)), host=listen.host,
-                         port=listen.port, title="sparkconsole" + (" (read-only)" if read_only else ""))
-        self.listen = listen
-        self.token = token
+        super().__init__(shlex.join(env + console_argv(demo=demo, cluster=cluster)), host=listener.listen.host,
+                         port=listener.listen.port, title="sparkconsole" + (" (read-only)" if read_only else ""))
+        self.listener = listener
+        self.listen = listener.listen
+        self.access = listener.access
+        self.token = listener.access.token
         self.read_only = read_only
 
-    def _authorised(self, request: web.Request) -> bool:
-        if self.token is None:
+    async def _authorised(self, request: web.Request) -> bool:
+        if self.token is not None and token_ok(request.cookies.get(COOKIE), self.token):
             return True
-        return (bearer_ok(request.headers.get("Authorization"), self.token)
-                or token_ok(request.cookies.get(COOKIE), self.token))
+        return await self.access.allows(request.headers.get("Authorization"))
 
     async def _make_app(self) -> web.Application:
         @web.middleware
@@ -83,11 +93,13 @@ class ConsoleServer(Server):
                 # The URL stays percent-encoded: a decoded %0d%0a in the Location header would be a 500.
                 resp = web.HTTPFound(location=str(request.rel_url.with_query(
                     {k: v for k, v in request.query.items() if k != "token"})))
-                resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict", path="/")
+                resp.set_cookie(COOKIE, self.token, httponly=True, samesite="Strict", path="/",
+                                secure=self.listener.tls)
                 raise resp
-            if not self._authorised(request):
-                raise web.HTTPUnauthorized(headers={"WWW-Authenticate": 'Bearer realm="sparkconsole"'},
-                                           text="401: this console needs its token (open the URL printed at start)\n")
+            if not await self._authorised(request):
+                why = ("its token (open the URL printed at start)" if self.access.users is None
+                       else "a user and password" + (" or its token" if self.token is not None else ""))
+                raise web.HTTPUnauthorized(headers=self.access.challenge(), text=f"401: this console needs {why}\n")
             return await handler(request)
 
         app = web.Application(middlewares=[auth])
@@ -97,7 +109,7 @@ class ConsoleServer(Server):
             web.get("/ws", self.handle_websocket, name="websocket"),
             web.static("/static", self.statics_path, name="static"),
         ])
-        app.on_startup.append(self.on_startup)
+        add_headers(app, self.listener.headers)
         return app
 
     @aiohttp_jinja2.template(TEMPLATE)
@@ -110,9 +122,10 @@ class ConsoleServer(Server):
                 "config": {"static": {"url": f"{base}/static/"}},
                 "application": {"name": self.title}}
 
-    async def on_startup(self, app: web.Application) -> None:
-        print(f"sparkconsole serve: the console on {self.listen.url('/')}"
-              + (" (read-only)" if self.read_only else "") + (" — token required" if self.token else "")
+    def say_listening(self) -> None:
+        print(f"sparkconsole serve: the console on {self.listener.url('/', port=self.port)}"
+              + (" (read-only)" if self.read_only else "")
+              + (f" — {self.listener.describe()}" if self.listener.asks_who else "")
               + "; Ctrl+C stops", file=sys.stderr, flush=True)
 
     def serve(self, debug: bool = False) -> None:
@@ -127,6 +140,7 @@ class ConsoleServer(Server):
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, stop.set)
         runner = await self.start_runner()
+        self.say_listening()
         try:
             await stop.wait()
         finally:
@@ -136,15 +150,8 @@ class ConsoleServer(Server):
         """The app listening on self.host:self.port (0: a free port, then in self.port); cleanup() stops it."""
         runner = QuietRunner(await self._make_app(), access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, self.host, self.port)
-        try:
-            await site.start()
-        except OSError:
-            await runner.cleanup()
-            raise
-        sockets = getattr(getattr(site, "_server", None), "sockets", None) or ()
-        if sockets:
-            self.port = sockets[0].getsockname()[1]
+        self.port = await start_site(runner, dataclasses.replace(
+            self.listener, listen=dataclasses.replace(self.listen, host=self.host, port=self.port)))
         return runner
 
     def initialize_logging(self) -> None:

@@ -1,8 +1,8 @@
 """The two listeners (the exporter's /metrics and `serve`'s console page) against hostile HTTP, as raw bytes over a
 real socket: request lines, header names and values of any bytes (non-UTF-8, NUL, CR/LF, over-long), bodies,
-methods and paths, with and without the right token. The answer is never a 5xx; nothing they log carries a
-traceback; no response and no log line holds the token (the one exception: the cookie `serve` sets in answer to
-a request that itself carried the right `?token=`).
+methods and paths, with and without the right token or basic auth password. The answer is never a 5xx; nothing
+they log carries a traceback; no response and no log line holds the token or the password (the one exception: the
+cookie `serve` sets in answer to a request that itself carried the right `?token=`).
 
 Both servers run in this process on a loopback port each, in a thread with its own event loop, with the same
 runner as `sparkconsole exporter` / `serve` (exporter/listen.py's QuietRunner). `serve`'s console child is
@@ -12,6 +12,7 @@ replaced by `true`: a request that reaches the websocket must not start consoles
 from __future__ import annotations
 
 import asyncio
+import base64
 import logging
 import re
 import socket
@@ -23,13 +24,17 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
 
+from sparkconsole.exporter.access import Access, BasicUsers
 from sparkconsole.exporter.listen import Listen, QuietRunner
+from sparkconsole.exporter.listener import Listener
 from sparkconsole.exporter.server import make_app
 from sparkconsole.webface.server import COOKIE, ConsoleServer
 from tests.faults.fuzz import fuzz
+from tests.tlsca import bcrypt_hash
 
-TOKEN = "tok-" + "Zq7" * 8                    # what both servers ask for
+TOKEN = "tok-" + "Zq7" * 8                    # what both servers ask for (or the basic auth user's password)
 TOKEN_B = TOKEN.encode()
+PASSWORD_B = b"pw-" + b"Kx9" * 6
 SENT = {"exporter": 0, "serve": 0}
 
 
@@ -51,12 +56,13 @@ class Servers:
         from aiohttp import web
         reg = CollectorRegistry(auto_describe=False)
         ProcessCollector(registry=reg)
-        runner = QuietRunner(make_app(reg, TOKEN), access_log=None)
+        access = Access(token=TOKEN, users=BasicUsers({"fuzz": bcrypt_hash(PASSWORD_B.decode()).encode()}))
+        runner = QuietRunner(make_app(reg, access), access_log=None)
         await runner.setup()
         site = web.TCPSite(runner, "127.0.0.1", 0)
         await site.start()
         self.ports["exporter"] = site._server.sockets[0].getsockname()[1]
-        console = ConsoleServer(Listen("127.0.0.1", 0), token=TOKEN, read_only=True, demo=True)
+        console = ConsoleServer(Listener(Listen("127.0.0.1", 0), access), read_only=True, demo=True)
         console.command = "true"
         self._runners = [runner, await console.start_runner()]
         self.ports["serve"] = console.port
@@ -138,7 +144,10 @@ def status(answer: bytes) -> int | None:
 any_bytes = st.binary(max_size=80)
 TOKEN_FORMS = [b"Bearer " + TOKEN_B, b"Bearer " + TOKEN_B + b"\x00", b"Bearer " + TOKEN_B + b"\r\nX: y",
                b"bearer  " + TOKEN_B + b" ", b"Bearer \xff\xfe" + TOKEN_B, b"Bearer " + TOKEN_B[:-1] + b"\xc3",
-               COOKIE.encode() + b"=" + TOKEN_B, COOKIE.encode() + b"=" + TOKEN_B + b"\x00; a=\xff"]
+               COOKIE.encode() + b"=" + TOKEN_B, COOKIE.encode() + b"=" + TOKEN_B + b"\x00; a=\xff",
+               *(b"Basic " + base64.b64encode(creds) + tail for creds in (b"fuzz:" + PASSWORD_B, b"fuzz:" + PASSWORD_B
+                                                                           + b"\xff", b"\xfe:" + PASSWORD_B)
+                 for tail in (b"", b"\x00", b"=", b" x")), b"Basic \xff\xfe", b"basic  ==="]
 header_name = st.sampled_from([b"Authorization", b"Cookie", b"Host", b"Origin", b"Content-Length", b"Accept",
                                b"Transfer-Encoding", b"Upgrade", b"Connection", b"Sec-WebSocket-Key",
                                b"Sec-WebSocket-Version", b"Content-Type", b"X-Forwarded-For"]) | any_bytes
@@ -180,6 +189,8 @@ def check(servers: Servers, name: str, raw: bytes, answer: bytes, log_from: int)
     for line in servers.log[log_from:]:
         assert "Traceback" not in line, f"{name} logged a traceback for {raw[:200]!r}: {line[:600]}"
         assert TOKEN not in line and TOKEN_B.decode() not in line, f"{name} logged the token: {line[:300]}"
+        assert PASSWORD_B.decode() not in line, f"{name} logged the password: {line[:300]}"
+    assert PASSWORD_B not in answer, f"the password in {name}'s answer: {answer[:400]!r}"
 
 
 @pytest.mark.fault("hostile HTTP (raw bytes) against the exporter and serve")
@@ -207,7 +218,8 @@ def test_known_bugs_non_utf8_authorization_and_token_then_nul(servers, name):
     answer = exchange(port, nul)
     assert status(answer) == 400 and TOKEN_B not in answer, answer[:300]
     check(servers, name, nul, answer, log_from)
-    # and the right token still opens the door
-    assert status(exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN_B
-                           + b"\r\nConnection: close\r\n\r\n")) == 200
+    # and the right token, or the user's password, still opens the door
+    for auth in (b"Bearer " + TOKEN_B, b"Basic " + base64.b64encode(b"fuzz:" + PASSWORD_B)):
+        assert status(exchange(port, b"GET / HTTP/1.1\r\nHost: x\r\nAuthorization: " + auth
+                               + b"\r\nConnection: close\r\n\r\n")) == 200
 

@@ -53,6 +53,8 @@ class RecipesScreen(RecipeActions, Screen):
         self.running_plan = None
         self.runner = None
         self.progress: dict[str, str] = {}
+        self.restarting: dict[str, str] | None = None   # service key -> its stage, while a restart runs
+        self.restart_plan = None
         self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
         self._pick_running = False
         self._loaded = False
@@ -327,6 +329,7 @@ class RecipesScreen(RecipeActions, Screen):
         # One line per node: the runner's latest word on it wins.
         self.progress[ev.node or "cluster"] = " ".join(f"{ev.stage}: {ev.message}".split())[:160]
         self._draw_progress()
+        self.restart_progress(ev)
 
     def _draw_progress(self) -> None:
         t = Text()

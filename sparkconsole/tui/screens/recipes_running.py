@@ -6,6 +6,8 @@ from __future__ import annotations
 
 from ...errors import UserError
 
+RESTART_STAGES = ("draining", "restarting", "back", "failed")
+
 
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split())
@@ -14,6 +16,14 @@ def _one_line(exc: BaseException) -> str:
 class _Finding:
     def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None) -> None:
         self.severity, self.message, self.node, self.fix = severity, message, node, fix
+
+
+def served_port(group) -> dict:
+    """{"port": P} when every server of a running launch listens on P (its containers' `sparkconsole.url`): a
+    launch started with --port, or a demo whose preferred port was taken, is planned again where it runs."""
+    from urllib.parse import urlsplit
+    ports = {urlsplit(m.url).port for m in group.members if m.role == "server" and m.url}
+    return {"port": ports.pop()} if len(ports) == 1 and None not in ports else {}
 
 
 class RecipeActions:
@@ -61,7 +71,7 @@ class RecipeActions:
             return None
         try:
             from ...launch.plan import make_plan
-            return make_plan(r, g.topology, self.app.cluster, {})
+            return make_plan(r, g.topology, self.app.cluster, served_port(g))
         except UserError as exc:
             self.notify(f"{g.recipe} × {g.topology} runs, but cannot be planned here: {_one_line(exc)}"[:300],
                         severity="error")
@@ -76,30 +86,66 @@ class RecipeActions:
             return
         if self.runner is None:
             self.runner = self._runner()
+        if verb == "restart":
+            self._confirm_restart(plan)
+            return
         stops = [st for svc in [x for x in plan.services if x.role == "router"]
                  + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
-        if verb == "stop":
-            steps, detail = stops, "Routers first, then the servers; every container of the recipe is removed."
-        elif plan.restartable_in_place:
-            steps, detail = [svc.restart_step() for svc in plan.services if svc.role != "router"], \
-                "Each server restarts in place; requests in flight fail."
-        else:
-            steps, detail = stops + [st for st in plan.steps if st.change], \
-                "A tensor-parallel group cannot restart in place: it is stopped and launched again."
-        shown = "\n".join(f"{st.node}$ {st.shell()}" for st in steps[:8])
-        if len(steps) > 8:
-            shown += f"\n… and {len(steps) - 8} more"
+        shown = "\n".join(f"{st.node}$ {st.shell()}" for st in stops[:8])
+        if len(stops) > 8:
+            shown += f"\n… and {len(stops) - 8} more"
 
         async def go() -> None:
             try:
-                await getattr(self.runner, verb)(plan, self._on_progress)
-                self.app.notify(f"{plan.recipe}: {verb} done", title="recipes")
-                if verb == "stop":
-                    self.running_plan = None
+                await self.runner.stop(plan, self._on_progress)
+                self.app.notify(f"{plan.recipe}: stop done", title="recipes")
+                self.running_plan = None
             except Exception as exc:
-                self.app.notify(_one_line(exc)[:300], title=f"{verb} failed", severity="error", timeout=20)
-        self.app.confirm(f"{verb.capitalize()} {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
-                         shown, go, detail)
+                self.app.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
+        self.app.confirm(f"Stop {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
+                         "Routers first, then the servers; every container of the recipe is removed.")
+
+    def _confirm_restart(self, plan) -> None:
+        """Rolling behind a router, drained everywhere else (launch/rolling.py); the modal shows its steps."""
+        from ...launch import rolling
+
+        detail = ("One server at a time: the others keep serving, nothing in flight is dropped."
+                  if rolling.rolls(plan) else
+                  "Requests in flight finish first (at most the drain timeout), then the launch restarts.")
+
+        async def go() -> None:
+            self.restarting, self.restart_plan = {}, plan
+            try:
+                report = await rolling.restart(self.runner, plan, self._on_progress)
+                self.app.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
+            except Exception as exc:
+                self.app.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
+            finally:
+                self.restarting, self.restart_plan = None, None
+                self.app.restart_stages = {}
+        self.app.confirm(f"Restart {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
+                         rolling.restart_text(plan), go, detail)
+
+    def restart_progress(self, ev) -> None:
+        """A restart's stage per server (draining, restarting, back, failed): on the launch bar while it lasts,
+        and each change of stage once in the events pane."""
+        plan = self.restart_plan
+        if self.restarting is None or plan is None or ev.stage not in RESTART_STAGES:
+            return
+        svc = next((x for x in plan.services if x.key == ev.service), None)
+        if svc is None:
+            return
+        self.app.restart_stages = {**self.app.restart_stages, (svc.node, svc.container): ev.stage}
+        if self.restarting.get(svc.key) != ev.stage:
+            self.restarting[svc.key] = ev.stage
+            recorder = getattr(self.app, "recorder", None)      # kept with the readings: replay and post-mortems
+            if recorder is not None:
+                recorder.note(svc.node, "restart", {"recipe": plan.recipe, "topology": plan.topology,
+                                                    "container": svc.container, "stage": ev.stage,
+                                                    "message": ev.message})
+            events = getattr(self.app.dashboard, "events", None)
+            if events is not None:
+                events.note(f"{svc.node}: {ev.message}", "red" if ev.stage == "failed" else "yellow")
 
     def copy_argv(self, what: str) -> list[str] | None:
         """`sparkconsole model|image pull X --node …` for the plan's nodes: the command preflight names when a

@@ -6,6 +6,9 @@ from rich.text import Text
 from textual.widgets import Static
 
 STYLE = {"SERVING": "green", "STARTING": "yellow", "BROKEN": "bold red"}
+# A restart's stage of one server, shown instead of its container's state while the restart runs.
+RESTART_WORDS = {"draining": ("draining", "yellow"), "restarting": ("restarting", "yellow"),
+                 "back": ("back in", "green"), "failed": ("restart failed", "bold red")}
 
 
 class LaunchBar(Static):
@@ -16,8 +19,9 @@ class LaunchBar(Static):
         self._shown: tuple = ()
         self.display = False
 
-    def show(self, groups) -> None:
-        lines = tuple(g.line() for g in groups)
+    def show(self, groups, restarting: dict[tuple[str, str], str] | None = None) -> None:
+        restarting = restarting or {}
+        lines = (*(g.line() for g in groups), *sorted(f"{k}={v}" for k, v in restarting.items()))
         if lines == self._shown:
             return
         self._shown = lines
@@ -31,7 +35,11 @@ class LaunchBar(Static):
             for j, m in enumerate(g.members):
                 text.append(" · " if j else "", style="dim")
                 text.append(f"{m.node} {m.role} ")
-                text.append(m.words().split(" ", 2)[2], style="green" if m.running else "red")
+                stage = RESTART_WORDS.get(restarting.get((m.node, m.container), ""))
+                if stage is not None:
+                    text.append(*stage)
+                else:
+                    text.append(m.words().split(" ", 2)[2], style="green" if m.running else "red")
             text.append(f"  {g.verdict}", style=STYLE.get(g.verdict, ""))
             if g.reason:
                 text.append(f": {g.reason}", style=STYLE.get(g.verdict, ""))
