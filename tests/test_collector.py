@@ -316,3 +316,17 @@ async def test_a_frozen_collector_is_counted_gone(sshd_live, tmp_path, monkeypat
         collector.send_signal(signal.SIGCONT)
         await mon.stop()
         procs.kill_all()
+
+
+def test_record_refuses_an_open_exporter_address_before_it_starts(tmp_path):
+    """Off loopback with nobody asked who comes in: one line naming --exporter, and no collector started (no lock
+    left taken, nothing recorded)."""
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state"), "XDG_CONFIG_HOME": str(tmp_path),
+           "PYTHONPATH": str(ROOT)}
+    env.pop("SPARKCONSOLE_EXPORTER_TOKEN", None)
+    r = subprocess.run([sys.executable, "-m", "sparkconsole", "record", "--file", str(tmp_path / "r.sqlite"),
+                        "--exporter", f"0.0.0.0:{free_port()}"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=60)
+    said = [line for line in r.stderr.splitlines() if not line.startswith("cluster: ")]
+    assert r.returncode == 2 and len(said) == 1 and "--exporter" in said[0] and "fix:" in said[0], r.stderr
+    assert not (tmp_path / "r.sqlite").exists() and "recording" not in r.stdout

@@ -196,6 +196,7 @@ async def _start_console_server(args, listener, generated, read_only):
     os.environ.pop(SERVE_TOKEN_ENV, None)          # the console children need no token
     server = ConsoleServer(listener, read_only=read_only, demo=False, cluster=getattr(args, "cluster", None))
     runner = await server.start_runner()
+    server.say_listening()
     if generated:     # printed once, here, in the URL to open (the server's own line names the address)
         print(f"sparkconsole serve: open {listener.url('/', port=server.port)}?token={listener.access.token}",
               flush=True)
