@@ -315,3 +315,29 @@ async def test_endpoint_figures_and_the_silent_stall_alert():
                                            ("source", "vllm1")))] == 2
     r = promtool_metrics(text)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_endpoint_latency_percentiles_pass_promtool(monkeypatch):
+    """A served endpoint's TTFT / ITL / router duration windows, from a real vLLM's recorded /metrics: the output
+    passes `promtool check metrics` (a `quantile` label on a gauge does not: Prometheus keeps it for summaries)."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sparkconsole.exporter.collector import ConsoleCollector
+    from sparkconsole.serving import metrics as vm
+    from sparkconsole.serving.endpoint import EndpointSnapshot
+
+    need_prometheus()
+    em = vm.engine_metrics(vm.parse(next(FIXTURES.glob("metrics-vllm-0.32.0-cpu*-recorded.txt")).read_text()))
+    ttft, itl = (em.pct("ttft", 0.5), em.pct("ttft", 0.95)), (em.pct("itl", 0.5), em.pct("itl", 0.95))
+    assert None not in (*ttft, *itl)
+    snap = EndpointSnapshot("spark1", "http://127.0.0.1:8000", "vllm", time.time(), True, "tiny-llama", "0.32.0",
+                            em.running, em.waiting, em.kv_usage, None, None, None, *ttft, *itl, None,
+                            latency_p50_s=ttft[0], latency_p95_s=ttft[1])
+    readings = replayed_readings(FIXTURES / "agent-h100-idle.jsonl")
+    monkeypatch.setattr(readings, "endpoint_snapshots", lambda: [snap])
+    registry = CollectorRegistry()
+    registry.register(ConsoleCollector(readings))
+    text = generate_latest(registry).decode()
+    assert 'sparkconsole_endpoint_time_to_first_token_seconds{endpoint="spark1",percentile="95"}' in text
+    r = promtool_metrics(text)
+    assert r.returncode == 0, r.stdout + r.stderr

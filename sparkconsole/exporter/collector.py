@@ -102,12 +102,12 @@ _EP_GAUGES: tuple[tuple[str, str, str], ...] = (
     ("endpoint_router_backends", "Router: backends configured.", "backends_total"),
 )
 _EP_QUANTILES: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
-    ("endpoint_time_to_first_token_seconds", "Time to first token, recent window, by quantile.",
-     (("0.5", "ttft_p50_s"), ("0.95", "ttft_p95_s"))),
-    ("endpoint_inter_token_latency_seconds", "Inter-token latency, recent window, by quantile.",
-     (("0.5", "itl_p50_s"), ("0.95", "itl_p95_s"))),
-    ("endpoint_router_request_duration_seconds", "Router: request duration, recent window, by quantile.",
-     (("0.5", "latency_p50_s"), ("0.95", "latency_p95_s"))),
+    ("endpoint_time_to_first_token_seconds", "Time to first token, recent window, by percentile.",
+     (("50", "ttft_p50_s"), ("95", "ttft_p95_s"))),
+    ("endpoint_inter_token_latency_seconds", "Inter-token latency, recent window, by percentile.",
+     (("50", "itl_p50_s"), ("95", "itl_p95_s"))),
+    ("endpoint_router_request_duration_seconds", "Router: request duration, recent window, by percentile.",
+     (("50", "latency_p50_s"), ("95", "latency_p95_s"))),
 )
 
 
@@ -236,7 +236,9 @@ class ConsoleCollector(Collector):
             fam.set(name, doc, ("endpoint",), [e], getattr(s, attr))
         for name, doc, pairs in _EP_QUANTILES:
             for q, attr in pairs:
-                fam.set(name, doc, ("endpoint", "quantile"), [e, q], getattr(s, attr))
+                # `percentile`, not `quantile`: Prometheus keeps that label for summaries (promtool refuses it
+                # on a gauge), and these are the console's windowed figures, not a summary's
+                fam.set(name, doc, ("endpoint", "percentile"), [e, q], getattr(s, attr))
         if s.generation_tokens is not None:
             fam.counter("endpoint_generation_tokens", "Tokens generated since the server started.",
                         ("endpoint",)).add_metric([e], s.generation_tokens)
