@@ -7,13 +7,15 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from typing import Any
 from pathlib import Path
 
 
-def split_recording(lines: Sequence[str]) -> tuple[dict, list[dict]]:
+def split_recording(lines: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """The hello object and the tick objects of a recording (other lines are skipped, as the agent's are)."""
-    hello: dict = {}
-    ticks: list[dict] = []
+    hello: dict[str, Any] = {}
+    ticks: list[dict[str, Any]] = []
+
     for line in lines:
         line = line.strip()
         if not line:

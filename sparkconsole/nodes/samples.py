@@ -76,21 +76,21 @@ class NodeState(str, Enum):
     DOWN = "DOWN"      # connection lost; reconnecting with back-off
 
 
-def _f(d: dict, k: str) -> float | None:
+def _f(d: dict[str, Any], k: str) -> float | None:
     v = d.get(k)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v)
 
 
-def _i(d: dict, k: str) -> int | None:
+def _i(d: dict[str, Any], k: str) -> int | None:
     v = d.get(k)
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return int(v)
 
 
-def _s(d: dict, k: str) -> str | None:
+def _s(d: dict[str, Any], k: str) -> str | None:
     v = d.get(k)
     return v if isinstance(v, str) else None
 

@@ -9,6 +9,7 @@ on the hardware profile are fitted against the published gpt-oss-120b topology s
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Any
 
 GIB = 1024 ** 3
 
@@ -35,7 +36,8 @@ class HardwareProfile:
     cpu_step_s: float = 0.001
     launch_s_per_layer: float = 60e-6     # eager mode; CUDA graphs cut it to a fraction
 
-    def with_(self, **changes) -> "HardwareProfile":
+    def with_(self, **changes: Any) -> "HardwareProfile":
+
         return replace(self, **changes)
 
 

@@ -23,7 +23,9 @@ class PublishedPoint:
     ttft_ms: float
 
     def value(self, metric: str) -> float:
-        return getattr(self, metric)
+        value: float = getattr(self, metric)
+        return value
+
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from typing import Any
 
 _WORD = re.compile(r"\w+|[^\w\s]")
 _VOCAB = ("the of and to in is was for on that with as by at from his her are an be this which or had "
@@ -25,7 +26,7 @@ def count_tokens(text: str) -> int:
     return len(_WORD.findall(text))
 
 
-def chat_prompt(messages: list[dict], add_generation_prompt: bool = True) -> str:
+def chat_prompt(messages: list[dict[str, Any]], add_generation_prompt: bool = True) -> str:
     """A chat template: role markers around each message's text (tool/image parts reduced to text)."""
     parts = []
     for m in messages:
@@ -43,6 +44,7 @@ def word_for(req_key: int, i: int) -> str:
 
 
 
-def detokenize(ids: list) -> str:
+def detokenize(ids: list[object]) -> str:
+
     """Words for token ids (what /detokenize answers; ids are hashes, so any word of the vocabulary will do)."""
     return " ".join(_VOCAB[t % len(_VOCAB)] for t in ids if isinstance(t, int))
