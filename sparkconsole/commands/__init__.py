@@ -5,6 +5,7 @@ Heavy imports belong inside the `run` functions."""
 from __future__ import annotations
 
 import importlib
+from collections.abc import Iterator
 
 
 class LazyChoices:
@@ -24,7 +25,7 @@ class LazyChoices:
     def __contains__(self, item: object) -> bool:
         return item in self.values()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self.values())
 
     def __len__(self) -> int:

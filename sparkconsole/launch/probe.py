@@ -62,11 +62,12 @@ def probe_argv(bind: list[tuple[str, int]], connect: list[tuple[str, str, int]])
     return shlex.join(["python3", "-c", _PROBE, json.dumps(spec)])
 
 
-async def probe_nodes(plan: Plan, cluster: ClusterConfig, transports: Mapping[str, Any]) -> tuple[dict, dict]:
+async def probe_nodes(plan: Plan, cluster: ClusterConfig, transports: Mapping[str, Any]
+                      ) -> tuple[dict[str, list[tuple[str, int, str]]], dict[str, list[tuple[str, str, str]]]]:
     """(busy_ports, unreachable) for lint.Facts; a node that cannot be asked is simply left out."""
     want = peers(plan, cluster)
 
-    async def one(name: str) -> tuple[str, dict | None]:
+    async def one(name: str) -> tuple[str, dict[str, Any] | None]:
         t = transports.get(name)
         if t is None:
             return name, None

@@ -36,6 +36,8 @@ import collections
 import statistics
 from dataclasses import dataclass, field
 
+from .samples import Tick
+
 WINDOW_S = 60.0
 MAX_POINTS = 30
 MIN_POINTS = 6
@@ -151,7 +153,7 @@ class NodeForecaster:
         self._last_eval = float("-inf")
         self.last: list[Estimate] = []
 
-    def add(self, tick) -> list[Estimate] | None:
+    def add(self, tick: Tick) -> list[Estimate] | None:
         """Feed one tick; the new estimates when it was time to estimate again, else None."""
         t = tick.time
         m, p = tick.mem, tick.pressure

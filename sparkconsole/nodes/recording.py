@@ -15,7 +15,6 @@ def split_recording(lines: Sequence[str]) -> tuple[dict[str, Any], list[dict[str
     """The hello object and the tick objects of a recording (other lines are skipped, as the agent's are)."""
     hello: dict[str, Any] = {}
     ticks: list[dict[str, Any]] = []
-
     for line in lines:
         line = line.strip()
         if not line:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .samples import Tick
 
@@ -40,7 +41,17 @@ def reading_from_ticks(ticks: Iterable[tuple[str, Tick | None]], now: float | No
     return ThermalReading(max(temps) if temps else None, tuple(dict.fromkeys(reasons)))
 
 
-def cluster_reading(nodes: Iterable, now: float | None = None) -> ThermalReading | None:
+class Watched(Protocol):
+    """What `cluster_reading` reads of a node (nodes/monitor.NodeMonitor has both)."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def last(self) -> Tick | None: ...
+
+
+def cluster_reading(nodes: Iterable[Watched], now: float | None = None) -> ThermalReading | None:
     """The same from NodeMonitor objects (anything with `.name` and `.last`)."""
     return reading_from_ticks(((nm.name, nm.last) for nm in nodes), now)
 

@@ -14,7 +14,9 @@ import re
 import time as _time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from prometheus_client.metrics_core import Metric
 from prometheus_client.parser import text_string_to_metric_families
 
 Labels = tuple[tuple[str, str], ...]          # sorted (name, value) pairs
@@ -149,7 +151,7 @@ def parse(text: str | bytes, *, time: float | None = None, only: tuple[str, ...]
     when = _time.time() if time is None else time
     series: dict[str, dict[Labels, float]] = {}
 
-    def add(families) -> None:
+    def add(families: Iterable[Metric]) -> None:
         for fam in families:
             for s in fam.samples:
                 series.setdefault(s.name, {})[_labels(s.labels)] = float(s.value)
@@ -424,7 +426,7 @@ def engine_window(prev: Scrape, cur: Scrape) -> EngineWindow:
     )
 
 
-def _kv_window(prev: Scrape, cur: Scrape) -> dict:
+def _kv_window(prev: Scrape, cur: Scrape) -> dict[str, Any]:
     n = counter_increase(prev, cur, KV_BYTES[0] + "_count")
     moved = counter_increase(prev, cur, KV_BYTES[0] + "_sum")
     ext, loc = source_increase(prev, cur, SOURCE_EXTERNAL), source_increase(prev, cur, SOURCE_LOCAL)

@@ -110,8 +110,8 @@ def _eval(expr: str, obj: Any) -> Any:
             cur = cur.get(key) if isinstance(cur, dict) else None
         return cur
     if fn == "len":
-        v = _lookup(obj, rest[0]) if rest else None
-        return len(v) if isinstance(v, (list, dict, str)) else 0
+        found = _lookup(obj, rest[0]) if rest else None
+        return len(found) if isinstance(found, (list, dict, str)) else 0
     raise DockerError(f'template: :1: function "{fn}" not defined', 1)
 
 
@@ -161,7 +161,7 @@ def out(text: str) -> None:
     sys.stdout.write(text if text.endswith("\n") or not text else text + "\n")
 
 
-def format_rows(fmt: str | None, objs: list[dict], default_table: list[tuple[str, str]]) -> None:
+def format_rows(fmt: str | None, objs: list[dict[str, Any]], default_table: list[tuple[str, str]]) -> None:
     if fmt in (None, "", "table"):
         fmt = "table " + "\t".join(f"{{{{.{k}}}}}" for k, _ in default_table)
     if fmt == "json":

@@ -31,10 +31,13 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .dockershim import install
 from .files import pid_alive, read_json, write_atomic
+
+if TYPE_CHECKING:
+    from .runaway import Runaway, Silence
 
 GIB = 1 << 30
 KIB = 1024
@@ -167,6 +170,7 @@ def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt
     # The GPU reads whole degrees; slowdown engages once the reading reaches the threshold.
     throttled = round(temp) >= spec.slowdown_c
     hw_slowdown = round(temp) >= spec.hw_slowdown_c
+    want: float
     if hw_slowdown:
         want = spec.sm_clock_min_mhz                 # HW slowdown: the clock falls to its floor at once
     elif throttled:
@@ -204,10 +208,10 @@ class SimNode:
         self.reserved_b = 0
         self.available_kb = 0                      # MemAvailable as last written
         self.swap_used_kb = 0                      # swap the kernel has used (only a memory runaway gets there)
-        self.runaway = None                        # a sim/runaway.Runaway under way on this node
-        self.silence = None                        # a sim/runaway.Silence once it froze, powered off or lost its link
+        self.runaway: Runaway | None = None        # a sim/runaway.Runaway under way on this node
+        self.silence: Silence | None = None        # a sim/runaway.Silence once it froze, powered off or lost its link
         self.keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._last = time.monotonic()
 
     # ---- paths -------------------------------------------------------------------------------------

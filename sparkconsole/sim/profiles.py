@@ -37,7 +37,6 @@ class HardwareProfile:
     launch_s_per_layer: float = 60e-6     # eager mode; CUDA graphs cut it to a fraction
 
     def with_(self, **changes: Any) -> "HardwareProfile":
-
         return replace(self, **changes)
 
 

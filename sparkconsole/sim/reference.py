@@ -27,7 +27,6 @@ class PublishedPoint:
         return value
 
 
-
 @dataclass(frozen=True)
 class PublishedTable:
     name: str

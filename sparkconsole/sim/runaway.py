@@ -30,7 +30,7 @@ import math
 import os
 import signal
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from .files import pid_alive, read_json
 from .node import GIB, KIB, SimNode, write_load
@@ -98,7 +98,7 @@ class Silence:
         if power_off:
             self._drop(0.0)
 
-    def agents(self) -> list:
+    def agents(self) -> list[Any]:
         """The real agents reading this node (their command line names its gpu.json)."""
         import psutil
         mark = f"sim:{self.node.gpu_json}"

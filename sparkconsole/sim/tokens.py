@@ -45,6 +45,5 @@ def word_for(req_key: int, i: int) -> str:
 
 
 def detokenize(ids: list[object]) -> str:
-
     """Words for token ids (what /detokenize answers; ids are hashes, so any word of the vocabulary will do)."""
     return " ".join(_VOCAB[t % len(_VOCAB)] for t in ids if isinstance(t, int))
