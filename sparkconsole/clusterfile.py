@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def resolve(explicit: str | None = None, cwd: Path | None = None) -> Resolved:
                                      "machine — write one with `sparkconsole init`")
 
 
-def cluster_for(args, *, say=None) -> ClusterConfig:
+def cluster_for(args: object, *, say: Callable[[str], object] | None = None) -> ClusterConfig:
     """The cluster for a command's parsed arguments (`--cluster`), its origin said on stderr (or to `say`)."""
     got = resolve(getattr(args, "cluster", None))
     (say or (lambda line: print(line, file=sys.stderr, flush=True)))(got.origin)

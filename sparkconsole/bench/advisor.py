@@ -80,7 +80,7 @@ def advise(levels: Sequence[LevelResult]) -> list[Verdict]:
 
 def _band_scores(labels: dict[str, dict[int, LevelResult]], band_c: list[int],
                  metric: str) -> dict[str, tuple[float, list[int]]]:
-    have = {label: {c: per[c].mean(metric) for c in band_c if c in per and per[c].mean(metric) is not None}
+    have = {label: {c: m for c in band_c if c in per and (m := per[c].mean(metric)) is not None}
             for label, per in labels.items()}
     have = {k: v for k, v in have.items() if v}
     if not have:

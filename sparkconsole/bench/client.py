@@ -107,7 +107,7 @@ class StallWatch:
     def __init__(self, stall_timeout: float = 60.0, first_timeout: float = 600.0) -> None:
         self.stall_timeout, self.first_timeout = stall_timeout, first_timeout
         self._live: dict[int, tuple[RequestResult, aiohttp.ClientResponse]] = {}
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def watch(self, res: RequestResult, resp: aiohttp.ClientResponse) -> None:
         self._live[id(res)] = (res, resp)
@@ -195,6 +195,7 @@ async def _consume(content: aiohttp.StreamReader, res: RequestResult) -> None:
     sep = b"\n\n"
     first_response = None
     readany = content.readany
+    ev: bytes | None
     while True:
         block = await readany()
         if not block:

@@ -174,7 +174,9 @@ def csv_text(store: ResultsStore, run_ids: Sequence[str] | None = None) -> str:
     w.writeheader()
     for run in select_runs(store, run_ids):
         for lv in store.levels(run.run_id):
-            std = lambda n: (lv.metric(n).std if lv.metric(n) else None)  # noqa: E731
+            def std(n: str) -> float | None:
+                m = lv.metric(n)
+                return m.std if m else None
             row = {"run_id": run.run_id, "label": run.label, "source": run.source, "topology": run.topology,
                    "model": run.model, "vllm_version": run.vllm_version, "simulated": int(run.simulated),
                    "pp": lv.key.pp, "tg": lv.key.tg, "depth": lv.key.depth, "concurrency": lv.key.concurrency,

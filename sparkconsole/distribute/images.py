@@ -58,7 +58,7 @@ async def state(t: Transport, image: str) -> ImageState:
 
 async def list_images(transports: Sequence[Transport]) -> dict[str, list[tuple[str, str, str]] | str]:
     """Node → [(repository:tag, id, size)] or the node's error line."""
-    async def one(t: Transport):
+    async def one(t: Transport) -> list[tuple[str, str, str]] | str:
         try:
             res = await t.run(docker_argv(t, "image", "ls", "--format", "{{.Repository}}:{{.Tag}}\t{{.ID}}\t{{.Size}}"),
                               timeout=30)
@@ -66,7 +66,8 @@ async def list_images(transports: Sequence[Transport]) -> dict[str, list[tuple[s
             return str(exc)
         if res.rc != 0:
             return " ".join(res.stderr.split())[-160:] or f"docker exit status {res.rc}"
-        return [tuple(line.split("\t")[:3]) for line in res.stdout.splitlines() if line.count("\t") >= 2]
+        rows = [line.split("\t") for line in res.stdout.splitlines() if line.count("\t") >= 2]
+        return [(r[0], r[1], r[2]) for r in rows]
     return dict(zip((t.node.name for t in transports), await asyncio.gather(*(one(t) for t in transports))))
 
 
@@ -107,7 +108,7 @@ async def pull(image: str, transports: Sequence[Transport], *, source: str | Non
         prog = Progress(f"{image} → {s.node}", src.size or 0)
         audit.record("image pull", s.node, f"docker save {image} on {src_name} | docker load")
 
-        def counted(k: int, prog=prog) -> None:
+        def counted(k: int, prog: Progress = prog) -> None:
             prog.add(k)
             if on_progress:
                 on_progress(prog, False)

@@ -15,6 +15,7 @@ import os
 import secrets as _rand
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web, web_protocol
 
@@ -109,7 +110,9 @@ def bearer_ok(header: str | None, token: str) -> bool:
 
 def token_ok(given: str | None, token: str) -> bool:
     # aiohttp hands header bytes that are not UTF-8 over as surrogates: encoded back as they came, never an error.
-    return bool(given) and hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
+    if not given:
+        return False
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode())
 
 
 class _QuietHandler(web_protocol.RequestHandler):
@@ -117,7 +120,7 @@ class _QuietHandler(web_protocol.RequestHandler):
     with its status and a fixed body, and logged as one line without the request's bytes: aiohttp's own answer
     and log repeat the offending header (a token with a stray byte after it) and log a traceback."""
 
-    def handle_error(self, request, status: int = 500, exc: BaseException | None = None,
+    def handle_error(self, request: web.BaseRequest, status: int = 500, exc: BaseException | None = None,
                      message: str | None = None) -> web.StreamResponse:
         if request.writer.output_size > 0:
             raise ConnectionError("response already sent")
@@ -132,7 +135,8 @@ class QuietRunner(web.AppRunner):
     """web.AppRunner whose connections use _QuietHandler (TCPSite takes `runner.server` as its protocol factory)."""
 
     @property
-    def server(self):
+    def server(self) -> Any:
+        # Any, not aiohttp's `Server | None`: a protocol factory stands in for the Server (all TCPSite does is call it).
         srv = super().server
         if srv is None:
             return None

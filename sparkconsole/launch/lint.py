@@ -14,7 +14,7 @@ import json
 import re
 import shlex
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
@@ -100,8 +100,10 @@ class Facts:
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
     """Facts from NodeMonitors (nodes/monitor.py): last tick's memory and GPUs, guard results."""
+    evaluate_guards: Callable[..., Iterable[Any]] | None
     try:
-        from ..nodes.guard import evaluate_guards
+        from ..nodes.guard import evaluate_guards as evaluate
+        evaluate_guards = evaluate
     except ImportError:          # telemetry's guard rules not present: guards stay unknown
         evaluate_guards = None
     guards, mem, unified, boots = {}, {}, {}, {}
@@ -122,7 +124,7 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
     return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots)
 
 
-def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts: Facts | Mapping | None = None, *,
+def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts: Facts | Mapping[str, Any] | None = None, *,
               overrides: Mapping[str, Any] | None = None, plan: Plan | None = None) -> list[Finding]:
     """Every rule's findings for this recipe × topology on these nodes. `facts` is a Facts, or a mapping of
     node name → NodeMonitor (the console's live monitors), or None (offline: node facts unchecked)."""
@@ -360,7 +362,7 @@ def model_probe_command(source: str) -> str:
             f'echo {_WEIGHTS_MARK}; du -cbL "$d"/*.safetensors 2>/dev/null | tail -n 1')
 
 
-def parse_model_probe(stdout: str) -> tuple[dict | None, int | None]:
+def parse_model_probe(stdout: str) -> tuple[dict[str, Any] | None, int | None]:
     head, _, tail = stdout.partition(_WEIGHTS_MARK)
     try:
         cfg = json.loads(head)

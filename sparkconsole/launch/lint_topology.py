@@ -8,7 +8,7 @@ lint.py: what the nodes said comes in through Facts (boot ids, ports in use, pee
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..config import NodeConfig
 from .steps import Plan
@@ -39,7 +39,7 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _finding(*args, **kwargs) -> "Finding":
+def _finding(*args: Any, **kwargs: Any) -> "Finding":
     from .lint import Finding
     return Finding(*args, **kwargs)
 

@@ -401,7 +401,8 @@ def main(argv: list[str] | None = None) -> int:
     node_dir = Path(ns.sim_node_dir) if ns.sim_node_dir else None
     sim = (read_json(node_dir / "sim.json") if node_dir else None) or {}
     speed = float(ns.sim_speed or sim.get("speed") or 1.0)
-    host = sim.get("address") if sim.get("address") and ns.host in ("0.0.0.0", "::") else ns.host
+    address = sim.get("address")
+    host: str = address if address and ns.host in ("0.0.0.0", "::") else ns.host
     try:
         if ns.flavor == "vllm-router" and (ns.worker_urls or ns.decode):
             backends = [Backend(_base(u), ns.model) for u in (ns.worker_urls or ns.decode)]

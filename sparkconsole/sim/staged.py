@@ -6,16 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from typing import Any
 
 from ..config import ClusterConfig
-from ..serving.endpoint import ServingMonitor
+from ..serving.endpoint import EndpointMonitor, ServingMonitor
 
 
 class StagedServing(ServingMonitor):
-    def __init__(self, config: ClusterConfig, ready: dict[str, asyncio.Event], **kw) -> None:
+    def __init__(self, config: ClusterConfig, ready: dict[str, asyncio.Event], **kw: Any) -> None:
         super().__init__(config, **kw)
         self._ready = ready
-        self._waiters: list[asyncio.Task] = []
+        self._waiters: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         for name, mon in self.endpoints.items():
@@ -25,7 +26,7 @@ class StagedServing(ServingMonitor):
             else:
                 self._waiters.append(asyncio.create_task(self._start_when_ready(event, mon), name=f"staged-{name}"))
 
-    async def _start_when_ready(self, event: asyncio.Event, mon) -> None:
+    async def _start_when_ready(self, event: asyncio.Event, mon: EndpointMonitor) -> None:
         await event.wait()
         await mon.start()
 
