@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 
+if TYPE_CHECKING:          # the imports themselves wait for run(): registering must stay cheap
+    from ..config import ClusterConfig
+    from ..nodes.monitor import ClusterMonitor
+    from ..tui.app import SparkConsoleApp
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("console", help="open the console on the cluster (the default command)",
                               description=__doc__)
     p.add_argument("--replay", metavar="FILE", help="play this recorded agent session (JSON lines) on every node "
@@ -24,7 +30,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def build_app(args: argparse.Namespace):
+def build_app(args: argparse.Namespace) -> SparkConsoleApp:
     from ..tui.heap import hold
     hold()          # no cycle collection until the console has drawn and settled its heap (tui/heap.py)
     from ..clusterfile import resolve
@@ -55,7 +61,7 @@ def build_app(args: argparse.Namespace):
         if interval is not None and not 0.01 <= interval <= 60:
             raise UserError(f"{interval} out of range", field="--replay-interval", fix="give 0.01 to 60 seconds")
 
-        def replayed(cluster):
+        def replayed(cluster: ClusterConfig) -> ClusterMonitor:
             from ..nodes.monitor import ClusterMonitor
             from ..nodes.replay import replay_factory
             return ClusterMonitor(cluster, transport_factory=replay_factory(lambda n: lines, interval=interval))

@@ -42,7 +42,7 @@ DEMO_RECIPE = "gpt-oss-120b"
 RUNAWAYS = ("memory", "thermal", "link")     # sim/runaway.py KINDS (not imported: `demo --bad` answers at once)
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("demo", help="a simulated two-node GB10 cluster with a model served, in the console",
                               description=__doc__.replace("{after}", f"{RUNAWAY_AFTER_S:g}"),
                               formatter_class=argparse.RawDescriptionHelpFormatter)

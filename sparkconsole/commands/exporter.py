@@ -20,7 +20,7 @@ TOKEN_ENV = "SPARKCONSOLE_EXPORTER_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:9835"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("exporter", help="serve the nodes' readings, guards, endpoints and alerts to "
                               "Prometheus (/metrics)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)

@@ -18,7 +18,7 @@ from ..errors import UserError
 from .model import add_nodes, close_all, cluster_of, confirm, open_transports, picked
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("image", help="container images on each node: list, copy to every node, rm",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="image_command", metavar="ACTION")

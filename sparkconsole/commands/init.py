@@ -23,7 +23,7 @@ DOCKER_PROBE = ("command -v docker >/dev/null 2>&1 || { echo NO-DOCKER; exit 0; 
                 "echo \"no-engine $(printf %s \"$v\" | tr '\\n' ' ' | cut -c1-160)\"")
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("init", help="write sparkconsole.yaml from a spark-vllm-docker .env or ~/.ssh/config",
                               description=__doc__)
     p.add_argument("--from-ssh-config", nargs="+", metavar="HOST", dest="hosts",

@@ -18,12 +18,12 @@ import json
 import sys
 from typing import Sequence
 
-from ..config import ClusterConfig
+from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
 from ..nodes.transport import Transport, make_transport
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("model", help="models in each node's Hugging Face cache: list, pull to every node, rm",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="model_command", metavar="ACTION")
@@ -56,7 +56,7 @@ def cluster_of(args: argparse.Namespace) -> ClusterConfig:
     return cluster_for(args)
 
 
-def picked(cluster: ClusterConfig, wanted: Sequence[str] | None, source: str | None = None) -> list:
+def picked(cluster: ClusterConfig, wanted: Sequence[str] | None, source: str | None = None) -> list[NodeConfig]:
     """The --node list (default: every node), plus the --from node when it is not in it: a source is read, not
     changed, so `pull M --node spark2 --from spark1` copies from spark1 to spark2 only."""
     names = [n for w in (wanted or []) for n in w.split(",") if n]
@@ -81,7 +81,7 @@ def confirm(args: argparse.Namespace, question: str) -> None:
         raise UserError("not confirmed", fix="answer y, or pass --yes")
 
 
-async def open_transports(cluster: ClusterConfig, nodes) -> list[Transport]:
+async def open_transports(cluster: ClusterConfig, nodes: Sequence[NodeConfig]) -> list[Transport]:
     return [make_transport(n, cluster.ssh) for n in nodes]
 
 

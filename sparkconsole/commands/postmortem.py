@@ -10,7 +10,7 @@ import sys
 from .status import load
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("postmortem", help="explain a node's last DOWN / reboot / container exit from the recorder",
                               description=__doc__)
     p.add_argument("node", metavar="NODE")

@@ -54,7 +54,7 @@ class _ExtraArgsParser(argparse.ArgumentParser):
         return ns, rest
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("recipe", help="list, plan, lint, launch, stop and restart model recipes",
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="recipe_command", metavar="ACTION", parser_class=_ExtraArgsParser)

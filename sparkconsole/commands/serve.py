@@ -15,12 +15,17 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:          # the imports themselves wait for run(): registering must stay cheap
+    from ..exporter.listen import Listen
+    from ..exporter.listener import Listener
 
 TOKEN_ENV = "SPARKCONSOLE_SERVE_TOKEN"
 DEFAULT_LISTEN = "127.0.0.1:8099"
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("serve", help="serve the console in a browser tab (textual-serve)", description=__doc__,
                               formatter_class=argparse.RawDescriptionHelpFormatter)
     from ..exporter.listenargs import add_listen_args
@@ -32,7 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def decide(listen, token: str | None, read_only: bool | None, *, asked: bool = False) -> tuple[str | None, bool, bool]:
+def decide(listen: Listen, token: str | None, read_only: bool | None, *, asked: bool = False) -> tuple[str | None, bool, bool]:
     """(token, generated, read_only) for this address: off loopback a token, generated if none was given and
     nothing else asks who comes in (`asked`: basic auth users or required client certificates); read-only off
     loopback unless asked otherwise."""
@@ -43,7 +48,7 @@ def decide(listen, token: str | None, read_only: bool | None, *, asked: bool = F
     return token, generated, (not listen.loopback) if read_only is None else read_only
 
 
-def listener_for(args: argparse.Namespace):
+def listener_for(args: argparse.Namespace) -> tuple[Listener, bool, bool]:
     """(listener, generated, read_only) for the command line: the address, the web config, the token given or
     generated (off loopback without basic auth users), read-only as decided."""
     import dataclasses

@@ -5,6 +5,8 @@ reads it. Inside `sparkconsole record --exporter` the readings are the collector
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..alerts import AlertEngine
 from ..collector.core import Collector, guards_of
 from ..config import ClusterConfig
@@ -20,7 +22,7 @@ class Readings(Collector):
     or None for one over the cluster's endpoints (when any). The exporter acts on nothing: no guard action, no
     notification (the collector, or the console, does those)."""
 
-    def __init__(self, cluster: ClusterConfig, *, monitor=None, serving=None, alerts: AlertEngine | None = None,
+    def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, serving: Any = None, alerts: AlertEngine | None = None,
                  with_serving: bool = True, attach: bool = False) -> None:
         if monitor is None:
             # the exporter keeps no history: the last tick is enough

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
@@ -39,7 +40,7 @@ def make_app(registry: CollectorRegistry, access: Access | str | None,
     access = as_access(access)
 
     @web.middleware
-    async def auth(request: web.Request, handler):
+    async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         if not await access.allows(request.headers.get("Authorization")):
             raise web.HTTPUnauthorized(headers=access.challenge(), text=f"401: {access.describe()}\n")
         return await handler(request)
