@@ -10,6 +10,7 @@ from __future__ import annotations
 import getpass
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from .config import SshSettings
 from .errors import UserError
@@ -40,11 +41,12 @@ def lookup(alias: str, path: str | Path | None = None) -> HostEntry:
     except Exception as exc:   # noqa: BLE001 — asyncssh raises its own and OS errors: one line either way
         raise UserError(f"cannot read the SSH client config ({' '.join(str(exc).split())[:200]})", file=str(p),
                         fix="fix the line it names, or check it with `ssh -G HOST`") from None
-    host = cfg.get("Hostname")
-    user = cfg.get("User")
-    port = cfg.get("Port")
-    keys = cfg.get("IdentityFile") or []
-    known = cfg.get("UserKnownHostsFile") or []
+    # asyncssh types every option `object`: these are the types its parser gives them
+    host = cast("str | None", cfg.get("Hostname"))
+    user = cast("str | None", cfg.get("User"))
+    port = cast("int | None", cfg.get("Port"))
+    keys = cast("list[str]", cfg.get("IdentityFile") or [])
+    known = cast("list[str]", cfg.get("UserKnownHostsFile") or [])
     settings = SshSettings(user=user or None, port=int(port) if port else 22, identity=str(keys[0]) if keys else None)
     return HostEntry(alias, host or alias, settings, str(known[0]) if known else None,
                      configured=bool(host or user or port or keys))

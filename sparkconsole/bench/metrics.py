@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
 from .client import RequestResult
 
@@ -30,11 +30,11 @@ class Metric:
             return None
         return cls(statistics.fmean(vals), statistics.pstdev(vals) if len(vals) > 1 else 0.0, vals)
 
-    def to_json(self) -> dict:
+    def to_json(self) -> dict[str, Any]:
         return {"mean": self.mean, "std": self.std, "values": list(self.values)}
 
     @classmethod
-    def from_json(cls, d: dict | None) -> "Metric | None":
+    def from_json(cls, d: dict[str, Any] | None) -> "Metric | None":
         if not d:
             return None
         return cls(float(d["mean"]), float(d.get("std") or 0.0), tuple(float(v) for v in d.get("values") or ()))
@@ -119,10 +119,11 @@ def peak_rate(times: Sequence[float], window: float) -> float | None:
 
 
 def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt: int, latency_s: float = 0.0,
-                  scale: float = 1.0) -> dict:
+                  scale: float = 1.0) -> dict[str, Any]:
     """Aggregate a level. Keys follow llama-benchy's JSON (pp_throughput, tg_throughput, ttfr, est_ppt, e2e_ttft,
     … in t/s and ms) plus percentiles of TTFT, ITL and TPOT in ms, and request counts."""
     concurrency = max((len(b) for b in batches), default=1)
+    itl: list[float]
     pp_req, tg_req, ttfr, est_ppt, e2e, tpot, itl = [], [], [], [], [], [], []
     pp_total, tg_total, peak_total, peak_req = [], [], [], []
     ok = failed = 0
@@ -151,7 +152,8 @@ def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt
                 pp_req.append(f.prefill_tps)
             if f.decode_tps:
                 tg_req.append(f.decode_tps)
-                tpot.append(f.tpot_s * 1000)
+                if f.tpot_s is not None:          # always, with decode_tps
+                    tpot.append(f.tpot_s * 1000)
             tt = r.token_times
             itl.extend((tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt)))
             pk = peak_rate([t * scale for t in tt], 1.0)
@@ -183,7 +185,7 @@ def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt
         "est_ppt": Metric.of(est_ppt),
         "e2e_ttft": Metric.of(e2e),
     }
-    out: dict = {k: (v.to_json() if v else None) for k, v in m.items()}
+    out: dict[str, Any] = {k: (v.to_json() if v else None) for k, v in m.items()}
     out["ttft_ms"] = percentiles(e2e)
     out["itl_ms"] = percentiles(itl)
     out["tpot_ms"] = percentiles(tpot)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import aiohttp
 
@@ -39,7 +39,7 @@ MAX_PROBES = 40
 HEAD = "Text:"          # a fixed first word: the first word of a text tokenizes differently (no leading space)
 FILLERS = ("the", "a", "of", "and", "to", "in", "is", "it", "on", "be")
 
-Counter = Callable[[list[dict]], Awaitable[int]]
+Counter = Callable[[list[dict[str, Any]]], Awaitable[int]]
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,7 @@ def word_sequence(n: int, seed: int) -> list[str]:
     return [WORDS[rng.randrange(len(WORDS))] for _ in range(n)]
 
 
-def _msgs(context: Sequence[str] | None, prompt: Sequence[str]) -> list[dict]:
+def _msgs(context: Sequence[str] | None, prompt: Sequence[str]) -> list[dict[str, Any]]:
     msgs = []
     if context is not None:
         msgs.append({"role": "system", "content": " ".join((HEAD, *context))})
@@ -66,7 +66,7 @@ def _msgs(context: Sequence[str] | None, prompt: Sequence[str]) -> list[dict]:
     return msgs
 
 
-def messages(shape: PromptShape, rng: random.Random) -> list[dict]:
+def messages(shape: PromptShape, rng: random.Random) -> list[dict[str, Any]]:
     ctx = None if shape.context_words is None else list(shape.context_words)
     prm = list(shape.prompt_words)
     if ctx:
@@ -135,7 +135,7 @@ async def fit_shape(count: Counter, pp: int, depth: int, *, source: str, seed: i
 def tokenize_counter(session: aiohttp.ClientSession, url: str, model: str,
                      headers: dict[str, str] | None = None) -> Counter:
     """Count a chat prompt with vLLM's POST /tokenize (template applied, generation prompt added)."""
-    async def count(msgs: list[dict]) -> int:
+    async def count(msgs: list[dict[str, Any]]) -> int:
         async with session.post(server_root(url) + "/tokenize", json={"model": model, "messages": msgs},
                                 headers=headers) as resp:
             if resp.status != 200:
@@ -151,7 +151,7 @@ def tokenize_counter(session: aiohttp.ClientSession, url: str, model: str,
 def usage_counter(session: aiohttp.ClientSession, url: str, model: str,
                   headers: dict[str, str] | None = None, *, token_ids: bool = True) -> Counter:
     """Count a chat prompt by sending it with max_tokens=1 and reading usage.prompt_tokens."""
-    async def count(msgs: list[dict]) -> int:
+    async def count(msgs: list[dict[str, Any]]) -> int:
         body = chat_payload(model, msgs, 1, exact_tg=False, token_ids=token_ids)
         r = await stream_chat(session, api_base(url) + "/chat/completions", body, headers=headers)
         if r.error:

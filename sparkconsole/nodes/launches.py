@@ -122,7 +122,7 @@ def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[Endpoin
                 kept.add(ep.name)
                 out[ep.name] = replace(ep, kind="router" if m.role == "router" else ep.kind)
     for m in members:
-        if m.url in polled:
+        if not m.url or m.url in polled:      # every member has a url (filtered above); `not` narrows its type
             continue
         polled.add(m.url)
         own = [ep for ep in configured if ep.kind == "vllm" and ep.node == m.node]

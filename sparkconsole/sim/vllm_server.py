@@ -18,6 +18,7 @@ import zlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from aiohttp import web
 
@@ -53,7 +54,7 @@ class Req:
     target: int              # what will be generated (EOS earlier unless ignore_eos)
     arrival: float
     cached_tokens: int = 0
-    queue: asyncio.Queue = field(default_factory=asyncio.Queue)
+    queue: asyncio.Queue[tuple[int, bool, float]] = field(default_factory=asyncio.Queue)   # (tokens, finished, t)
     first_at: float | None = None
     last_at: float | None = None
     generated: int = 0
@@ -127,7 +128,7 @@ class SimVllmServer(VllmHttpApi):
         self._slow = 1.0
         self._stop = asyncio.Event()
         self._runner: web.AppRunner | None = None
-        self._tasks: list[asyncio.Task] = []
+        self._tasks: list[asyncio.Task[None]] = []
         self._req_seq = 0
         self._prefix_q = 0
         self._prefix_h = 0
@@ -139,7 +140,7 @@ class SimVllmServer(VllmHttpApi):
         return self.ns.sim_container if self.node_dir and self.ns.sim_container else None
 
     def publish(self, busy: float = 0.0, compute: float = 0.0) -> None:
-        if self.load_key:
+        if self.load_key and self.node_dir:          # a load key implies the node directory
             write_load(self.node_dir, self.load_key, pid=os.getpid(), reserved_b=self.reserved_b, gpu_busy=busy,
                        compute_frac=compute, loaded=self.reserved_b > 0, phase=self.phase, address=self.host,
                        port=self.ns.port, tp_nodes=self.nodes)
@@ -357,7 +358,7 @@ class SimVllmServer(VllmHttpApi):
             m.success.labels(**m.labels, finished_reason=req.finish_reason).inc()
         req.queue.put_nowait((n, finished, t))
 
-    def submit(self, ids: list[int], body: dict) -> Req:
+    def submit(self, ids: list[int], body: dict[str, Any]) -> Req:
         """Validate sampling params like vLLM does and hand the request to the engine."""
         eng = self.engine
         assert eng is not None
@@ -460,5 +461,5 @@ class SimVllmServer(VllmHttpApi):
             start.cancel()
 
     def _unpublish(self) -> None:
-        if self.load_key:
+        if self.load_key and self.node_dir:
             (self.node_dir / "load" / f"{self.load_key}.json").unlink(missing_ok=True)
