@@ -25,9 +25,9 @@ import time
 import zlib
 from functools import lru_cache
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
-from ..config import ClusterConfig, NodeConfig
+from ..config import ClusterConfig, NodeConfig, SshPolicy
 from ..errors import UserError
 from ..subscribers import Subscribers
 from .samples import ContainerInfo, NodeInfo, NodeState, Tick
@@ -68,6 +68,10 @@ def agent_command(python: str, interval: float, extra: tuple[str, ...] = ()) -> 
     return [python, "-u", "-c", BOOTSTRAP, "--interval", f"{interval:g}", *extra]
 
 
+# (node monitor, the parsed line, when it was received, the line): what subscribe_lines hears
+AgentLine = tuple["NodeMonitor", dict[str, Any], float, str]
+
+
 class NodeMonitor:
     """One node: its connection, its agent stream, its latest samples and state."""
 
@@ -89,8 +93,8 @@ class NodeMonitor:
         self.connects = 0
         self.last_rx = 0.0                 # time.monotonic() of the last tick
         self._subs: Subscribers[NodeMonitor] = Subscribers("node monitor")
-        self._line_subs: Subscribers[tuple] = Subscribers("agent line")
-        self._task: asyncio.Task | None = None
+        self._line_subs: Subscribers[AgentLine] = Subscribers("agent line")
+        self._task: asyncio.Task[None] | None = None
         self._stream: LineStream | None = None
         self._failures = 0
         self._bad_at_last_tick = 0
@@ -100,7 +104,7 @@ class NodeMonitor:
     def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
         return self._subs.add(cb)
 
-    def subscribe_lines(self, cb: Callable[[tuple], None]) -> Callable[[], None]:
+    def subscribe_lines(self, cb: Callable[[AgentLine], None]) -> Callable[[], None]:
         """cb((node, parsed, received, line)) for each hello and tick line taken, before the node's subscribers hear
         of it: the agent's own words, which the collector passes on to the viewers attached to it (collector/)."""
         return self._line_subs.add(cb)
@@ -181,7 +185,7 @@ class NodeMonitor:
     # -------- the connection loop
     def backoff(self) -> float:
         base = max(2 * self.interval, 1.0)
-        delay = min(base * (2 ** max(self._failures - 1, 0)), BACKOFF_CAP_S)
+        delay: float = min(base * (2 ** max(self._failures - 1, 0)), BACKOFF_CAP_S)
         return delay * random.uniform(0.8, 1.2)
 
     async def run(self) -> None:
@@ -277,10 +281,13 @@ class NodeMonitor:
 class ClusterMonitor:
     """Every node of the cluster file, watched at once; one staleness timer for all of them."""
 
-    def __init__(self, config: ClusterConfig, *, transport_factory=make_transport, history: int = 600) -> None:
+    # transport_factory makes a Transport, or what acts as one (collector/attach.py's _LazyTransport)
+    def __init__(self, config: ClusterConfig, *, transport_factory: Callable[[NodeConfig, SshPolicy], Any] = make_transport,
+                 history: int = 600) -> None:
         self.config = config
         self.nodes: dict[str, NodeMonitor] = {}
         for n in config.nodes:
+            err: str | None
             try:
                 t = transport_factory(n, config.ssh)
             except (UserError, TransportError) as exc:
@@ -294,7 +301,8 @@ class ClusterMonitor:
             nm.subscribe(self._on_node)
             self.nodes[n.name] = nm
         self._subs: Subscribers[NodeMonitor] = Subscribers("cluster monitor")
-        self._watchdog: asyncio.Task | None = None
+        self._watchdog: asyncio.Task[None] | None = None
+        self.notes: list[str] = []          # what a replay cannot show (recorder/replay.py), for the console to say
 
     def subscribe(self, cb: Callable[[NodeMonitor], None]) -> Callable[[], None]:
         return self._subs.add(cb)

@@ -8,11 +8,16 @@ the recorded time, labelled REPLAY), not looped, and refusing every command (a r
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig
 from ..errors import UserError
 from .reader import RecorderReader
+
+if TYPE_CHECKING:
+    from ..nodes.monitor import ClusterMonitor
 
 REPLAY_SPAN_S = 3600.0      # how much is played from T on
 
@@ -60,9 +65,9 @@ class _StateEvents:
         self.events = [e for e in before if e] + r.events(node, since, until, self.KINDS)
         self.events.sort(key=lambda e: e["t"])
         self.i = 0
-        self.now: dict = {}
+        self.now: dict[str, Any] = {}
 
-    def at(self, t: float) -> dict:
+    def at(self, t: float) -> dict[str, Any]:
         while self.i < len(self.events) and self.events[self.i]["t"] <= t:
             e = self.events[self.i]
             self.i += 1
@@ -74,7 +79,7 @@ class _StateEvents:
         return dict(self.now)
 
 
-def replay_monitor_factory(path: str | Path, at: float):
+def replay_monitor_factory(path: str | Path, at: float) -> Callable[[ClusterConfig], ClusterMonitor]:
     """A monitor_factory for the console: every node of the cluster plays its recorded rows from `at`. The file is
     open only while it is read (an open reader would keep the writer's -wal and -shm files behind)."""
     r = RecorderReader(path)
@@ -86,7 +91,7 @@ def replay_monitor_factory(path: str | Path, at: float):
         raise UserError("nothing recorded at or after that time", field="--at",
                         fix="pick a time the recorder covers" + (f" (it has ticks up to {span[1]:.0f})" if span else ""))
 
-    def factory(cluster: ClusterConfig):
+    def factory(cluster: ClusterConfig) -> ClusterMonitor:
         from ..nodes.monitor import ClusterMonitor
         from ..nodes.replay import replay_factory
         r = RecorderReader(path)
@@ -115,7 +120,7 @@ def recording_for(cluster: ClusterConfig, *, file: str | None, demo: bool, clust
         return cluster, own, None
     found = latest_demo_recording()
     if found is None or (node is not None and not demo and not _holds(found, node)):
-        if demo:
+        if own is None:             # --demo: no recording of the cluster's own to fall back on
             raise UserError("no demo recording yet", field="--demo",
                             fix="run `sparkconsole demo --runaway memory` first (its recording is kept)")
         return cluster, own, None
