@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:      # imported inside the functions: `status --bad` and `--help` answer at interpreter speed
     from ..config import ClusterConfig
@@ -21,7 +21,7 @@ STOP_S = 10.0              # at most this long to stop the node monitors once th
 CONTAINER_WAIT_S = 2.0     # containers come at a slower cadence than ticks: give the first reading a moment
 
 
-def register(subparsers) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("status", help="one snapshot of every node (GPU, memory, OOM guards, containers)",
                               description="Connect to every node of the cluster file, wait for the first "
                               "reading of each, and print it. Exit code 1 if any node is DOWN.")
@@ -32,7 +32,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
-def load(args) -> ClusterConfig:
+def load(args: argparse.Namespace) -> ClusterConfig:
     from ..clusterfile import cluster_for
     return cluster_for(args)
 
@@ -43,7 +43,7 @@ def is_down(nm: NodeMonitor) -> bool:
     return nm.state == NodeState.DOWN or nm.last is None
 
 
-def node_record(nm: NodeMonitor) -> dict:
+def node_record(nm: NodeMonitor) -> dict[str, Any]:
     from dataclasses import asdict
 
     from ..nodes.guard import evaluate_guards
@@ -68,13 +68,13 @@ def node_record(nm: NodeMonitor) -> dict:
     }
 
 
-def _fmt(v, unit: str = "", nd: int = 0) -> str:
+def _fmt(v: float | None, unit: str = "", nd: int = 0) -> str:
     if v is None:
         return "—"
     return f"{v:.{nd}f}{unit}"
 
 
-def render_table(records: list[dict]) -> str:
+def render_table(records: list[dict[str, Any]]) -> str:
     from ..nodes.samples import REASON_WORDS, NodeState
 
     head = ("NODE", "STATE", "GPU", "TEMP °C", "POWER W", "SM MHz", "UTIL", "REASONS", "HOST MEM", "GUARDS")

@@ -13,7 +13,7 @@ import errno
 import json
 import shlex
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .. import audit
 from ..errors import UserError
@@ -47,7 +47,7 @@ def _env(t: Transport) -> tuple[tuple[str, str], ...]:
 
 
 async def node_call(t: Transport, mode: str, *args: str, input: bytes | None = None,
-                    timeout: float | None = 120) -> dict:
+                    timeout: float | None = 120) -> dict[str, Any]:
     """NODE_SCRIPT on the node → its JSON answer; a failure is a one-line UserError naming the node."""
     argv = node_argv(_env(t), t.python, mode, *args)
     try:
@@ -59,7 +59,8 @@ async def node_call(t: Transport, mode: str, *args: str, input: bytes | None = N
         raise UserError(f"{t.node.name}: {_error_text(res.stderr) or f'exit status {res.rc}'}",
                         fix="see the node's message; run the same command again once it is fixed")
     try:
-        return json.loads(res.stdout.strip().splitlines()[-1])
+        answer: dict[str, Any] = json.loads(res.stdout.strip().splitlines()[-1])
+        return answer
     except (ValueError, IndexError):
         raise UserError(f"{t.node.name}: unexpected answer from the cache script ({res.stdout[:60]!r})",
                         fix="check that python3 runs on the node") from None
@@ -77,7 +78,8 @@ def _error_text(stderr: str) -> str:
 def _errno(stderr: str) -> int | None:
     for line in reversed(stderr.strip().splitlines()):
         try:
-            return json.loads(line).get("errno")
+            code: int | None = json.loads(line).get("errno")
+            return code
         except (ValueError, AttributeError):
             continue
     return errno.ENOSPC if "No space left on device" in stderr else None
@@ -139,7 +141,7 @@ async def download(t: Transport, model: str, revision: str | None = None) -> Non
     await node_call(t, "commit", name, input=b"[]")
 
 
-async def copy_model(src: Transport, dst: Transport, model: str, entries: list, *,
+async def copy_model(src: Transport, dst: Transport, model: str, entries: list[list[Any]], *,
                      on_progress: Callable[[Progress, bool], None] | None = None, chunk: int = CHUNK) -> int:
     """Copies the model's cache directory from src to dst (resuming staged bytes); returns the bytes moved."""
     name = cache_dir_name(model)

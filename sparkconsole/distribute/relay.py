@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Callable, Sequence
+from typing import Any, Awaitable, Callable, Sequence
 
 import asyncssh
 
-from ..nodes.ssh import _end_remote
+from ..nodes.ssh import SshTransport, _end_remote
 from ..nodes.transport import LocalTransport, Transport, TransportError, _killpg, _reason, tagged, to_command
 
 CHUNK = 1 << 20
@@ -23,7 +23,8 @@ CHUNK = 1 << 20
 class BinaryProcess:
     """A command on a node with binary stdin/stdout; stderr is kept (bounded) for the error line."""
 
-    def __init__(self, node: str, proc, end, *, local: bool) -> None:
+    # proc: an asyncio subprocess (local) or an asyncssh process (SSH), used through what both have
+    def __init__(self, node: str, proc: Any, end: Callable[[], Awaitable[None]], *, local: bool) -> None:
         self.node = node
         self._proc = proc
         self._end = end
@@ -43,7 +44,8 @@ class BinaryProcess:
 
     async def read(self, n: int = CHUNK) -> bytes:
         try:
-            return await self._proc.stdout.read(n)
+            data: bytes = await self._proc.stdout.read(n)
+            return data
         except (OSError, asyncssh.Error) as exc:
             raise TransportError(f"{self.node}: connection lost: {_reason(exc)}") from None
 
@@ -64,6 +66,7 @@ class BinaryProcess:
             pass
 
     async def wait(self) -> int:
+        rc: int
         try:
             if self._local:
                 rc = await self._proc.wait()
@@ -94,19 +97,21 @@ async def open_binary(transport: Transport, argv: Sequence[str]) -> BinaryProces
                 _killpg(proc)
                 await proc.wait()
         return BinaryProcess(node, proc, end, local=True)
+    if not isinstance(transport, SshTransport):
+        raise TransportError(f"{node}: cannot stream a command's binary output over a {type(transport).__name__}")
     conn = await transport._ensure()          # the node's one connection (known_hosts verified by the transport)
     tag = uuid.uuid4().hex[:16]
     try:
-        proc = await conn.create_process(tagged(to_command(argv), tag), encoding=None)
+        remote = await conn.create_process(tagged(to_command(argv), tag), encoding=None)
     except (OSError, asyncssh.Error) as exc:
         raise TransportError(f"{node}: connection lost: {_reason(exc)}") from None
 
     async def end_ssh() -> None:
         try:
-            await _end_remote(conn, proc, tag)
+            await _end_remote(conn, remote, tag)
         except Exception:  # noqa: BLE001 — the node may be gone: nothing left to end there
             pass
-    return BinaryProcess(node, proc, end_ssh, local=False)
+    return BinaryProcess(node, remote, end_ssh, local=False)
 
 
 class RelayError(Exception):

@@ -33,7 +33,7 @@ COMPILE_CACHES = (".cache/vllm", ".tilelang")
 def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     out = []
     cached = facts.compile_cache_mounted if facts.compile_cache_mounted is not None else compile_cache_mounted(plan)
-    lint = _lint()
+    from . import lint       # lint.py imports this module: its Finding and helpers are read at call time
     fix = "drop custom_ops and use --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'"
     for node, argv in lint._servers(plan):
         ops = lint.compilation_config(argv).get("custom_ops")
@@ -75,7 +75,7 @@ def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
     if plan.topology != "cluster-tp2":
         return []
     out = []
-    lint = _lint()
+    from . import lint       # lint.py imports this module: its Finding and helpers are read at call time
     for node, argv in lint._servers(plan):
         mode = str(lint.compilation_config(argv).get("cudagraph_mode", "")).upper()
         if not has_flag(argv, "--enforce-eager") and mode != "PIECEWISE":
@@ -86,9 +86,3 @@ def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
                                     "--compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}' (or --enforce-eager)",
                                     node))
     return lint._dedupe(out)
-
-
-
-def _lint():
-    from . import lint       # lint.py imports this module: its Finding and helpers are read at call time
-    return lint
