@@ -23,7 +23,7 @@ import time
 from dataclasses import replace
 from typing import Any, Callable, Mapping
 
-from ..config import ClusterConfig
+from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
 from . import lint
 from .plan import make_plan
@@ -158,7 +158,7 @@ class RecipeLauncher:
             self._recipes[name] = find_recipe(name)
         return self._recipes[name]
 
-    async def _ensure_monitor(self):
+    async def _ensure_monitor(self) -> Any:
         if self._monitor is None:
             from ..nodes.monitor import ClusterMonitor
             kwargs = {"transport_factory": self._factory} if self._factory else {}
@@ -168,7 +168,7 @@ class RecipeLauncher:
         await self._monitor.wait_first_ticks(FACTS_TIMEOUT_S)
         return self._monitor
 
-    async def _fresh_ticks(self, monitor, names: list[str], since: float) -> None:
+    async def _fresh_ticks(self, monitor: Any, names: list[str], since: float) -> None:
         """Until each node has ticked after `since` (or is down): memory read before the previous topology's
         stop would still count its server."""
         deadline = time.monotonic() + FACTS_TIMEOUT_S
@@ -178,7 +178,7 @@ class RecipeLauncher:
                 return
             await asyncio.sleep(0.05)
 
-    async def _facts(self, plan: Plan, monitor) -> lint.Facts:
+    async def _facts(self, plan: Plan, monitor: Any) -> lint.Facts:
         await self._fresh_ticks(monitor, list(plan.nodes), time.time())
         used = {n: nm for n, nm in monitor.nodes.items() if n in plan.nodes}
         facts = lint.facts_from_monitors(used, headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
@@ -197,7 +197,7 @@ class RecipeLauncher:
                                                                if nm.transport is not None and nm.transport.connected})
         return replace(facts, image_ids=image_ids, busy_ports=busy, unreachable=unreach)
 
-    async def _check(self, recipe: Recipe, plan: Plan, topology: str, monitor) -> None:
+    async def _check(self, recipe: Recipe, plan: Plan, topology: str, monitor: Any) -> None:
         facts = await self._facts(plan, monitor)
         chosen = CHOSEN_BY_NAME.get(topology, frozenset())
         findings = [replace(f, severity="warn", message=f"{f.message} (measured on purpose: {topology})")
@@ -216,7 +216,7 @@ class RecipeLauncher:
                             fix=(first.fix or "see `sparkconsole recipe lint`")
                             + ("" if first.severity == "block" else "; or pass --force"))
 
-    async def _connect(self, node) -> Any:
+    async def _connect(self, node: NodeConfig) -> Any:
         """A connected transport to `node`: the monitor's where it has one, else one of our own."""
         nm = self._monitor.nodes.get(node.name) if self._monitor is not None else None
         t = getattr(nm, "transport", None)

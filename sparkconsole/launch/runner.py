@@ -25,7 +25,7 @@ import httpx
 from .. import audit, secrets
 from ..config import ClusterConfig
 from ..errors import UserError
-from ..nodes.transport import Transport, TransportError
+from ..nodes.transport import CommandResult, LineStream, Transport, TransportError
 from .health import LaunchHealth, MemberState, judge
 from .logread import error_line, exit_line, known_refusal_fix
 from .steps import EXIT_MARK, Plan, Service, Step
@@ -65,8 +65,8 @@ class _Follower:
         self.svc = svc
         self.emit = emit
         self.lines: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
-        self.task: asyncio.Task | None = None
-        self.stream = None
+        self.task: asyncio.Task[None] | None = None
+        self.stream: LineStream | None = None
         self._last_emit = 0.0
         self.known: str | None = None      # the first line that states a known refusal (KNOWN_REFUSALS)
 
@@ -75,11 +75,11 @@ class _Follower:
         # vLLM logs to stderr: fold it into the stream, which carries stdout only.
         cmd = self.runner.node_prefix(self.svc.node) + shlex.join(self.svc.logs_argv) + " 2>&1"
         self.stream = transport.stream(cmd)
-        self.task = asyncio.ensure_future(self._read())
+        self.task = asyncio.ensure_future(self._read(self.stream))
 
-    async def _read(self) -> None:
+    async def _read(self, stream: LineStream) -> None:
         try:
-            async for line in self.stream:
+            async for line in stream:
                 line = secrets.redact(line.rstrip())
                 self.lines.append(line)
                 if self.known is None and known_refusal_fix(line):
@@ -137,7 +137,7 @@ class Runner:
                               fix="check that the node is reachable (sparkconsole status)") from None
 
     async def _run(self, node: str, argv: Sequence[str] | str, *, input: bytes | None = None,
-                   timeout: float | None = None):
+                   timeout: float | None = None) -> CommandResult:
         cmd = argv if isinstance(argv, str) else shlex.join(argv)
         return await self._transport(node).run(self.node_prefix(node) + cmd, input=input,
                                                timeout=timeout or self.step_timeout)
@@ -205,7 +205,7 @@ class Runner:
             if res.rc == 0 and step.expect is None:
                 emit(step.node, "ok", step.what, step.service)
                 return None
-            if res.rc == 0:
+            if res.rc == 0 and step.expect is not None:     # (rc 0 with no expect returned above)
                 pattern, want = step.expect
                 found = [ln.strip() for ln in res.stdout.splitlines() if re.search(pattern, ln)]
                 if len(found) >= want:
@@ -381,6 +381,9 @@ class Runner:
                     and s.url and s.models_path]
         if not routers or not backends or not self.measure_router:
             return
+        router_url, backend_url = routers[0].url, backends[0].url
+        if router_url is None or backend_url is None:      # a router always has a url; the backends were picked by it
+            return
         body = {"model": routers[0].model, "prompt": "hi", "max_tokens": 1}
 
         async def once(url: str) -> float | None:
@@ -393,7 +396,7 @@ class Runner:
 
         via, direct = [], []
         for _ in range(5):
-            a, b = await once(routers[0].url), await once(backends[0].url)
+            a, b = await once(router_url), await once(backend_url)
             if a is None or b is None:
                 return
             via.append(a)

@@ -22,8 +22,9 @@ import asyncio
 import json
 import shlex
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from ..config import NodeConfig, SshPolicy
 from .recording import load_recording, read_recording, split_recording  # noqa: F401  (re-exported)
@@ -60,11 +61,11 @@ class _Stream:
             self.rc = 143
         self.closed.set()
 
-    def stream(self, read: Callable[[], object]) -> LineStream:
+    def stream(self, read: Callable[[], Awaitable[bytes]]) -> LineStream:
         async def guarded() -> bytes:
             if self.closed.is_set() or self.rc is not None:
                 return b""
-            return await read()  # type: ignore[misc]
+            return await read()
         return LineStream(guarded, self.close, lambda: self.rc)
 
 
@@ -149,7 +150,7 @@ class ReplayTransport(Transport):
             return (self.logs[st.i - 1] + "\n").encode()
         return await st.silent()              # -f: follow until closed
 
-    async def _pace(self, st: _Stream, d: dict) -> None:
+    async def _pace(self, st: _Stream, d: dict[str, Any]) -> None:
         t = d.get("time")
         if self.speed is not None:
             if self.speed and isinstance(t, (int, float)) and st.prev is not None:
@@ -217,14 +218,14 @@ class ReplayTransport(Transport):
 Recordings = Mapping[str, "str | Path | Sequence[str]"] | str | Path | Callable[[NodeConfig], Sequence[str]]
 
 
-def replay_factory(recordings: Recordings, **kwargs) -> Callable[..., ReplayTransport]:
+def replay_factory(recordings: Recordings, **kwargs: Any) -> Callable[..., ReplayTransport]:
     """A ClusterMonitor `transport_factory`: each node plays its recording.
 
     recordings: {node name: path or lines}, one path for every node, or a function node -> lines.
     kwargs go to every ReplayTransport; `per_node={name: {...}}` overrides them for one node.
     The transports made are kept in `factory.made` (name -> the latest transport) so tests can inspect commands.
     """
-    per_node: dict[str, dict] = kwargs.pop("per_node", {})
+    per_node: dict[str, dict[str, Any]] = kwargs.pop("per_node", {})
     made: dict[str, ReplayTransport] = {}
     cache: dict[str, list[str]] = {}
 
@@ -237,6 +238,7 @@ def replay_factory(recordings: Recordings, **kwargs) -> Callable[..., ReplayTran
         return src
 
     def factory(node: NodeConfig, policy: SshPolicy | None = None, **_: object) -> ReplayTransport:
+        src: str | Path | Sequence[str] | None
         if callable(recordings):
             src = recordings(node)
         elif isinstance(recordings, Mapping):
