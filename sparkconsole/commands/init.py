@@ -15,8 +15,12 @@ import os
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+
+if TYPE_CHECKING:      # imported inside the functions: registering must stay cheap
+    from ..config import ClusterConfig
 
 DOCKER_PROBE = ("command -v docker >/dev/null 2>&1 || { echo NO-DOCKER; exit 0; }; "
                 "v=$(docker version --format '{{.Server.Version}}' 2>&1) && echo \"engine $v\" || "
@@ -37,7 +41,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def source_cluster(args: argparse.Namespace):
+def source_cluster(args: argparse.Namespace) -> tuple[ClusterConfig, str]:
     """(ClusterConfig, what it was made from)."""
     from ..config import ClusterConfig, NodeConfig, SshPolicy, check_address, default_endpoints, NAME_RE
     ssh_config = Path(args.ssh_config).expanduser() if args.ssh_config else None
@@ -74,7 +78,7 @@ def source_cluster(args: argparse.Namespace):
     return got.cluster, f"{env.resolve()}" + "".join(f" ({n})" for n in got.notes)
 
 
-async def probe(cluster) -> tuple[object, list[str]]:
+async def probe(cluster: ClusterConfig) -> tuple[ClusterConfig, list[str]]:
     """Each node asked as preflight asks it; returns the cluster with discovered interfaces, and a note a node."""
     from ..launch.ifaces import discover
     from ..nodes.transport import TransportError, make_transport
@@ -82,7 +86,7 @@ async def probe(cluster) -> tuple[object, list[str]]:
     notes: list[str] = []
     nodes = list(cluster.nodes)
     try:
-        async def one(i: int):
+        async def one(i: int) -> str:
             n = nodes[i]
             t = ts[n.name]
             try:
@@ -114,12 +118,12 @@ async def probe(cluster) -> tuple[object, list[str]]:
     return replace(cluster, nodes=tuple(nodes)), notes
 
 
-def render(cluster, made_from: str) -> str:
+def render(cluster: ClusterConfig, made_from: str) -> str:
     """The cluster as sparkconsole.yaml text (what parse_cluster reads back to the same cluster)."""
     import yaml
     nodes = []
     for n in cluster.nodes:
-        d: dict = {"name": n.name, "address": n.address}
+        d: dict[str, Any] = {"name": n.name, "address": n.address}
         ssh = {k: v for k, v in (("user", n.ssh.user), ("port", n.ssh.port if n.ssh.port != 22 else None),
                                  ("identity", n.ssh.identity)) if v is not None}
         if ssh:
@@ -134,7 +138,7 @@ def render(cluster, made_from: str) -> str:
         if n.vllm_env:
             d["vllm_env"] = dict(n.vllm_env)
         nodes.append(d)
-    data: dict = {"nodes": nodes}
+    data: dict[str, Any] = {"nodes": nodes}
     if cluster.ssh.known_hosts:
         data["ssh"] = {"known_hosts": cluster.ssh.known_hosts}
     if cluster.master_port is not None:

@@ -13,13 +13,19 @@ the numbers have families of their own, and the texts stay in the console.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoMetricFamily
+from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
-from ..nodes.samples import REASON_BITS, NodeState
+from ..nodes.samples import REASON_BITS, ContainerInfo, GpuSample, NodeState
 from .readings import Readings
+
+if TYPE_CHECKING:
+    from ..nodes.monitor import NodeMonitor
+    from ..serving.endpoint import EndpointSnapshot
 
 P = "sparkconsole_"
 GUARD_LEVEL = {"ok": 0, "warn": 1, "bad": 2}      # `unknown` has no level: the series is absent
@@ -31,7 +37,7 @@ class _Families:
     """Families created on first use, yielded in creation order (so an empty family is never exposed)."""
 
     def __init__(self) -> None:
-        self._f: dict[str, object] = {}
+        self._f: dict[str, Metric] = {}
 
     def gauge(self, name: str, doc: str, labels: tuple[str, ...]) -> GaugeMetricFamily:
         f = self._f.get(name)
@@ -55,7 +61,7 @@ class _Families:
         if v is not None:
             self.gauge(name, doc, labels).add_metric(values, float(v))
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[Metric]:
         return iter(self._f.values())
 
 
@@ -118,10 +124,10 @@ class ConsoleCollector(Collector):
         self.readings = readings
         self.clock = clock
 
-    def describe(self) -> Iterable:
+    def describe(self) -> Iterable[Metric]:
         return []            # families depend on what the nodes send: no fixed description (no collect at register)
 
-    def collect(self) -> Iterable:
+    def collect(self) -> Iterable[Metric]:
         now = self.clock()
         fam = _Families()
         for nm in self.readings.monitor.nodes.values():
@@ -132,7 +138,7 @@ class ConsoleCollector(Collector):
         return list(fam)
 
     # --- nodes ------------------------------------------------------------------------------------------------
-    def _node(self, fam: _Families, nm, now: float) -> None:
+    def _node(self, fam: _Families, nm: NodeMonitor, now: float) -> None:
         n = nm.name
         for st in NodeState:
             fam.gauge("node_state", "Node state: 1 for the current one of CONNECTING, LIVE, STALE (3 ticks missed), "
@@ -184,7 +190,7 @@ class ConsoleCollector(Collector):
         for c in nm.containers:
             self._container(fam, n, c)
 
-    def _gpu(self, fam: _Families, n: str, g) -> None:
+    def _gpu(self, fam: _Families, n: str, g: GpuSample) -> None:
         lv = [n, str(g.index)]
         for name, doc, attr, scale in _GPU_GAUGES:
             v = getattr(g, attr)
@@ -203,7 +209,7 @@ class ConsoleCollector(Collector):
             for reason, us in g.reason_us.items():
                 ctr.add_metric([*lv, reason], us / 1e6)
 
-    def _container(self, fam: _Families, n: str, c) -> None:
+    def _container(self, fam: _Families, n: str, c: ContainerInfo) -> None:
         lv = [n, c.name]
         lab = ("node", "container")
         fam.set("container_running", "1 when the container is running.", lab, lv, 1.0 if c.state == "running" else 0.0)
@@ -222,7 +228,7 @@ class ConsoleCollector(Collector):
             fam.set("container_exit_code", "The container's last exit code.", lab, lv, c.exit_code)
 
     # --- endpoints --------------------------------------------------------------------------------------------
-    def _endpoint(self, fam: _Families, s, now: float) -> None:
+    def _endpoint(self, fam: _Families, s: EndpointSnapshot, now: float) -> None:
         e = s.name
         fam.set("endpoint_up", "1 when the endpoint's health check passed, 0 when it failed.", ("endpoint",), [e],
                 None if s.healthy is None else (1.0 if s.healthy else 0.0))

@@ -25,11 +25,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .. import secrets
 from ..config import NotifySettings
+
+if TYPE_CHECKING:
+    from ..alerts import Alert
 
 log = logging.getLogger(__name__)
 
@@ -74,11 +77,11 @@ class Notifier:
         self.dropped = 0
         self._last: dict[tuple[str, bool], float] = {}   # (key, active) -> when last sent
         self._raised_sent: set[str] = set()
-        self._q: collections.deque = collections.deque(maxlen=QUEUE_MAX)
+        self._q: collections.deque[Alert] = collections.deque(maxlen=QUEUE_MAX)
         self._cv = threading.Condition()
         self._busy = 0
         self._closed = False
-        self._thread = None
+        self._thread: threading.Thread | None = None
         for url in (settings.webhook, settings.ntfy):
             if url:
                 _register_url(url)
@@ -87,7 +90,7 @@ class Notifier:
             self._thread.start()
 
     # ---- the producer side (UI thread): filter, de-dup, queue
-    def submit(self, alert) -> bool:
+    def submit(self, alert: Alert) -> bool:
         """Queue one alert (alerts.Alert); False when filtered, de-duplicated or rate-limited."""
         if _RANK.get(alert.severity, 0) < _RANK[self.settings.min_severity]:
             return False
@@ -149,19 +152,19 @@ class Notifier:
                     self._busy -= 1
                     self._cv.notify_all()
 
-    def _webhook(self, a) -> tuple[bytes, dict]:
+    def _webhook(self, a: Alert) -> tuple[bytes, dict[str, str]]:
         body = {"source": "sparkconsole", "cluster": self.cluster, "key": a.key, "severity": a.severity,
                 "node": a.source, "message": secrets.redact(a.message), "time": a.time,
                 "state": "raised" if a.active else "cleared"}
         return json.dumps(body).encode(), {"Content-Type": "application/json"}
 
-    def _ntfy(self, a) -> tuple[bytes, dict]:
+    def _ntfy(self, a: Alert) -> tuple[bytes, dict[str, str]]:
         title = f"sparkconsole {a.source}: {'cleared' if not a.active else a.severity}"
         prio = "high" if a.active and a.severity == "bad" else "default"
         return secrets.redact(a.message).encode(), {"Title": title, "Priority": prio,
                                                     "Tags": "warning" if a.active else "white_check_mark"}
 
-    def _deliver(self, target: str, url: str, body: bytes, headers: dict) -> None:
+    def _deliver(self, target: str, url: str, body: bytes, headers: dict[str, str]) -> None:
         p = urlsplit(url)
         if p.username or p.password:
             # urllib does not take user:password@ from the URL: send it as HTTP basic auth instead

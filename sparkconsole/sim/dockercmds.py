@@ -11,6 +11,7 @@ import re
 import signal
 import sys
 import time
+from typing import Any, Callable
 
 from .containers import (LOCAL_IMAGES, Store, image_id, image_present, inspect_obj, ps_obj, remove_container, spawn,
                          start_container, stop_container, vllm_args)
@@ -43,7 +44,8 @@ RUN_BOOL_FLAGS = {"-d", "--detach", "--rm", "--init", "--privileged", "-i", "--i
                   "--no-healthcheck", "-P", "--publish-all", "--read-only"}
 
 
-def split_flags(args: list[str], value_flags: set[str], bool_flags: set[str], *, stop_at_positional: bool):
+def split_flags(args: list[str], value_flags: set[str], bool_flags: set[str], *, stop_at_positional: bool
+                ) -> tuple[list[tuple[str, str | None]], list[str]]:
     """(flags as (name, value) list, positionals). Unknown flags are docker's 'unknown flag' error."""
     flags: list[tuple[str, str | None]] = []
     pos: list[str] = []
@@ -124,7 +126,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
                               f"already in use. You have to remove (or rename) that container to be able to reuse "
                               "that name.", 125)
         created = time.time()
-        rec = {
+        rec: dict[str, Any] = {
             "id": hashlib.sha256(f"{name}:{created}:{os.getpid()}".encode()).hexdigest(), "name": name,
             "image": image, "cmd": cmd, "entrypoint": _get(flags, "--entrypoint"), "created": created,
             "state": "created", "pid": 0, "exit_code": 0, "restart_count": 0, "oom_killed": False,
@@ -247,7 +249,7 @@ def cmd_inspect(store: Store, args: list[str], *, images: bool = False) -> int:
     return rc
 
 
-def _each(store: Store, pos: list[str], fn) -> int:
+def _each(store: Store, pos: list[str], fn: Callable[[dict[str, Any]], object]) -> int:
     rc = 0
     for ref in pos:
         with store:
@@ -279,14 +281,17 @@ def cmd_stop(store: Store, args: list[str], sig: int = signal.SIGTERM) -> int:
 
 def cmd_start(store: Store, args: list[str]) -> int:
     _, pos = split_flags(args, set(), {"-a", "--attach", "-i", "--interactive"}, stop_at_positional=False)
-    return _each(store, pos, lambda rec: rec["state"] == "running" or start_container(store, rec))
+    def start(rec: dict[str, Any]) -> None:
+        if rec["state"] != "running":
+            start_container(store, rec)
+    return _each(store, pos, start)
 
 
 def cmd_restart(store: Store, args: list[str]) -> int:
     flags, pos = split_flags(args, {"-t", "--time", "--timeout", "-s", "--signal"}, set(), stop_at_positional=False)
     timeout = float(_get(flags, "-t", "--time", "--timeout") or 10)
 
-    def restart(rec: dict) -> None:
+    def restart(rec: dict[str, Any]) -> None:
         stop_container(store, rec, timeout)
         start_container(store, rec)
     return _each(store, pos, restart)
@@ -296,7 +301,7 @@ def cmd_rm(store: Store, args: list[str]) -> int:
     flags, pos = split_flags(args, set(), {"-f", "--force", "-v", "--volumes", "-l", "--link"}, stop_at_positional=False)
     force = _get(flags, "-f", "--force") is not None
 
-    def rm(rec: dict) -> None:
+    def rm(rec: dict[str, Any]) -> None:
         if rec["state"] == "running":
             if not force:
                 raise DockerError(f'Error response from daemon: cannot remove container "/{rec["name"]}": container is '
@@ -343,7 +348,7 @@ def cmd_exec(store: Store, args: list[str]) -> int:
     return 0
 
 
-def ray_status(store: Store, head: dict) -> str:
+def ray_status(store: Store, head: dict[str, Any]) -> str:
     """`ray status` on a simulated Ray head: one Active line per running `ray start` container, on any simulated
     node of this cluster (the node directories side by side), that is this head or joined its address."""
     def opt(cmd: list[str], name: str) -> str | None:
@@ -424,7 +429,7 @@ def dispatch(store: Store, argv: list[str]) -> int:
                 raise DockerError(f"docker image {sub}: not supported by the simulated node", 1)
             return table[sub](rest)
         cmd = {"ls": "ps", "list": "ps"}.get(sub, sub)
-    handlers = {
+    handlers: dict[str, Callable[[Store, list[str]], int]] = {
         "ps": cmd_ps, "inspect": cmd_inspect, "run": cmd_run, "start": cmd_start, "stop": cmd_stop,
         "kill": lambda s, a: cmd_stop(s, a, signal.SIGKILL), "rm": cmd_rm, "restart": cmd_restart,
         "logs": cmd_logs, "exec": cmd_exec, "images": cmd_images, "pull": cmd_pull,
