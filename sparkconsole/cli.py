@@ -13,9 +13,15 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from . import __version__
 from .errors import UserError
+
+if TYPE_CHECKING:      # types only: `sparkconsole --help` imports as little as it can
+    from collections.abc import Awaitable
+    from types import ModuleType
+    from typing import Any
 
 # Order is the order shown in --help. A module that does not exist yet is skipped.
 COMMANDS = ("console", "init", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve", "record",
@@ -44,7 +50,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """The options every level accepts. Below the top they default to SUPPRESS, so a subcommand that was not
     given `--cluster` leaves the value given before the command (or the top's default) in place."""
     have = parser._option_string_actions
-    extra = {} if top else {"default": argparse.SUPPRESS}
+    extra: dict[str, Any] = {} if top else {"default": argparse.SUPPRESS}
     if "--version" not in have:
         parser.add_argument("--version", action="version", version=f"sparkconsole {__version__}")
     if "--cluster" not in have:
@@ -53,7 +59,7 @@ def _global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
                             if top else "cluster file (also accepted before the command)")
 
 
-def _subparser_actions(parser: argparse.ArgumentParser):
+def _subparser_actions(parser: argparse.ArgumentParser) -> list[argparse._SubParsersAction[Any]]:
     return [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
 
 
@@ -64,7 +70,7 @@ def _add_global_options_below(parser: argparse.ArgumentParser) -> None:
             _add_global_options_below(child)
 
 
-def _module(name: str):
+def _module(name: str) -> ModuleType | None:
     import importlib
 
     try:
@@ -97,7 +103,8 @@ def _command_of(argv: list[str]) -> str | None:
     """Which command argv names, found by argparse itself on the stub parser (abbreviations, `--cluster=F`,
     a file named like a command); exits for `--help`, `--version` and an unknown command, as argparse does."""
     ns, _ = build_parser().parse_known_args(argv)
-    return ns.command
+    command: str | None = ns.command
+    return command
 
 
 def _relative_times(argv: list[str]) -> list[str]:
@@ -148,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         return 141
 
 
-async def _ctrl_c_cancels(aw) -> int:
+async def _ctrl_c_cancels(aw: Awaitable[int]) -> int:
     """Runs an async command; Ctrl-C cancels it (its `finally` blocks stop what it started) and it exits 130.
 
     The event loop takes SIGINT itself (its wake-up fd), not asyncio.run's Python-level handler: that one runs only
@@ -160,6 +167,7 @@ async def _ctrl_c_cancels(aw) -> int:
 
     loop = asyncio.get_running_loop()
     task = asyncio.current_task()
+    assert task is not None              # asyncio.run runs this coroutine as a task
     interrupted = False
 
     def on_sigint() -> None:

@@ -16,9 +16,16 @@ from __future__ import annotations
 import ipaddress
 import re
 import shlex
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
+
+if TYPE_CHECKING:      # types only: the parsers stay importable without asyncssh
+    from ..config import ClusterConfig, NodeConfig
+    from ..nodes.transport import Transport
+    from .recipe import Recipe
 
 _IBDEV_RE = re.compile(r"^(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)")
 _SECTION = "----sparkconsole-ifaces----"
@@ -98,7 +105,7 @@ def parse_probe(text: str) -> tuple[str | None, str | None, str]:
     return dev, None, "route to the peer (no RDMA port Up)"
 
 
-async def discover(transport, peer_address: str) -> tuple[str | None, str | None, str]:
+async def discover(transport: Transport, peer_address: str) -> tuple[str, str | None, str]:
     """(eth_if, ib_if, how) of the node behind `transport`, for the link to `peer_address`. A node that cannot be
     read, or an address that is not one, is a one-line UserError."""
     try:
@@ -144,7 +151,7 @@ def choose_link_address(cidrs: list[str], ssh_address: str) -> str | None:
     return str(nets[0].ip) if nets else None
 
 
-async def link_address(transport, iface: str, ssh_address: str) -> str | None:
+async def link_address(transport: Transport, iface: str, ssh_address: str) -> str | None:
     """The node's address on `iface` (choose_link_address), read with `ip -o -4 addr show dev IFACE`."""
     from ..nodes.transport import TransportError
     try:
@@ -154,7 +161,8 @@ async def link_address(transport, iface: str, ssh_address: str) -> str | None:
     return choose_link_address(parse_ipv4_addrs(res.stdout).get(iface, []), ssh_address) if res.rc == 0 else None
 
 
-async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -> tuple[dict, list[str]]:
+async def plan_links(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: dict[str, Any],
+                     connect: Callable[[NodeConfig], Awaitable[Transport]]) -> tuple[dict[str, Any], list[str]]:
     """What a plan across nodes needs to know of the link between them, read from the nodes it uses:
     - for a cluster launch, the link interfaces nobody wrote down (no --eth-if, none in the cluster file or the
       recipe), discovered towards its peer (the head for a worker, the first worker for the head);
@@ -169,9 +177,9 @@ async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -
     probe = make_plan(recipe, topology, cluster, {**overrides, "eth_if": overrides.get("eth_if") or "lo"})
     nodes = [cluster.node(n) for n in probe.nodes]
     from ..nodes.transport import TransportError
-    transports: dict[str, object] = {}
+    transports: dict[str, Transport] = {}
 
-    async def transport(n):
+    async def transport(n: NodeConfig) -> Transport:
         if n.name not in transports:
             try:
                 transports[n.name] = await connect(n)
@@ -196,7 +204,7 @@ async def plan_links(recipe, topology: str, cluster, overrides: dict, connect) -
             out["eth_if"] = eth
         if ib:
             out["ib_if"] = ib
-    addresses = {}
+    addresses: dict[str, str] = {}
     for n in nodes:
         iface = eth.get(n.name) or node_iface(overrides, recipe, n, "eth_if")
         if not iface:

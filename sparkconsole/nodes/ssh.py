@@ -12,6 +12,7 @@ import shlex
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import asyncssh
 
@@ -27,7 +28,7 @@ class _KeyRecorder(asyncssh.SSHClient):
     def __init__(self) -> None:
         self.offered: asyncssh.SSHKey | None = None
 
-    def validate_host_public_key(self, host, addr, port, key) -> bool:
+    def validate_host_public_key(self, host: str, addr: str, port: int, key: asyncssh.SSHKey) -> bool:
         self.offered = key
         return False
 
@@ -79,7 +80,7 @@ class SshTransport(Transport):
         node = self.node
         known = self._known_hosts()
         recorder = _KeyRecorder()
-        opts: dict = dict(port=node.ssh.port, known_hosts=known, keepalive_interval=self.keepalive_interval,
+        opts: dict[str, Any] = dict(port=node.ssh.port, known_hosts=known, keepalive_interval=self.keepalive_interval,
                           keepalive_count_max=self.keepalive_count_max, connect_timeout=self.policy.connect_timeout_s,
                           client_factory=lambda: recorder)
         if node.ssh.user:
@@ -159,9 +160,9 @@ class SshTransport(Transport):
     def stream(self, argv: Sequence[str] | str, *, input: bytes | None = None) -> LineStream:
         cmd = to_command(argv)
         tag = uuid.uuid4().hex[:16]
-        state: dict = {}
+        state: dict[str, asyncio.Future[asyncssh.SSHClientProcess[bytes]]] = {}
 
-        async def start() -> asyncssh.SSHClientProcess:
+        async def start() -> asyncssh.SSHClientProcess[bytes]:
             if "proc" not in state:
                 state["proc"] = asyncio.ensure_future(self._start_process(tagged(cmd, tag), input))
             return await state["proc"]
@@ -196,7 +197,7 @@ class SshTransport(Transport):
 
         return LineStream(read, closer, returncode, lost=(asyncssh.Error,))
 
-    async def _start_process(self, cmd: str, input: bytes | None) -> asyncssh.SSHClientProcess:
+    async def _start_process(self, cmd: str, input: bytes | None) -> asyncssh.SSHClientProcess[bytes]:
         conn = await self._ensure()
         try:
             proc = await conn.create_process(cmd, encoding=None, stderr=asyncssh.DEVNULL)
@@ -218,7 +219,7 @@ class SshTransport(Transport):
 
 
 
-async def _end_remote(conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess, tag: str) -> None:
+async def _end_remote(conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClientProcess[Any], tag: str) -> None:
     """TERM, then KILL, the remote command and its children; then close the channel."""
     for sig in ("TERM", "KILL"):
         if proc.exit_status is not None or proc.exit_signal is not None:

@@ -14,8 +14,9 @@ import contextlib
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import httpx
 
@@ -92,7 +93,7 @@ def _empty(ep: EndpointConfig, *, healthy: bool | None, error: str | None, t: fl
                             gen_tps=None, ttft_p50_s=None, ttft_p95_s=None, itl_p50_s=None, itl_p95_s=None, error=error)
 
 
-def _sim_speed(headers) -> float:
+def _sim_speed(headers: Mapping[str, str]) -> float:
     try:
         speed = float(headers.get("x-sim-speed", 1.0))
     except (TypeError, ValueError):
@@ -125,7 +126,7 @@ class EndpointMonitor:
         self.history: deque[EndpointSnapshot] = deque(maxlen=history)
         self._client = client
         self._own_client = client is None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._subs: Subscribers[EndpointMonitor] = Subscribers("endpoint")
         self._scrapes: deque[m.Scrape] = deque()      # recent successful scrapes (monotonic time)
         self._info: tuple[str | None, tuple[str, ...], int | None, str | None] = (None, (), None, None)
@@ -209,6 +210,7 @@ class EndpointMonitor:
             fetch(client, self.config.url + "/v1/models", limit=1 << 20, timeout=self.timeout),
             fetch(client, self.config.url + "/version", limit=65536, timeout=self.timeout),
             return_exceptions=True)
+        models: tuple[str, ...]
         model, models, max_len, version, warn = None, (), None, None, None
         # A read with no answer keeps what the last answer said; an HTTP answer (a 404 /version on a router) counts.
         last_model, last_models, last_max_len, last_version = self._info
@@ -295,7 +297,7 @@ class EndpointMonitor:
         prompt_tps = gen_tps = None
         hit_rate = em.prefix_hit_rate
         ttft = itl = None
-        kv: dict = {}
+        kv: dict[str, Any] = {}
         if rate_base is not None:
             rw = m.engine_window(rate_base, scrape)
             # A simulated server's counters run `scale`× faster than the console's clock: rates in its seconds.
@@ -355,12 +357,14 @@ class ServingMonitor:
     async def follow(self, wanted: Iterable[EndpointConfig]) -> tuple[list[str], list[str], list[str]]:
         """Poll exactly `wanted` from now on (nodes/launches.served_endpoints: the cluster file's endpoints, moved
         to where launches serve). An endpoint whose URL changed starts afresh. Returns (added, moved, removed)."""
-        wanted = {ep.name: ep for ep in wanted}
-        added, moved, removed = [], [], []
-        for name in [n for n in self.endpoints if n not in wanted]:
+        by_name = {ep.name: ep for ep in wanted}
+        added: list[str] = []
+        moved: list[str] = []
+        removed: list[str] = []
+        for name in [n for n in self.endpoints if n not in by_name]:
             await self.endpoints.pop(name).stop()
             removed.append(name)
-        for name, ep in wanted.items():
+        for name, ep in by_name.items():
             old = self.endpoints.get(name)
             if old is not None and old.config == ep:
                 continue

@@ -30,7 +30,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterator
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
@@ -80,7 +81,7 @@ if TYPE_CHECKING:
 # or run_load() first runs, in a thread, so a console drawing the nodes meanwhile does not stall.
 
 
-async def _aiohttp():
+async def _aiohttp() -> ModuleType:
     return await asyncio.to_thread(__import__, "aiohttp")
 
 
@@ -88,7 +89,7 @@ PORT_CLAIMS = "sparkconsole-sim-ports.json"     # beside the state directories, 
 
 
 @contextlib.contextmanager
-def _port_claims() -> Iterator[dict[str, list]]:
+def _port_claims() -> Iterator[dict[str, list[Any]]]:
     """The live claims ("host:port" -> [owner pid, state dir]), under an exclusive lock; changes are written back.
     A claim lapses with its owner process or its state dir."""
     tmp = Path(tempfile.gettempdir())
@@ -119,7 +120,7 @@ def claim_port(host: str, preferred: int, owner: Path) -> int:
                     s.bind((host, port))
                 except OSError:
                     continue
-                got = s.getsockname()[1]
+                got: int = s.getsockname()[1]
             if f"{host}:{got}" not in claims:
                 claims[f"{host}:{got}"] = [os.getpid(), str(owner)]
                 return got
@@ -165,7 +166,7 @@ class SimCluster:
         self.cluster: ClusterConfig | None = None
         # One event per endpoint of self.cluster, set once it answers /health (serve() sets them).
         self.ready: dict[str, asyncio.Event] = {}
-        self._load_tasks: set[asyncio.Task] = set()
+        self._load_tasks: set[asyncio.Task[None]] = set()
         self._stopped = False
 
     # ---- layout ----------------------------------------------------------------------------------
@@ -276,6 +277,7 @@ class SimCluster:
     async def _launch_router(self, backends: list[str]) -> None:
         head = backends[0]
         addr = self.nodes[head].address
+        assert self.root is not None           # start_nodes made it
         port = self._router_port or claim_port(addr, self.router_port_pref, self.root)
         urls = [f"http://{self.nodes[n].address}:{self.ports[n]}/v1" for n in backends]
         served = self.serving.name
@@ -404,7 +406,7 @@ class SimCluster:
     # ---- load ------------------------------------------------------------------------------------
     async def run_load(self, url: str | None = None, concurrency: int = 4, seconds: float | None = 30.0, *,
                        prompt_words: tuple[int, int] = (200, 1000), max_tokens: tuple[int, int] = (64, 512),
-                       seed: int = 0) -> dict:
+                       seed: int = 0) -> dict[str, int]:
         """Keep `concurrency` streaming chat requests in flight against `url` (default: the first endpoint)
         for `seconds` of real time (None: until cancelled). Returns counts: requests, tokens, errors."""
         assert self.cluster is not None
