@@ -16,12 +16,16 @@ import asyncio
 import logging
 import shlex
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from . import audit
 from .alerts import AlertEngine
 from .config import ClusterConfig
 from .nodes.forecast import FIXES, Estimate, NodeForecaster, describe
+
+if TYPE_CHECKING:
+    from .nodes.monitor import NodeMonitor
+    from .recorder.feed import Recorder
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +38,7 @@ def stop_argv(container: str) -> list[str]:
 
 
 class Guardian:
-    def __init__(self, cluster: ClusterConfig, alerts: AlertEngine, *, recorder=None,
+    def __init__(self, cluster: ClusterConfig, alerts: AlertEngine, *, recorder: Recorder | None = None,
                  say: Callable[[str, str], None] = lambda text, severity: None, replay: bool = False) -> None:
         self.cluster = cluster
         self.alerts = alerts
@@ -44,12 +48,12 @@ class Guardian:
         self.threshold_s = cluster.protect.stop_container_before_exhaustion_s
         self.forecasters: dict[str, NodeForecaster] = {}
         self.estimates: dict[str, list[Estimate]] = {}
-        self.actions: list[dict] = []       # what the guard did (or would have done), newest last
+        self.actions: list[dict[str, Any]] = []       # what the guard did (or would have done), newest last
         self._last_tick: dict[str, float] = {}
         self._acted: dict[str, float] = {}
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
 
-    def on_node(self, nm) -> None:
+    def on_node(self, nm: NodeMonitor) -> None:
         tick = nm.last
         if tick is None or self._last_tick.get(nm.name) == tick.time:
             return
@@ -71,16 +75,16 @@ class Guardian:
         if self.threshold_s > 0:
             due = [e for e in ests if e.seconds is not None and e.seconds <= self.threshold_s]
             if due:
-                self._act(nm, min(due, key=lambda e: e.seconds))
+                self._act(nm, min(due, key=lambda e: e.seconds or 0.0))     # (each has seconds: filtered above)
 
-    def _act(self, nm, e: Estimate) -> None:
+    def _act(self, nm: NodeMonitor, e: Estimate) -> None:
         now = time.monotonic()
         if now - self._acted.get(nm.name, float("-inf")) < ACT_AGAIN_AFTER_S:
             return
         self._acted[nm.name] = now
         container = nm.config.container
         why = describe(nm.name, e)
-        record = {"node": nm.name, "container": container, "estimate_s": round(e.seconds or 0, 1), "why": why,
+        record: dict[str, Any] = {"node": nm.name, "container": container, "estimate_s": round(e.seconds or 0, 1), "why": why,
                   "time": time.time()}
         simulated = self.cluster.simulated or bool(nm.info and nm.info.simulated)
         if self.replay:
@@ -95,7 +99,7 @@ class Guardian:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _stop(self, nm, container: str, record: dict, simulated: bool, why: str) -> None:
+    async def _stop(self, nm: NodeMonitor, container: str, record: dict[str, Any], simulated: bool, why: str) -> None:
         label = "SIMULATED: " if simulated else ""
         env = "".join(f"{k}={shlex.quote(v)} " for k, v in nm.config.env)   # e.g. DOCKER_HOST of a test engine
         cmd = env + shlex.join(stop_argv(container))
@@ -115,7 +119,7 @@ class Guardian:
         self._done(record, f"{label}guard: {container} on {nm.name} " + ("stopped" if ok else f"NOT stopped: {detail}"),
                    "warn" if ok else "bad")
 
-    def _done(self, record: dict, text: str, severity: str) -> None:
+    def _done(self, record: dict[str, Any], text: str, severity: str) -> None:
         self.actions.append(record)
         if self.recorder is not None:
             self.recorder.note(record["node"], "protect", record)

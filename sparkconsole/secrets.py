@@ -104,27 +104,27 @@ def _mask_value(val: str) -> str:
 
 
 def _apply_shapes(text: str) -> str:
-    def quoted(m: re.Match) -> str:
+    def quoted(m: re.Match[str]) -> str:
         if not is_secret_name(m["name"]):
             return m[0]
         return f"{m['q']}{m['name']}={MASK}{m['q']}"
 
-    def assign(m: re.Match) -> str:
+    def assign(m: re.Match[str]) -> str:
         if not is_secret_name(m["name"]) or m["val"] == MASK:
             return m[0]
         return f"{m['name']}={_mask_value(m['val'])}"
 
-    def json_pair(m: re.Match) -> str:
+    def json_pair(m: re.Match[str]) -> str:
         if not is_secret_name(m["name"]):
             return m[0]
         return f"{m['kq']}{m['name']}{m['kq']}: {m['vq']}{MASK}{m['vq']}"
 
-    def colon_pair(m: re.Match) -> str:
+    def colon_pair(m: re.Match[str]) -> str:
         if not is_secret_name(m["name"]):
             return m[0]
         return f"{m['lead']}{m['name']}: {MASK}"
 
-    def flag(m: re.Match) -> str:
+    def flag(m: re.Match[str]) -> str:
         if not is_secret_name(m["flag"]) or m["val"].startswith("-"):
             return m[0]
         return f"{m['flag']}{m['sep']}{_mask_value(m['val'])}"

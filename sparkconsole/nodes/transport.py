@@ -21,7 +21,7 @@ import signal
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Awaitable, Callable
+from typing import Any, Awaitable, Callable, TypeVar
 
 from ..config import NodeConfig, SshPolicy
 
@@ -46,7 +46,10 @@ class CommandResult:
     stderr: str
 
 
-async def bounded(aw, timeout: float | None):
+T = TypeVar("T")
+
+
+async def bounded(aw: Awaitable[T], timeout: float | None) -> T:
     """asyncio.wait_for without Python 3.11's race that can lose the caller's cancellation (a monitor that
     never stops): the caller's cancel always propagates; on timeout the inner work is cancelled and
     asyncio.TimeoutError raised."""
@@ -88,7 +91,7 @@ class LineStream:
         self._lines: collections.deque[str] = collections.deque()
         self._eof = False
         self._skipping = False      # inside an overlong line: drop bytes until its newline
-        self._closing: asyncio.Task | None = None
+        self._closing: asyncio.Task[None] | None = None
         self.max_line = max_line
         self.overlong = 0
 
@@ -189,8 +192,8 @@ class LocalTransport(Transport):
     async def connect(self) -> None:
         self._open = True
 
-    async def _spawn(self, argv: Sequence[str] | str, stdin) -> asyncio.subprocess.Process:
-        kw = dict(stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env,
+    async def _spawn(self, argv: Sequence[str] | str, stdin: int) -> asyncio.subprocess.Process:
+        kw: dict[str, Any] = dict(stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env,
                   start_new_session=True)   # own process group: close() can end the command and its children
         try:
             if isinstance(argv, str):
@@ -217,15 +220,16 @@ class LocalTransport(Transport):
                              out.decode("utf-8", "replace"), err.decode("utf-8", "replace"))
 
     def stream(self, argv: Sequence[str] | str, *, input: bytes | None = None) -> LineStream:
-        state: dict = {}
+        state: dict[str, Any] = {}
 
         async def start() -> asyncio.subprocess.Process:
             if "proc" not in state:
                 state["proc"] = asyncio.ensure_future(self._spawn(argv, asyncio.subprocess.PIPE))
             # shielded: a reader cancelled mid-spawn leaves the spawn to finish, and the closer to end it
-            proc = await asyncio.shield(state["proc"])
+            proc: asyncio.subprocess.Process = await asyncio.shield(state["proc"])
             if input is not None and not state.get("fed"):
                 state["fed"] = True
+                assert proc.stdin is not None       # spawned with pipes
                 proc.stdin.write(input)
                 await proc.stdin.drain()
             if "drain_err" not in state:   # stderr must not fill its pipe and block the command
@@ -234,6 +238,7 @@ class LocalTransport(Transport):
 
         async def read() -> bytes:
             proc = await start()
+            assert proc.stdout is not None          # spawned with pipes
             return await proc.stdout.read(65536)
 
         async def closer() -> None:
@@ -273,7 +278,9 @@ class LocalTransport(Transport):
         return f"{self.node.name} (this machine)"
 
 
-async def _drain(reader) -> None:
+async def _drain(reader: asyncio.StreamReader | None) -> None:
+    if reader is None:
+        return
     try:
         while await reader.read(65536):
             pass
@@ -281,7 +288,7 @@ async def _drain(reader) -> None:
         pass
 
 
-def _killpg(proc, sig: int = signal.SIGKILL) -> None:
+def _killpg(proc: asyncio.subprocess.Process, sig: int = signal.SIGKILL) -> None:
     try:
         os.killpg(proc.pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -303,7 +310,7 @@ def kill_tagged_snippet(tag: str, sig: str) -> str:
             f'[ -z "$pids" ] || kill -s {sig} $pids 2>/dev/null; true')
 
 
-def _dec(b) -> str:
+def _dec(b: object) -> str:
     if b is None:
         return ""
     return b.decode("utf-8", "replace") if isinstance(b, (bytes, bytearray)) else str(b)

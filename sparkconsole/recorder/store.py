@@ -33,7 +33,7 @@ import sqlite3
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..config import RecorderSettings
 from ..errors import UserError
@@ -69,7 +69,11 @@ CREATE TABLE IF NOT EXISTS endpoint_samples(name TEXT NOT NULL, t REAL NOT NULL,
 """
 
 
-def tick_row(tick: Tick, container: str | None) -> tuple:
+# What the writer thread is handed: (kind, node or name — or the flush's Event —, time, payload)
+Item = tuple[str, Any, float, Any]
+
+
+def tick_row(tick: Tick, container: str | None) -> tuple[Any, ...]:
     """The tick's readings in TICK_COLUMNS order (None where the node did not give one)."""
     m, p = tick.mem, tick.pressure
     g = tick.gpus[0] if tick.gpus else None
@@ -109,7 +113,7 @@ class RecorderStore:
     is `.error` (one line, None again once writing works), said through on_status(text, severity) from the
     writer thread, and the rows wait in memory until the file can be written (see the module's doc)."""
 
-    def __init__(self, path: str | Path, settings: RecorderSettings | None = None, *, clock=time.time,
+    def __init__(self, path: str | Path, settings: RecorderSettings | None = None, *, clock: Callable[[], float] = time.time,
                  on_status: Callable[[str, str], None] | None = None) -> None:
         from .health import Health
         self.path = Path(path)
@@ -120,8 +124,8 @@ class RecorderStore:
         self.said: list[str] = []
         self.rows_written = 0
         self.batches = 0
-        self._q: queue.SimpleQueue = queue.SimpleQueue()
-        self._pending: deque = deque()
+        self._q: queue.SimpleQueue[Item] = queue.SimpleQueue()
+        self._pending: deque[Item] = deque()
         self._node_ids: dict[str, int] = {}
         self._inode: tuple[int, int] | None = None
         self._size = 0
@@ -159,7 +163,7 @@ class RecorderStore:
         if not self._closed:
             self._q.put(("event", node, self.clock() if t is None else t, (kind, json.dumps(data, default=str))))
 
-    def put_endpoint(self, name: str, data: dict, t: float | None = None) -> None:
+    def put_endpoint(self, name: str, data: dict[str, Any], t: float | None = None) -> None:
         if not self._closed:
             self._q.put(("endpoint", name, self.clock() if t is None else t, json.dumps(data, default=str)))
 
@@ -250,7 +254,7 @@ class RecorderStore:
         return self._open(check=False)
 
     # ---- the writer thread
-    def _next_batch(self) -> tuple[list, bool]:
+    def _next_batch(self) -> tuple[list[Item], bool]:
         """What arrived within BATCH_S of the first item (waiting at most RETRY_S while rows are held)."""
         try:
             item = self._q.get(timeout=RETRY_S if self._pending or self.health.trouble else None)
@@ -308,14 +312,14 @@ class RecorderStore:
         """Write what is held; returns the connection to go on with (None: not writable now). `fresh`: db is the
         new file a damaged one was just copied into (not set aside again in the same attempt)."""
         moved = self._moved() if db is not None else None
-        if moved == "cut short":
+        if moved == "cut short" and db is not None:     # (moved is None when db is)
             _close(db)      # its WAL goes back into the file first: the newest pages are not lost with it
             db = self._set_aside(sqlite3.DatabaseError(f"the file was cut short while recording, from {self._size} "
                                                        "bytes"))
             if db is None:
                 return None
             moved = None
-        if moved:
+        if moved and db is not None:
             # Its WAL, still at the path, would be replayed into whatever file is there now: emptied first.
             try:
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
@@ -353,7 +357,7 @@ class RecorderStore:
             self._node_ids[name] = nid
         return nid
 
-    def _write(self, db: sqlite3.Connection, rows) -> None:
+    def _write(self, db: sqlite3.Connection, rows: Sequence[Item]) -> None:
         """One transaction for all `rows`; raises on any error (the caller keeps them)."""
         ph = ", ".join("?" * (len(TICK_COLUMNS) + 2))
         db.execute("BEGIN")
