@@ -18,6 +18,7 @@ import time
 from datetime import datetime, timezone
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 from ..yamlsrc import read_user_file
@@ -62,14 +63,17 @@ def import_benchy(store: ResultsStore, path: str | Path, *, label: str | None = 
                 raise UserError(f"{f} must be a whole number, got {v!r}", file=file, field=f"{where}.{f}",
                                 fix="pass an unmodified llama-benchy JSON file")
             nums[f] = v
-        metrics = {}
+        metrics: dict[str, Any] = {}
         for name in BENCHY_METRICS:
             m = b.get(name)
             if m is None:
                 metrics[name] = None
                 continue
             try:
-                metrics[name] = Metric.from_json(m).to_json()
+                got = Metric.from_json(m)
+                if got is None:
+                    raise ValueError("no metric")
+                metrics[name] = got.to_json()
             except (KeyError, TypeError, ValueError, AttributeError):
                 raise UserError("a metric needs numeric mean, std and values", file=file, field=f"{where}.{name}",
                                 fix="pass an unmodified llama-benchy JSON file") from None
@@ -107,13 +111,13 @@ def _parse_time(v: object) -> float:
     return time.time()
 
 
-def export_benchy(store: ResultsStore, run_id: str) -> dict:
+def export_benchy(store: ResultsStore, run_id: str) -> dict[str, Any]:
     """One run as llama-benchy 0.4.0 JSON (our extra percentiles ride along under `sparkconsole`)."""
     run = store.run(run_id)
     levels = store.levels(run.run_id)
     benchmarks = []
     for lv in levels:
-        entry = {"concurrency": lv.key.concurrency, "context_size": lv.key.depth, "prompt_size": lv.key.pp,
+        entry: dict[str, Any] = {"concurrency": lv.key.concurrency, "context_size": lv.key.depth, "prompt_size": lv.key.pp,
                  "response_size": lv.key.tg, "is_context_prefill_phase": False}
         for name in BENCHY_METRICS:
             entry[name] = lv.metrics.get(name)
@@ -174,7 +178,7 @@ def import_published_csv(store: ResultsStore, path: str | Path) -> list[str]:
     if missing:
         raise UserError(f"missing column(s) {', '.join(missing)}", file=file, line=lines[0][0],
                         fix="header must be " + ",".join(PUBLISHED_COLUMNS))
-    by_topo: dict[str, list[tuple[int, dict]]] = {}
+    by_topo: dict[str, list[tuple[int, dict[str, float]]]] = {}
     for (lineno, _), row in zip(lines[1:], reader):
         try:
             c = int(row["concurrency"])
@@ -193,7 +197,8 @@ def import_published_csv(store: ResultsStore, path: str | Path) -> list[str]:
         if existing:
             continue
         for c, vals in rows:
-            one = lambda v: {"mean": v, "std": 0.0, "values": [v]}  # noqa: E731
+            def one(v: float) -> dict[str, Any]:
+                return {"mean": v, "std": 0.0, "values": [v]}
             metrics = {"tg_throughput": one(vals["decode_tps"]), "pp_throughput": one(vals["prefill_tps"]),
                        "e2e_ttft": one(vals["ttft_ms"])}
             store.record_level(LevelResult(run_id=run_id, label=topo, key=LevelKey(pp, tg, 0, c), runs=1,

@@ -22,16 +22,19 @@ import argparse
 import shlex
 import sys
 from dataclasses import replace
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Coroutine
 
 from ..errors import UserError
 from . import LazyChoices
 
 if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
-    from ..config import ClusterConfig
+    from ..config import ClusterConfig, NodeConfig
     from ..launch import lint as lint_mod
+    from ..launch.runner import Progress
     from ..launch.steps import Plan
     from ..launch.recipe import Recipe
+    from ..nodes.transport import Transport
 
 TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")
 ROUTER_CHOICES = LazyChoices("sparkconsole.launch.recipe", "ROUTER_CHOICES")
@@ -43,7 +46,8 @@ class _ExtraArgsParser(argparse.ArgumentParser):
     """Takes everything after `--` as extra vLLM arguments (run-recipe.sh's syntax), before argparse sees it:
     a `nargs="*"` positional cannot collect them once options sit between it and the `--`."""
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
         args = list(sys.argv[1:] if args is None else args)
         extra: list[str] = []
         if "--" in args:
@@ -163,14 +167,14 @@ def _list() -> int:
         return 0
     w = max(len(r[0]) for r in rows)
     t = max(len(r[1]) for r in rows)
-    for key, topo, name, path in rows:
+    for key, topo, name, where in rows:
         print(f"{key:<{w}}  {topo:<{t}}  {name}")
-        print(f"{'':<{w}}  {'':<{t}}  {path}")
+        print(f"{'':<{w}}  {'':<{t}}  {where}")
     return 0
 
 
-def _print_progress(verbose: bool):
-    def show(ev) -> None:
+def _print_progress(verbose: bool) -> Callable[[Progress], None]:
+    def show(ev: Progress) -> None:
         if ev.stage == "log" and not verbose:
             return
         print(f"{ev.node:>12}  {ev.stage:<8} {ev.message}", flush=True)
@@ -206,11 +210,11 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
     model_config, weights, missing = None, None, []
     source = lint_mod.model_source(next(iter(plan.server_args.values()), ()))
     for name in plan.nodes:
-        nm = monitor.nodes.get(name)
-        if nm is None or nm.transport is None or not source:
+        mon = monitor.nodes.get(name)
+        if mon is None or mon.transport is None or not source:
             continue
         try:
-            res = await nm.transport.run(lint_mod.model_probe_command(source), timeout=30)
+            res = await mon.transport.run(lint_mod.model_probe_command(source), timeout=30)
         except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
             continue
         if res.rc == 3:
@@ -309,13 +313,14 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             await monitor.stop()
 
 
-async def _discover_links(recipe, topology: str, cluster, overrides: dict):
+async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
+                          overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
     from ..launch.ifaces import plan_links
     from ..nodes.transport import make_transport
-    opened = []
+    opened: list[Transport] = []
 
-    async def connect(node):
+    async def connect(node: NodeConfig) -> Transport:
         t = make_transport(node, cluster.ssh)
         await t.connect()
         opened.append(t)
@@ -345,6 +350,7 @@ async def _main(args: argparse.Namespace) -> int:
     recipe = find_recipe(args.recipe)
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]
+    found: list[str]
     overrides, found = overrides_from(args), []
     if topology in ("cluster-tp2", "disagg") and not args.offline:
         overrides, found = await _discover_links(recipe, topology, cluster, overrides)

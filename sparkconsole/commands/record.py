@@ -23,13 +23,26 @@ import signal
 import sqlite3
 import sys
 import time
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..exporter.listenargs import add_web_config_arg
 from .status import load
 
+if TYPE_CHECKING:
+    from ..collector.core import Collector
+    from ..collector.server import CollectorServer
+    from ..config import ClusterConfig
+    from ..exporter.listener import Listener
+    from ..recorder.feed import Recorder
 
-def register(subparsers) -> None:
+# a --exporter / --serve listener: started with the collector, it returns its stop
+Stop = Callable[[], Awaitable[None]]
+Start = Callable[["Collector"], Awaitable[Stop]]
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("record", help="keep every node's readings on disk, headless (flight recorder)",
                               description="Record every node's ticks and state changes to the cluster's "
                               "recorder file until stopped. `sparkconsole postmortem` and `console --at` read it.")
@@ -115,7 +128,7 @@ async def run(args: argparse.Namespace) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     server = None
-    stops: list = []
+    stops: list[Stop] = []
     try:
         server = await _serve_viewers(core, cluster, rec)
         print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {rec.store.path}; viewers attach "
@@ -139,19 +152,21 @@ async def run(args: argparse.Namespace) -> int:
     return 1 if lost else 0
 
 
-async def _serve_viewers(core, cluster, rec):
+async def _serve_viewers(core: Collector, cluster: ClusterConfig, rec: Recorder) -> CollectorServer:
     import os
 
     from ..collector.lock import socket_path
     from ..collector.server import CollectorServer
+    lock = core.writer_lock
+    assert lock is not None         # taken by open_recorder, before the viewers are served
     server = CollectorServer(core, socket_path(cluster), info={
-        "pid": os.getpid(), "since": core.writer_lock.info["since"], "role": "record", "source": cluster.source,
+        "pid": os.getpid(), "since": lock.info["since"], "role": "record", "source": cluster.source,
         "recorder": str(rec.store.path)})
     await server.start()
     return server
 
 
-def _listeners(args: argparse.Namespace) -> list:
+def _listeners(args: argparse.Namespace) -> list[Start]:
     """--exporter / --serve, checked now (address, token, web config) and started later: each `start(core)`
     returns its stop. The same listeners as `sparkconsole exporter` and `sparkconsole serve` (exporter/listener.py)."""
     import dataclasses
@@ -159,14 +174,14 @@ def _listeners(args: argparse.Namespace) -> list:
     from ..exporter.access import Access
     from ..exporter.listen import read_token
     from ..exporter.listener import make_listener
-    out = []
+    out: list[Start] = []
     if args.exporter:
         from .exporter import TOKEN_ENV
         exporter = make_listener(args.exporter, token=read_token(args.exporter_token_file, TOKEN_ENV),
                                  web_config_file=args.web_config_file, field="--exporter")
         exporter.refuse_open_network("give --exporter-token-file FILE (or SPARKCONSOLE_EXPORTER_TOKEN), "
                                      "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
-        out.append(lambda core, listener=exporter: _start_exporter(core, listener))
+        out.append(lambda core: _start_exporter(core, exporter))
     if args.serve:
         from .serve import TOKEN_ENV as SERVE_TOKEN_ENV, decide
         token = read_token(args.serve_token_file, SERVE_TOKEN_ENV)
@@ -174,12 +189,11 @@ def _listeners(args: argparse.Namespace) -> list:
         token, generated, read_only = decide(serve.listen, token, None, asked=serve.asks_who)
         if generated:
             serve = dataclasses.replace(serve, access=Access(token=token, users=serve.access.users))
-        out.append(lambda core, listener=serve, generated=generated, read_only=read_only:
-                   _start_console_server(args, listener, generated, read_only))
+        out.append(lambda core: _start_console_server(args, serve, generated, read_only))
     return out
 
 
-async def _start_exporter(core, listener):
+async def _start_exporter(core: Collector, listener: Listener) -> Stop:
     from ..exporter.server import ExporterServer
     server = ExporterServer(core, listener, own_readings=False)
     await server.start()
@@ -188,7 +202,8 @@ async def _start_exporter(core, listener):
     return server.stop
 
 
-async def _start_console_server(args, listener, generated, read_only):
+async def _start_console_server(args: argparse.Namespace, listener: Listener, generated: bool,
+                                read_only: bool) -> Stop:
     import os
 
     from ..webface.server import ConsoleServer

@@ -21,9 +21,8 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..nodes.samples import REASON_BITS, ContainerInfo, GpuSample, NodeState
-from .readings import Readings
-
 if TYPE_CHECKING:
+    from ..collector.core import Collector as Core      # exporter/readings.Readings is one
     from ..nodes.monitor import NodeMonitor
     from ..serving.endpoint import EndpointSnapshot
 
@@ -120,7 +119,7 @@ _EP_QUANTILES: tuple[tuple[str, str, tuple[tuple[str, str], ...]], ...] = (
 class ConsoleCollector(Collector):
     """Registered in a CollectorRegistry; collect() is called per scrape and reads Readings as they are."""
 
-    def __init__(self, readings: Readings, *, clock: Callable[[], float] = time.time) -> None:
+    def __init__(self, readings: Core, *, clock: Callable[[], float] = time.time) -> None:
         self.readings = readings
         self.clock = clock
 

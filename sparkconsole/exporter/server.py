@@ -8,6 +8,7 @@ missing one gets 401 and no hint. With the web config's tls_server_config it ans
 from __future__ import annotations
 
 import asyncio
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -20,12 +21,14 @@ from .collector import ConsoleCollector
 from .access import Access, as_access
 from .listen import Listen, QuietRunner
 from .listener import Listener, add_headers, as_listener, start_site
-from .readings import Readings
+
+if TYPE_CHECKING:
+    from ..collector.core import Collector
 
 INDEX = b"sparkconsole exporter: metrics at /metrics\n"
 
 
-def make_registry(readings: Readings, *, process: bool = True) -> CollectorRegistry:
+def make_registry(readings: Collector, *, process: bool = True) -> CollectorRegistry:
     """A registry of our own (not the global one): the console's families, and this process's CPU and memory
     (process_*), which is what an operator checks to see the exporter costs nothing."""
     reg = CollectorRegistry(auto_describe=False)
@@ -64,7 +67,8 @@ class ExporterServer:
     """Readings + the HTTP(S) server; `await start()`, `await stop()`. The port is known after start().
     `listen`: a Listener (listener.make_listener: TLS, basic auth, token), or a bare Listen with `token`."""
 
-    def __init__(self, readings: Readings, listen: Listen | Listener, token: str | None = None, *,
+    # readings: exporter/readings.Readings, or the collector core it extends (`record --exporter` passes its own)
+    def __init__(self, readings: Collector, listen: Listen | Listener, token: str | None = None, *,
                  own_readings: bool = True) -> None:
         """own_readings=False: the readings are started and stopped by their owner (`record --exporter`)."""
         self.listener = as_listener(listen, token)

@@ -15,12 +15,17 @@ import logging
 import threading
 from dataclasses import asdict
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .. import paths
 from ..config import ClusterConfig
 from ..errors import UserError
 from .store import RecorderStore
+
+if TYPE_CHECKING:
+    from ..alerts import AlertEngine
+    from ..nodes.monitor import NodeMonitor
+    from ..serving.endpoint import ServingMonitor
 
 log = logging.getLogger(__name__)
 
@@ -70,12 +75,12 @@ class Recorder:
     def __init__(self, cluster: ClusterConfig, store: RecorderStore) -> None:
         self.cluster = cluster
         self.store = store
-        self._seen: dict[str, tuple] = {}      # node -> (last tick time, state, boot id, containers)
+        self._seen: dict[str, tuple[Any, ...]] = {}      # node -> (last tick time, state, boot id, containers)
         self._ep_seen: dict[str, float] = {}
         self._guards: dict[str, object] = {}   # node -> the last GuardInputs recorded
         self._unsub: list[Callable[[], None]] = []
-        self.on_postmortem: Callable[[dict], None] | None = None
-        self._tasks: set[asyncio.Task] = set()
+        self.on_postmortem: Callable[[dict[str, Any]], None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
 
     @classmethod
     def open(cls, cluster: ClusterConfig, path: str | Path | None = None, *,
@@ -98,19 +103,19 @@ class Recorder:
                                          "endpoints": {e.name: e.node for e in cluster.endpoints}})
         return cls(cluster, store)
 
-    def attach(self, monitor) -> None:
+    def attach(self, monitor: Any) -> None:
         self._unsub.append(monitor.subscribe(self.on_node))
 
-    def attach_alerts(self, alerts) -> None:
+    def attach_alerts(self, alerts: AlertEngine) -> None:
         """Every alert raised or cleared (node, endpoint, exhaustion) kept as an event: post-mortem evidence."""
         self._unsub.append(alerts.subscribe(lambda a: self.note(a.source, "alert", {
             "key": a.key, "severity": a.severity, "message": a.message, "active": a.active})))
 
-    def attach_serving(self, serving) -> None:
+    def attach_serving(self, serving: ServingMonitor) -> None:
         """Every endpoint poll (engine metrics, router figures) as one row of its non-empty fields."""
         self._unsub.append(serving.subscribe(self.on_endpoint))
 
-    def on_endpoint(self, em) -> None:
+    def on_endpoint(self, em: Any) -> None:
         snap = getattr(em, "latest", em)
         if snap is None or self._ep_seen.get(snap.name) == snap.time:
             return
@@ -118,7 +123,7 @@ class Recorder:
         row = {k: v for k, v in asdict(snap).items() if v not in (None, (), "") and k not in ("name", "url", "time")}
         self.store.put_endpoint(snap.name, row, snap.time)
 
-    def on_node(self, nm) -> None:
+    def on_node(self, nm: NodeMonitor) -> None:
         prev = self._seen.get(nm.name, (None, None, None, None))
         tick = nm.last
         if tick is not None and tick.time != prev[0]:
@@ -133,7 +138,7 @@ class Recorder:
             self.store.put_event(nm.name, "state", {"state": state, "error": nm.last_error}, nm.since)
             incident |= state == "DOWN" and prev[1] is not None
         boot = nm.info.boot_id if nm.info else None
-        if boot != prev[2] and boot is not None:
+        if boot != prev[2] and boot is not None and nm.info is not None:      # (a boot id comes with the info)
             self.store.put_event(nm.name, "hello", asdict(nm.info))
             incident |= prev[2] is not None
         conts = nm.containers
@@ -159,7 +164,7 @@ class Recorder:
         from .postmortem import build
         from .reader import RecorderReader
 
-        def work() -> dict:
+        def work() -> dict[str, Any]:
             self.store.flush()                  # the incident's own rows are committed first
             reader = RecorderReader(self.store.path)
             try:
@@ -181,7 +186,7 @@ class Recorder:
         while self._tasks:
             await asyncio.gather(*list(self._tasks), return_exceptions=True)
 
-    def note(self, node: str, kind: str, data) -> None:
+    def note(self, node: str, kind: str, data: Any) -> None:
         """An alert, a guard action, a post-mortem: anything the console decided, kept with the readings."""
         self.store.put_event(node, kind, data)
 

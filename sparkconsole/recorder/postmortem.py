@@ -20,6 +20,8 @@ whether the other nodes kept ticking. Verdicts, first match wins, each with its 
 from __future__ import annotations
 
 import time
+from typing import Any
+
 from .. import audit
 from ..errors import UserError
 from ..nodes.samples import REASON_BITS, reasons_from_mask
@@ -32,9 +34,9 @@ THERMAL_BITS = REASON_BITS["sw_thermal"] | REASON_BITS["hw_thermal"] | REASON_BI
 AFTER_S = 10.0          # another node "kept ticking" when it ticked within this long after the incident
 
 
-def incidents(r: RecorderReader, node: str, until: float) -> list[dict]:
+def incidents(r: RecorderReader, node: str, until: float) -> list[dict[str, Any]]:
     """Every incident of `node` up to `until`, oldest first: {t, kind, detail}."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     prev_boot = None
     prev_running: dict[str, str] = {}
     for e in r.events(node, 0, until, ("state", "hello", "containers")):
@@ -58,7 +60,7 @@ def incidents(r: RecorderReader, node: str, until: float) -> list[dict]:
     return out
 
 
-def _series(rows: list[dict], col: str) -> dict | None:
+def _series(rows: list[dict[str, Any]], col: str) -> dict[str, Any] | None:
     vals = [(x["t"], x[col]) for x in rows if x.get(col) is not None]
     if not vals:
         return None
@@ -66,7 +68,8 @@ def _series(rows: list[dict], col: str) -> dict | None:
     return {"first": ys[0], "last": ys[-1], "min": min(ys), "max": max(ys), "n": len(ys)}
 
 
-def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entries: list | None = None) -> dict:
+def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entries: list[audit.AuditEntry] | None = None
+          ) -> dict[str, Any]:
     if node not in r.nodes():
         raise UserError(f"no recorded node named {node!r}" + _partial(r), field="NODE",
                         fix="name one of: " + (", ".join(r.nodes()) or "(none recorded yet)"))
@@ -125,7 +128,9 @@ def _partial(r: RecorderReader) -> str:
                                                                       else "") + ")" if gaps else ""
 
 
-def _verdict(inc, last, series, reasons, states, alerts, others, rows) -> tuple[str, list[str]]:
+def _verdict(inc: dict[str, Any], last: dict[str, Any] | None, series: dict[str, dict[str, Any] | None],
+             reasons: set[str], states: list[dict[str, Any]], alerts: list[Any], others: dict[str, bool],
+             rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
     ev: list[str] = []
     if inc.get("oom_killed") or (inc["kind"] == "container" and inc.get("exit_code") == 137 and
                                  _near_cap(rows)):
@@ -175,12 +180,12 @@ def _verdict(inc, last, series, reasons, states, alerts, others, rows) -> tuple[
     return "unknown", ev + _stream(states)
 
 
-def _near_cap(rows) -> bool:
+def _near_cap(rows: list[dict[str, Any]]) -> bool:
     last = next((x for x in reversed(rows) if x.get("cg_cur_b") and x.get("cg_max_b")), None)
     return bool(last and last["cg_cur_b"] >= 0.9 * last["cg_max_b"])
 
 
-def _stream(states: list[dict]) -> list[str]:
+def _stream(states: list[dict[str, Any]]) -> list[str]:
     """How the agent's stream ended: hung (STALE first: ticks stopped, connection still open) or closed."""
     names = [s.get("state") for s in states]
     if "DOWN" not in names:
@@ -196,7 +201,7 @@ def _when(t: float) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))
 
 
-def to_markdown(pm: dict) -> str:
+def to_markdown(pm: dict[str, Any]) -> str:
     inc = pm["incident"]
     lines = [f"# Post-mortem: {pm['node']} — {inc['kind']} at {_when(pm['time'])}", "",
              f"**Verdict: {pm['verdict']}**", ""]
@@ -241,7 +246,7 @@ def to_markdown(pm: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def one_line(pm: dict) -> str:
+def one_line(pm: dict[str, Any]) -> str:
     partial = f" (partial: {len(pm['unreadable'])} part(s) of the recorder file unreadable)" if pm.get("unreadable") else ""
     return f"post-mortem {pm['node']}: {pm['verdict']}{partial} — " + "; ".join(pm["evidence"][:2])
 
