@@ -22,6 +22,7 @@ import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from . import secrets
 from .config import (CONTAINER_RE, IFACE_RE, NAME_RE, ClusterConfig, NodeConfig, SshPolicy, check_address,
@@ -68,7 +69,7 @@ def read_dotenv(path: Path) -> dict[str, tuple[str, int]]:
             raise UserError(f"not a NAME=value line ({shown!r})", file=file, line=line,
                             field=b.key or shown.split("=")[0][:40] or None,
                             fix="write NAME=value (quotes around a value with blanks), or start the line with #")
-        if b.key is None:
+        if b.key is None or b.value is None:          # (a key without a value was refused above)
             continue                                  # a blank line or a comment
         if not _KEY_RE.match(b.key):
             raise UserError(f"bad variable name {b.key[:40]!r}", file=file, line=line, field=b.key[:40],
@@ -103,8 +104,8 @@ def cluster_from_dotenv(path: Path, ssh_config: Path | None = None) -> DotenvClu
             raise bad(key, f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f1np1")
         ifaces[key.lower()] = v
     master_port = None
-    if value("MASTER_PORT") is not None:
-        mp = value("MASTER_PORT")
+    mp = value("MASTER_PORT")
+    if mp is not None:
         if not mp.isdigit() or not 1 <= int(mp) <= 65535:
             raise bad("MASTER_PORT", f"{mp[:20]!r} is not a port", "write a port number 1-65535, e.g. 29501")
         master_port = int(mp)
@@ -120,7 +121,7 @@ def cluster_from_dotenv(path: Path, ssh_config: Path | None = None) -> DotenvClu
             notes.append(f"{key} not passed by value (a plan holds no secret): each node's own {name} is passed")
             continue
         vllm_env.append((name, v))
-    settings = dict(container=container, vllm_env=tuple(vllm_env), **ifaces)
+    settings: dict[str, Any] = dict(container=container, vllm_env=tuple(vllm_env), **ifaces)
 
     nodes: list[NodeConfig] = []
     known_hosts: str | None = None

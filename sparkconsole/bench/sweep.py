@@ -17,7 +17,7 @@ import random
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import aiohttp
 
@@ -27,6 +27,9 @@ from .client import RequestResult, StallWatch, api_base, chat_payload, open_sess
 from .metrics import level_metrics, percentiles, request_figures
 from .prompts import PromptShape, calibrate, messages
 from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
+
+if TYPE_CHECKING:
+    from ..serving.metrics import Scrape
 
 LATENCY_MODES = ("api", "generation", "none")
 ON_FAILURE = ("continue", "pause")
@@ -83,7 +86,7 @@ class SweepSpec:
     def run_label(self) -> str:
         return self.label or self.topology or self.url
 
-    def identity(self) -> dict:
+    def identity(self) -> dict[str, Any]:
         """What makes two sweeps the same measurement (for --resume); the URL only when no topology names it."""
         d = asdict(self)
         for k in ("stall_timeout", "first_timeout", "request_timeout", "label", "on_failure", "kv_metrics"):
@@ -116,7 +119,7 @@ class SweepOutcome:
     resumed: bool
     levels: list[LevelResult] = field(default_factory=list)
     skipped: list[LevelKey] = field(default_factory=list)
-    provenance: dict = field(default_factory=dict)
+    provenance: dict[str, Any] = field(default_factory=dict)
     paused_after: LevelKey | None = None      # on_failure="pause": the failed level the sweep stopped after
 
 
@@ -164,10 +167,10 @@ def _fmt_duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-async def _kv_scrapes(session, urls: Sequence[str]) -> list:
+async def _kv_scrapes(session: aiohttp.ClientSession, urls: Sequence[str]) -> list[Scrape | None]:
     """One /metrics page per receiving server (None where it did not answer), parsed for the KV figures."""
     from ..serving import metrics as m
-    out = []
+    out: list[Scrape | None] = []
     for url in urls:
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
@@ -177,7 +180,7 @@ async def _kv_scrapes(session, urls: Sequence[str]) -> list:
     return out
 
 
-def kv_level(before: Sequence, after: Sequence, requests: int) -> dict:
+def kv_level(before: Sequence[Scrape | None], after: Sequence[Scrape | None], requests: int) -> dict[str, Any]:
     """What crossed the KV connector during a level's measured batches, over its receiving servers: transfers,
     bytes per request, mean seconds per transfer, and the share of prompt tokens that arrived rather than being
     computed again (1.0: no recompute)."""
@@ -264,7 +267,7 @@ async def discover(session: aiohttp.ClientSession, spec: SweepSpec, headers: dic
     ver = version.get("version") if isinstance(version, dict) else None
     speed = clock.get("speed") if isinstance(clock, dict) else None
     simulated = isinstance(speed, (int, float)) and speed > 0
-    return EndpointFacts(model, str(ver) if ver else None, float(speed) if simulated else 1.0, simulated)
+    return EndpointFacts(model, str(ver) if ver else None, float(speed) if simulated and isinstance(speed, (int, float)) else 1.0, simulated)
 
 
 async def probe_latency(session: aiohttp.ClientSession, spec: SweepSpec, model: str, headers: dict[str, str],
@@ -310,9 +313,11 @@ async def accepted_options(session: aiohttp.ClientSession, spec: SweepSpec, mode
     return spec.token_ids, spec.exact_tg
 
 
-def request_row(r: RequestResult, *, expected_prompt: int, latency_s: float, scale: float) -> dict:
+def request_row(r: RequestResult, *, expected_prompt: int, latency_s: float, scale: float) -> dict[str, Any]:
     f = request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale)
-    ms = lambda v: None if v is None else v * 1000  # noqa: E731
+
+    def ms(v: float | None) -> float | None:
+        return None if v is None else v * 1000
     tt = r.token_times
     itl = [(tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt))]
     gaps = percentiles(itl) or {}
@@ -330,7 +335,7 @@ class _ThermalWatch:
     def __init__(self, probe: Callable[[], ThermalNote | None] | None, interval: float) -> None:
         self.probe, self.interval = probe, interval
         self.note: ThermalNote | None = None
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def sample(self) -> None:
         if self.probe is None:

@@ -16,6 +16,7 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from .dockerfmt import human_duration, iso
 from .files import pid_alive, read_json, write_atomic
@@ -66,7 +67,7 @@ class Store:
     def names(self) -> list[str]:
         return sorted(p.parent.name for p in self.root.glob("*/container.json"))
 
-    def get(self, ref: str) -> dict | None:
+    def get(self, ref: str) -> dict[str, Any] | None:
         """By name (with or without the leading /) or by an ID prefix."""
         ref = ref.lstrip("/")
         if re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]*", ref) and (self.root / ref / "container.json").is_file():
@@ -79,16 +80,16 @@ class Store:
                     return self.refresh(rec)
         return None
 
-    def all(self) -> list[dict]:
+    def all(self) -> list[dict[str, Any]]:
         recs = [self.get(n) for n in self.names()]
         return [r for r in recs if r]
 
-    def save(self, rec: dict) -> None:
+    def save(self, rec: dict[str, Any]) -> None:
         d = self.cdir(rec["name"])
         d.mkdir(parents=True, exist_ok=True)
         write_atomic(d / "container.json", json.dumps(rec, indent=1))
 
-    def refresh(self, rec: dict) -> dict:
+    def refresh(self, rec: dict[str, Any]) -> dict[str, Any]:
         """A running record whose process died becomes exited, with what the process left behind.
 
         Readers (ps, inspect) hold no lock, so the exited record is written back only under the lock and only if the
@@ -113,7 +114,7 @@ class Store:
         finally:
             os.close(fd)
 
-    def _mark_exited(self, rec: dict) -> dict:
+    def _mark_exited(self, rec: dict[str, Any]) -> dict[str, Any]:
         d = self.cdir(rec["name"])
         code = (d / "exitcode").read_text().strip() if (d / "exitcode").is_file() else ""
         rec["state"] = "exited"
@@ -143,7 +144,7 @@ def _kill_group(pid: int, sig: int) -> None:
             pass
 
 
-def health_of(store: Store, rec: dict) -> str | None:
+def health_of(store: Store, rec: dict[str, Any]) -> str | None:
     if not rec.get("healthcheck"):
         return None
     if rec.get("state") != "running":
@@ -153,7 +154,7 @@ def health_of(store: Store, rec: dict) -> str | None:
     return "healthy" if ready else "starting"
 
 
-def status_text(store: Store, rec: dict, now: float) -> str:
+def status_text(store: Store, rec: dict[str, Any], now: float) -> str:
     state = rec.get("state")
     if state == "running":
         h = health_of(store, rec)
@@ -164,7 +165,7 @@ def status_text(store: Store, rec: dict, now: float) -> str:
     return "Created"
 
 
-def inspect_obj(store: Store, rec: dict) -> dict:
+def inspect_obj(store: Store, rec: dict[str, Any]) -> dict[str, Any]:
     h = health_of(store, rec)
     state = {
         "Status": rec["state"], "Running": rec["state"] == "running", "Paused": False, "Restarting": False,
@@ -198,7 +199,7 @@ def inspect_obj(store: Store, rec: dict) -> dict:
     }
 
 
-def ps_obj(store: Store, rec: dict, now: float) -> dict:
+def ps_obj(store: Store, rec: dict[str, Any], now: float) -> dict[str, Any]:
     cmd = shlex.join(rec.get("cmd") or [])
     return {
         "Command": json.dumps(cmd[:20] + ("…" if len(cmd) > 20 else ""), ensure_ascii=False), "CreatedAt":
@@ -256,7 +257,7 @@ def program_for(image: str, cmd: list[str], entrypoint: str | None) -> tuple[str
     return "sparkconsole.sim.server", ["--sim-idle", "--", *full]
 
 
-def spawn(store: Store, rec: dict, module: str, args: list[str], *, exec_: bool = False) -> int:
+def spawn(store: Store, rec: dict[str, Any], module: str, args: list[str], *, exec_: bool = False) -> int:
     d = store.cdir(rec["name"])
     for stale in ("exitcode", "oom", "ready"):
         if not exec_:
@@ -269,7 +270,7 @@ def spawn(store: Store, rec: dict, module: str, args: list[str], *, exec_: bool 
     return proc.pid
 
 
-def start_container(store: Store, rec: dict) -> None:
+def start_container(store: Store, rec: dict[str, Any]) -> None:
     module, args = program_for(rec["image"], rec.get("cmd") or [], rec.get("entrypoint"))
     rec["pid"] = spawn(store, rec, module, args)
     rec["state"] = "running"
@@ -281,7 +282,7 @@ def start_container(store: Store, rec: dict) -> None:
     store.save(rec)
 
 
-def stop_container(store: Store, rec: dict, timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
+def stop_container(store: Store, rec: dict[str, Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:
     if rec.get("state") != "running":
         return
     pids = [rec["pid"], *rec.get("exec_pids", [])]
@@ -316,7 +317,7 @@ def stop_container(store: Store, rec: dict, timeout: float = 10.0, sig: int = si
     store.save(rec)
 
 
-def remove_container(store: Store, rec: dict) -> None:
+def remove_container(store: Store, rec: dict[str, Any]) -> None:
     d = store.cdir(rec["name"])
     for p in sorted(d.glob("*"), reverse=True):
         if p.is_file():
