@@ -28,12 +28,13 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .errors import UserError
-from .yamlsrc import Located, load_file
+from .yamlsrc import Located, Path_, load_file
 
 CONFIG_NAME = "sparkconsole.yaml"
 IFACE_RE = re.compile(r"^[A-Za-z0-9_.:,-]{1,64}$")
@@ -156,7 +157,7 @@ def find_config(explicit: str | None = None, cwd: Path | None = None) -> Path | 
     return None
 
 
-def check_address(address: Any, doc: Located | None, path: tuple) -> str:
+def check_address(address: Any, doc: Located | None, path: Path_) -> str:
     """IP literal or a plain DNS name; `.local` (mDNS) is refused with the reason."""
     def err(problem: str, fix: str) -> UserError:
         return doc.error(path, problem, fix) if doc else UserError(problem, field=".".join(map(str, path)), fix=fix)
@@ -176,7 +177,8 @@ def check_address(address: Any, doc: Located | None, path: tuple) -> str:
     return a
 
 
-def _get(doc: Located, m: dict, path: tuple, key: str, kind: type | tuple, default: Any, fix: str) -> Any:
+def _get(doc: Located, m: dict[str, Any], path: Path_, key: str, kind: type | tuple[type, ...], default: Any,
+         fix: str) -> Any:
     if key not in m or m[key] is None:
         return default
     v = m[key]
@@ -188,27 +190,27 @@ def _get(doc: Located, m: dict, path: tuple, key: str, kind: type | tuple, defau
     return v
 
 
-def _unknown(doc: Located, m: dict, path: tuple, allowed: set[str]) -> None:
+def _unknown(doc: Located, m: dict[str, Any], path: Path_, allowed: set[str]) -> None:
     for k in m:
         if k not in allowed:
             raise doc.error(path + (k,), f"unknown key {str(k)[:40]!r}", f"remove it, or use one of: {', '.join(sorted(allowed))}")
 
 
-def _port(doc: Located, m: dict, path: tuple, key: str, default: int) -> int:
-    v = _get(doc, m, path, key, int, default, "write a port number 1-65535")
+def _port(doc: Located, m: dict[str, Any], path: Path_, key: str, default: int) -> int:
+    v: int = _get(doc, m, path, key, int, default, "write a port number 1-65535")
     if not 1 <= v <= 65535:
         raise doc.error(path + (key,), f"port {v} out of range", "write a port number 1-65535")
     return v
 
 
-def _number(doc: Located, m: dict, path: tuple, key: str, default: float, lo: float, hi: float) -> float:
+def _number(doc: Located, m: dict[str, Any], path: Path_, key: str, default: float, lo: float, hi: float) -> float:
     v = _get(doc, m, path, key, (int, float), default, f"write a number between {lo} and {hi}")
     if not (lo <= float(v) <= hi):
         raise doc.error(path + (key,), f"{v} out of range", f"write a number between {lo} and {hi}")
     return float(v)
 
 
-def _env_map(doc: Located, m: dict, path: tuple) -> tuple[tuple[str, str], ...]:
+def _env_map(doc: Located, m: dict[str, Any], path: Path_) -> tuple[tuple[str, str], ...]:
     raw = _get(doc, m, path, "vllm_env", dict, {}, "write 'vllm_env: {NAME: value}'")
     out = []
     for k, v in raw.items():
@@ -337,7 +339,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
                          master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0))
 
 
-def _section(doc: Located, data: dict, key: str, example: str, allowed: set[str]) -> dict:
+def _section(doc: Located, data: dict[str, Any], key: str, example: str, allowed: set[str]) -> dict[str, Any]:
     m = data.get(key) or {}
     if not isinstance(m, dict):
         raise doc.error((key,), f"{key} must be a mapping", f"write '{key}: {example}'")
@@ -345,7 +347,7 @@ def _section(doc: Located, data: dict, key: str, example: str, allowed: set[str]
     return m
 
 
-def _recorder(doc: Located, data: dict) -> RecorderSettings:
+def _recorder(doc: Located, data: dict[str, Any]) -> RecorderSettings:
     m = _section(doc, data, "recorder", "{full_rate_hours: 24, keep_days: 14, max_mb: 1024}",
                  {"enabled", "full_rate_hours", "keep_days", "max_mb"})
     p = ("recorder",)
@@ -358,13 +360,13 @@ def _recorder(doc: Located, data: dict) -> RecorderSettings:
                             full_rate_hours=full, keep_days=keep, max_mb=_number(doc, m, p, "max_mb", 1024.0, 1, 1 << 20))
 
 
-def _protect(doc: Located, data: dict) -> ProtectSettings:
+def _protect(doc: Located, data: dict[str, Any]) -> ProtectSettings:
     m = _section(doc, data, "protect", "{stop_container_before_exhaustion_s: 15}", {"stop_container_before_exhaustion_s"})
     return ProtectSettings(stop_container_before_exhaustion_s=_number(
         doc, m, ("protect",), "stop_container_before_exhaustion_s", 0.0, 0, 600))
 
 
-def _notify(doc: Located, data: dict) -> NotifySettings:
+def _notify(doc: Located, data: dict[str, Any]) -> NotifySettings:
     m = _section(doc, data, "notify", "{webhook: http://127.0.0.1:9000/hook, bell: true}",
                  {"webhook", "ntfy", "bell", "min_severity", "rate_limit_s"})
     p = ("notify",)
@@ -381,7 +383,7 @@ def _notify(doc: Located, data: dict) -> NotifySettings:
                           rate_limit_s=_number(doc, m, p, "rate_limit_s", 60.0, 0, 86400))
 
 
-def _check_url(doc: Located, path: tuple, url: str) -> None:
+def _check_url(doc: Located, path: Path_, url: str) -> None:
     if not re.match(r"^https?://[^\s/]+(:\d+)?(/\S*)?$", url):
         raise doc.error(path, f"bad url {url[:60]!r}", "write http://IP:PORT")
     host = re.sub(r"^https?://", "", url).split("/")[0]
@@ -389,7 +391,7 @@ def _check_url(doc: Located, path: tuple, url: str) -> None:
     check_address(host, doc, path)
 
 
-def default_endpoints(nodes) -> tuple[EndpointConfig, ...]:
+def default_endpoints(nodes: Sequence[NodeConfig]) -> tuple[EndpointConfig, ...]:
     """No endpoints written: one vLLM endpoint per node, on its vllm_port."""
     return tuple(EndpointConfig(name=n.name, url=f"http://{_url_host(n.address)}:{n.vllm_port}", node=n.name)
                  for n in nodes)

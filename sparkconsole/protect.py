@@ -84,8 +84,8 @@ class Guardian:
         self._acted[nm.name] = now
         container = nm.config.container
         why = describe(nm.name, e)
-        record: dict[str, Any] = {"node": nm.name, "container": container, "estimate_s": round(e.seconds or 0, 1), "why": why,
-                  "time": time.time()}
+        record: dict[str, Any] = {"node": nm.name, "container": container, "estimate_s": round(e.seconds or 0, 1),
+                                  "why": why, "time": time.time()}
         simulated = self.cluster.simulated or bool(nm.info and nm.info.simulated)
         if self.replay:
             record["result"] = "not run (REPLAY)"

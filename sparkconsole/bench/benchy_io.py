@@ -117,8 +117,9 @@ def export_benchy(store: ResultsStore, run_id: str) -> dict[str, Any]:
     levels = store.levels(run.run_id)
     benchmarks = []
     for lv in levels:
-        entry: dict[str, Any] = {"concurrency": lv.key.concurrency, "context_size": lv.key.depth, "prompt_size": lv.key.pp,
-                 "response_size": lv.key.tg, "is_context_prefill_phase": False}
+        entry: dict[str, Any] = {"concurrency": lv.key.concurrency, "context_size": lv.key.depth,
+                                 "prompt_size": lv.key.pp, "response_size": lv.key.tg,
+                                 "is_context_prefill_phase": False}
         for name in BENCHY_METRICS:
             entry[name] = lv.metrics.get(name)
         entry["throughput_over_time"] = None

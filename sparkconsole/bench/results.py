@@ -105,7 +105,7 @@ class RunInfo:
     latency_mode: str | None = None
     latency_ms: float | None = None
     tool_version: str | None = None
-    spec: dict = field(default_factory=dict)
+    spec: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -146,7 +146,7 @@ class LevelResult:
         return self.mean("e2e_ttft")
 
 
-def spec_hash(spec: dict) -> str:
+def spec_hash(spec: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(spec, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
@@ -187,10 +187,10 @@ class ResultsStore:
         self.close()
 
     # -- writing ---------------------------------------------------------------------------------------------
-    def _tx(self):
+    def _tx(self) -> _Tx:
         return _Tx(self.db)
 
-    def begin_run(self, *, source: str, label: str, spec: dict, resume: bool = False, **prov: Any) -> tuple[str, bool]:
+    def begin_run(self, *, source: str, label: str, spec: dict[str, Any], resume: bool = False, **prov: Any) -> tuple[str, bool]:
         """Start a run, or with `resume` reopen the newest run of the same spec. Returns (run_id, resumed)."""
         h = spec_hash(spec)
         if resume:
@@ -206,8 +206,8 @@ class ResultsStore:
                 # Refresh provenance that may have changed (a relaunched endpoint's URL, the vLLM version).
                 sets = {k: v for k, v in prov.items() if v is not None and k not in ("created", "run_id")}
                 if sets:
-                    cols = ", ".join(f"{k}=?" for k in sets)
-                    self.db.execute(f"UPDATE runs SET {cols} WHERE run_id=?", (*_sql(sets.values()), row[0]))
+                    assigns = ", ".join(f"{k}=?" for k in sets)
+                    self.db.execute(f"UPDATE runs SET {assigns} WHERE run_id=?", (*_sql(sets.values()), row[0]))
                 return row[0], True
         run_id = prov.pop("run_id", None) or uuid.uuid4().hex[:12]
         cols = {"run_id": run_id, "created": prov.pop("created", None) or time.time(), "source": source, "label": label,
@@ -226,7 +226,7 @@ class ResultsStore:
             self.db.execute("DELETE FROM requests WHERE run_id=? AND pp=? AND tg=? AND depth=? AND concurrency=?",
                             (run_id, key.pp, key.tg, key.depth, key.concurrency))
 
-    def record_requests(self, run_id: str, key: LevelKey, run_index: int, rows: Sequence[dict]) -> None:
+    def record_requests(self, run_id: str, key: LevelKey, run_index: int, rows: Sequence[dict[str, Any]]) -> None:
         cols = ("run_id", "pp", "tg", "depth", "concurrency", "run_index", "req_index") + _REQUEST_FIELDS
         with self._tx():
             self.db.executemany(
@@ -276,7 +276,8 @@ class ResultsStore:
         return {LevelKey(*r) for r in self.db.execute(
             "SELECT pp, tg, depth, concurrency FROM levels WHERE run_id=?", (run_id,))}
 
-    def requests(self, run_id: str, key: LevelKey | None = None) -> list[dict]:
+    def requests(self, run_id: str, key: LevelKey | None = None) -> list[dict[str, Any]]:
+        args: list[object]
         q, args = "SELECT * FROM requests WHERE run_id=?", [run_id]
         if key:
             q += " AND pp=? AND tg=? AND depth=? AND concurrency=?"
@@ -291,11 +292,11 @@ class _Tx:
     def __enter__(self) -> None:
         self.db.execute("BEGIN IMMEDIATE")
 
-    def __exit__(self, exc_type, *_: object) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
         self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
-def _request_values(row: dict) -> tuple:
+def _request_values(row: dict[str, Any]) -> tuple[Any, ...]:
     flags = {"ok": int(row.get("ok", True)), "tokens_estimated": int(bool(row.get("tokens_estimated")))}
     return tuple(flags[f] if f in flags else row.get(f) for f in _REQUEST_FIELDS)
 

@@ -267,7 +267,8 @@ async def discover(session: aiohttp.ClientSession, spec: SweepSpec, headers: dic
     ver = version.get("version") if isinstance(version, dict) else None
     speed = clock.get("speed") if isinstance(clock, dict) else None
     simulated = isinstance(speed, (int, float)) and speed > 0
-    return EndpointFacts(model, str(ver) if ver else None, float(speed) if simulated and isinstance(speed, (int, float)) else 1.0, simulated)
+    return EndpointFacts(model, str(ver) if ver else None,
+                         float(speed) if simulated and isinstance(speed, (int, float)) else 1.0, simulated)
 
 
 async def probe_latency(session: aiohttp.ClientSession, spec: SweepSpec, model: str, headers: dict[str, str],

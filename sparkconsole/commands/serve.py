@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
-def decide(listen: Listen, token: str | None, read_only: bool | None, *, asked: bool = False) -> tuple[str | None, bool, bool]:
+def decide(listen: Listen, token: str | None, read_only: bool | None, *,
+           asked: bool = False) -> tuple[str | None, bool, bool]:
     """(token, generated, read_only) for this address: off loopback a token, generated if none was given and
     nothing else asks who comes in (`asked`: basic auth users or required client certificates); read-only off
     loopback unless asked otherwise."""

@@ -22,8 +22,8 @@ class Readings(Collector):
     or None for one over the cluster's endpoints (when any). The exporter acts on nothing: no guard action, no
     notification (the collector, or the console, does those)."""
 
-    def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, serving: Any = None, alerts: AlertEngine | None = None,
-                 with_serving: bool = True, attach: bool = False) -> None:
+    def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, serving: Any = None,
+                 alerts: AlertEngine | None = None, with_serving: bool = True, attach: bool = False) -> None:
         if monitor is None:
             # the exporter keeps no history: the last tick is enough
             if attach:

@@ -124,7 +124,8 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
     return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots)
 
 
-def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig], facts: Facts | Mapping[str, Any] | None = None, *,
+def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
+              facts: Facts | Mapping[str, Any] | None = None, *,
               overrides: Mapping[str, Any] | None = None, plan: Plan | None = None) -> list[Finding]:
     """Every rule's findings for this recipe × topology on these nodes. `facts` is a Facts, or a mapping of
     node name → NodeMonitor (the console's live monitors), or None (offline: node facts unchecked)."""

@@ -282,7 +282,8 @@ class ClusterMonitor:
     """Every node of the cluster file, watched at once; one staleness timer for all of them."""
 
     # transport_factory makes a Transport, or what acts as one (collector/attach.py's _LazyTransport)
-    def __init__(self, config: ClusterConfig, *, transport_factory: Callable[[NodeConfig, SshPolicy], Any] = make_transport,
+    def __init__(self, config: ClusterConfig, *,
+                 transport_factory: Callable[[NodeConfig, SshPolicy], Any] = make_transport,
                  history: int = 600) -> None:
         self.config = config
         self.nodes: dict[str, NodeMonitor] = {}

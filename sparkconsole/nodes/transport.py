@@ -193,8 +193,9 @@ class LocalTransport(Transport):
         self._open = True
 
     async def _spawn(self, argv: Sequence[str] | str, stdin: int) -> asyncio.subprocess.Process:
-        kw: dict[str, Any] = dict(stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=self._env,
-                  start_new_session=True)   # own process group: close() can end the command and its children
+        # own process group (start_new_session): close() can end the command and its children
+        kw: dict[str, Any] = dict(stdin=stdin, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+                                  env=self._env, start_new_session=True)
         try:
             if isinstance(argv, str):
                 return await asyncio.create_subprocess_exec("/bin/sh", "-c", argv, **kw)

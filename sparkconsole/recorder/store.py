@@ -113,7 +113,8 @@ class RecorderStore:
     is `.error` (one line, None again once writing works), said through on_status(text, severity) from the
     writer thread, and the rows wait in memory until the file can be written (see the module's doc)."""
 
-    def __init__(self, path: str | Path, settings: RecorderSettings | None = None, *, clock: Callable[[], float] = time.time,
+    def __init__(self, path: str | Path, settings: RecorderSettings | None = None, *,
+                 clock: Callable[[], float] = time.time,
                  on_status: Callable[[str, str], None] | None = None) -> None:
         from .health import Health
         self.path = Path(path)
