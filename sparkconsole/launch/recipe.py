@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from ..errors import UserError
-from ..yamlsrc import Located, load_file
+from ..yamlsrc import Located, Path_, load_file
 from .bashread import command_warnings
 
 TOPOLOGIES = ("solo", "cluster-tp2", "2x-solo", "disagg")
@@ -184,10 +184,10 @@ def fill(template: str, params: Mapping[str, Any], file: str, line: int | None, 
             raise UserError(f"placeholder {{{name}}} has no value", file=file, line=line, field=field_,
                             fix=f"add '{name}: VALUE' under defaults, or pass --set {name}=VALUE")
     # Format specs: a nested {field} or a huge width ({port:>999999999}) must not raise or fill memory.
-    for _, name, spec, _ in string.Formatter().parse(template):
-        if name is not None and spec and ("{" in spec or re.search(r"\d{4,}", spec)):
-            raise UserError(f"placeholder {{{name}}} has a format spec that cannot be filled ({spec[:20]!r})",
-                            file=file, line=line, field=field_, fix=f"write {{{name}}} without a format spec")
+    for _, fname, spec, _ in string.Formatter().parse(template):
+        if fname is not None and spec and ("{" in spec or re.search(r"\d{4,}", spec)):
+            raise UserError(f"placeholder {{{fname}}} has a format spec that cannot be filled ({spec[:20]!r})",
+                            file=file, line=line, field=field_, fix=f"write {{{fname}}} without a format spec")
     try:
         return template.format(**{k: _fmt(v) for k, v in params.items()})
     except (ValueError, TypeError, IndexError, KeyError) as exc:
@@ -210,10 +210,11 @@ class _Reader:
     def __init__(self, doc: Located) -> None:
         self.doc = doc
 
-    def err(self, path: tuple, problem: str, fix: str) -> UserError:
+    def err(self, path: Path_, problem: str, fix: str) -> UserError:
         return self.doc.error(path, problem, fix)
 
-    def get(self, m: Mapping, path: tuple, key: str, kind: type | tuple, default: Any, fix: str) -> Any:
+    def get(self, m: Mapping[str, Any], path: Path_, key: str, kind: type | tuple[type, ...], default: Any,
+            fix: str) -> Any:
         if key not in m or m[key] is None:
             return default
         v = m[key]
@@ -222,11 +223,11 @@ class _Reader:
             raise self.err(path + (key,), f"expected {kinds[0].__name__}, got {type(v).__name__} {str(v)[:40]!r}", fix)
         return v
 
-    def mapping(self, m: Mapping, path: tuple, key: str, fix: str) -> dict:
-        v = self.get(m, path, key, dict, {}, fix)
+    def mapping(self, m: Mapping[str, Any], path: Path_, key: str, fix: str) -> dict[str, Any]:
+        v: dict[str, Any] = self.get(m, path, key, dict, {}, fix)
         return v
 
-    def str_list(self, m: Mapping, path: tuple, key: str, fix: str) -> tuple[str, ...]:
+    def str_list(self, m: Mapping[str, Any], path: Path_, key: str, fix: str) -> tuple[str, ...]:
         v = m.get(key)
         if v is None:
             return ()
@@ -241,14 +242,14 @@ class _Reader:
             out.append(str(item))
         return tuple(out)
 
-    def unknown(self, m: Mapping, path: tuple, allowed: set[str]) -> None:
+    def unknown(self, m: Mapping[str, Any], path: Path_, allowed: set[str]) -> None:
         for k in m:
             if k not in allowed:
                 raise self.err(path + (k,), f"unknown key {str(k)[:40]!r}",
                                f"remove it, or use one of: {', '.join(sorted(allowed))}")
 
-    def port(self, m: Mapping, path: tuple, key: str, default: int | None) -> int | None:
-        v = self.get(m, path, key, int, default, "write a port number 1-65535")
+    def port(self, m: Mapping[str, Any], path: Path_, key: str, default: int | None) -> int | None:
+        v: int | None = self.get(m, path, key, int, default, "write a port number 1-65535")
         if v is not None and not 1 <= v <= 65535:
             raise self.err(path + (key,), f"port {v} out of range", "write a port number 1-65535")
         return v
@@ -451,23 +452,23 @@ def parse_recipe(doc: Located, key: str | None = None) -> Recipe:
 ROUTER_CHOICES = ("vllm-router", "simple-shuffle", "least-busy")
 
 
-def _positive(r: _Reader, m: Mapping, path: tuple, key: str, default: int | None) -> int | None:
+def _positive(r: _Reader, m: Mapping[str, Any], path: Path_, key: str, default: int | None) -> int | None:
     if key in m and m[key] is None:
         return None
-    v = r.get(m, path, key, int, default, f"write a whole number, e.g. {key}: {default}")
+    v: int | None = r.get(m, path, key, int, default, f"write a whole number, e.g. {key}: {default}")
     if v is not None and (isinstance(v, bool) or v < 1):
         raise r.err(path + (key,), f"{key} must be a whole number ≥ 1", f"write e.g. {key}: {default}")
     return v
 
 
-def _iface(r: _Reader, m: Mapping, path: tuple, key: str) -> str | None:
-    v = r.get(m, path, key, str, None, "write an interface name like enp1s0f0np0")
+def _iface(r: _Reader, m: Mapping[str, Any], path: Path_, key: str) -> str | None:
+    v: str | None = r.get(m, path, key, str, None, "write an interface name like enp1s0f0np0")
     if v is not None and not re.match(r"^[A-Za-z0-9_.:,-]{1,64}$", v):
         raise r.err(path + (key,), f"bad interface name {v[:30]!r}", "write an interface name like enp1s0f0np0")
     return v
 
 
-def _router_impl(r: _Reader, m: Mapping, path: tuple, key: str, dflt: RouterImpl) -> RouterImpl:
+def _router_impl(r: _Reader, m: Mapping[str, Any], path: Path_, key: str, dflt: RouterImpl) -> RouterImpl:
     v = r.mapping(m, path, key, f"write '{key}: {{image: …, version: …}}'")
     p = path + (key,)
     r.unknown(v, p, {"image", "version", "policy", "strategy", "command", "volumes"})

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -47,13 +48,13 @@ class Metrics:
         lb = ["model_name", "engine"]
         self.labels = {"model_name": model_name, "engine": "0"}
 
-        def g(name, doc):
+        def g(name: str, doc: str) -> Gauge:
             return Gauge(name, doc, lb, registry=reg).labels(**self.labels)
 
-        def c(name, doc):
+        def c(name: str, doc: str) -> Counter:
             return Counter(name, doc, lb, registry=reg).labels(**self.labels)
 
-        def h(name, doc, buckets):
+        def h(name: str, doc: str, buckets: Sequence[float]) -> Histogram:
             return Histogram(name, doc, lb, buckets=buckets, registry=reg).labels(**self.labels)
 
         self.running = g("vllm:num_requests_running", "Number of requests in model execution batches.")
