@@ -11,8 +11,10 @@ import math
 import re
 import sqlite3
 import time
+from collections.abc import Sequence
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 from ..errors import UserError
 from .damage import MAX_NODE_ID_PROBE, TIME_WIDTH_S, Gap, is_damage, read_ranges
@@ -37,14 +39,14 @@ def parse_at(text: str, now: float | None = None, *, field: str = "--at") -> flo
                         fix='write "2026-11-24 03:10" (local time) or a relative time such as -15m') from None
 
 
-def _json(text):
+def _json(text: Any) -> Any:
     try:
         return json.loads(text) if text else None
     except (ValueError, TypeError):
         return None
 
 
-def _num(v):
+def _num(v: object) -> int | float | None:
     return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
 
 
@@ -69,7 +71,7 @@ class RecorderReader:
                             "is damaged, `sparkconsole record repair FILE` copies what is readable") from None
         self.gaps += self._recorded_gaps()
         self._ids = self._load_nodes()
-        self._events_all: list[dict] | None = None
+        self._events_all: list[dict[str, Any]] | None = None
 
     def close(self) -> None:
         self.db.close()
@@ -91,7 +93,7 @@ class RecorderReader:
         except (ValueError, TypeError):
             return []
 
-    def _rows(self, sql: str, args=()) -> list:
+    def _rows(self, sql: str, args: Sequence[Any] = ()) -> list[Any]:
         return self.db.execute(sql, args).fetchall()
 
     def _load_nodes(self) -> dict[str, int]:
@@ -100,7 +102,7 @@ class RecorderReader:
         except sqlite3.DatabaseError as exc:
             if not is_damage(exc):
                 raise
-            found = {}
+            found: dict[str, int] = {}
             for nid in range(1, MAX_NODE_ID_PROBE + 1):     # the names are gone; the ticks still carry the ids
                 try:
                     present = bool(self._rows("SELECT 1 FROM ticks WHERE node=? LIMIT 1", (nid,)))
@@ -113,7 +115,7 @@ class RecorderReader:
             return found
 
     def nodes(self) -> list[str]:
-        return sorted(self._ids, key=self._ids.get)
+        return sorted(self._ids, key=self._ids.__getitem__)
 
     def tick_counts(self) -> dict[str, int]:
         try:
@@ -124,8 +126,8 @@ class RecorderReader:
                 raise
             return {n: len(self._tick_rows(n, *ALL)) for n in self.nodes()}
 
-    def _ranged(self, sql: str, pre: tuple, since: float, until: float, table: str, key: str | None, *,
-                desc: bool = False, first: int | None = None) -> list:
+    def _ranged(self, sql: str, pre: tuple[Any, ...], since: float, until: float, table: str, key: str | None, *,
+                desc: bool = False, first: int | None = None) -> list[Any]:
         """`sql` selects key-first rows with pre + (a, b) and ends in ORDER BY key; read at once, or around the damage."""
         order = " DESC" if desc else ""
         try:
@@ -136,39 +138,39 @@ class RecorderReader:
         return read_ranges(lambda a, b, n: self._rows(sql + order + " LIMIT ?", (*pre, a, b, n)), since, until,
                            TIME_WIDTH_S, self.gaps, table, key, desc=desc, first=first)
 
-    def _tick_rows(self, node: str, since: float, until: float, **kw) -> list:
+    def _tick_rows(self, node: str, since: float, until: float, **kw: Any) -> list[Any]:
         nid = self._ids.get(node)
         if nid is None:
             return []
         return self._ranged(f"SELECT t.t, {_TCOLS} FROM ticks t WHERE t.node = ? AND t.t >= ? AND t.t <= ? ORDER BY t.t",
                             (nid,), since, until, "ticks", node, **kw)
 
-    def ticks(self, node: str, since: float, until: float) -> list[dict]:
+    def ticks(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
         keys = ("t", *TICK_COLUMNS)
         return [dict(zip(keys, map(_num, r))) for r in self._tick_rows(node, since, until)]
 
-    def raw_ticks(self, node: str) -> list[tuple]:
+    def raw_ticks(self, node: str) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in self._tick_rows(node, *ALL)]
 
-    def last_tick_before(self, node: str, t: float) -> dict | None:
+    def last_tick_before(self, node: str, t: float) -> dict[str, Any] | None:
         rows = self._tick_rows(node, 0.0, t, desc=True, first=1)
         return dict(zip(("t", *TICK_COLUMNS), map(_num, rows[0]))) if rows else None
 
-    def _rollup_rows(self, node: str, since: float, until: float) -> list:
+    def _rollup_rows(self, node: str, since: float, until: float) -> list[Any]:
         nid = self._ids.get(node)
         if nid is None:
             return []
         return self._ranged("SELECT t, n, data FROM rollup WHERE node = ? AND t >= ? AND t <= ? ORDER BY t",
                             (nid,), since, until, "rollup", node)
 
-    def rollups(self, node: str, since: float, until: float) -> list[dict]:
+    def rollups(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
         return [{"t": r[0], "n": r[1], "data": _json(r[2]) or {}} for r in self._rollup_rows(node, since, until)]
 
-    def raw_rollups(self, node: str) -> list[tuple]:
+    def raw_rollups(self, node: str) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in self._rollup_rows(node, *ALL)]
 
     # ---- events: by (node, t) through their index; around damage by id, the table's own key
-    def _all_events(self) -> list[dict]:
+    def _all_events(self) -> list[dict[str, Any]]:
         if self._events_all is None:
             sql = "SELECT id, node, t, kind, data FROM events NOT INDEXED WHERE id >= ? AND id <= ? ORDER BY id"
             try:
@@ -186,9 +188,10 @@ class RecorderReader:
                                        for r in rows if isinstance(r[2], (int, float))), key=lambda e: (e["t"], e["id"]))
         return self._events_all
 
-    def events(self, node: str | None, since: float, until: float, kinds: tuple[str, ...] = ()) -> list[dict]:
+    def events(self, node: str | None, since: float, until: float,
+               kinds: tuple[str, ...] = ()) -> list[dict[str, Any]]:
         q = "SELECT node, t, kind, data FROM events WHERE t >= ? AND t <= ?"
-        args: list = [since, until]
+        args: list[Any] = [since, until]
         if node is not None:
             q += " AND node = ?"
             args.append(node)
@@ -204,7 +207,7 @@ class RecorderReader:
         return [{k: e[k] for k in ("node", "t", "kind", "data")} for e in self._all_events()
                 if since <= e["t"] <= until and (node is None or e["node"] == node) and (not kinds or e["kind"] in kinds)]
 
-    def last_event_before(self, node: str, kind: str, t: float) -> dict | None:
+    def last_event_before(self, node: str, kind: str, t: float) -> dict[str, Any] | None:
         try:
             r = self.db.execute("SELECT node, t, kind, data FROM events WHERE node = ? AND kind = ? AND t <= ? "
                                 "ORDER BY t DESC, id DESC LIMIT 1", (node, kind, t)).fetchone()
@@ -215,15 +218,15 @@ class RecorderReader:
         found = self.events(node, 0.0, t, (kind,))
         return found[-1] if found else None
 
-    def raw_events(self) -> list[tuple]:
+    def raw_events(self) -> list[tuple[Any, ...]]:
         return [(e["node"], e["t"], e["kind"], json.dumps(e["data"])) for e in self._all_events()]
 
     # ---- endpoint samples
-    def _endpoint_rows(self, name: str, since: float, until: float) -> list:
+    def _endpoint_rows(self, name: str, since: float, until: float) -> list[Any]:
         return self._ranged("SELECT t, data FROM endpoint_samples WHERE name = ? AND t >= ? AND t <= ? ORDER BY t",
                             (name,), since, until, "endpoint samples", name)
 
-    def endpoint_samples(self, name: str, since: float, until: float) -> list[dict]:
+    def endpoint_samples(self, name: str, since: float, until: float) -> list[dict[str, Any]]:
         out = []
         for r in self._endpoint_rows(name, since, until):
             d = _json(r[1])
@@ -248,7 +251,7 @@ class RecorderReader:
                 return names
             names.append(r[0][0])
 
-    def raw_endpoint_samples(self) -> list[tuple]:
+    def raw_endpoint_samples(self) -> list[tuple[Any, ...]]:
         return [(name, r[0], r[1]) for name in self.endpoint_names() for r in self._endpoint_rows(name, *ALL)]
 
     def span(self) -> tuple[float, float] | None:
