@@ -19,14 +19,22 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import TYPE_CHECKING, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from .. import paths
 from ..errors import UserError
 from . import LazyChoices
 
 if TYPE_CHECKING:      # the simulator is imported in run(): `demo --bad` and `--help` answer at once
-    from ..sim.cluster import SimCluster
+    import asyncio
+
+    from ..config import ClusterConfig
+    from ..sim.cluster import Serving, SimCluster
+    from ..sim.runaway import Runaway
+    from ..sim.staged import StagedServing
+    from ..tui.app import SparkConsoleApp
+
+    Say = Callable[[str, str], None]        # (line, style)
 
 TOPOLOGIES = LazyChoices("sparkconsole.sim.cluster", "TOPOLOGIES")
 ROUTERS = LazyChoices("sparkconsole.sim.cluster", "ROUTERS")
@@ -78,7 +86,7 @@ def _check(args: argparse.Namespace) -> None:
                             fix="give memory, thermal or link, optionally :NODE (e.g. memory:spark2)")
 
 
-def demo_serving(topology: str = "2x-solo", router: str = "litellm-simple-shuffle"):
+def demo_serving(topology: str = "2x-solo", router: str = "litellm-simple-shuffle") -> Serving:
     """What the demo serves: the demo recipe's model, answering to the recipe's served name as well (its plan's
     readiness check and restart look for that name)."""
     from ..launch.recipe import find_recipe
@@ -98,26 +106,28 @@ def runaway_target(sim: SimCluster, spec: str) -> tuple[str, str]:
     return kind, node
 
 
-async def start_runaway(sim: SimCluster, kind: str, node: str, say, after_s: float = RUNAWAY_AFTER_S):
+async def start_runaway(sim: SimCluster, kind: str, node: str, say: Callable[[str, str | None], None],
+                        after_s: float = RUNAWAY_AFTER_S) -> Runaway:
     """The runaway, `after_s` seconds from now (the model serving); `say(line, outcome)` hears each step (`outcome`
     on the last: frozen, shutdown, cut, or averted when the container was stopped in time). Returns it."""
     import asyncio
 
     say(f"{kind} runaway on {node} in {after_s:g} s (SIMULATED)", None)
     await asyncio.sleep(after_s)
-    started: list = []
+    started: list[Runaway] = []
     rw = sim.runaway(node, kind, say=lambda line: say(line, started[0].outcome if started else None))
     started.append(rw)
     return rw
 
 
-async def watch_headless(sim: SimCluster, emit) -> "Callable[[], Awaitable[None]]":
+async def watch_headless(sim: SimCluster, emit: Callable[[dict[str, Any]], None]) -> Callable[[], Awaitable[None]]:
     """What the console runs below its dashboard — monitor, flight recorder, alerts, the exhaustion warning (and the
     guard, if the cluster asks for it) and post-mortems — for `demo --headless --runaway`: `emit(dict)` gets each
     alert and post-mortem. Returns the coroutine function that stops it."""
     from ..collector.core import Collector
 
     cluster = sim.cluster
+    assert cluster is not None          # the cluster serves (sim.start())
     core = Collector(cluster, with_serving=False,
                      say=lambda text, sev: emit({"guard": text, "severity": sev}) if "guard" in text else None)
     core.alerts.subscribe(lambda a: emit({"alert": a.key, "severity": a.severity, "active": a.active,
@@ -128,7 +138,7 @@ async def watch_headless(sim: SimCluster, emit) -> "Callable[[], Awaitable[None]
     return core.stop
 
 
-def describe(sim: SimCluster) -> dict:
+def describe(sim: SimCluster) -> dict[str, Any]:
     assert sim.cluster is not None
     return {
         "simulated": True, "speed": sim.speed, "state_dir": str(sim.root),
@@ -152,8 +162,8 @@ async def run(args: argparse.Namespace) -> int:
                      load_speedup=DEMO_LOAD_SPEEDUP)
     if args.runaway is not None:
         args.runaway_target = runaway_target(sim, args.runaway)
-    tasks: list[asyncio.Task] = []
-    stop_watch = None
+    tasks: list[asyncio.Task[Any]] = []
+    stop_watch: Callable[[], Awaitable[None]] | None = None
     try:
         if not args.headless:
             # Nodes first: they are up in tens of milliseconds and the console shows them at once; the model,
@@ -164,6 +174,7 @@ async def run(args: argparse.Namespace) -> int:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         await sim.start()           # headless: the endpoints are printed once they serve
+        assert sim.cluster is not None
         if args.load and sim.cluster.endpoints:
             tasks.append(asyncio.create_task(sim.run_load(concurrency=args.load, seconds=None)))
         info = describe(sim)
@@ -174,11 +185,12 @@ async def run(args: argparse.Namespace) -> int:
         if args.runaway is not None:
             # After the description, one JSON line per step of the runaway, and per alert and post-mortem of the
             # console's own rules watching the cluster.
-            def emit(d: dict) -> None:
+            def emit(d: dict[str, Any]) -> None:
                 print(json.dumps({"simulated": True, "time": round(time.time(), 3), **d}), flush=True)
             stop_watch = await watch_headless(sim, emit)
-            say = lambda line, outcome: emit({"runaway": kind, "node": node, "note": line,  # noqa: E731
-                                              "outcome": outcome})
+
+            def say(line: str, outcome: str | None) -> None:
+                emit({"runaway": kind, "node": node, "note": line, "outcome": outcome})
             tasks.append(asyncio.create_task(start_runaway(sim, kind, node, say)))
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(stop.wait(), args.duration)
@@ -193,7 +205,8 @@ async def run(args: argparse.Namespace) -> int:
         await sim.stop()
 
 
-async def _bring_up(sim: SimCluster, args: argparse.Namespace, say, after=None) -> None:
+async def _bring_up(sim: SimCluster, args: argparse.Namespace, say: Say,
+                    after: Awaitable[None] | None = None) -> None:
     """The topology, then the load, behind an already running console; `say(line, style)` reports each step.
     `after`: awaited first (the nodes on screen), so the model's processes do not compete with the first frame
     and the first readings for the machine's cores. With --runaway, the runaway follows the model."""
@@ -206,13 +219,14 @@ async def _bring_up(sim: SimCluster, args: argparse.Namespace, say, after=None) 
     except UserError as err:
         say(f"simulated serving failed: {err}", "red")
         return
-    jobs = []
+    jobs: list[Awaitable[object]] = []
+    assert sim.cluster is not None          # its nodes are up (sim.start_nodes())
     if args.load and sim.cluster.endpoints:
         say(f"load: {args.load} streaming requests kept in flight", "cyan")
         jobs.append(sim.run_load(concurrency=args.load, seconds=None))
     if getattr(args, "runaway_target", None):
         kind, node = args.runaway_target
-        colour = {None: "yellow", "averted": "green"}
+        colour: dict[str | None, str] = {None: "yellow", "averted": "green"}
         jobs.append(start_runaway(sim, kind, node, lambda line, outcome: say(line, colour.get(outcome, "red"))))
     await asyncio.gather(*jobs)
 
@@ -220,10 +234,10 @@ async def _bring_up(sim: SimCluster, args: argparse.Namespace, say, after=None) 
 class _Notes:
     """Bring-up lines into the console's event log; lines from before the first frame wait for it."""
 
-    def __init__(self, app) -> None:
+    def __init__(self, app: SparkConsoleApp) -> None:
         self.app = app
         self.pending: list[tuple[str, str]] = []
-        self._flusher = None
+        self._flusher: asyncio.Task[None] | None = None
 
     def say(self, line: str, style: str = "") -> None:
         import asyncio
@@ -250,7 +264,7 @@ class _Notes:
             self.app.notify(line, title="simulator", severity="error", timeout=30)
 
 
-async def _nodes_shown(app) -> None:
+async def _nodes_shown(app: SparkConsoleApp) -> None:
     """Until the console has drawn its first frame and holds a reading of a node (or NODES_FIRST_MAX_S)."""
     import asyncio
 
@@ -262,7 +276,7 @@ async def _nodes_shown(app) -> None:
         await asyncio.sleep(0.05)
 
 
-def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
+def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list[asyncio.Task[Any]]) -> SparkConsoleApp:
     """The console on a cluster whose nodes are up (sim.start_nodes()): the bring-up of the model, router and
     load is added to `tasks`; it starts once a node reading is on screen, each endpoint is polled once it serves."""
     import asyncio
@@ -275,20 +289,21 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list):
         heap.unhold()
         raise
 
-    def staged(cluster):
+    def staged(cluster: ClusterConfig) -> StagedServing:
         from ..sim.staged import StagedServing
         return StagedServing(cluster, sim.ready)
 
     # The demo's state (audit log, flight recorder) lives in the simulated cluster's own directory, removed at
     # exit: a simulated launch is never written to the operator's audit log. The flight recorder runs as on a live
     # cluster: [ / ] scrub back through it, and post-mortems need it.
+    assert sim.root is not None and sim.cluster is not None      # its nodes are up (sim.start_nodes())
     os.environ[paths.STATE_ENV] = str(sim.root / "state")
     app = SparkConsoleApp(sim.cluster, simulated=True, serving_factory=staged, record=True)
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 
 
-async def _console(sim: SimCluster, args: argparse.Namespace, tasks: list) -> int:
+async def _console(sim: SimCluster, args: argparse.Namespace, tasks: list[asyncio.Task[Any]]) -> int:
     import asyncio
 
     try:
@@ -307,6 +322,7 @@ async def _print_status(sim: SimCluster, args: argparse.Namespace) -> int:
     import asyncio
 
     from ..nodes.monitor import ClusterMonitor
+    assert sim.cluster is not None          # its nodes are up (sim.start_nodes())
     mon = ClusterMonitor(sim.cluster)
     await mon.start()
     deadline = None if args.duration is None else time.monotonic() + args.duration
