@@ -24,13 +24,24 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Any, Callable, Coroutine
 
 from ..errors import UserError
 from ..paths import DEFAULT_RESULTS, DEMO_RESULTS
 
+if TYPE_CHECKING:      # the benchmark code is imported in the functions: `bench --help` answers at once
+    from ..bench.matrix import Launcher, StaticLauncher
+    from ..bench.results import LevelResult, ResultsStore, ThermalNote
+    from ..bench.sweep import Progress, SweepSpec
+    from ..launch import runner
+    from ..launch.lint import Finding
+    from ..nodes.monitor import ClusterMonitor
+    from ..sim.cluster import SimCluster
+
+    ThermalProbe = Callable[[], ThermalNote | None]
+
 # (args) -> bench.matrix.Launcher: replaces the recipe runner's launcher (tests, embedding); None: RecipeLauncher.
-launcher_factory: Callable[[argparse.Namespace], object] | None = None
+launcher_factory: Callable[[argparse.Namespace], Launcher] | None = None
 DEMO_SPEED = 10.0
 DEMO_LOAD_SPEEDUP = 1000.0      # the demo's weights "load" in a moment: the matrix is about serving
 
@@ -128,7 +139,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ls.set_defaults(func=run)
 
 
-def _spec(args: argparse.Namespace, url: str, **extra: object):
+def _spec(args: argparse.Namespace, url: str, **extra: Any) -> SweepSpec:
     from ..bench.sweep import SweepSpec
     return SweepSpec(url=url, model=args.model, pp=args.pp, tg=args.tg, depth=args.depth,
                      concurrency=args.concurrency, runs=args.runs, warmup=not args.no_warmup,
@@ -145,7 +156,7 @@ class _ProgressLine:
         self.tty = sys.stderr.isatty()
         self.width = 0
 
-    def __call__(self, p) -> None:
+    def __call__(self, p: Progress) -> None:
         self.text(p.line())
 
     def text(self, line: str) -> None:
@@ -158,7 +169,7 @@ class _ProgressLine:
             sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
-    def level(self, lv) -> None:
+    def level(self, lv: LevelResult) -> None:
         if self.quiet:
             return
         if self.tty:
@@ -166,24 +177,26 @@ class _ProgressLine:
             self.width = 0
         d, p, t = lv.decode_tps, lv.prefill_tps, lv.ttft_ms
         bad = lv.metrics.get("requests_failed") or 0
-        fmt = lambda v, f: "—" if v is None else f.format(v)  # noqa: E731
+
+        def fmt(v: float | None, f: str) -> str:
+            return "—" if v is None else f.format(v)
         sys.stderr.write(f"{lv.label}: {lv.key}  decode {fmt(d, '{:.1f}')} t/s  prefill {fmt(p, '{:.0f}')} t/s  "
                          f"TTFT {fmt(t, '{:.0f}')} ms" + (f"  failed {bad}" if bad else "") + "\n")
         sys.stderr.flush()
 
 
-def _thermal_probe(monitor):
+def _thermal_probe(monitor: ClusterMonitor) -> ThermalProbe:
     """For sweeps: the watched nodes' hottest GPU and noted clock-event reasons, as a ThermalNote."""
     from ..bench.results import ThermalNote
     from ..nodes.thermal import cluster_reading
 
-    def probe():
+    def probe() -> ThermalNote | None:
         r = cluster_reading(monitor.nodes.values())
         return None if r is None else ThermalNote(r.max_temp_c, r.throttle_reasons)
     return probe
 
 
-async def _cluster_probe(args: argparse.Namespace):
+async def _cluster_probe(args: argparse.Namespace) -> tuple[ThermalProbe | None, ClusterMonitor | None]:
     """With an explicit --cluster, watch its nodes during the sweep; returns (probe, monitor) or (None, None)."""
     if not getattr(args, "cluster", None):
         return None, None
@@ -240,9 +253,9 @@ def _topologies(args: argparse.Namespace) -> list[str]:
     return topologies
 
 
-def _static_launcher(text: str):
+def _static_launcher(text: str) -> StaticLauncher:
     from ..bench.matrix import StaticLauncher
-    urls = {}
+    urls: dict[str, str] = {}
     for item in text.split(","):
         topo, sep, url = item.partition("=")
         if not sep or not url.strip():
@@ -251,24 +264,25 @@ def _static_launcher(text: str):
     return StaticLauncher(urls)
 
 
-def _launch_printer(args: argparse.Namespace, line: "_ProgressLine"):
+def _launch_printer(args: argparse.Namespace, line: _ProgressLine
+                    ) -> tuple[Callable[[runner.Progress], None], Callable[[Finding], None]]:
     """Runner progress and preflight findings as progress lines: readiness and failures, every step with -v."""
     shown = {"ready", "failed", "info"} | ({"step", "stopped"} if args.verbose else set())
 
-    def progress(ev) -> None:
+    def progress(ev: runner.Progress) -> None:
         if ev.stage in shown:
             line.text(f"  {ev.node}: {ev.message}")
 
-    def finding(f) -> None:
+    def finding(f: Finding) -> None:
         if f.severity != "warn" or args.verbose or f.rule == "least_busy_identical":
             line.text("  " + f.line())
     return progress, finding
 
 
-def _set_overrides(items: list[str]) -> dict:
+def _set_overrides(items: list[str]) -> dict[str, Any]:
     """`--set key=value` items as plan overrides; values read as YAML scalars (8192 is a number)."""
     import yaml
-    out: dict = {}
+    out: dict[str, Any] = {}
     for item in items:
         key, sep, val = item.partition("=")
         if not sep or not key.strip().isidentifier():
@@ -316,8 +330,10 @@ async def _matrix(args: argparse.Namespace) -> int:
         raise UserError(f"speed {speed:g} out of range", field="--speed", fix="give 0.01 to 1000 (1 = real time)")
     line = _ProgressLine(args.quiet)
     template = _spec(args, "http://unset.invalid")
-    sim = monitor = launcher = None
-    probe = None
+    sim: SimCluster | None = None
+    monitor: ClusterMonitor | None = None
+    launcher: Launcher | None = None
+    probe: ThermalProbe | None = None
     try:
         if args.endpoints:
             launcher = _static_launcher(args.endpoints)
@@ -347,6 +363,7 @@ async def _matrix(args: argparse.Namespace) -> int:
                                  tunings={name: NodeTuning.hardened() for name, _ in nodes})
                 await sim.start()
                 line.text(f"simulated cluster up (state in {sim.root}; removed at the end)")
+                assert sim.cluster is not None and sim.root is not None      # start() made them
                 cluster = sim.cluster
                 overrides.setdefault("router_dir", str(sim.root / "routers"))
             else:
@@ -393,14 +410,14 @@ def _print_comparison(results: str, run_ids: list[str]) -> None:
     sys.stdout.write("\n" + comparison_markdown(levels) + "\n" + markdown(advise(levels)))
 
 
-def _existing(path: str):
+def _existing(path: str) -> ResultsStore:
     from ..bench.results import ResultsStore
     if not Path(path).is_file():
         raise UserError("file not found", file=path, fix="pass a results file written by `sparkconsole bench run`")
     return ResultsStore(path)
 
 
-def run(args: argparse.Namespace):
+def run(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     cmd = args.bench_command
     if cmd == "run":
         return _run(args)
