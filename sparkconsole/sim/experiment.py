@@ -20,6 +20,7 @@ import statistics
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from sparkconsole.errors import UserError
 from sparkconsole.sim.engine import EngineArgs, SimEngine
@@ -108,16 +109,16 @@ def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int
               proxy: ProxyProfile, policy: RoutingPolicy | None,
               tracker: InflightTracker) -> list[RequestTiming]:
     timings: dict[str, RequestTiming] = {}
-    heap: list[tuple[float, int, str, object]] = []   # (time, seq, kind, payload)
+    heap: list[tuple[float, int, str, Any]] = []      # (time, seq, kind, payload)
     seq = 0
     loop_free = 0.0                                   # when the proxy's event loop is next idle
 
-    def push(t: float, kind: str, payload: object) -> None:
+    def push(t: float, kind: str, payload: Any) -> None:
         nonlocal seq
         seq += 1
         heapq.heappush(heap, (t, seq, kind, payload))
 
-    def on_loop(t: float, cost: float, kind: str, payload: object) -> None:
+    def on_loop(t: float, cost: float, kind: str, payload: Any) -> None:
         """Queue a task on the proxy's event loop; `kind` fires when it has run."""
         nonlocal loop_free
         loop_free = max(t, loop_free) + cost
@@ -208,19 +209,38 @@ def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int
     return list(timings.values())
 
 
+@dataclass(frozen=True)
+class _Finished:
+    start: float
+    first: float
+    end: float
+    tokens: int
+
+
+def _finished(timings: list[RequestTiming]) -> list[_Finished]:
+    """The requests of a run that has ended: each has its first token and its end."""
+    out = []
+    for r in timings:
+        if r.first is None or r.end is None:
+            raise ValueError(f"the request started at {r.start:g} s has not finished")
+        out.append(_Finished(r.start, r.first, r.end, r.tokens))
+    return out
+
+
 def benchy_metrics(timings: list[RequestTiming], pp: int, latency: float) -> tuple[float, float, float]:
     """(prefill t/s, decode t/s, mean e2e ttft s) of one run, the way llama-benchy computes them."""
-    ttft = statistics.fmean(r.first - r.start for r in timings)
-    if len(timings) == 1:
-        r = timings[0]
+    done = _finished(timings)
+    ttft = statistics.fmean(r.first - r.start for r in done)
+    if len(done) == 1:
+        r = done[0]
         est_ppt = max(1e-9, (r.first - r.start) - latency)
         prefill = pp / est_ppt
         decode = (r.tokens - 1) / (r.end - r.first) if r.tokens > 1 and r.end > r.first else 0.0
         return prefill, decode, ttft
-    min_start = min(r.start for r in timings)
-    prefill = pp * len(timings) / (max(r.first for r in timings) - min_start)
-    span = max(r.end for r in timings) - min(r.first for r in timings)
-    gen = sum(r.tokens for r in timings) - len(timings)
+    min_start = min(r.start for r in done)
+    prefill = pp * len(done) / (max(r.first for r in done) - min_start)
+    span = max(r.end for r in done) - min(r.first for r in done)
+    gen = sum(r.tokens for r in done) - len(done)
     decode = gen / span if span > 0 else 0.0
     return prefill, decode, ttft
 
