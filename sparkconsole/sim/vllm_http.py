@@ -10,8 +10,10 @@ import asyncio
 import json
 import os
 import time
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
+from aiohttp.typedefs import Handler
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
@@ -19,10 +21,35 @@ from .engine import RequestRejected
 from .tokens import chat_prompt, detokenize, token_ids, word_for
 from .vllm_args import SIM_VERSION
 
+if TYPE_CHECKING:
+    import argparse
+
+    from .engine import SimEngine
+    from .profiles import ModelProfile
+    from .vllm_metrics import Metrics, SimClock
+    from .vllm_server import Req
+
 
 class VllmHttpApi:
     """Routes and handlers; the server class provides ns, speed, clock, engine, metrics, served, names, model_arg,
     max_model_len, profile, submit() and abort()."""
+
+    if TYPE_CHECKING:      # what the server class (sim/vllm_server.SimVllmServer) provides
+        ns: argparse.Namespace
+        speed: float
+        clock: SimClock
+        engine: SimEngine | None
+        metrics: Metrics
+        served: str
+        names: tuple[str, ...]
+        model_arg: str
+        max_model_len: int
+        profile: ModelProfile
+        _engine_t: float
+
+        def submit(self, ids: list[int], body: dict[str, Any]) -> Req: ...
+
+        def abort(self, req: Req) -> None: ...
 
     def app(self) -> web.Application:
         app = web.Application(middlewares=[self._middleware], client_max_size=64 * 1024 * 1024)
@@ -40,7 +67,7 @@ class VllmHttpApi:
         return app
 
     @web.middleware
-    async def _middleware(self, request: web.Request, handler):
+    async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
         key = self.ns.api_key or os.environ.get("VLLM_API_KEY")
         if key and request.path.startswith("/v1/"):
             if request.headers.get("Authorization", "") != f"Bearer {key}":
@@ -78,7 +105,7 @@ class VllmHttpApi:
             self.metrics.kv_usage.set(self.engine.kv_usage)
         return web.Response(body=generate_latest(self.metrics.registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
 
-    async def _json(self, request: web.Request) -> dict:
+    async def _json(self, request: web.Request) -> dict[str, Any]:
         try:
             body = await request.json()
         except (ValueError, UnicodeDecodeError):
@@ -90,7 +117,7 @@ class VllmHttpApi:
                                      content_type="application/json")
         return body
 
-    def _model_ok(self, body: dict) -> web.Response | None:
+    def _model_ok(self, body: dict[str, Any]) -> web.Response | None:
         model = body.get("model")
         if model is not None and model not in self.names:
             return self.error(f"The model `{model}` does not exist.", 404, "NotFoundError", "model")
@@ -141,7 +168,7 @@ class VllmHttpApi:
             return self.error("'prompt' must be a text or a list of token ids", param="prompt")
         return await self._generate(request, body, ids, chat=False)
 
-    async def _generate(self, request: web.Request, body: dict, ids: list[int], *, chat: bool) -> web.StreamResponse:
+    async def _generate(self, request: web.Request, body: dict[str, Any], ids: list[int], *, chat: bool) -> web.StreamResponse:
         if not self.engine:
             return self.error("engine not ready", 503, "ServiceUnavailableError")
         try:
@@ -155,8 +182,8 @@ class VllmHttpApi:
         include_usage = bool(opts.get("include_usage"))
         continuous = bool(opts.get("continuous_usage_stats"))
 
-        def usage(done: int) -> dict:
-            u = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + done, "completion_tokens": done}
+        def usage(done: int) -> dict[str, Any]:
+            u: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + done, "completion_tokens": done}
             if req.cached_tokens:
                 u["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
             return u
@@ -190,7 +217,7 @@ class VllmHttpApi:
         await resp.prepare(request)
         head = {"id": rid, "object": obj, "created": created, "model": self.served}
 
-        def chunk(choices: list, u: dict | None = None) -> bytes:
+        def chunk(choices: list[dict[str, Any]], u: dict[str, Any] | None = None) -> bytes:
             d = dict(head, choices=choices)
             if u is not None:
                 d["usage"] = u
