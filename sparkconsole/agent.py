@@ -22,6 +22,19 @@ import select
 import sys
 import time
 
+# Types for the checker only: the node imports nothing it does not run (`typing` included).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, Callable, Protocol
+
+    class GpuSource(Protocol):
+        name: str
+        simulated: bool
+
+        def hello(self) -> dict[str, Any]: ...
+
+        def sample(self, errors: list[str]) -> list[dict[str, Any]] | None: ...
+
 # Imported where used (the nvidia-smi fallback, the container poller, the hello): a node pays for starting the
 # agent on every connection, and most of the standard library is not needed for a tick.
 
@@ -70,7 +83,7 @@ def _intish(v: float | None) -> float | int | None:
     return int(v) if v is not None and v == int(v) else v
 
 
-def parse_smi_csv(text: str, fields: tuple[str, ...] | list[str] = SMI_FIELDS) -> list[dict]:
+def parse_smi_csv(text: str, fields: tuple[str, ...] | list[str] = SMI_FIELDS) -> list[dict[str, Any]]:
     """GPU dicts in the tick schema from `nvidia-smi --query-gpu=FIELDS --format=csv,noheader,nounits`."""
     import csv
     import io
@@ -80,7 +93,7 @@ def parse_smi_csv(text: str, fields: tuple[str, ...] | list[str] = SMI_FIELDS) -
         if not row or len(row) != len(fields):
             continue
         raw = {f: v.strip() for f, v in zip(fields, row)}
-        g: dict = {"index": int(_num(raw["index"]) or 0) if "index" in raw else pos}
+        g: dict[str, Any] = {"index": int(_num(raw["index"]) or 0) if "index" in raw else pos}
         if raw.get("name") and raw["name"].lower() not in _SMI_MISSING:
             g["name"] = raw["name"]
         for key, field in (("temp_c", "temperature.gpu"), ("power_w", "power.draw"), ("power_limit_w", "power.limit"),
@@ -112,14 +125,14 @@ class NoGpu:
     name = "none"
     simulated = False
 
-    def hello(self) -> dict:
+    def hello(self) -> dict[str, Any]:
         return {"gpus": []}
 
-    def sample(self, errors: list) -> list | None:
+    def sample(self, errors: list[str]) -> list[dict[str, Any]] | None:
         return None
 
 
-def import_pynvml():
+def import_pynvml() -> Any:
     """The node's pynvml, else the copy the console sent along (compiled only now, when NVML is wanted)."""
     try:
         import pynvml  # noqa: PLC0415 — only nodes with NVML need it
@@ -157,19 +170,19 @@ class NvmlSource:
         self.unsupported: set[tuple[int, str]] = set()
         self.reason_fn = getattr(pynvml, "nvmlDeviceGetCurrentClocksEventReasons", None) or \
             pynvml.nvmlDeviceGetCurrentClocksThrottleReasons
-        self._limits: list | None = None
+        self._limits: list[Any] | None = None
         self._limits_at = 0.0
-        self._counters: dict[int, tuple[float, object, dict | None]] = {}   # gpu -> (read at, mask then, µs)
+        self._counters: dict[int, tuple[float, object, dict[str, int] | None]] = {}   # gpu -> (read at, mask then, µs)
 
-    def _try(self, fn, *args):
+    def _try(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
             return fn(*args)
         except Exception:  # noqa: BLE001 — NVML raises a family of NVMLError_* per reading
             return None
 
-    def _static(self, h) -> dict:
+    def _static(self, h: Any) -> dict[str, Any]:
         nv = self.nv
-        s: dict = {}
+        s: dict[str, Any] = {}
         for key, kind in (("shutdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN),
                           ("slowdown_c", nv.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN),
                           ("gpu_max_c", nv.NVML_TEMPERATURE_THRESHOLD_GPU_MAX)):
@@ -181,7 +194,7 @@ class NvmlSource:
             s["sm_clock_max_mhz"] = v
         return s
 
-    def hello(self) -> dict:
+    def hello(self) -> dict[str, Any]:
         nv = self.nv
         gpus = []
         for i, h in enumerate(self.handles):
@@ -191,7 +204,7 @@ class NvmlSource:
         return {"gpus": gpus, "driver": _text(self._try(nv.nvmlSystemGetDriverVersion)),
                 "nvml_version": _text(self._try(nv.nvmlSystemGetNVMLVersion))}
 
-    def _read(self, i: int, what: str, fn, *args, errors: list):
+    def _read(self, i: int, what: str, fn: Callable[..., Any], *args: Any, errors: list[str]) -> Any:
         if (i, what) in self.unsupported:
             return None
         try:
@@ -203,7 +216,7 @@ class NvmlSource:
                 errors.append(f"nvml gpu{i} {what}: {exc}")
             return None
 
-    def _power_limits(self, errors: list) -> list:
+    def _power_limits(self, errors: list[str]) -> list[Any]:
         """The enforced power limit per GPU: an operator's `nvidia-smi -pl` changes it, a tick does not, so it is
         read every POWER_LIMIT_REFRESH_S and repeated in the ticks between."""
         now = time.monotonic()
@@ -213,7 +226,7 @@ class NvmlSource:
             self._limits_at = now
         return self._limits
 
-    def _reason_counters(self, i: int, h, mask, errors: list) -> dict | None:
+    def _reason_counters(self, i: int, h: Any, mask: object, errors: list[str]) -> dict[str, int] | None:
         """The clock-event time counters (µs), from one nvmlDeviceGetFieldValues. On an H100 that one call costs
         ~0.68 ms of CPU, 50x the six other readings together, so it is made when the reasons mask changes (the
         tick that shows a throttle starting or ending carries fresh counters) and otherwise every
@@ -234,7 +247,7 @@ class NvmlSource:
         self._counters[i] = (now, mask, us)
         return us
 
-    def sample(self, errors: list) -> list:
+    def sample(self, errors: list[str]) -> list[dict[str, Any]]:
         # Per GPU: temperature, reasons, power, SM clock, utilisation, memory each tick; the reason counters (one
         # nvmlDeviceGetFieldValues) and the power limit when they can have moved; no call the driver already said
         # it does not support. Static values (thresholds, max clock) come from self.static, read once.
@@ -244,7 +257,7 @@ class NvmlSource:
         limits = self._power_limits(errors)
         out = []
         for i, h in enumerate(self.handles):
-            g: dict = {"index": i}
+            g: dict[str, Any] = {"index": i}
             g.update(self.static[i])
             t = read(i, "temp", nv.nvmlDeviceGetTemperature, h, nv.NVML_TEMPERATURE_GPU, errors=errors)
             if t is not None:
@@ -286,17 +299,18 @@ class SmiSource:
     def __init__(self) -> None:
         import shutil
 
-        self.exe = shutil.which("nvidia-smi")
-        if not self.exe:
+        exe = shutil.which("nvidia-smi")
+        if not exe:
             raise RuntimeError("nvidia-smi not found")
+        self.exe = exe
 
-    def _query(self, fields) -> str:
+    def _query(self, fields: tuple[str, ...] | list[str]) -> str:
         import subprocess
 
         return subprocess.run([self.exe, "--query-gpu=" + ",".join(fields), "--format=csv,noheader,nounits"],
                               capture_output=True, text=True, timeout=10, check=True).stdout
 
-    def hello(self) -> dict:
+    def hello(self) -> dict[str, Any]:
         import csv
         import io
 
@@ -305,7 +319,7 @@ class SmiSource:
         driver = rows[0][3].strip() if rows and len(rows[0]) == 4 else None
         return {"gpus": gpus, "driver": driver}
 
-    def sample(self, errors: list) -> list | None:
+    def sample(self, errors: list[str]) -> list[dict[str, Any]] | None:
         import subprocess
 
         try:
@@ -321,8 +335,8 @@ class ReplaySource:
     simulated = False
 
     def __init__(self, path: str) -> None:
-        self.frames: list[list] = []
-        self.recorded_hello: dict = {}
+        self.frames: list[list[Any]] = []
+        self.recorded_hello: dict[str, Any] = {}
         with open(path, encoding="utf-8") as fh:
             for line in fh:
                 try:
@@ -337,12 +351,12 @@ class ReplaySource:
             raise RuntimeError(f"no ticks with gpus in {path}")
         self.pos = 0
 
-    def hello(self) -> dict:
+    def hello(self) -> dict[str, Any]:
         h = self.recorded_hello
         return {"gpus": h.get("gpus") or [{"index": g.get("index", 0)} for g in self.frames[0]],
                 "driver": h.get("driver"), "nvml_version": h.get("nvml_version")}
 
-    def sample(self, errors: list) -> list:
+    def sample(self, errors: list[str]) -> list[dict[str, Any]]:
         frame = self.frames[self.pos % len(self.frames)]
         self.pos += 1
         return frame
@@ -355,9 +369,9 @@ class SimSource:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.last: dict = self._load() or {}
+        self.last: dict[str, Any] = self._load() or {}
 
-    def _load(self) -> dict | None:
+    def _load(self) -> dict[str, Any] | None:
         try:
             with open(self.path, encoding="utf-8") as fh:
                 d = json.load(fh)
@@ -365,12 +379,12 @@ class SimSource:
         except (OSError, ValueError):
             return None
 
-    def hello(self) -> dict:
+    def hello(self) -> dict[str, Any]:
         h = {"gpus": [{"index": g.get("index", i), "name": g.get("name")} for i, g in enumerate(self.last.get("gpus") or [])]}
         h.update(self.last.get("hello") or {})
         return h
 
-    def sample(self, errors: list) -> list | None:
+    def sample(self, errors: list[str]) -> list[dict[str, Any]] | None:
         d = self._load()
         if d is None:
             errors.append(f"sim: cannot read {self.path}")
@@ -380,13 +394,13 @@ class SimSource:
         return gpus if isinstance(gpus, list) else None
 
 
-def _text(v) -> str | None:
+def _text(v: object) -> str | None:
     if v is None:
         return None
     return v.decode(errors="replace") if isinstance(v, bytes) else str(v)
 
 
-def open_gpu_source(spec: str, errors: list):
+def open_gpu_source(spec: str, errors: list[str]) -> GpuSource:
     if spec.startswith("replay:"):
         return ReplaySource(spec[len("replay:"):])
     if spec.startswith("sim:"):
@@ -414,7 +428,7 @@ def open_gpu_source(spec: str, errors: list):
 
 # ---------------------------------------------------------------- host readings
 
-def read_meminfo(proc_root: str) -> dict | None:
+def read_meminfo(proc_root: str) -> dict[str, Any] | None:
     keys = {"MemTotal": "total_kb", "MemAvailable": "available_kb", "Cached": "cached_kb",
             "SwapTotal": "swap_total_kb", "SwapFree": "swap_free_kb"}
     try:
@@ -434,7 +448,7 @@ def read_meminfo(proc_root: str) -> dict | None:
     return out or None
 
 
-def read_pressure(proc_root: str) -> dict | None:
+def read_pressure(proc_root: str) -> dict[str, Any] | None:
     try:
         with open(os.path.join(proc_root, "pressure", "memory"), encoding="ascii") as fh:
             text = fh.read()
@@ -462,8 +476,8 @@ def _read_int(path: str) -> int | None:
         return None
 
 
-def read_guards(proc_root: str) -> dict:
-    g: dict = {}
+def read_guards(proc_root: str) -> dict[str, Any]:
+    g: dict[str, Any] = {}
     try:
         with open(os.path.join(proc_root, "swaps"), encoding="utf-8", errors="replace") as fh:
             g["swaps"] = [ln.split()[0] for ln in fh.read().splitlines()[1:] if ln.split()]
@@ -485,7 +499,8 @@ _INSPECT_FORMAT = "{{json .}}"
 _NO_LIMIT = 1 << 60
 
 
-def cgroup_memory_files(pid: int, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> tuple | None:
+def cgroup_memory_files(pid: int, proc_root: str = "/proc",
+                        cgroup_root: str = "/sys/fs/cgroup") -> tuple[str, str] | None:
     """(usage file, limit file) of the memory cgroup that process `pid` (a container's init) lives in.
 
     cgroup v2 (DGX OS 7): <root>/<path>/memory.current and memory.max; v1 (older hosts, this test bed):
@@ -510,7 +525,7 @@ def cgroup_memory_files(pid: int, proc_root: str = "/proc", cgroup_root: str = "
     return None
 
 
-def read_cgroup_memory(files: dict) -> list:
+def read_cgroup_memory(files: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
     """[{"name", "current_b", "max_b"}] for each running container's cgroup ({name: (usage, limit)});
     max_b is left out when the cgroup has no limit. Read every tick: two small files per container."""
     out = []
@@ -531,7 +546,7 @@ def read_cgroup_memory(files: dict) -> list:
     return out
 
 
-def container_from_inspect(d: dict) -> dict:
+def container_from_inspect(d: dict[str, Any]) -> dict[str, Any]:
     st = d.get("State") or {}
     hc = d.get("HostConfig") or {}
     health = (st.get("Health") or {}).get("Status")
@@ -555,18 +570,21 @@ class ContainerPoller:
 
         self.interval = interval
         self.exe = shutil.which("docker")
-        self.result: list | None = None
+        self.result: list[dict[str, Any]] | None = None
         self.error: str | None = None
         import threading
 
         self.lock = threading.Lock()
         self.wake = threading.Event()
-        self.cgroup_files: dict = {}   # running container name -> (usage file, limit file); replaced whole
+        # running container name -> (usage file, limit file); replaced whole
+        self.cgroup_files: dict[str, tuple[str, str]] = {}
         if self.exe:
             threading.Thread(target=self._loop, name="containers", daemon=True).start()
 
-    def _once(self) -> list:
+    def _once(self) -> list[dict[str, Any]]:
         import subprocess
+
+        assert self.exe is not None          # the poller's thread runs only where docker was found
 
         ids = subprocess.run([self.exe, "ps", "-aq", "--no-trunc"], capture_output=True, text=True, timeout=20,
                              check=True).stdout.split()
@@ -607,7 +625,7 @@ class ContainerPoller:
                 self.result, self.error = res, err
             self.wake.wait(self.interval)
 
-    def take(self) -> tuple[list | None, str | None]:
+    def take(self) -> tuple[list[dict[str, Any]] | None, str | None]:
         """The newest reading not handed out yet (None when none came since), and its error."""
         with self.lock:
             res, err = self.result, self.error
@@ -625,21 +643,22 @@ def _boot_id(proc_root: str) -> str | None:
         return None
 
 
-def make_hello(source, proc_root: str, interval: float) -> dict:
+def make_hello(source: GpuSource, proc_root: str, interval: float) -> dict[str, Any]:
     import socket
 
     u = os.uname()
-    h = {"type": "hello", "agent_version": AGENT_VERSION, "hostname": socket.gethostname() or u.nodename,
-         "kernel": u.release, "boot_id": _boot_id(proc_root), "driver": None, "nvml_version": None,
-         "gpu_source": source.name, "simulated": source.simulated, "interval_s": interval, "time": time.time(),
-         "gpus": []}
+    h: dict[str, Any] = {
+        "type": "hello", "agent_version": AGENT_VERSION, "hostname": socket.gethostname() or u.nodename,
+        "kernel": u.release, "boot_id": _boot_id(proc_root), "driver": None, "nvml_version": None,
+        "gpu_source": source.name, "simulated": source.simulated, "interval_s": interval, "time": time.time(),
+        "gpus": []}
     h.update(source.hello())
     h["type"] = "hello"
     return {k: v for k, v in h.items() if v is not None}
 
 
-def make_tick(seq: int, source, proc_root: str, errors: list) -> dict:
-    t: dict = {"type": "tick", "seq": seq, "time": time.time()}
+def make_tick(seq: int, source: GpuSource, proc_root: str, errors: list[str]) -> dict[str, Any]:
+    t: dict[str, Any] = {"type": "tick", "seq": seq, "time": time.time()}
     gpus = source.sample(errors)
     if gpus is not None:
         t["gpus"] = gpus
@@ -653,10 +672,10 @@ def make_tick(seq: int, source, proc_root: str, errors: list) -> dict:
     return t
 
 
-_guards_cache: dict[str, tuple[float, dict]] = {}
+_guards_cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
-def guards_now(proc_root: str) -> dict:
+def guards_now(proc_root: str) -> dict[str, Any]:
     """read_guards at most every GUARDS_REFRESH_S (swap and vm sysctls change on an operator's command; four
     file reads a tick for them were a third of the host readings' cost)."""
     now = time.monotonic()
