@@ -261,8 +261,8 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
     nodes = list(sshd_live)
     mport, sport = free_port(), free_port()
     try:
-        procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"), "--exporter", f"127.0.0.1:{mport}",
-                    "--serve", f"127.0.0.1:{sport}")
+        record = procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"), "--exporter",
+                             f"127.0.0.1:{mport}", "--serve", f"127.0.0.1:{sport}")
         await until(lambda: 'sparkconsole_node_up{node="node2"} 1.0' in metrics(mport), 60, "the collector up")
         async with pw_api.async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
@@ -280,6 +280,14 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
                     await until(lambda s=screen: "GiB free" in s.text and "attached to the cluster's collector"
                                 in " ".join(s.text.split()), 120, "a tab attached, with the nodes' readings")
                 assert [agents(n) for n in nodes] == [1, 1]
+                # SIGKILL the collector with the tabs open: their consoles end with it instead of running on
+                tabs = [c for c in psutil.Process(record.pid).children(recursive=True)
+                        if "console" in " ".join(c.cmdline())]
+                assert len(tabs) == 2, [c.cmdline() for c in tabs]
+                record.kill()
+                record.wait(10)
+                await until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in tabs),
+                            60, "the tabs' consoles to end with their server")
             finally:
                 await browser.close()
     finally:

@@ -263,6 +263,16 @@ class SparkConsoleApp(NodeActions, App):
             self.notify(self.notice, timeout=10)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
+        if os.environ.get("TEXTUAL_DRIVER", "").endswith("WebDriver"):
+            import threading
+            threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
+
+    def _watch_parent(self, parent: int) -> None:
+        """A browser tab's console (webface/) ends with the server that started it: the web driver does not
+        end the app when its input closes, so a SIGKILLed server would leave it running, agents and all."""
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        self.call_from_thread(self.exit)
 
     def get_default_screen(self) -> DashboardScreen:
         return self.dashboard

@@ -66,7 +66,10 @@ class ConsoleServer(Server):
                                      "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
         # Read-only is said in the child's environment, whatever this process's environment says.
         env = ["env", f"{READ_ONLY_ENV}=1"] if read_only else ["env", "-u", READ_ONLY_ENV]
-        super().__init__(shlex.join(env + console_argv(demo=demo, cluster=cluster)), host=listener.listen.host,
+        # exec: the console is this server's own child (not a shell's), so it can tell when this server is gone
+        # (tui/app.py watch_parent) instead of running on, with its agents, after a SIGKILL.
+        super().__init__("exec " + shlex.join(env + console_argv(demo=demo, cluster=cluster)),
+                         host=listener.listen.host,
                          port=listener.listen.port, title="sparkconsole" + (" (read-only)" if read_only else ""))
         self.listener = listener
         self.listen = listener.listen
