@@ -52,6 +52,11 @@ class Procs:
         self.all.append(p)
         return p
 
+    def record_serving(self, mport: int, sport: int) -> subprocess.Popen:
+        """docs/COLLECTOR.md's unit: `record` with the exporter and the browser console in the one process."""
+        return self.spawn("record", "record", "--file", str(self.tmp / "rec.sqlite"), "--exporter",
+                          f"127.0.0.1:{mport}", "--serve", f"127.0.0.1:{sport}")
+
     def out(self, name: str) -> str:
         return (self.tmp / f"{name}.out").read_text()
 
@@ -174,8 +179,7 @@ def test_record_serves_metrics_and_the_console_from_the_collector(sshd_live, tmp
     nodes = list(sshd_live)
     mport, sport = free_port(), free_port()
     try:
-        collector = procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"),
-                                "--exporter", f"127.0.0.1:{mport}", "--serve", f"127.0.0.1:{sport}")
+        collector = procs.record_serving(mport, sport)
         deadline = time.monotonic() + 60
         while not ('sparkconsole_node_up{node="node1"} 1.0' in (text := metrics(mport))
                    and 'sparkconsole_node_up{node="node2"} 1.0' in text):
@@ -265,8 +269,7 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
     nodes = list(sshd_live)
     mport, sport = free_port(), free_port()
     try:
-        record = procs.spawn("record", "record", "--file", str(tmp_path / "rec.sqlite"), "--exporter",
-                             f"127.0.0.1:{mport}", "--serve", f"127.0.0.1:{sport}")
+        record = procs.record_serving(mport, sport)
         await until(lambda: 'sparkconsole_node_up{node="node2"} 1.0' in metrics(mport), 60, "the collector up")
         async with pw_api.async_playwright() as pw:
             browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
