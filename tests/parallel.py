@@ -6,6 +6,11 @@
   or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
   none); the two longest Docker modules run on workers of their own, each with its own engine; the
   network-namespace faults share one worker too (their address blocks are per process).
+- Heavy slots: a test of the heavy test bed (a `testbed-*` group: vLLM servers and containers, routers) waits
+  for one of a few slots (one per CPU; SPARKCONSOLE_HEAVY_SLOTS overrides), so the other workers go on with light
+  tests while a few chains of vLLM launches run. Seven heavy groups on four workers once started up to a dozen
+  vLLM processes at once on two cores (load average 15-47): docker commands then timed out at 30 s and streams at
+  their read timeouts.
 - `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
@@ -19,7 +24,9 @@ import fcntl
 import json
 import os
 import tempfile
+import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 
@@ -46,7 +53,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     own = config.stash.get(_OWN_GROUPS, None)
     if own:
-        for path in (own, f"{own}.lock", f"{own}.intent"):
+        for path in (own, f"{own}.lock", f"{own}.intent", *(f"{own}.heavy{i}" for i in range(heavy_slots()))):
             Path(path).unlink(missing_ok=True)
         os.environ.pop(GROUPS_ENV, None)
 
@@ -119,6 +126,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     return GroupScheduling(config, log)
 
 
+def heavy_slots() -> int:
+    override = os.environ.get("SPARKCONSOLE_HEAVY_SLOTS")
+    return max(1, int(override)) if override else max(1, len(os.sched_getaffinity(0)))
+
+
 def _lock_paths() -> tuple[Path, Path] | None:
     """A worker's two lock files, beside the controller's groups file (removed with it); None outside xdist."""
     groups = os.environ.get(GROUPS_ENV)
@@ -147,19 +159,55 @@ class _Locks:
         fcntl.flock(self.intent, fcntl.LOCK_UN)
 
 
+class _HeavySlot:
+    """One of heavy_slots() lock files beside the groups file, held while a heavy test runs on this worker."""
+
+    def __init__(self, groups: Path) -> None:
+        self.paths = [Path(f"{groups}.heavy{i}") for i in range(heavy_slots())]
+        self.held: IO[str] | None = None
+
+    def take(self) -> None:
+        while True:
+            for path in self.paths:
+                f = open(path, "a")
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.close()
+                    continue
+                self.held = f
+                return
+            time.sleep(0.5)
+
+    def give_back(self) -> None:
+        if self.held is not None:
+            self.held.close()           # closing the file releases its lock
+            self.held = None
+
+
 _locks: _Locks | None = None
+_slot: _HeavySlot | None = None
+
+
+def is_heavy(item: pytest.Item) -> bool:
+    return (group_of(item) or "").startswith("testbed-")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
-    global _locks
+    global _locks, _slot
     paths = _lock_paths()
     if paths is None:
         yield
         return
     if _locks is None:
         _locks = _Locks(paths)
-    if item.get_closest_marker("alone") is not None:
+        _slot = _HeavySlot(Path(os.environ[GROUPS_ENV]))
+    assert _slot is not None
+    alone = item.get_closest_marker("alone") is not None
+    if not alone and is_heavy(item):
+        _slot.take()        # before the shared lock: an alone test, which takes no slot, never waits on one
+    if alone:
         _locks.exclusive()
     else:
         _locks.share()
@@ -167,3 +215,4 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         yield
     finally:
         _locks.release()
+        _slot.give_back()

@@ -133,11 +133,13 @@ def test_both_clis_report_the_same_quantities(clis):
 # the proxy variables in a thread for every request after its clock starts (1.1-1.5 ms; the lockstep opens its
 # session without trust_env). The same lookups sent its c2 pair further apart.
 TOLERANCE = {(c, k): 0.05 for c in CONC for k in KEYS}
-# A c1 TTFT of the tiny model is ~10 ms, so 5 % is half a millisecond: the two HTTP clients' own cost per
-# request (httpx here, aiohttp there). A clean-clone CI run read ours 0.4-0.7 ms below llama-benchy's in all
-# three sets (-5.2 to -5.4 %), every other figure within 4 %. A TTFT gap within this many ms is the clients,
-# not the definitions (a wrong definition is a whole token's time, ~2.4 ms here, or more).
-TTFT_CLIENT_SLACK_MS = 0.75
+# A c1 TTFT of the tiny model is ~10 ms, so 5 % is half a millisecond: the two clients' own cost per request
+# (httpx here, aiohttp and its session there). Clean-clone CI runs read ours 0.4-0.7 ms below llama-benchy's in
+# all three sets of one run (-5.2 to -5.4 %) and 0.9-1.1 ms below in two sets of another (-7.0 %, -7.7 %), every
+# other figure within 4 %. Prefill t/s is the prompt over that same TTFT, so the same fixed cost moves it by the
+# same share (+7.3 % there). A gap within this many ms of TTFT is the clients, not the definitions: a wrong
+# definition is a whole token's time (2.4-2.8 ms at this model's 360-420 t/s) or more.
+CLIENT_SLACK_MS = 1.5
 
 
 @pytest.mark.timeout(900)
@@ -159,4 +161,13 @@ def test_sweep_on_real_vllm_agrees_with_llama_benchy(cross_check):
 def disagreements(compared: dict[tuple[int, str], tuple[float, float, float]]) -> list[str]:
     return [f"c{c} {KEYS[k]}: ours {a:.1f} vs {b:.1f} ({100 * (r - 1):+.1f}%, allowed {TOLERANCE[c, k]:.1%})"
             for (c, k), (a, b, r) in compared.items()
-            if abs(r - 1) > TOLERANCE[c, k] and not (k == "e2e_ttft" and abs(a - b) <= TTFT_CLIENT_SLACK_MS)]
+            if abs(r - 1) > TOLERANCE[c, k] and ttft_gap_ms(k, a, b) > CLIENT_SLACK_MS]
+
+
+def ttft_gap_ms(key: str, ours: float, theirs: float) -> float:
+    """How far apart two figures put the time to first token, in ms (infinite for figures not made from it)."""
+    if key == "e2e_ttft":
+        return abs(ours - theirs)
+    if key == "pp_req_throughput" and ours > 0 and theirs > 0:
+        return abs(PP / ours - PP / theirs) * 1000
+    return float("inf")
