@@ -15,6 +15,8 @@
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
   after all the others, in one process, when the servers the others started are gone.
+- SPARKCONSOLE_TEST_TIMELINE=FILE: each test's worker, start, end and seconds spent waiting for its locks, one
+  JSON line per test (where a suite run's wall time went: `python -m tests.timeline FILE`).
 `-n 0` runs everything in one process, where all of this is inert.
 """
 
@@ -200,6 +202,7 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
     if paths is None:
         yield
         return
+    asked = time.time()
     if _locks is None:
         _locks = _Locks(paths)
         _slot = _HeavySlot(Path(os.environ[GROUPS_ENV]))
@@ -211,8 +214,20 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         _locks.exclusive()
     else:
         _locks.share()
+    started = time.time()
     try:
         yield
     finally:
         _locks.release()
         _slot.give_back()
+        _note_timeline(item, asked, started)
+
+
+def _note_timeline(item: pytest.Item, asked: float, started: float) -> None:
+    path = os.environ.get("SPARKCONSOLE_TEST_TIMELINE")
+    if not path:
+        return
+    line = json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER"), "group": group_of(item),
+                       "waited": round(started - asked, 2), "start": round(started, 2), "end": round(time.time(), 2)})
+    with open(path, "a") as f:      # one short append per test: whole lines from every worker
+        f.write(line + "\n")

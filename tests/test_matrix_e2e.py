@@ -124,3 +124,37 @@ def test_matrix_topology_names():
     assert resolve_topology("cluster-tp2") == ("cluster-tp2", {})
     with pytest.raises(UserError, match="--topologies: unknown topology '2x-solo-random'"):
         resolve_topology("2x-solo-random")
+
+
+async def test_the_next_topology_waits_for_the_last_ones_memory_to_come_back(tmp_path, monkeypatch):
+    """A stopped server's memory returns over seconds: the next topology's preflight waits until it has come
+    back instead of refusing for memory the node is about to have (seen: a matrix's cluster-tp2 refused on spark1
+    with 30.8 GiB available, read while solo's 85 GiB were on their way back)."""
+    import asyncio
+
+    from sparkconsole.launch.launcher import RecipeLauncher
+    from sparkconsole.sim.cluster import Serving, SimCluster
+    from sparkconsole.sim.node import GIB, write_load
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    base = f"127.{os.getpid() % 200 + 20}.78"
+    sim = SimCluster(speed=20, load_speedup=1000, serving=Serving(topology="none"),
+                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    await sim.start()
+    launcher = RecipeLauncher(sim.cluster, poll_interval=0.3)
+    lingering = await asyncio.create_subprocess_exec("sleep", "600")
+    try:
+        await launcher.launch("gpt-oss-120b", "solo")
+        await launcher.stop()
+        # What the stopped server still holds, as its processes end: gone 2 s later.
+        write_load(sim.node_dir("spark1"), "ending", pid=lingering.pid, reserved_b=85 * GIB, gpu_busy=0.0,
+                   loaded=True)
+        asyncio.get_running_loop().call_later(2.0, lingering.kill)
+        await launcher.launch("gpt-oss-120b", "solo")
+        assert [f.rule for f in launcher.findings if f.severity == "refuse"] == []
+    finally:
+        if lingering.returncode is None:
+            lingering.kill()
+        await lingering.wait()
+        await launcher.close()
+        await sim.stop()

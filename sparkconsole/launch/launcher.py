@@ -34,6 +34,9 @@ from .recipe import Recipe, find_recipe
 from .runner import READY_TIMEOUT_S, Progress, Runner
 
 FACTS_TIMEOUT_S = 15.0
+SETTLE_TIMEOUT_S = 60.0      # the longest a preflight waits for a stopped server's memory to come back
+SETTLE_WINDOW_S = 3.0
+SETTLED_GIB = 1.0            # memory rising by less than this over SETTLE_WINDOW_S has come back
 
 # matrix name -> (launch topology, plan options)
 TOPOLOGY_NAMES: dict[str, tuple[str, dict[str, Any]]] = {
@@ -89,6 +92,7 @@ class RecipeLauncher:
         self._own_transports: dict[str, Any] = {}
         self._recipes: dict[str, Recipe] = {}
         self._running: tuple[Runner, Plan] | None = None
+        self._stopped: set[str] = set()            # nodes the last stop freed memory on, until it has settled
         self.plan: Plan | None = None               # the last plan launched (kept after stop, for reports)
         self.findings: list[lint.Finding] = []      # the last preflight's findings
 
@@ -129,6 +133,7 @@ class RecipeLauncher:
             return
         runner, plan = self._running
         self._running = None
+        self._stopped = set(plan.nodes)
         await runner.stop(plan, self.on_progress)
 
     async def close(self) -> None:
@@ -178,7 +183,30 @@ class RecipeLauncher:
                 return
             await asyncio.sleep(0.05)
 
+    async def _settled_memory(self, monitor: Any, names: list[str]) -> None:
+        """Until memory has stopped coming back on the nodes the previous topology's stop freed it on: a stopped
+        server's tens of GiB return over seconds (its processes end, the node's next samples), and a preflight
+        that reads them half-way refuses the next topology for memory it is about to have. Settled: less than
+        SETTLED_GIB more over the last SETTLE_WINDOW_S of samples."""
+        def headroom() -> dict[str, float]:
+            return {n: nm.last.mem.headroom_gib for n, nm in monitor.nodes.items()
+                    if n in names and nm.last is not None and nm.last.mem is not None
+                    and nm.last.mem.headroom_gib is not None}
+        deadline = time.monotonic() + SETTLE_TIMEOUT_S
+        seen: list[tuple[float, dict[str, float]]] = []
+        while time.monotonic() < deadline:
+            await self._fresh_ticks(monitor, names, time.time())
+            now = time.monotonic()
+            seen.append((now, headroom()))
+            old = [h for t, h in seen if now - t >= SETTLE_WINDOW_S]
+            if old and all(v - old[-1].get(n, 0.0) < SETTLED_GIB for n, v in seen[-1][1].items()):
+                return
+
     async def _facts(self, plan: Plan, monitor: Any) -> lint.Facts:
+        settle = [n for n in plan.nodes if n in self._stopped]
+        self._stopped -= set(settle)
+        if settle:
+            await self._settled_memory(monitor, settle)
         await self._fresh_ticks(monitor, list(plan.nodes), time.time())
         used = {n: nm for n, nm in monitor.nodes.items() if n in plan.nodes}
         facts = lint.facts_from_monitors(used, headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
