@@ -3,7 +3,7 @@ typed into filters and inputs, and resizes between 80×24 and 240×70, played on
 behind it. After each: still running, no exception, the focused widget on screen, no node changed unconfirmed.
 
 The quick test plays a few dozen sequences on the demo's nodes alone; the slow one plays
-$SPARKCONSOLE_FUZZ_SEQUENCES (default 100) on the demo serving gpt-oss-120b as 2x solo, so the recipes screen has
+$SPARKCONSOLE_FUZZ_SEQUENCES (default 50) on the demo serving gpt-oss-120b as 2x solo, so the recipes screen has
 a running launch to restart and stop. The really long run: SPARKCONSOLE_FUZZ_SEQUENCES=20000 with `-k fuzz_long`."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from tests.ux_fuzz import Fuzz, Step, binding_keys, sequences
 
 QUICK_SEQUENCES = 12
-LONG_SEQUENCES = int(os.environ.get("SPARKCONSOLE_FUZZ_SEQUENCES", "100"))
+LONG_SEQUENCES = int(os.environ.get("SPARKCONSOLE_FUZZ_SEQUENCES", "50"))
 # The suite plays the same sequences every run (a finding reproduces, and CI never fails on a new draw); asking for
 # a count explores fresh ones.
 EXPLORE = "SPARKCONSOLE_FUZZ_SEQUENCES" in os.environ

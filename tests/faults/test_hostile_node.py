@@ -21,7 +21,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from sparkconsole.nodes.monitor import MAX_LINE, STALE_TICKS, ClusterMonitor, NodeMonitor
+from sparkconsole.nodes.monitor import MAX_LINE, ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.nodes.ssh import SshTransport
 from tests.helpers import until
@@ -30,7 +30,7 @@ pytestmark = pytest.mark.sshd
 INTERVAL = 0.2
 # The flood test's steady node ticks slower: its deadline (STALE_TICKS ticks) must not be met by a busy 2-core
 # machine's scheduling alone (a 0.6 s gap was, once, with ten other processes running). A stall the flood caused
-# would be the whole flood, seconds long, and still trips 1.5 s.
+# would be the whole flood, seconds long, and still reads STALE.
 FLOOD_INTERVAL = 0.5
 
 
@@ -187,10 +187,11 @@ async def test_flooding_node_does_not_stall_the_other(sshd_live, script):
         gc.collect()
         rss1 = proc.memory_info().rss
         during = [t for t in rx if t0 <= t <= t1]
-        gaps = [b - a for a, b in zip(during, during[1:])]
+        # Not stalled, as the console judges it: never STALE (no STALE_TICKS ticks missed by the monitor's own
+        # clock), and most ticks through. The gaps this callback sees also hold the test's own event-loop delays
+        # (1.8 s once, at a suite's load average of 18), so they are not the measure.
         assert states <= {NodeState.LIVE}, states
         assert len(during) >= 0.7 * (t1 - t0) / FLOOD_INTERVAL, len(during)
-        assert max(gaps) < STALE_TICKS * FLOOD_INTERVAL, max(gaps)
         assert hostile.last is None and hostile.state != NodeState.LIVE
         if script is FLOOD:
             assert hostile.bad_lines > 0
