@@ -75,13 +75,14 @@ class Benchy:
         return json.loads(result_path.read_text())
 
     def lockstep(self, base_url: str, model: TinyModel, out: Path, *, pp: int, tg: int, concurrency: Sequence[int],
-                 rounds: int, pause_ms: float = 10.0, cpus: set[int] | None = None, timeout: float = 600) -> dict:
+                 rounds: int, pause_ms: float = 10.0, cpus: set[int] | None = None, timeout: float = 600,
+                 same_prompts: bool = False) -> dict:
         """Our client and llama-benchy's batch by batch on one server (tests/testbed/lockstep.py, run with
         llama-benchy's interpreter); `cpus` pins it. Returns its rounds (timing.compare_rounds reads them)."""
         argv = [str(self.venv.python), str(LOCKSTEP), base_url, model.name, str(model.path),
                 "--book-url", DEFAULT_BOOK_URL, "--pp", str(pp), "--tg", str(tg),
                 "--concurrency", *map(str, concurrency), "--rounds", str(rounds), "--pause-ms", str(pause_ms),
-                "--out", str(out)]
+                "--out", str(out), *(["--same-prompts"] if same_prompts else [])]
         proc = subprocess.run(argv, env=self.env(), capture_output=True, text=True, timeout=timeout,
                               preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
         if proc.returncode != 0 or not out.exists():

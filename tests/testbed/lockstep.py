@@ -29,6 +29,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -57,8 +58,10 @@ class Ours:
         self.shape = await calibrate(self.session, self.base, self.model, self.pp, 0)
 
     def prepare(self, c: int) -> list[bytes]:
-        return [json.dumps(chat_payload(self.model, messages(self.shape, self.rng), self.tg)).encode()
-                for _ in range(c)]
+        return [json.dumps(chat_payload(self.model, m, self.tg)).encode() for m in self.messages(c)]
+
+    def messages(self, c: int) -> list[list[dict]]:
+        return [messages(self.shape, self.rng) for _ in range(c)]
 
     async def send(self, bodies: list[bytes]) -> dict[str, list[float]]:
         url = self.base + "/v1/chat/completions"
@@ -96,6 +99,7 @@ class Theirs:
         self.model, self.pp, self.tg = model, pp, tg
         self.corpus = TokenizedCorpus(book_url, tokenizer, model)
         self.gen = PromptGenerator(self.corpus)
+        self.lend: Callable[[int], list[list[dict]]] | None = None
 
     async def start(self, max_c: int, trust_env: bool = False) -> None:
         # benchy_session, then llama-benchy's warm-up, which measures the chat template's tokens
@@ -104,6 +108,8 @@ class Theirs:
         self.adapted_pp = max(1, self.pp - delta_user)
 
     def prepare(self, c: int) -> list:
+        if self.lend is not None:            # our prompts, as (no context, the user message's text)
+            return [("", msgs[-1]["content"]) for msgs in self.lend(c)]
         return self.gen.generate_batch(c, self.adapted_pp, 0, False)
 
     async def send(self, prompts: list) -> dict[str, list[float]]:
@@ -137,10 +143,14 @@ async def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pause-ms", type=float, default=10.0, help="quiet before every batch, the same for both tools")
     ap.add_argument("--benchy-trust-env", action="store_true",
                     help="llama-benchy's session as its CLI opens it (netrc and proxy lookups on every request)")
+    ap.add_argument("--same-prompts", action="store_true",
+                    help="llama-benchy sends prompts made as ours are (the same words, each its own order)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     tools = {"ours": Ours(args.url, args.model, args.pp, args.tg),
              "benchy": Theirs(args.url, args.model, args.tokenizer, args.book_url, args.pp, args.tg)}
+    if args.same_prompts:
+        tools["benchy"].lend = tools["ours"].messages
     max_c = max(args.concurrency)
     await tools["ours"].start(max_c)
     await tools["benchy"].start(max_c, trust_env=args.benchy_trust_env)
