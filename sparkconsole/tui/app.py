@@ -150,12 +150,12 @@ class SparkConsoleApp(NodeActions, App):
         """The core over the monitor: flight recorder (on its own only: attached, the collector records),
         exhaustion warning + opt-in guard, notifications, post-mortems, endpoint following (all below the TUI)."""
         from ..collector.core import Collector
-        from ..recorder.postmortem import one_line
         self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
                                      say=self._say, acting=not attached, replay=self.replay_at is not None,
                                      serving_factory=self._serving_factory or getattr(self.monitor, "serving_for", None),
                                      bell=self.bell)
         if self.record and not attached:
+            from ..recorder.postmortem import one_line
             try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
                 core.open_recorder(role="console", on_postmortem=lambda pm: (
                     self._say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad"),
