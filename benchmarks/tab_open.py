@@ -9,9 +9,12 @@ tests/test_serve.py). Timed from page.goto to the first node reading in the term
 cut into where its time went:
 
     page      page.goto until the page opens the console's websocket (HTML, textual.js, window.onload)
-    spawn     the websocket opened until the console process is forked (textual-serve, /proc/PID/stat)
-    frame     forked until the first frame reaches the page (Python, imports, Textual's first frame)
+    frame     the websocket opened until the console's first frame reaches the page (its process started or
+              taken from the server's spare, Python, imports, Textual's first frame)
     reading   the first frame until the first node reading (the monitor's layers, attaching, the first redraw)
+
+Tabs open one at a time, `--pause` seconds apart (default 3), each on a server at rest as an operator finds it
+(a server keeps the next tab's console started ahead of it, webface/spare.py, and starts the next one 2 s after).
 
 `--child-runs N` also starts the console exactly as textual-serve does (its command, its environment, the web
 driver on pipes) N times against the collector, without a browser, and marks what the process says: the web
@@ -50,7 +53,6 @@ from tests.testbed.sshd import start_sshd_nodes  # noqa: E402
 
 READING = re.compile(r"\b\d{2,3}(\.\d)? ?°C|GiB free")
 FIRST_FRAME_BYTES = 1000      # the first write this large is the first frame (the escapes before it are a few bytes)
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 def _listening(port: int) -> bool:
@@ -65,19 +67,6 @@ async def _wait(pred, timeout: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(what)
         await asyncio.sleep(0.01)
-
-
-def _started_at(pid: int) -> float:
-    """When the process was forked, on time.monotonic()'s clock (both count from boot; 1/CLK_TCK s steps)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return int(fields[19]) / CLK_TCK
-
-
-def _children(pid: int) -> set[int]:
-    try:
-        return {int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()}
-    except OSError:
-        return set()
 
 
 class Tab:
@@ -103,7 +92,7 @@ class Tab:
             self.reading_at = now
 
 
-async def one_tab(pw, port: int, server_pid: int) -> dict[str, float]:
+async def one_tab(pw, port: int) -> dict[str, float]:
     browser = await pw.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
     try:
         page = await browser.new_page(viewport={"width": 1600, "height": 1000})
@@ -111,15 +100,12 @@ async def one_tab(pw, port: int, server_pid: int) -> dict[str, float]:
                          lambda route: route.abort())
         tab = Tab()
         page.on("websocket", tab.on_ws)
-        before = _children(server_pid)
         t0 = time.monotonic()
         await page.goto(f"http://127.0.0.1:{port}/")
         await _wait(lambda: tab.reading_at is not None, 120, "a node reading in the tab")
-        new = _children(server_pid) - before
-        forked = _started_at(min(new)) if new else float("nan")
         assert tab.ws_at is not None and tab.frame_at is not None and tab.reading_at is not None
-        return {"total": tab.reading_at - t0, "page": tab.ws_at - t0, "spawn": forked - tab.ws_at,
-                "frame": tab.frame_at - forked, "reading": tab.reading_at - tab.frame_at}
+        return {"total": tab.reading_at - t0, "page": tab.ws_at - t0, "frame": tab.frame_at - tab.ws_at,
+                "reading": tab.reading_at - tab.frame_at}
     finally:
         await browser.close()
 
@@ -207,8 +193,7 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, runs: int, child_runs: int,
-                  importtime: bool, tmp: Path) -> dict:
+async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, args: argparse.Namespace, tmp: Path) -> dict:
     from playwright.async_api import async_playwright
     port = free_port()
     proc = _server(src, py, cfg, env, mode, port, tmp)
@@ -218,20 +203,20 @@ async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, runs: int
             await asyncio.sleep(3)       # the collector's agents are up and ticking, as in a unit running for hours
         tabs = []
         async with async_playwright() as pw:
-            for _ in range(runs):
-                tabs.append({k: round(v, 3) for k, v in (await one_tab(pw, port, proc.pid)).items()})
-                await asyncio.sleep(1)   # the tab's console child ends before the next one starts
+            for _ in range(args.runs):
+                await asyncio.sleep(args.pause)     # the last tab's console ended, the server at rest
+                tabs.append({k: round(v, 3) for k, v in (await one_tab(pw, port)).items()})
         out: dict = {"tabs": tabs, "median_s": {k: round(statistics.median(t[k] for t in tabs), 3) for k in tabs[0]}}
-        if mode == "attached" and (child_runs or importtime):
+        if mode == "attached" and (args.child_runs or args.importtime):
             command = _console_command(src, cfg, py)
             children = []
-            for _ in range(child_runs):
+            for _ in range(args.child_runs):
                 children.append({k: round(v, 3) for k, v in (await one_child(command, env, src)).items()})
                 await asyncio.sleep(0.5)
             if children:
                 out["child"] = {"runs": children, "median_s": {
                     k: round(statistics.median(c[k] for c in children), 3) for k in children[0]}}
-            if importtime:
+            if args.importtime:
                 out["child_importtime"] = await one_child(command, env, src, importtime=True)
         return out
     finally:
@@ -259,8 +244,7 @@ async def main_async(args: argparse.Namespace) -> dict:
             for src in srcs:
                 env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(root / "state"), "PYTHONPATH": str(src)}
                 key = mode if len(srcs) == 1 else f"{mode} {src}"
-                figures[key] = await measure(src, py, cfg, env, mode, args.runs, args.child_runs, args.importtime,
-                                             root)
+                figures[key] = await measure(src, py, cfg, env, mode, args, root)
         return {"what": "page open to the first node reading, 2 sshd nodes, agent interval 0.5 s",
                 "bytecode": "as checked out" if args.source else "compiled (as installed)",
                 "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2), **figures}
@@ -273,6 +257,7 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3, help="tabs opened per mode (default 3)")
     ap.add_argument("--modes", default="standalone,attached", help="standalone,attached (default both)")
     ap.add_argument("--src", type=Path, action="append", help="checkout whose sparkconsole to time (repeatable)")
+    ap.add_argument("--pause", type=float, default=3.0, help="seconds between tabs (default 3)")
     ap.add_argument("--child-runs", type=int, default=0, help="attached: consoles started without a browser")
     ap.add_argument("--importtime", action="store_true", help="attached: the slowest imports of one console start")
     ap.add_argument("--source", action="store_true", help="leave the checkouts' bytecode as it is")

@@ -48,7 +48,7 @@ async def test_every_request_needs_the_token():
     """The real aiohttp app of the server on loopback: page, static files and websocket refused without the
     token; ?token= sets the cookie and redirects to a URL without it; the cookie opens the websocket."""
     server = ConsoleServer(Listen("127.0.0.1", free_port()), token=TOKEN, read_only=True, demo=False)
-    assert server.command.startswith("env SPARKCONSOLE_READ_ONLY=1 ") and "console" in server.command
+    assert server.command.startswith("exec env SPARKCONSOLE_READ_ONLY=1 ") and "console" in server.command
     assert "SPARKCONSOLE_READ_ONLY" not in os.environ
     # The console child is not what this test is about: one that exits at once stands in for it.
     server.command = "true"

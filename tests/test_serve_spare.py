@@ -1,0 +1,82 @@
+"""The console a browser tab gets, started ahead of the tab (webface/spare.py, webface/warm.py): it reads and
+connects nothing until a tab takes it, ends with its server, and once taken is the tab's console with the tab's
+own terminal size; the server starts the next one after each take and stops it with itself."""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import aiohttp
+import psutil
+
+from sparkconsole.exporter.listen import Listen
+from sparkconsole.webface.server import ConsoleServer
+from sparkconsole.webface.spare import SpareConsole
+from tests.helpers import until
+from tests.test_serve import _ANSI
+
+ROOT = Path(__file__).resolve().parent.parent
+RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
+CURSOR_ROW = re.compile(r"\x1b\[(\d+);\d+H")
+
+
+def test_a_spare_reads_nothing_before_a_tab_takes_it_and_ends_with_its_server(tmp_path):
+    """End of file on its stdin (the server stopped or was killed) ends it, silent: no cluster file was read
+    (this one does not exist, which the console would refuse in one line), nothing was started."""
+    proc = subprocess.Popen([sys.executable, "-m", "sparkconsole.webface.warm", "--cluster",
+                             str(tmp_path / "no-such-cluster.yaml"), "console"], cwd=ROOT, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env={**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state")})
+    out, err = proc.communicate(b"", timeout=120)
+    assert (proc.returncode, out, err) == (0, b"", b"")
+    assert not (tmp_path / "state").exists()
+
+
+def _replay_console(cfg: Path, module: str) -> str:
+    return "exec " + shlex.join([sys.executable, "-m", module, "--cluster", str(cfg), "console", "--replay",
+                                 str(RECORDING), "--replay-interval", "0.2"])
+
+
+async def test_a_tab_gets_the_console_started_ahead_of_it_at_its_own_size(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    server = ConsoleServer(Listen("127.0.0.1", 0), read_only=True, demo=False, cluster=str(tmp_path / "c.yaml"))
+    assert server.spare is not None
+    assert server.spare.command == server.command.replace(" -m sparkconsole ", " -m sparkconsole.webface.warm ")
+    # The tab's console on a recorded session (no node to reach), started ahead of the tab as the server does.
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("nodes:\n  - {name: spark1, address: 10.0.0.1}\n")
+    server.command = server.tab_command = _replay_console(cfg, "sparkconsole")
+    server.spare = SpareConsole(_replay_console(cfg, "sparkconsole.webface.warm"), server.tab_environment,
+                                refill_after_s=0.2)
+    runner = await server.start_runner()
+    try:
+        spare = server.spare.waiting
+        assert spare is not None and psutil.Process(spare.pid).parent().pid == os.getpid()
+        base = f"http://127.0.0.1:{server.port}"
+        async with aiohttp.ClientSession() as s:
+            ws = await s.ws_connect(base + "/ws?width=100&height=30", origin=base)
+            raw = ""
+
+            async def until_drawn() -> None:
+                nonlocal raw
+                while "°C" not in _ANSI.sub("", raw):
+                    msg = await ws.receive(timeout=60)
+                    assert msg.type == aiohttp.WSMsgType.BINARY, msg
+                    raw += msg.data.decode("utf-8", "replace")
+            await until_drawn()
+            # It is the spare, drawing at the tab's size (it was started at textual-serve's 80×24).
+            assert server.spare.taken == 1 and psutil.pid_exists(spare.pid)
+            assert max(int(m) for m in CURSOR_ROW.findall(raw)) == 30
+            await until(lambda: server.spare.waiting is not None, 30, "the next spare")
+            following = server.spare.waiting
+            assert following.pid != spare.pid
+            await ws.close()
+        await until(lambda: spare.returncode is not None, 30, "the tab's console to end with its tab")
+    finally:
+        await runner.cleanup()
+    assert following.returncode is not None        # stopped with the server
