@@ -20,10 +20,11 @@ import os
 import sys
 from typing import Any
 
-# Imported while the spare waits: what every tab's console imports before its first reading.
-PRELOAD = ("sparkconsole.cli", "sparkconsole.clusterfile", "sparkconsole.config", "sparkconsole.tui.app",
+# Imported while the spare waits: what a tab's console imports before its first reading, attached to a collector
+# (the first line) or on its own (its SSH stack) and with endpoints to show (the HTTP stack).
+PRELOAD = ("sparkconsole.cli", "sparkconsole.clusterfile", "sparkconsole.tui.app", "textual.drivers.web_driver",
            "sparkconsole.collector.attach", "sparkconsole.collector.core", "sparkconsole.protect",
-           "textual.drivers.web_driver")
+           "sparkconsole.nodes.ssh", "sparkconsole.collector.attach_serving")
 
 
 def preload(argv: list[str]) -> None:
