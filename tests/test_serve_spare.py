@@ -1,6 +1,8 @@
-"""The console a browser tab gets, started ahead of the tab (webface/spare.py, webface/warm.py): it reads and
-connects nothing until a tab takes it, ends with its server, and once taken is the tab's console with the tab's
-own terminal size; the server starts the next one after each take and stops it with itself."""
+"""What a browser tab's console does before its first reading. The console started ahead of the tab
+(webface/spare.py, webface/warm.py) reads and connects nothing until a tab takes it, ends with its server, and once
+taken is the tab's console with the tab's own terminal size; the server starts the next one after each take and
+stops it with itself. Attached to a collector, a console imports no HTTP stack until it has an endpoint to show.
+(How long a tab takes: benchmarks/tab_open.py.)"""
 
 from __future__ import annotations
 
@@ -80,3 +82,11 @@ async def test_a_tab_gets_the_console_started_ahead_of_it_at_its_own_size(tmp_pa
     finally:
         await runner.cleanup()
     assert following.returncode is not None        # stopped with the server
+
+
+def test_an_attached_viewer_imports_no_http_stack_until_it_has_an_endpoint_to_show():
+    code = ("import sys, sparkconsole.collector.attach, sparkconsole.collector.core; "
+            "print(sorted(m for m in ('httpx', 'prometheus_client', 'sparkconsole.serving.endpoint') "
+            "if m in sys.modules))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
