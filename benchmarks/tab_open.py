@@ -1,7 +1,7 @@
 """A browser tab's time to its first node reading: `serve` on its own (the tab's console connects to every node
 and starts its agents) against `record --serve` (the tab's console attaches to the collector's current state).
 
-    .venv/bin/python benchmarks/tab_open.py [--runs 5] [--modes attached] [--src DIR ...] [--child-runs 5]
+    .venv/bin/python benchmarks/tab_open.py [--runs 5] [--rounds 2] [--modes attached] [--src DIR ...] [--child-runs 3]
 
 Two real sshd nodes on loopback (tests/testbed/sshd.py), Debian's chromium driven by Playwright (as
 tests/test_serve.py). Timed from page.goto to the first node reading in the terminal's frames: a temperature
@@ -22,9 +22,10 @@ driver started (`__GANGLION__`: the interpreter and every import before the app 
 reading; `--importtime` adds the slowest imports of one such start (`python -X importtime`, cumulative).
 
 `--src DIR` (repeatable) times the sparkconsole checkout in DIR (another commit, for before/after in one run on
-the same machine). The package's bytecode is compiled first, as an installed package has it (pip compiles at
-install time; this project's machines set PYTHONDONTWRITEBYTECODE, under which an uncompiled checkout compiles
-every module on every start); `--source` leaves the checkouts as they are.
+the same machine; `--rounds` takes turns, so a change of the machine's load falls on every checkout alike). The
+package's bytecode is compiled first, as an installed package has it (pip compiles at install time; this
+project's machines set PYTHONDONTWRITEBYTECODE, under which an uncompiled checkout compiles every module on every
+start); `--source` leaves the checkouts as they are.
 
 Prints one JSON object: each run's seconds and the median per figure. No assertion: figures only.
 """
@@ -193,7 +194,9 @@ def _stop(proc: subprocess.Popen) -> None:
         proc.wait(10)
 
 
-async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, args: argparse.Namespace, tmp: Path) -> dict:
+async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, args: argparse.Namespace, tmp: Path,
+                  importtime: bool) -> dict:
+    """One server of that checkout in that mode: args.runs tabs, then (attached) args.child_runs consoles alone."""
     from playwright.async_api import async_playwright
     port = free_port()
     proc = _server(src, py, cfg, env, mode, port, tmp)
@@ -201,26 +204,25 @@ async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, args: arg
         await _wait(lambda: _listening(port), 60, "the server to listen")
         if mode == "attached":
             await asyncio.sleep(3)       # the collector's agents are up and ticking, as in a unit running for hours
-        tabs = []
+        out: dict = {"tabs": [], "child": []}
         async with async_playwright() as pw:
             for _ in range(args.runs):
                 await asyncio.sleep(args.pause)     # the last tab's console ended, the server at rest
-                tabs.append({k: round(v, 3) for k, v in (await one_tab(pw, port)).items()})
-        out: dict = {"tabs": tabs, "median_s": {k: round(statistics.median(t[k] for t in tabs), 3) for k in tabs[0]}}
-        if mode == "attached" and (args.child_runs or args.importtime):
+                out["tabs"].append({k: round(v, 3) for k, v in (await one_tab(pw, port)).items()})
+        if mode == "attached" and (args.child_runs or importtime):
             command = _console_command(src, cfg, py)
-            children = []
             for _ in range(args.child_runs):
-                children.append({k: round(v, 3) for k, v in (await one_child(command, env, src)).items()})
+                out["child"].append({k: round(v, 3) for k, v in (await one_child(command, env, src)).items()})
                 await asyncio.sleep(0.5)
-            if children:
-                out["child"] = {"runs": children, "median_s": {
-                    k: round(statistics.median(c[k] for c in children), 3) for k in children[0]}}
-            if args.importtime:
+            if importtime:
                 out["child_importtime"] = await one_child(command, env, src, importtime=True)
         return out
     finally:
         _stop(proc)
+
+
+def _medians(runs: list[dict]) -> dict:
+    return {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]} if runs else {}
 
 
 def _compile(src: Path) -> None:
@@ -240,11 +242,24 @@ async def main_async(args: argparse.Namespace) -> dict:
     try:
         cfg = cluster_yaml(root / "cluster.yaml", nodes, interval=0.5)
         figures: dict = {}
-        for mode in args.modes.split(","):
-            for src in srcs:
-                env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(root / "state"), "PYTHONPATH": str(src)}
-                key = mode if len(srcs) == 1 else f"{mode} {src}"
-                figures[key] = await measure(src, py, cfg, env, mode, args, root)
+        # Round after round, each checkout in turn: what the machine's load does over the run falls on all alike.
+        for r in range(args.rounds):
+            for mode in args.modes.split(","):
+                for src in srcs:
+                    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(root / "state"), "PYTHONPATH": str(src)}
+                    key = mode if len(srcs) == 1 else f"{mode} {src}"
+                    got = await measure(src, py, cfg, env, mode, args, root, importtime=args.importtime and r == 0)
+                    fig = figures.setdefault(key, {"tabs": [], "child": []})
+                    fig["tabs"] += got["tabs"]
+                    fig["child"] += got["child"]
+                    if "child_importtime" in got:
+                        fig["child_importtime"] = got["child_importtime"]
+        for fig in figures.values():
+            fig["median_s"] = _medians(fig["tabs"])
+            if fig["child"]:
+                fig["child_median_s"] = _medians(fig["child"])
+            else:
+                del fig["child"]
         return {"what": "page open to the first node reading, 2 sshd nodes, agent interval 0.5 s",
                 "bytecode": "as checked out" if args.source else "compiled (as installed)",
                 "cpus": os.cpu_count(), "loadavg_1m": round(os.getloadavg()[0], 2), **figures}
@@ -254,11 +269,13 @@ async def main_async(args: argparse.Namespace) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--runs", type=int, default=3, help="tabs opened per mode (default 3)")
+    ap.add_argument("--runs", type=int, default=3, help="tabs opened per mode and round (default 3)")
+    ap.add_argument("--rounds", type=int, default=1, help="rounds over every checkout and mode (default 1)")
     ap.add_argument("--modes", default="standalone,attached", help="standalone,attached (default both)")
     ap.add_argument("--src", type=Path, action="append", help="checkout whose sparkconsole to time (repeatable)")
     ap.add_argument("--pause", type=float, default=3.0, help="seconds between tabs (default 3)")
-    ap.add_argument("--child-runs", type=int, default=0, help="attached: consoles started without a browser")
+    ap.add_argument("--child-runs", type=int, default=0, help="attached: consoles started without a browser, per "
+                    "round")
     ap.add_argument("--importtime", action="store_true", help="attached: the slowest imports of one console start")
     ap.add_argument("--source", action="store_true", help="leave the checkouts' bytecode as it is")
     args = ap.parse_args()
