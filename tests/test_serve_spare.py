@@ -1,11 +1,13 @@
 """What a browser tab's console does before its first reading. The console started ahead of the tab
 (webface/spare.py, webface/warm.py) reads and connects nothing until a tab takes it, ends with its server, and once
 taken is the tab's console with the tab's own terminal size; the server starts the next one after each take and
-stops it with itself. Attached to a collector, a console imports no HTTP stack until it has an endpoint to show.
+stops it with itself; its monitors start while Textual lays out the first frame, which draws their readings as
+soon as it is up. Attached to a collector, a console imports no HTTP stack until it has an endpoint to show.
 (How long a tab takes: benchmarks/tab_open.py.)"""
 
 from __future__ import annotations
 
+import gc
 import os
 import re
 import shlex
@@ -17,10 +19,16 @@ import aiohttp
 import psutil
 
 from sparkconsole.exporter.listen import Listen
+from sparkconsole.nodes.monitor import ClusterMonitor
+from sparkconsole.nodes.replay import read_recording, replay_factory
+from sparkconsole.tui import heap
+from sparkconsole.tui.app import SparkConsoleApp
 from sparkconsole.webface.server import ConsoleServer
 from sparkconsole.webface.spare import SpareConsole
-from tests.helpers import until
+from tests.helpers import until, wait_for
+from tests.screen import widget_text
 from tests.test_serve import _ANSI
+from tests.test_tui_app import cluster
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
@@ -90,3 +98,37 @@ def test_an_attached_viewer_imports_no_http_stack_until_it_has_an_endpoint_to_sh
             "if m in sys.modules))")
     r = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert (r.returncode, r.stdout.strip()) == (0, "[]"), r.stderr
+
+
+async def test_a_console_started_ahead_starts_its_monitors_before_its_first_frame_and_draws_them_with_it(
+        tmp_path, monkeypatch):
+    """What webface/warm.py sets once the monitor's layers are imported. The heap keeper still waits for the first
+    frame (tui/heap.py)."""
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr(SparkConsoleApp, "monitors_before_first_frame", True)
+    lines = read_recording(RECORDING)
+    made: dict[str, object] = {}
+
+    def factory(cfg):
+        made["frame up"] = app.first_frame_at is not None
+        made["monitor"] = ClusterMonitor(cfg, transport_factory=replay_factory(lambda n: lines, interval=0.05))
+        return made["monitor"]
+    heap.hold()
+    try:
+        app = SparkConsoleApp(cluster(2), monitor_factory=factory)
+        start_heap = app.heap.start
+
+        def heap_started() -> None:
+            made["heap after the frame"] = app.first_frame_at is not None
+            start_heap()
+        app.heap.start = heap_started
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: app.first_frame_at is not None, what="the first frame")
+            assert made["frame up"] is False
+            panel = app.dashboard.panels["spark1"]
+            await wait_for(pilot, lambda: "°C" in widget_text(panel), timeout=30, what="a reading on the panel")
+            await wait_for(pilot, gc.isenabled, what="the heap keeper once the frame is up and the monitors run")
+            assert made["heap after the frame"] is True
+            await pilot.press("q")
+    finally:
+        heap.unhold()

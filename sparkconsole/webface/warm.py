@@ -35,6 +35,11 @@ def preload(argv: list[str]) -> None:
     from .. import cli
     command = "demo" if "demo" in argv else "console"
     cli._module(command)
+    if command == "console":
+        # Its monitor's layers are imported now: it attaches while Textual lays out its first frame (tui/app.py).
+        # (The demo's simulated cluster starts its processes once a reading is on screen: not ahead of it.)
+        from ..tui.app import SparkConsoleApp
+        SparkConsoleApp.monitors_before_first_frame = True
 
 
 def _read_exactly(fd: int, n: int) -> bytes | None:
