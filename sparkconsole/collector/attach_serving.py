@@ -1,8 +1,8 @@
 """A viewer's endpoints (built by AttachedMonitor.serving_for): while its monitor is attached to the collector,
 the collector's polls of the same endpoints, published as if they were its own; on its own, polled as ever.
 
-Apart from collector/attach.py so that a viewer whose cluster has no endpoint to follow (yet) does not import the
-HTTP stack under serving/endpoint.py before its first reading.
+Apart from collector/attach.py so that a viewer whose cluster has no endpoint to show (yet) does not import the
+HTTP stack under serving/endpoint.py.
 """
 
 from __future__ import annotations
