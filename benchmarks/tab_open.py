@@ -27,7 +27,8 @@ package's bytecode is compiled first, as an installed package has it (pip compil
 project's machines set PYTHONDONTWRITEBYTECODE, under which an uncompiled checkout compiles every module on every
 start); `--source` leaves the checkouts as they are.
 
-Prints one JSON object: each run's seconds and the median per figure. No assertion: figures only.
+Prints one JSON object: each run's seconds and the median per figure. No assertion: figures only. The figures
+and where the time went: docs/COLLECTOR.md ("A tab's first reading under `record --serve`").
 """
 
 from __future__ import annotations
