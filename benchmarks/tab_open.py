@@ -49,7 +49,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from tests.helpers import free_port  # noqa: E402
-from tests.test_serve import _ANSI, CHROMIUM, CHROMIUM_ARGS  # noqa: E402
+from tests.test_serve import _ANSI, CHROMIUM, CHROMIUM_ARGS, stop_serve  # noqa: E402
 from tests.test_status import cluster_yaml  # noqa: E402
 from tests.testbed.sshd import start_sshd_nodes  # noqa: E402
 
@@ -186,15 +186,6 @@ def _server(src: Path, py: str, cfg: Path, env: dict, mode: str, port: int, tmp:
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
 
 
-def _stop(proc: subprocess.Popen) -> None:
-    os.killpg(proc.pid, 15)
-    try:
-        proc.wait(30)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, 9)
-        proc.wait(10)
-
-
 async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, args: argparse.Namespace, tmp: Path,
                   importtime: bool) -> dict:
     """One server of that checkout in that mode: args.runs tabs, then (attached) args.child_runs consoles alone."""
@@ -219,7 +210,7 @@ async def measure(src: Path, py: str, cfg: Path, env: dict, mode: str, args: arg
                 out["child_importtime"] = await one_child(command, env, src, importtime=True)
         return out
     finally:
-        _stop(proc)
+        stop_serve(proc)
 
 
 def _medians(runs: list[dict]) -> dict:
