@@ -287,10 +287,11 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
                     await until(lambda s=screen: "GiB free" in s.text and "attached to the cluster's collector"
                                 in " ".join(s.text.split()), 120, "a tab attached, with the nodes' readings")
                 assert [agents(n) for n in nodes] == [1, 1]
-                # SIGKILL the collector with the tabs open: their consoles end with it instead of running on
+                # SIGKILL the collector with the tabs open: their consoles end with it instead of running on, and
+                # so does the console it keeps started for the next tab (webface/spare.py)
                 tabs = [c for c in psutil.Process(record.pid).children(recursive=True)
                         if "console" in " ".join(c.cmdline())]
-                assert len(tabs) == 2, [c.cmdline() for c in tabs]
+                assert len(tabs) >= 2, [c.cmdline() for c in tabs]
                 record.kill()
                 record.wait(10)
                 await until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in tabs),

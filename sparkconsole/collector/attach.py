@@ -10,8 +10,8 @@ timer as ever (no tick for 3 intervals: STALE). Their transports are made on fir
 is not even imported until then): actions (restart, stop, launch, guard fixes) are the viewer's own, over its own
 connection.
 
-Endpoints likewise (AttachedServing, built by `serving_for`): attached, the viewer follows the same launches to
-the same endpoints and shows the collector's polls of them; on its own, it polls them itself.
+Endpoints likewise (attach_serving.AttachedServing, built by `serving_for`): attached, the viewer follows the
+same launches to the same endpoints and shows the collector's polls of them; on its own, it polls them itself.
 
 A viewer that loses its collector says so, marks every LIVE node STALE at once (what it shows is no longer
 live), and starts its own agents; it tries the socket again every RETRY_S and, when a collector answers, stops
@@ -25,16 +25,18 @@ import contextlib
 import logging
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..config import ClusterConfig
 from ..nodes.monitor import ClusterMonitor
 from ..nodes.samples import NodeState
 from ..nodes.transport import make_transport
-from ..serving.endpoint import ServingMonitor
 from ..subscribers import Subscribers
 from .lock import describe_holder, socket_path
-from .wire import MAX_LINE, SILENT_S, ShortPath, decode, snapshot_from
+from .wire import MAX_LINE, SILENT_S, ShortPath, decode
+
+if TYPE_CHECKING:
+    from .attach_serving import AttachedServing
 
 log = logging.getLogger(__name__)
 
@@ -68,8 +70,10 @@ class AttachedMonitor(ClusterMonitor):
         self._servings: list[AttachedServing] = []
         self.endpoint_msgs: dict[str, dict[str, Any]] = {}     # each endpoint's last poll from the collector
 
-    def serving_for(self, cluster: ClusterConfig) -> "AttachedServing":
-        """The ServingMonitor a viewer's core builds (collector/core.py's serving_factory)."""
+    def serving_for(self, cluster: ClusterConfig) -> AttachedServing:
+        """The ServingMonitor a viewer's core builds (collector/core.py's serving_factory): only once the cluster
+        has an endpoint to show, so a viewer without one never imports the HTTP stack (httpx, prometheus_client)."""
+        from .attach_serving import AttachedServing
         return AttachedServing(cluster, self)
 
     def subscribe_status(self, cb: Callable[[str, str], None]) -> Callable[[], None]:
@@ -268,48 +272,3 @@ class _LazyTransport:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
-
-
-class AttachedServing(ServingMonitor):
-    """A viewer's endpoints: while its monitor is attached, no poll of its own, the collector's polls published as
-    if they were; on its own, polled as ever."""
-
-    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, **kw: Any) -> None:
-        super().__init__(config, **kw)
-        self.monitor = monitor
-        monitor._servings.append(self)
-
-    async def start(self) -> None:
-        if self.monitor.attached:
-            self._started = True
-            return
-        await super().start()
-
-    async def follow(self, wanted: Any) -> tuple[list[str], list[str], list[str]]:
-        started = self._started
-        self._started = started and not self.monitor.attached     # attached: new endpoints are not polled here
-        try:
-            added, moved, removed = await super().follow(wanted)
-        finally:
-            self._started = started
-        for name in (*added, *moved):          # the collector may have sent their polls before we followed
-            if (d := self.monitor.endpoint_msgs.get(name)) is not None:
-                self.feed(d)
-        return added, moved, removed
-
-    def feed(self, d: dict[str, Any]) -> None:
-        em = self.endpoints.get(str(d.get("name")))
-        if em is None or em.config.url != d.get("url") or self.monitor._local:
-            return
-        try:
-            snap = snapshot_from(d["snap"])
-        except (TypeError, ValueError):
-            return
-        if em.latest is None or snap.time > em.latest.time:
-            em._publish(snap)
-
-    async def set_local(self, local: bool) -> None:
-        if not self._started:
-            return
-        for em in list(self.endpoints.values()):
-            await (em.start() if local else em.stop())

@@ -21,36 +21,27 @@ from textual.binding import Binding
 
 from ..config import ClusterConfig
 from ..nodes.launches import launch_groups
-from .heap import TICK_S, HeapKeeper
+from .heap import HeapKeeper
 from .node_actions import NodeActions
 from .palette import ConsoleCommands
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
+from .startup import ConsoleStart
 
-if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (_import_layers)
+if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (tui/startup.py)
     from ..alerts import AlertEngine
     from ..collector.core import Collector
     from ..nodes.monitor import ClusterMonitor
     from ..serving.endpoint import ServingMonitor
 
 REDRAW_HZ = 4.0
-FIRST_FRAME_REFRESHES = 20
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
 # Read-only (`sparkconsole serve --read-only`, which starts this app in a child process and says so here): every
 # node-changing action (restart, stop, launch, guard fixes) is hidden, and refused should one be reached anyway.
 READ_ONLY_ENV = "SPARKCONSOLE_READ_ONLY"
 
 
-def _import_layers(serving: bool, attach: bool = False) -> None:
-    """Runs in a thread: the modules the monitors need, imported while the event loop keeps drawing."""
-    import importlib
-    importlib.import_module("sparkconsole.collector.attach" if attach else "sparkconsole.nodes.monitor")
-    importlib.import_module("sparkconsole.collector.core")
-    if serving:
-        importlib.import_module("sparkconsole.serving.endpoint")
-
-
-class SparkConsoleApp(NodeActions, App):
+class SparkConsoleApp(ConsoleStart, NodeActions, App):
     CSS_PATH = "app.tcss"
     TITLE = "sparkconsole"
     COMMANDS = App.COMMANDS | {ConsoleCommands}
@@ -118,6 +109,9 @@ class SparkConsoleApp(NodeActions, App):
         self._unsubscribe: list[Callable[[], None]] = []
         self._last_age_refresh = 0.0
         self._stopped = False
+        self._monitors_begun = False
+        self._monitors_up = False           # _start_monitors done (or failed)
+        self._heap_started = False
         self.first_frame_at: float | None = None
         self.heap = HeapKeeper()
 
@@ -140,39 +134,23 @@ class SparkConsoleApp(NodeActions, App):
         return self.core.notifier if self.core is not None else None
 
     def _say(self, text: str, sev: str = "info") -> None:
-        if not self._drawing():
+        if not self._drawing() or self._not_yet(self._say, text, sev):
             return
         self.dashboard.events.note(text, {"bad": "red", "warn": "yellow"}.get(sev, "cyan"))
         if sev in ("warn", "bad"):
             self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
 
-    def _start_core(self, attached: bool) -> None:
-        """The core over the monitor: flight recorder (on its own only: attached, the collector records),
-        exhaustion warning + opt-in guard, notifications, post-mortems, endpoint following (all below the TUI)."""
-        from ..collector.core import Collector
-        from ..recorder.postmortem import one_line
-        self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
-                                     say=self._say, acting=not attached, replay=self.replay_at is not None,
-                                     serving_factory=self._serving_factory or getattr(self.monitor, "serving_for", None),
-                                     bell=self.bell)
-        if self.record and not attached:
-            try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
-                core.open_recorder(role="console", on_postmortem=lambda pm: (
-                    self._say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad"),
-                    self._show_postmortem(pm)))
-            except Exception as exc:    # a disk problem must not take the console down: say it, run without
-                self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
-        self._unsubscribe.append(self.alerts.subscribe(self._alert_changed))
-        self._unsubscribe.append(core.subscribe_endpoints(self._endpoint_changed))
-        self._unsubscribe.append(core.subscribe_follow(self._followed))
-
     def _say_notes(self, mon) -> None:
         """A replay's notes (recorder/replay.py: the unreadable parts of a damaged recorder file), said on screen."""
+        if self._not_yet(self._say_notes, mon):
+            return
         for note in getattr(mon, "notes", ()):
             self.dashboard.events.note(note, "yellow")
             self.notify(note, severity="warning", timeout=15)
 
     def _show_postmortem(self, pm: dict) -> None:
+        if self._not_yet(self._show_postmortem, pm):
+            return
         panel = self.dashboard.panels.get(pm["node"])
         if panel is not None and self._drawing():
             panel.show_postmortem(pm)
@@ -263,67 +241,14 @@ class SparkConsoleApp(NodeActions, App):
             self.notify(self.notice, timeout=10)
         self.set_interval(1 / REDRAW_HZ, self._redraw)
         self.call_after_refresh(self._first_frame)
+        if self.monitors_before_first_frame:
+            self._begin_monitors()
         if os.environ.get("TEXTUAL_DRIVER", "").endswith("WebDriver"):
             import threading
             threading.Thread(target=self._watch_parent, args=(os.getppid(),), daemon=True).start()
 
-    def _watch_parent(self, parent: int) -> None:
-        """A browser tab's console (webface/) ends with the server that started it: the web driver does not
-        end the app when its input closes, so a SIGKILLed server would leave it running, agents and all."""
-        while os.getppid() == parent:
-            time.sleep(1.0)
-        self.call_from_thread(self.exit)
-
     def get_default_screen(self) -> DashboardScreen:
         return self.dashboard
-
-    def _first_frame(self, refreshes: int = 0, complete_at: int | None = None) -> None:
-        # The first full frame: the dashboard composed (behind the app's own mount), its focused panel's keys on the
-        # key bar, then one refresh more to paint it; with nothing to focus it waits FIRST_FRAME_REFRESHES at most.
-        if complete_at is None and self.dashboard.complete():
-            complete_at = refreshes
-        if (complete_at is None or refreshes == complete_at) and refreshes < FIRST_FRAME_REFRESHES:
-            self.call_after_refresh(self._first_frame, refreshes + 1, complete_at)
-            return
-        self.first_frame_at = time.perf_counter()
-        # Importing the monitor's layers, opening the recorder and connecting take longer than a frame, and a thread
-        # importing holds the interpreter too: none of it before the first frame is on the screen.
-        self.run_worker(self._start_monitors(), name="start-monitors", exit_on_error=False)
-
-    async def _start_monitors(self) -> None:
-        try:
-            await asyncio.to_thread(_import_layers, bool(self.cluster.endpoints and self.serving is None),
-                                    self.attach and self.monitor is None and self._monitor_factory is None)
-            if self._stopped:
-                return
-            if self.monitor is None:
-                if self._monitor_factory is not None:
-                    self.monitor = self._monitor_factory(self.cluster)
-                elif self.attach:
-                    from ..collector.attach import AttachedMonitor
-                    self.monitor = AttachedMonitor(self.cluster)
-                else:
-                    from ..nodes.monitor import ClusterMonitor
-                    self.monitor = ClusterMonitor(self.cluster)
-            attached = False
-            if hasattr(self.monitor, "probe"):
-                self._unsubscribe.append(self.monitor.subscribe_status(self._say))   # attached, alone, lost: one line
-                attached = await self.monitor.probe()
-            if self._stopped:
-                return
-            self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
-            self._say_notes(self.monitor)
-            self._start_core(attached)
-            await self.core.start()
-        except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
-            self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
-            self.dashboard.events.note(f"monitor: {exc}", "red")
-        finally:
-            # Everything start-up made (modules, screens, connections) lives as long as the console: out of the
-            # collector's view before the first key can wait on it; later passes run when no key waits (heap.py).
-            if not self._stopped:
-                self.heap.start()
-                self.set_interval(TICK_S, self.heap.tick)
 
     async def stop_monitors(self) -> None:
         if self._stopped:
@@ -408,7 +333,7 @@ class SparkConsoleApp(NodeActions, App):
         return self.is_running and not self._stopped
 
     def _redraw(self) -> None:
-        if not self._drawing():
+        if not self._drawing() or self.first_frame_at is None:     # the first frame draws what came before it
             return
         now = time.time()
         if now - self._last_age_refresh >= AGE_REFRESH_S:
@@ -456,7 +381,7 @@ class SparkConsoleApp(NodeActions, App):
     def _followed(self, change: tuple) -> None:
         """The core polls where the launches serve now (a recipe's own port, a router): panels appear, move and go
         with them."""
-        if self._drawing():
+        if self._drawing() and not self._not_yet(self._followed, change):
             self.run_worker(self._show_followed(*change), name="follow-endpoints", exit_on_error=False)
 
     async def _show_followed(self, wanted, added, moved, removed) -> None:

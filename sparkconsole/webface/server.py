@@ -14,27 +14,35 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import re
 import shlex
 import signal
 import sys
+from asyncio.subprocess import Process
 from pathlib import Path
+from typing import Any, Awaitable, Callable
 
 import aiohttp_jinja2
 import jinja2
 from aiohttp import web
-from textual_serve.server import Server
+from textual_serve.app_service import AppService
+from textual_serve.server import Server, to_int
 
 from ..exporter.listen import Listen, QuietRunner, token_ok
 from ..exporter.listener import Listener, add_headers, as_listener, start_site
 from ..tui.app import READ_ONLY_ENV
+from .spare import SpareConsole
+
+log = logging.getLogger(__name__)
 
 COOKIE = "sparkconsole_token"
 TEMPLATE = "app_index.html"
 
 
-def console_argv(*, demo: bool, cluster: str | None) -> list[str]:
-    argv = [sys.executable, "-m", "sparkconsole"]
+def console_argv(*, demo: bool, cluster: str | None, module: str = "sparkconsole") -> list[str]:
+    """The tab's console; module="sparkconsole.webface.warm": the same console, started ahead of its tab."""
+    argv = [sys.executable, "-m", module]
     if cluster:
         argv += ["--cluster", str(Path(cluster).expanduser().resolve())]
     return argv + (["demo"] if demo else ["console"])
@@ -58,9 +66,9 @@ def _same_origin(request: web.Request) -> bool:
 
 class ConsoleServer(Server):
     def __init__(self, listen: Listen | Listener, *, token: str | None = None, read_only: bool, demo: bool,
-                 cluster: str | None = None) -> None:
+                 cluster: str | None = None, spare: bool = True) -> None:
         """`listen`: a Listener (exporter/listener.make_listener: TLS, basic auth, token), or a bare Listen
-        with `token`."""
+        with `token`. spare: keep the next tab's console started ahead of it (webface/spare.py)."""
         listener = as_listener(listen, token)
         listener.refuse_open_network("give --token-file FILE (or let `sparkconsole serve` generate a token), "
                                      "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
@@ -71,6 +79,10 @@ class ConsoleServer(Server):
         super().__init__("exec " + shlex.join(env + console_argv(demo=demo, cluster=cluster)),
                          host=listener.listen.host,
                          port=listener.listen.port, title="sparkconsole" + (" (read-only)" if read_only else ""))
+        self.tab_command = self.command       # a command set from outside (a test's stand-in) gets no spare
+        self.spare = SpareConsole(
+            "exec " + shlex.join(env + console_argv(demo=demo, cluster=cluster, module=f"{__package__}.warm")),
+            self.tab_environment) if spare else None
         self.listener = listener
         self.listen = listener.listen
         self.access = listener.access
@@ -113,7 +125,52 @@ class ConsoleServer(Server):
             web.static("/static", self.statics_path, name="static"),
         ])
         add_headers(app, self.listener.headers)
+        app.on_startup.append(self._fill_spare)
+        app.on_cleanup.append(self._close_spare)
         return app
+
+    # --- each tab's console ----------------------------------------------------------------------------------
+    def tab_environment(self, width: int, height: int) -> dict[str, str]:
+        """What textual-serve gives a tab's console: this process's environment, its web driver and size."""
+        return AppService._build_environment(self, width, height)     # (it reads .debug alone)
+
+    async def _fill_spare(self, app: web.Application) -> None:
+        if self.spare is not None and self.command == self.tab_command:
+            await self.spare.fill()
+
+    async def _close_spare(self, app: web.Application) -> None:
+        if self.spare is not None:
+            await self.spare.close()
+
+    async def _take_spare(self, width: int, height: int) -> Process | None:
+        if self.spare is None or self.command != self.tab_command:
+            return None
+        return await self.spare.take(self.tab_environment(width, height))
+
+    async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
+        """textual-serve's handler, with a console that may have been started ahead of the tab."""
+        websocket = web.WebSocketResponse(heartbeat=15)
+        width = to_int(request.query.get("width", "80"), 80)
+        height = to_int(request.query.get("height", "24"), 24)
+        service: _TabService | None = None
+        try:
+            await websocket.prepare(request)
+            service = _TabService(self.command, write_bytes=websocket.send_bytes, write_str=websocket.send_str,
+                                  close=websocket.close, download_manager=self.download_manager, debug=self.debug,
+                                  take_spare=self._take_spare)
+            await service.start(width, height)
+            try:
+                await self._process_messages(websocket, service)
+            finally:
+                await service.stop()
+        except asyncio.CancelledError:
+            await websocket.close()
+        except Exception as error:
+            log.exception(error)
+        finally:
+            if service is not None:
+                await service.stop()
+        return websocket
 
     @aiohttp_jinja2.template(TEMPLATE)
     async def handle_index(self, request: web.Request) -> dict:
@@ -158,5 +215,22 @@ class ConsoleServer(Server):
         return runner
 
     def initialize_logging(self) -> None:
-        import logging
         logging.basicConfig(level="WARNING", format="%(message)s")
+
+
+class _TabService(AppService):
+    """textual-serve's AppService (one tab's console process), which takes the console started ahead of the tab
+    when one waits, and otherwise starts it as textual-serve does."""
+
+    def __init__(self, command: str, *, take_spare: Callable[[int, int], Awaitable[Process | None]],
+                 **kw: Any) -> None:
+        super().__init__(command, **kw)
+        self._take_spare = take_spare
+
+    async def _open_app_process(self, width: int = 80, height: int = 24) -> Process:
+        process = await self._take_spare(width, height)
+        if process is None:
+            return await super()._open_app_process(width, height)
+        assert process.stdin is not None
+        self._process, self._stdin = process, process.stdin
+        return process
