@@ -294,8 +294,20 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
                 assert len(tabs) >= 2, [c.cmdline() for c in tabs]
                 record.kill()
                 record.wait(10)
-                await until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in tabs),
-                            60, "the tabs' consoles to end with their server")
+                def left() -> list[str]:
+                    out = []
+                    for c in tabs:
+                        try:
+                            if c.is_running() and c.status() != psutil.STATUS_ZOMBIE:
+                                out.append(f"{c.pid} {c.status()} {' '.join(c.cmdline())[-120:]}")
+                        except psutil.NoSuchProcess:
+                            continue
+                    return out
+                try:
+                    await until(lambda: not left(), 90, "the tabs' consoles to end with their server")
+                except BaseException:
+                    print("still running:", *left(), sep="\n  ")
+                    raise
             finally:
                 await browser.close()
     finally:

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 import time
 from collections.abc import Callable
 
 from .heap import TICK_S
 
 FIRST_FRAME_REFRESHES = 20
+PARENTLESS_EXIT_S = 10.0      # a tab's console whose server is gone ends within this, cleanly or not
 
 
 def _import_layers(serving: bool, attach: bool = False) -> None:
@@ -50,6 +52,11 @@ class ConsoleStart:
         end the app when its input closes, so a SIGKILLed server would leave it running, agents and all."""
         while os.getppid() == parent:
             time.sleep(1.0)
+        # The exit stops its monitors; a console that had fallen back on its own connections when the collector
+        # went with the server may still be opening them, on a loaded machine for long. It ends regardless.
+        hard = threading.Timer(PARENTLESS_EXIT_S, os._exit, args=(0,))
+        hard.daemon = True
+        hard.start()
         self.call_from_thread(self.exit)
 
     def _first_frame(self, refreshes: int = 0, complete_at: int | None = None) -> None:
