@@ -195,6 +195,7 @@ class RecipeLauncher:
         deadline = time.monotonic() + SETTLE_TIMEOUT_S
         seen: list[tuple[float, dict[str, float]]] = []
         while time.monotonic() < deadline:
+            await asyncio.sleep(0.05)           # a node that is DOWN has no fresh tick to wait for
             await self._fresh_ticks(monitor, names, time.time())
             now = time.monotonic()
             seen.append((now, headroom()))
