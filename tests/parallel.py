@@ -82,16 +82,17 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
-# Longest first (minutes of vLLM launches each, docs/TESTBED.md): xdist hands out groups in collection order, and
-# these modules sort last by name, so a whole chain of launches used to start when the light tests were done.
-LONG_FIRST = ("testbed-docker-test_topologies", "testbed-docker-test_topologies_four",
-              "testbed-docker-test_topologies_routed", "testbed-docker-test_container_killed", "testbed-vllm",
-              "testbed-docker")
+# Seconds of tests per heavy group in a clean-clone run (ci11, docs/TESTBED.md): the scheduler starts the longest
+# chains first, so that the last one to end is not one that waited for a slot behind the others.
+HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 800, "testbed-docker": 640,
+                 "testbed-docker-test_topologies": 400, "testbed-docker-test_topologies_four": 320,
+                 "testbed-docker-test_container_killed": 230, "testbed-vllm": 130}
+# Light work of minutes: handed out first, so it does not start when everything else is ending.
+LONG_LIGHT = ("tests/test_ux_fuzz.py::test_fuzz_long_on_the_serving_demo", "group netns")
 
 
-def _long_first(item: pytest.Item) -> int:
-    g = group_of(item)
-    return LONG_FIRST.index(g) if g in LONG_FIRST else len(LONG_FIRST)
+def _long_first(item: pytest.Item) -> float:
+    return -HEAVY_SECONDS.get(group_of(item) or "", 0)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -114,6 +115,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     from xdist.scheduler import LoadScopeScheduling
 
     class GroupScheduling(LoadScopeScheduling):
+        """Heavy groups go to at most heavy_slots() workers at a time, longest first, while light tests fill the
+        others: a heavy group handed to a third worker would only wait there for a slot, holding that worker's
+        light tests behind it (ci11: one worker waited 772 s, then ran the longest chain last)."""
         groups: dict[str, str] | None = None
 
         def _split_scope(self, nodeid: str) -> str:
@@ -124,6 +128,24 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                     self.groups = {}
             group = self.groups.get(nodeid)
             return f"group {group}" if group else nodeid
+
+        def _holds_heavy(self, node) -> bool:
+            return any(_heavy_scope(scope) and not all(work.values())
+                       for scope, work in self.assigned_work.get(node, {}).items())
+
+        def _assign_work_unit(self, node) -> None:
+            assert self.workqueue
+            heavy = [scope for scope in self.workqueue if _heavy_scope(scope)]
+            light = [scope for scope in self.workqueue if not _heavy_scope(scope)]
+            others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
+            if heavy and (not light or (not self._holds_heavy(node) and others < heavy_slots())):
+                scope = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
+            else:
+                scope = next((s for s in LONG_LIGHT if s in light), light[0])
+            work_unit = self.workqueue.pop(scope)
+            self.assigned_work.setdefault(node, {})[scope] = work_unit
+            collection = self.registered_collections[node]
+            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
 
     return GroupScheduling(config, log)
 
@@ -193,6 +215,10 @@ _slot: _HeavySlot | None = None
 
 def is_heavy(item: pytest.Item) -> bool:
     return (group_of(item) or "").startswith("testbed-")
+
+
+def _heavy_scope(scope: str) -> bool:
+    return scope.startswith("group testbed-")
 
 
 @pytest.hookimpl(hookwrapper=True)

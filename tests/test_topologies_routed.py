@@ -257,6 +257,9 @@ def test_a_rolling_restart_under_a_sweep_drops_no_request_and_all_at_once_does(b
     assert failed, "every server down at once, yet no request failed"
 
 
+# A known failure costs CI minutes of launches and gates nothing: it runs when asked for (docs/TESTBED.md).
+@pytest.mark.skipif(not os.environ.get("SPARKCONSOLE_TEST_OPEN_ISSUES"),
+                    reason="issue 27, open: set SPARKCONSOLE_TEST_OPEN_ISSUES=1 to run it")
 @pytest.mark.xfail(strict=False, reason="issue 27, open: LiteLLM without its database cannot take a server out; "
                    "clean-clone runs failed 5 of 480, 7 of 420 and 98 of 704 requests")
 @pytest.mark.timeout(1500)
