@@ -42,6 +42,8 @@ def test_import_published_then_advise_and_report(tmp_path):
     # nothing listens there: said before the model is asked for (issue 24, item 9)
     (("run", "--url", "http://127.0.0.1:9", "--results", "x.sqlite", "--latency-mode", "none"),
      "--url: cannot connect to http://127.0.0.1:9"),
+    (("run", "--url", "http://127.0.0.1:9", "--kv-metrics", "10.0.0.2:8000", "--results", "x.sqlite"),
+     "--kv-metrics: --kv-metrics '10.0.0.2:8000' is not an http(s) URL"),
 ])
 def test_mistakes_are_one_line_errors(tmp_path, args, needle):
     (tmp_path / "notes.txt").write_text("not a database " * 200)

@@ -391,3 +391,14 @@ def test_ray_cluster_of_four_starts_a_worker_per_node_and_waits_for_all():
     assert all("192.168.100.10:29511" in s.argv for s in workers)
     wait = next(s for s in plan.steps if s.expect)
     assert wait.expect[1] == 4
+
+
+def test_only_a_disaggregated_plan_names_servers_that_receive_a_kv_cache():
+    """`bench matrix` reads these /metrics around each level (the real disagg launch's sweep asserts the figures)."""
+    r = find_recipe("tiny-testbed")
+    disagg = make_plan(r, "disagg", CLUSTER)
+    decode = [s for s in disagg.services if s.role == "decode"]
+    assert len(decode) == 1 and disagg.kv_metrics == (f"{decode[0].url}/metrics",)
+    assert decode[0].url != disagg.endpoint          # the decode server, not the router in front of it
+    for topology in ("solo", "2x-solo", "cluster-tp2"):
+        assert make_plan(r, topology, CLUSTER).kv_metrics == ()

@@ -93,6 +93,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     r.add_argument("--topology", help="topology name to record (what reports compare by)")
     r.add_argument("--label", help="name to compare this run by (default: topology, else the URL)")
     r.add_argument("--recipe", help="recipe name or file to record as provenance")
+    r.add_argument("--kv-metrics", action="append", default=[], metavar="URL",
+                   help="a server that receives the KV cache (disagg's decode side, e.g. http://10.0.0.2:8000): "
+                        "each level records what crossed the connector (repeatable; `bench matrix` does it itself)")
     _sweep_options(r)
     r.set_defaults(func=run)
 
@@ -213,7 +216,8 @@ async def _run(args: argparse.Namespace) -> int:
     from ..bench.sweep import check_reachable, run_sweep
     from ..bench.matrix import recipe_hash
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
-                 recipe_hash=recipe_hash(args.recipe) if args.recipe else None)
+                 recipe_hash=recipe_hash(args.recipe) if args.recipe else None,
+                 kv_metrics=tuple(_metrics_url(u) for u in args.kv_metrics))
     await check_reachable(args.url)      # nothing listening: one line, and no results file made for nothing
     line = _ProgressLine(args.quiet)
     probe, monitor = await _cluster_probe(args)
@@ -232,6 +236,15 @@ async def _run(args: argparse.Namespace) -> int:
               "run the same command with --resume")
         return 1
     return 0
+
+
+def _metrics_url(url: str) -> str:
+    """A server's base URL or its /metrics page, as the operator gives it: the page."""
+    base = url.rstrip("/")
+    if not base.startswith(("http://", "https://")):
+        raise UserError(f"--kv-metrics {url!r} is not an http(s) URL", field="--kv-metrics",
+                        fix="give the decode server's address, e.g. http://10.0.0.2:8000")
+    return base if base.endswith("/metrics") else base + "/metrics"
 
 
 def _topologies(args: argparse.Namespace) -> list[str]:

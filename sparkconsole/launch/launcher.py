@@ -123,10 +123,7 @@ class RecipeLauncher:
     @property
     def kv_metrics(self) -> tuple[str, ...]:
         """/metrics of the running launch's servers that receive a KV cache (disagg: decode)."""
-        if self._running is None:
-            return ()
-        plan = self._running[1]
-        return tuple(f"{s.url}/metrics" for s in plan.services if s.role == "decode" and s.url)
+        return () if self._running is None else self._running[1].kv_metrics
 
     async def stop(self) -> None:
         if self._running is None:

@@ -123,6 +123,11 @@ class Plan:
         return next(s for s in self.services if s.key == key)
 
     @property
+    def kv_metrics(self) -> tuple[str, ...]:
+        """/metrics of the servers that receive a KV cache (disagg: decode), which a bench level reads around it."""
+        return tuple(f"{s.url}/metrics" for s in self.services if s.role == "decode" and s.url)
+
+    @property
     def restartable_in_place(self) -> bool:
         # A tensor-parallel group must come up together; single-node servers can restart one by one. Mods are
         # applied to a fresh container, as the runner does on every start: a plan with mods is relaunched.
