@@ -88,7 +88,7 @@ HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 800, "testbed-docker":
                  "testbed-docker-test_topologies": 400, "testbed-docker-test_topologies_four": 320,
                  "testbed-docker-test_container_killed": 230, "testbed-vllm": 130}
 # Light work of minutes: handed out first, so it does not start when everything else is ending.
-LONG_LIGHT = ("tests/test_ux_fuzz.py::test_fuzz_long_on_the_serving_demo", "group netns")
+LONG_LIGHT = ("tests/test_ux_fuzz.py::test_fuzz_long_on_the_serving_demo",)
 
 
 def _long_first(item: pytest.Item) -> float:

@@ -107,9 +107,10 @@ def test_sweep_on_real_vllm_exact_lengths(clis, pinned_server):
 
 # One sweep of each CLI, one after the other: the VM's wander is in the gap. Two clean-clone CI runs put them
 # 29 % apart (c1 TTFT 49.4 vs 38.3 ms; nothing else running) and 39 % (c1 decode, a vLLM of another test beside
-# it), where the lockstep, a second apart, read within 5 %. So this checks units and aggregation end to end (a
-# wrong unit or a c2 sum for a per-request figure is a factor of 2 or more), not closeness: that is the lockstep's.
-CLI_FACTOR = 1.6          # ours/theirs or theirs/ours at most this
+# it), and a third 61 % (c2 TTFT 28.1 vs 45.2 ms: a 30-ms figure, each tool with its own prompts), where the
+# lockstep, a second apart, read within 5 %. So this checks units and aggregation end to end (a wrong unit or a c2
+# sum for a per-request figure is a factor of 2 or more), not closeness: that is the lockstep's.
+CLI_FACTOR = 1.8          # ours/theirs or theirs/ours at most this
 
 
 @pytest.mark.timeout(900)

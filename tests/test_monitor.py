@@ -91,15 +91,16 @@ async def test_partitioned_node_goes_stale_then_down_and_comes_back_alone(sshd_l
         sshd_live[0].kill()              # now the connection drops
         await until(lambda: n1.state == NodeState.DOWN, 5, "node1 DOWN")
         assert n1.last_error
-        await asyncio.sleep(1.0)
-        assert n2.state == NodeState.LIVE and len(n2.history) >= before + 3   # the other node kept streaming
+        # The other node kept streaming. Under a loaded 2-core machine its own ticks can be 0.6 s late (3 of them,
+        # STALE by the rule) without any fault of node1's: it must come back LIVE without ever dropping its link.
+        await until(lambda: n2.state == NodeState.LIVE and len(n2.history) >= before + 3, 10, "node2 streaming")
 
         sshd_live[0].restart()
         await until(lambda: n1.state == NodeState.LIVE, 40, "node1 back LIVE without a restart")
         assert n1.connects >= 2 and n1.reboots == 0 and n1.info.boot_id == boot
         assert states["node1"][:4] == [NodeState.LIVE, NodeState.STALE, NodeState.DOWN, NodeState.LIVE] or \
             states["node1"][-4:] == [NodeState.LIVE, NodeState.STALE, NodeState.DOWN, NodeState.LIVE]
-        assert NodeState.DOWN not in states["node2"] and NodeState.STALE not in states["node2"]
+        assert NodeState.DOWN not in states["node2"], states
     finally:
         await mon.stop()
     await until(lambda: not agent_pids_for(INTERVAL), 5, "the agents to end (also the partitioned one)")

@@ -94,13 +94,14 @@ async def cut_and_heal(sshd_live, node, tmp_path, cut_s: float, transport_factor
         gc.collect()
         rss_after = proc.memory_info().rss
 
-        # The other node never stalled: it stayed LIVE and its ticks kept arriving at rate through the cut.
+        # The other node never stalled: its connection stayed up and its ticks kept arriving at rate through the cut.
         during = [t for t in steady_rx if t_cut <= t <= t_up]
         gaps = [b - a for a, b in zip(steady_rx, steady_rx[1:])]
-        assert steady_states <= {NodeState.LIVE}, steady_states
+        assert NodeState.DOWN not in steady_states, steady_states
         # A loop blocked by the cut node would wait on the dead link, a keepalive interval (5 s) or more: one gap
-        # that long. A busy 2-core machine delays ticks too (0.601 s once, and 1.23 s while vLLM servers
-        # started beside it), and the monitor called none of that STALE: the bound is half a keepalive interval.
+        # that long. A busy 2-core machine delays ticks too (0.601 s once, 1.23 s while vLLM servers started
+        # beside it), and past 3 ticks (0.6 s here) the monitor rightly calls that STALE, so a STALE alone is not
+        # the cut's doing (a clean-clone run saw one): the bound is half a keepalive interval.
         assert max(gaps) < max(2 * STALE_TICKS * INTERVAL, KEEPALIVE_INTERVAL_S / 2), max(gaps)
         assert len(during) >= 0.7 * (t_up - t_cut) / INTERVAL, (len(during), t_up - t_cut)
 
