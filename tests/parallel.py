@@ -55,7 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     own = config.stash.get(_OWN_GROUPS, None)
     if own:
-        for path in (own, f"{own}.lock", f"{own}.intent", *(f"{own}.heavy{i}" for i in range(heavy_slots()))):
+        for path in (own, f"{own}.lock", f"{own}.intent", *heavy_slot_paths(Path(own))):
             Path(path).unlink(missing_ok=True)
         os.environ.pop(GROUPS_ENV, None)
 
@@ -155,6 +155,11 @@ def heavy_slots() -> int:
     return max(1, int(override)) if override else max(1, len(os.sched_getaffinity(0)))
 
 
+def heavy_slot_paths(groups: Path) -> list[Path]:
+    """The slots' lock files, beside the controller's groups file."""
+    return [Path(f"{groups}.heavy{i}") for i in range(heavy_slots())]
+
+
 def _lock_paths() -> tuple[Path, Path] | None:
     """A worker's two lock files, beside the controller's groups file (removed with it); None outside xdist."""
     groups = os.environ.get(GROUPS_ENV)
@@ -187,7 +192,7 @@ class _HeavySlot:
     """One of heavy_slots() lock files beside the groups file, held while a heavy test runs on this worker."""
 
     def __init__(self, groups: Path) -> None:
-        self.paths = [Path(f"{groups}.heavy{i}") for i in range(heavy_slots())]
+        self.paths = heavy_slot_paths(groups)
         self.held: IO[str] | None = None
 
     def take(self) -> None:
