@@ -214,6 +214,17 @@ class _HeavySlot:
             self.held = None
 
 
+_OUTCOME = pytest.StashKey[str]()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call):
+    report = yield
+    if report.outcome != "passed" and _OUTCOME not in item.stash:      # the first that did not pass says it
+        item.stash[_OUTCOME] = report.outcome if report.when == "call" else f"{report.outcome} in {report.when}"
+    return report
+
+
 _locks: _Locks | None = None
 _slot: _HeavySlot | None = None
 
@@ -259,6 +270,7 @@ def _note_timeline(item: pytest.Item, asked: float, started: float) -> None:
     if not path:
         return
     line = json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER"), "group": group_of(item),
-                       "waited": round(started - asked, 2), "start": round(started, 2), "end": round(time.time(), 2)})
+                       "waited": round(started - asked, 2), "start": round(started, 2), "end": round(time.time(), 2),
+                       "outcome": item.stash.get(_OUTCOME, "passed")})
     with open(path, "a") as f:      # one short append per test: whole lines from every worker
         f.write(line + "\n")

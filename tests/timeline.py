@@ -3,7 +3,7 @@
     python -m tests.timeline FILE
 
 Per worker: busy seconds, seconds waiting for a heavy slot or the alone lock, idle seconds; per group: its
-tests' seconds and span (first start to last end), longest first."""
+tests' seconds and span (first start to last end), longest first; then each test that failed, and when."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def main(path: str) -> None:
     for g, rs in sorted(groups.items(), key=lambda kv: -sum(r["end"] - r["start"] for r in kv[1])):
         first, last = min(r["start"] for r in rs) - t0, max(r["end"] for r in rs) - t0
         print(f"  {g}: {sum(r['end'] - r['start'] for r in rs):.0f} s / +{first:.0f} to +{last:.0f} s")
+    for r in rows:
+        if r.get("outcome", "passed") not in ("passed", "skipped", "skipped in setup"):
+            print(f"{r['outcome']}: {r['test']} ({r['worker']}, +{r['start'] - t0:.0f} to +{r['end'] - t0:.0f} s)")
 
 
 if __name__ == "__main__":
