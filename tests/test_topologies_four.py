@@ -49,7 +49,7 @@ def test_tensor_parallel_4_serves_across_four_nodes_reads_broken_without_a_rank_
     assert all(names_on(bed4, i) == sorted(bed4.containers) for i in range(4))   # one engine behind all four
 
     chunks, tokens = asyncio.run(stream_chat(bed4.url(0), tiny_model.name, 16))
-    assert tokens == 16 and chunks >= 16
+    assert tokens == 16 and chunks >= 16 // 4       # in pieces; a loaded machine merges some (tests/test_topologies.py)
 
     group, _ = asyncio.run(watch_launch(bed4, "SERVING", members=4))
     assert sorted(m.node for m in group.members) == ["node1", "node2", "node3", "node4"]
