@@ -10,7 +10,8 @@
   for one of a few slots (one per CPU; SPARKCONSOLE_HEAVY_SLOTS overrides), so the other workers go on with light
   tests while a few chains of vLLM launches run. Seven heavy groups on four workers once started up to a dozen
   vLLM processes at once on two cores (load average 15-47): docker commands then timed out at 30 s and streams at
-  their read timeouts.
+  their read timeouts. The scheduler (`GroupScheduling`) hands heavy groups to no more workers than there are
+  slots, longest first, and light tests to the others.
 - `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
