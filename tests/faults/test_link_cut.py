@@ -100,9 +100,9 @@ async def cut_and_heal(sshd_live, node, tmp_path, cut_s: float, transport_factor
         assert NodeState.DOWN not in steady_states, steady_states
         # A loop blocked by the cut node would wait on the dead link, a keepalive interval (5 s) or more: one gap
         # that long. A busy 2-core machine delays ticks too (0.601 s once, 1.23 s while vLLM servers started
-        # beside it), and past 3 ticks (0.6 s here) the monitor rightly calls that STALE, so a STALE alone is not
-        # the cut's doing (a clean-clone run saw one): the bound is half a keepalive interval.
-        assert max(gaps) < max(2 * STALE_TICKS * INTERVAL, KEEPALIVE_INTERVAL_S / 2), max(gaps)
+        # beside it, 2.64 s once at a clean-clone run's peak), and past 3 ticks (0.6 s here) the monitor rightly
+        # calls that STALE, so a STALE alone is not the cut's doing: the bound is most of a keepalive interval.
+        assert max(gaps) < max(2 * STALE_TICKS * INTERVAL, 0.8 * KEEPALIVE_INTERVAL_S), max(gaps)
         assert len(during) >= 0.7 * (t_up - t_cut) / INTERVAL, (len(during), t_up - t_cut)
 
         assert states[states.index(NodeState.LIVE):][:4] == [NodeState.LIVE, NodeState.STALE, NodeState.DOWN, NodeState.LIVE], states
