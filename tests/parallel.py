@@ -92,15 +92,10 @@ HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 800, "testbed-docker":
 LONG_LIGHT = ("tests/test_ux_fuzz.py::test_fuzz_long_on_the_serving_demo",)
 
 
-def _long_first(item: pytest.Item) -> float:
-    return -HEAVY_SECONDS.get(group_of(item) or "", 0)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     path = os.environ.get(GROUPS_ENV)
     if not os.environ.get("PYTEST_XDIST_WORKER") or not path:
         return
-    items.sort(key=_long_first)        # stable: each module keeps its own order
     groups = {item.nodeid: g for item in items if (g := group_of(item))}
     tmp = f"{path}.{os.environ['PYTEST_XDIST_WORKER']}"
     Path(tmp).write_text(json.dumps(groups))
@@ -135,7 +130,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                        for scope, work in self.assigned_work.get(node, {}).items())
 
         def _assign_work_unit(self, node) -> None:
-            assert self.workqueue
+            """xdist's own, given the unit chosen here: it hands out the queue's first."""
             heavy = [scope for scope in self.workqueue if _heavy_scope(scope)]
             light = [scope for scope in self.workqueue if not _heavy_scope(scope)]
             others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
@@ -143,10 +138,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
                 scope = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
             else:
                 scope = next((s for s in LONG_LIGHT if s in light), light[0])
-            work_unit = self.workqueue.pop(scope)
-            self.assigned_work.setdefault(node, {})[scope] = work_unit
-            collection = self.registered_collections[node]
-            node.send_runtest_some([collection.index(nodeid) for nodeid, done in work_unit.items() if not done])
+            self.workqueue.move_to_end(scope, last=False)
+            super()._assign_work_unit(node)
 
     return GroupScheduling(config, log)
 
@@ -230,12 +223,17 @@ _locks: _Locks | None = None
 _slot: _HeavySlot | None = None
 
 
+def _heavy_group(group: str | None) -> bool:
+    return (group or "").startswith("testbed-")
+
+
 def is_heavy(item: pytest.Item) -> bool:
-    return (group_of(item) or "").startswith("testbed-")
+    return _heavy_group(group_of(item))
 
 
 def _heavy_scope(scope: str) -> bool:
-    return scope.startswith("group testbed-")
+    """A scheduler's scope (`group NAME`, else a node id) that is a heavy group."""
+    return scope.startswith("group ") and _heavy_group(scope.removeprefix("group "))
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from tests.testbed.routers import RouterProcess
-from tests.testbed.vllm import VllmServer, chat, metric_samples, request_success_total
+from tests.testbed.vllm import VllmServer, chat, metric_samples, request_success_total, requests_running
 
 pytestmark = pytest.mark.slow
 
@@ -53,10 +53,6 @@ def test_litellm_simple_shuffle_spreads(vllm_pair, litellm_router: Callable[[str
     assert sum(counts) == 16 and min(counts) >= 1  # all 16 on one side: p = 2 * 0.5**16
 
 
-def running(server: VllmServer) -> float:
-    return sum(s.value for s in metric_samples(server.url) if s.name == "vllm:num_requests_running")
-
-
 def test_litellm_least_busy_sends_to_the_server_with_fewer_in_flight(
         vllm_pair, litellm_router: Callable[[str], RouterProcess]) -> None:
     """With one long request running on a server, the next goes to the other. (A burst is another matter: it is
@@ -68,10 +64,10 @@ def test_litellm_least_busy_sends_to_the_server_with_fewer_in_flight(
         long = pool.submit(chat, router.url, router.model, "a long answer", max_tokens=1500, headers=router.headers,
                            timeout=600)
         deadline = time.monotonic() + 120
-        while not any(running(s) for s in vllm_pair):
+        while not any(requests_running(s.url) for s in vllm_pair):
             assert time.monotonic() < deadline and not long.done(), "the long request never ran"
             time.sleep(0.05)
-        busy = [running(s) > 0 for s in vllm_pair]
+        busy = [requests_running(s.url) > 0 for s in vllm_pair]
         send(router, 1)
         mid = per_backend(vllm_pair)
         long.result()

@@ -386,6 +386,11 @@ def request_success_total(url: str) -> float:
     return sum(s.value for s in metric_samples(url) if s.name == "vllm:request_success_total")
 
 
+def requests_running(url: str) -> float:
+    """vllm:num_requests_running: how many requests this server's engine is running now."""
+    return sum(s.value for s in metric_samples(url) if s.name == "vllm:num_requests_running")
+
+
 def chat(url: str, model: str, content: str, *, max_tokens: int = 4, headers: dict[str, str] | None = None,
          timeout: float = 120) -> dict:
     body = {"model": model, "messages": [{"role": "user", "content": content}], "max_tokens": max_tokens,
