@@ -15,9 +15,10 @@ from hypothesis import strategies as st
 
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
-from sparkconsole.launch import lint
+from sparkconsole.launch import gate, lint
 from sparkconsole.launch.argv import flag_value
 from sparkconsole.launch.plan import make_plan
+from sparkconsole.launch.routers import DEFAULT_ROUTER_DIR
 from sparkconsole.launch.steps import EXIT_MARK, NodeExpr, Step
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 
@@ -100,7 +101,14 @@ def test_bundled_plan_field_by_field(key, topology, opts):
             assert env[s.name] is None                              # by reference only
         assert f"sparkconsole.recipe={key}" in opts_ and f"sparkconsole.topology={topology}" in opts_
         argv = plan.server_args[svc.key]
-        assert tuple(cmd) == argv
+        # behind LiteLLM (no worker API) each server carries the drain gate for a rolling restart: its directory
+        # mounted, found first on the image's PYTHONPATH, loaded as vLLM middleware
+        assert svc.drain_gate == (topology == "2x-solo" and plan.router != "vllm-router")
+        if svc.drain_gate:
+            assert tuple(cmd) == gate.wrap(argv) and flag_value(argv, "--middleware") == "sparkconsole_drain_gate.DrainGate"
+            assert opts_[opts_.index(gate.mount(DEFAULT_ROUTER_DIR)) - 1] == "-v"
+        else:
+            assert tuple(cmd) == argv and "--middleware" not in argv
         assert "--distributed-executor-backend" not in argv
         # one TP group serves on the head's port; single-node servers on their own node's port
         port = served_port(r, topology, svc.role, "spark1" if topology == "cluster-tp2" else svc.node)

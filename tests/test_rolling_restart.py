@@ -64,6 +64,9 @@ class H(BaseHTTPRequestHandler):
     def do_POST(self):
         global running
         req = json.loads(self.rfile.read(int(self.headers.get("Content-Length") or 0)) or b"{}")
+        if os.path.exists("/tmp/sparkconsole-draining"):     # as the drain gate answers once it is closed
+            self.send_response(503); self.send_header("Content-Length", "0"); self.end_headers()
+            return
         prompt = str(req.get("prompt", ""))
         with lock:
             running += 1
@@ -128,12 +131,14 @@ def test_restart_plan_all_at_once_and_without_a_router(tmp_path):
     assert "drain" not in restart_text(solo, drain_timeout=0)
 
 
-def test_restart_plan_behind_litellm_says_it_cannot_take_a_server_out(tmp_path):
+def test_restart_plan_behind_litellm_closes_each_server_by_its_drain_gate(tmp_path):
     recipe = fake_recipe(tmp_path, "img:1", litellm_venv=tmp_path)
     plan = make_plan(recipe, "2x-solo", _cluster(tmp_path), {"router": "simple-shuffle"})
     text = restart_text(plan)
-    assert "rolling" in text and "no API to take it out without its database" in text
-    assert "remove_worker" not in text
+    assert "rolling" in text and "remove_worker" not in text
+    for n in (1, 2):
+        assert f"{n}.1 close it to new requests (its drain gate" in text
+        assert f"{n}.5 wait until LiteLLM sends to it again" in text
 
 
 def test_cli_plan_restart_prints_the_steps(tmp_path, monkeypatch, capsys):
@@ -449,8 +454,9 @@ async def test_rolling_restart_of_a_plan_with_mods_relaunches_each_server(tmp_pa
 async def test_rolling_restart_behind_litellm_drains_and_restarts_one_at_a_time(tmp_path, docker_engine,
                                                                                 testbed_base_image, litellm_env,
                                                                                 local_cluster, state, monkeypatch):
-    """LiteLLM cannot take a server out without its database: the roll drains (bounded) and restarts one server
-    at a time, and LiteLLM's own failed calls steer it away. Prints what a client saw."""
+    """LiteLLM cannot take a server out without its database: the roll closes each server's drain gate (the
+    stand-in answers 503 as the gate does), drains and restarts it, and LiteLLM sends the refused requests to the
+    other server."""
     import secrets as pysecrets
     key = "sk-" + pysecrets.token_hex(16)
     monkeypatch.setenv("LITELLM_MASTER_KEY", key)
@@ -469,6 +475,7 @@ async def test_rolling_restart_behind_litellm_drains_and_restarts_one_at_a_time(
         print(f"rolling behind LiteLLM: {load.ok} ok, {load.failed} failed ({sorted(set(load.errors))[:2]}); "
               f"{report.line()}")
         assert [s.ok for s in report.servers] == [True, True] and load.ok > 0
+        assert load.failed == 0 and report.cut == 0, load.errors[:5]
         assert all(started_at(docker_engine, n) != before[n] for n in before)
     finally:
         await runner.stop(plan)

@@ -235,63 +235,45 @@ def server_ids(bed) -> list[str]:
     return [bed.engine.inspect(c)["Id"] for c in bed.containers[:2]]
 
 
-@pytest.mark.timeout(2400)
-def test_a_rolling_restart_under_a_sweep_drops_no_request_and_all_at_once_does(bed, tiny_model):
-    """Issue 27's proof on real parts: 2x solo of the tiny model on the two SSH nodes behind the real vllm-router, a
+def roll_under_a_sweep(bed, router: str, results: str) -> str:
+    """Issue 27's proof on real parts: 2x solo of the tiny model on the two SSH nodes behind a real router, a
     `bench run` sweep at c4-c8 through it, `recipe restart` meanwhile: no failed request in the results store,
-    both containers new, a backend serving at every moment. Then `--all-at-once`, for contrast: it fails some."""
-    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", "vllm-router", "--yes", "--force"))
+    both containers new, a backend serving at every moment. Returns the router's URL."""
+    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", router, "--yes", "--force"))
     assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
     url = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
     before = server_ids(bed)
-
-    restart, rows, watch, took = sweep_during(bed, url, bed.root / "roll.sqlite", ["--router", "vllm-router"])
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / results, ["--router", router])
     assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
     assert "rolling restart in" in restart.stdout + restart.stderr
     failed = [r for r in rows if not r["ok"]]
     alone = watch.longest_alone()
-    print(f"\nvllm-router: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} failed;"
+    print(f"\n{router}: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} failed;"
           f" fewest backends {min(n for _, n in watch.counts)}, longest one alone {alone:.1f} s")
     assert len(rows) > 0 and not failed, [r["error"] for r in failed][:3]
     after = server_ids(bed)
     assert all(a != b for a, b in zip(after, before)), (before, after)          # new containers, both
     assert watch.counts and min(n for _, n in watch.counts) >= 1                  # never none serving
     assert alone > 0                                                               # one at a time: 2 -> 1 -> 2
+    return url
 
-    restart, rows, watch, took = sweep_during(bed, url, bed.root / "hard.sqlite", ["--router", "vllm-router",
+
+@pytest.mark.timeout(1500)
+def test_a_rolling_restart_behind_vllm_router_drops_no_request(bed, tiny_model):
+    """vllm-router takes each server out through its worker API (/remove_worker, /add_worker)."""
+    roll_under_a_sweep(bed, "vllm-router", "roll.sqlite")
+
+
+@pytest.mark.timeout(2400)
+def test_a_rolling_restart_behind_litellm_drops_no_request_and_all_at_once_does(bed, tiny_model):
+    """LiteLLM has no API to take a server out without its database: each server's drain gate closes it (new
+    requests answered 503, which LiteLLM's weighted failover sends to the other). Then `--all-at-once`, for
+    contrast: every server down together fails requests."""
+    url = roll_under_a_sweep(bed, "simple-shuffle", "roll-litellm.sqlite")
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / "hard.sqlite", ["--router", "simple-shuffle",
                                                                                     "--all-at-once"])
     assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
     failed = [r for r in rows if not r["ok"]]
-    print(f"vllm-router: all-at-once restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} "
-          "failed")
+    print(f"simple-shuffle: all-at-once restart in {took:.0f} s under the sweep: {len(rows)} requests, "
+          f"{len(failed)} failed")
     assert failed, "every server down at once, yet no request failed"
-
-
-# A known failure costs CI minutes of launches and gates nothing: it runs when asked for (docs/TESTBED.md).
-@pytest.mark.skipif(not os.environ.get("SPARKCONSOLE_TEST_OPEN_ISSUES"),
-                    reason="issue 27, open: set SPARKCONSOLE_TEST_OPEN_ISSUES=1 to run it")
-@pytest.mark.xfail(strict=False, reason="issue 27, open: LiteLLM without its database cannot take a server out; "
-                   "clean-clone runs failed 5 of 480, 7 of 420 and 98 of 704 requests")
-@pytest.mark.timeout(1500)
-def test_a_rolling_restart_behind_litellm_keeps_one_server_serving_and_ends_on_a_clean_pair(bed, tiny_model):
-    """Behind LiteLLM the roll drains and restarts one server at a time too, and the router's config cools a
-    failing backend and retries elsewhere. LiteLLM without its database has no API to take a server out, so what
-    it sends to a server between its drain and its restart can still fail when its retries land on the same one
-    (clean-clone runs: 5 of 480 and 7 of 420 requests; vllm-router's roll above fails none): the closing notes
-    count them. What holds: one server serves throughout, both are new, and the sweep runs clean on them."""
-    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", "simple-shuffle", "--yes",
-                                                         "--force"))
-    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
-    url = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
-    before = server_ids(bed)
-    restart, rows, watch, took = sweep_during(bed, url, bed.root / "roll-litellm.sqlite", ["--router", "simple-shuffle"])
-    assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
-    failed = [r for r in rows if not r["ok"]]
-    print(f"\nLiteLLM simple-shuffle: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, "
-          f"{len(failed)} failed, fewest backends answering {min(n for _, n in watch.counts)}")
-    assert all(a != b for a, b in zip(server_ids(bed), before))
-    assert min(n for _, n in watch.counts) >= 1
-    assert len(rows) > 0 and len(failed) < 0.1 * len(rows), [r["error"] for r in failed][:3]
-    batches = sorted({(r["concurrency"], r["run_index"]) for r in rows})
-    last = [r for r in rows if (r["concurrency"], r["run_index"]) in batches[-3:]]
-    assert last and all(r["ok"] for r in last), [r["error"] for r in last if not r["ok"]]

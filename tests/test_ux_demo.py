@@ -75,11 +75,11 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         await pilot.press("q")
 
 
-@pytest.fixture
-async def demo_behind_vllm_router(tmp_path, monkeypatch):
+@pytest.fixture(params=["vllm-router", "litellm-simple-shuffle"])
+async def demo_behind_a_router(request, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "operator-state"))
     base = f"127.{os.getpid() % 200 + 20}.78"      # addresses of its own: the recipe's ports are free there
-    sim = SimCluster(serving=demo.demo_serving("2x-solo", "vllm-router"),
+    sim = SimCluster(serving=demo.demo_serving("2x-solo", request.param),
                      load_speedup=demo.DEMO_LOAD_SPEEDUP, nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
     await sim.start_nodes()
     tasks: list[asyncio.Task] = []
@@ -90,12 +90,15 @@ async def demo_behind_vllm_router(tmp_path, monkeypatch):
         await sim.stop()
 
 
-async def test_r_in_the_demo_rolls_behind_the_routers_worker_api_and_drops_nothing(demo_behind_vllm_router):
-    """Issue 27 on the simulator: the demo's vllm-router has the real one's worker API, so r rolls for real: one
-    server out, drained, restarted, back in, then the other; a client through the router meanwhile sees no
-    failure; the launch bar and the events pane say each step, and the recorder keeps them."""
+async def test_r_in_the_demo_rolls_behind_its_router_and_drops_nothing(demo_behind_a_router):
+    """Issue 27 on the simulator: the demo's vllm-router has the real one's worker API, and its LiteLLM cools a
+    refusing server down and fails its requests over as the real one does, so r rolls for real behind either:
+    one server out (taken out, or closed by its drain gate), drained, restarted, back in, then the other; a client
+    through the router meanwhile sees no failure; the launch bar and the events pane say each step, and the
+    recorder keeps them."""
     from tests.test_rolling_restart import Load
-    app, sim = demo_behind_vllm_router
+    app, sim = demo_behind_a_router
+    worker_api = sim.serving.router == "vllm-router"
     async with app.run_test(size=(160, 48)) as pilot:
         await wait_for(pilot, lambda: all(e.is_set() for e in sim.ready.values()), 180, "the demo serving")
         before = {n: (await sim.docker(n, "inspect", "-f", "{{.Id}}", "vllm_node"))[1] for n in sim.nodes}
@@ -106,8 +109,9 @@ async def test_r_in_the_demo_rolls_behind_the_routers_worker_api_and_drops_nothi
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
         shown = app.screen.command
-        assert "rolling, one server at a time behind vllm-router" in shown, shown
-        assert "take it out of the router (POST /remove_worker)" in shown
+        assert "rolling, one server at a time behind" in shown, shown
+        assert ("take it out of the router (POST /remove_worker)" if worker_api else
+                "close it to new requests (its drain gate answers them 503") in shown, shown
         seen: set[str] = set()
         backends: list[str] = []          # the router panel's "backends up/total", as the console polled it
         async with Load(sim.router_url, workers=3, model=sim.serving.name, max_tokens=4) as load:
@@ -137,13 +141,15 @@ async def test_r_in_the_demo_rolls_behind_the_routers_worker_api_and_drops_nothi
         assert "1/2" in shown and shown[-1] == "2/2", shown                # the router panel: 2/2 -> 1/2 -> 2/2
         events = "\n".join(app.dashboard.events.history)
         for node in sim.nodes:
-            assert f"{node}: taking vllm_node out of the router" in events, events
+            assert (f"{node}: taking vllm_node out of the router" if worker_api else
+                    f"{node}: closing vllm_node to new requests") in events, events
             assert f"{node}: vllm_node back in after" in events, events
         after = {n: (await sim.docker(n, "inspect", "-f", "{{.Id}}", "vllm_node"))[1] for n in sim.nodes}
         assert all(after[n].strip() and after[n] != before[n] for n in sim.nodes), (before, after)   # new containers
-        async with httpx.AsyncClient(trust_env=False) as client:
-            workers = (await client.get(sim.router_url + "/list_workers")).json()["urls"]
-        assert len(workers) == 2                                                   # both back in the router
+        if worker_api:
+            async with httpx.AsyncClient(trust_env=False) as client:
+                workers = (await client.get(sim.router_url + "/list_workers")).json()["urls"]
+            assert len(workers) == 2                                               # both back in the router
         app.recorder.store.flush()
         from sparkconsole.recorder.reader import RecorderReader
         r = RecorderReader(app.recorder.store.path)

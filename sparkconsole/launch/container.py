@@ -60,8 +60,10 @@ class ContainerSpec:
         return steps
 
     def run_argv(self, node: NodeConfig, role: str, name: str, env: Sequence[tuple[str, str]],
-                 params: Mapping[str, Any], url: str | None, command: Sequence[str]) -> tuple[str, ...]:
-        """`docker run` of one server, its command gated on the mods when there are any."""
+                 params: Mapping[str, Any], url: str | None, command: Sequence[str],
+                 mounts: Sequence[str] = ()) -> tuple[str, ...]:
+        """`docker run` of one server, its command gated on the mods when there are any; `mounts`: sparkconsole's
+        own (the drain gate's directory)."""
         cs = self.recipe.container_settings
         argv: list[str] = ["docker", "run", "-d", "--name", name,
                            *launch_labels(self.recipe, self.topology, role, node, url), "--network", "host"]
@@ -87,6 +89,8 @@ class ContainerSpec:
             argv += ["-v", NodeExpr(f"{src}:{dst}")]
         for v in cs.volumes:
             argv += ["-v", fill(v, params, self.recipe.source, None, "sparkconsole.container.volumes")]
+        for v in mounts:
+            argv += ["-v", v]
         for t in cs.tmpfs:
             argv += ["--tmpfs", t]
         for k, v in (*BASE_ENV, *env):

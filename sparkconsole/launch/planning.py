@@ -10,6 +10,7 @@ from typing import Any, Mapping, Sequence
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from . import gate
 from .argv import command_argv, served_model
 from .container import ContainerSpec
 from .recipe import Recipe
@@ -87,14 +88,18 @@ class PlanBuilder:
             self.listens[node.name].append(key)
 
     # --- steps --------------------------------------------------------------------------------------------
+    def router_dir(self) -> str:
+        from .routers import DEFAULT_ROUTER_DIR
+        return str(self.options.get("router_dir") or DEFAULT_ROUTER_DIR)
+
     def start_container(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], params: Mapping[str, Any],
-                        command: Sequence[str], svc: Service, what: str) -> None:
+                        command: Sequence[str], svc: Service, what: str, mounts: Sequence[str] = ()) -> None:
         """Prepare the node, start its container (gated on the mods), apply the mods; vLLM starts at release."""
         name = self.cname(node)
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
         full_env = (*self.recipe.env.items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
-                                                                      command),
+                                                                      command, mounts),
                                secrets=self.recipe.secrets, service=svc.key))
         self.steps += self.container.after_start(node, name)
         self._unreleased.append((node, name))
@@ -102,8 +107,11 @@ class PlanBuilder:
         self.server_env[svc.key] = tuple(full_env)
 
     def start_server(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], port: int,
-                     argv_extra: Sequence[str] = (), url: bool = True) -> Service:
+                     argv_extra: Sequence[str] = (), url: bool = True, drain_gate: bool = False) -> Service:
+        """One vLLM server; `drain_gate`: behind a router with no worker API, it carries the drain gate."""
         p = self.server_params(node, port)
+        if drain_gate:
+            argv_extra = [*argv_extra, *gate.MIDDLEWARE_ARGS]
         argv, shell = command_argv(self.recipe, p, self.extra_args, multi_node=self.topology == "cluster-tp2")
         if shell:
             argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
@@ -111,8 +119,13 @@ class PlanBuilder:
             argv = [*argv, *argv_extra]
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=self.cname(node), role=role,
                       url=f"http://{url_host(node.address)}:{port}" if url else None,
-                      model=served_model(self.recipe, argv))
-        self.start_container(node, role, env, p, argv, svc, f"start vLLM {role} ({self.container.image})")
+                      model=served_model(self.recipe, argv), drain_gate=drain_gate)
+        what = f"start vLLM {role} ({self.container.image})"
+        if drain_gate:
+            self.steps.append(gate.write_step(node.name, self.router_dir()))
+            self.start_container(node, role, env, p, gate.wrap(argv), svc, what, (gate.mount(self.router_dir()),))
+        else:
+            self.start_container(node, role, env, p, argv, svc, what)
         self.server_args[svc.key] = tuple(argv)
         if url:
             self.listen(node, port)

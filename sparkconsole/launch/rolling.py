@@ -16,8 +16,11 @@ vllm-router 0.1.17's worker API, as it answers on the test bed:
 - `GET /list_workers` → `{"urls": [URL, …]}`.
 
 LiteLLM 1.106.2 removes a deployment only through `/model/delete`, which answers "No DB Connected" without its
-database (`store_model_in_db`); sparkconsole's LiteLLM runs without one, so behind LiteLLM the roll drains and
-restarts one server at a time and LiteLLM takes the server out only by its own failed calls (its cooldown).
+database (`store_model_in_db`), and sparkconsole's LiteLLM runs without one. So a server behind LiteLLM carries
+the drain gate (launch/gate.py): the roll closes it (new requests answered 503 before anything streams, which
+LiteLLM's weighted failover sends to another server, cooling this one down), drains it, restarts it, and waits
+until LiteLLM sends to it again (its cooldown ends) before it closes the next. vLLM 0.32 has no such mode itself:
+its SIGTERM drain answers new requests with empty aborted 200 streams, and /pause holds them.
 
 Graceful (no router: solo, cluster, disagg): every server is drained by the same rule, then the launch restarts
 as it always has. Each restart is written to the audit log: who, when, which servers, drained or cut requests.
@@ -34,6 +37,8 @@ import httpx
 
 from .. import audit
 from ..serving import metrics as vmetrics
+from . import gate
+from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 
 if TYPE_CHECKING:
@@ -96,6 +101,11 @@ def worker_api(plan: Plan) -> bool:
     return plan.router == "vllm-router"
 
 
+def gated(plan: Plan) -> bool:
+    """Whether the plan's servers carry the drain gate (behind LiteLLM)."""
+    return any(s.drain_gate for s in backends(plan))
+
+
 # --- the plan in words -----------------------------------------------------------------------------------
 def restart_text(plan: Plan, *, all_at_once: bool = False, drain_timeout: float = DRAIN_TIMEOUT_S) -> str:
     """The restart's steps per server, in words (`recipe plan NAME -T TOPOLOGY --restart`)."""
@@ -130,11 +140,16 @@ def restart_text(plan: Plan, *, all_at_once: bool = False, drain_timeout: float 
     lines = [f"Restart: {plan.recipe} × {plan.topology}, rolling, one server at a time behind {plan.router} "
              f"({router.url})"]
     for i, s in enumerate(backends(plan), 1):
-        out = ("take it out of the router (POST /remove_worker)" if worker_api(plan) else
-               "LiteLLM has no API to take it out without its database: it leaves only by LiteLLM's own failed "
-               "calls (cooldown)")
-        back = ("put it back into the router (POST /add_worker)" if worker_api(plan) else
-                "LiteLLM sends to it again once its cooldown ends")
+        if worker_api(plan):
+            out, back = "take it out of the router (POST /remove_worker)", "put it back into the router (POST /add_worker)"
+        elif s.drain_gate:
+            out = ("close it to new requests (its drain gate answers them 503; LiteLLM sends them to another "
+                   "server and cools this one down)")
+            back = f"wait until LiteLLM sends to it again (its cooldown, {LITELLM_COOLDOWN_S} s)"
+        else:
+            out = ("LiteLLM has no API to take it out without its database: it leaves only by LiteLLM's own failed "
+                   "calls (cooldown)")
+            back = "LiteLLM sends to it again once its cooldown ends"
         lines.append(f"  server {i}: {s.container} on {s.node} ({s.url})")
         for j, what in enumerate((out, drain, relaunch,
                                   "wait until it is healthy and answers a one-token completion", back), 1):
@@ -184,6 +199,32 @@ async def in_flight(client: httpx.AsyncClient, svc: Service) -> int | None:
     except (httpx.HTTPError, ValueError):
         return None
     return int((s.total(*vmetrics.RUNNING) or 0) + (s.total(*vmetrics.WAITING) or 0))
+
+
+async def served(client: httpx.AsyncClient, svc: Service) -> float | None:
+    """Requests the server has finished since it started (vllm:request_success_total), None when unknown."""
+    try:
+        r = await client.get(f"{svc.url}/metrics")
+        if r.status_code != 200:
+            return None
+        return vmetrics.parse(r.text, only=vmetrics.SUCCESS).total(*vmetrics.SUCCESS)
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+async def back_in_rotation(client: httpx.AsyncClient, svc: Service, *, wait: float = LITELLM_COOLDOWN_S + 5.0,
+                           poll: float = DRAIN_POLL_S) -> bool:
+    """Behind LiteLLM, a restarted server is back once LiteLLM sends to it again: its cooldown (started by the
+    refusals while it was closed or down) has ended. True as soon as it serves a request it did not have, False
+    when none came (no traffic) by the time the cooldown is surely over."""
+    before = await served(client, svc)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        await asyncio.sleep(poll)
+        now = await served(client, svc)
+        if before is not None and now is not None and now > before:
+            return True
+    return False
 
 
 async def drain(client: httpx.AsyncClient, svc: Service, timeout: float, emit: Callable[..., None],
@@ -264,6 +305,8 @@ class _Roll:
 
     async def take_out(self, svc: Service) -> None:
         if self.api is None:
+            if svc.drain_gate:
+                await self.close(svc)
             return
         fix = f"check the router ({self.router.container} on {self.router.node}), then restart again"
         try:
@@ -275,6 +318,19 @@ class _Roll:
             await self.api.remove(str(svc.url))
         except (httpx.HTTPError, RuntimeError, ValueError) as exc:
             raise self.fail(svc, f"the router's worker API failed: {exc}", fix) from None
+
+    async def close(self, svc: Service) -> None:
+        """Behind LiteLLM: close the server's drain gate, once another server is serving."""
+        others = [s for s in backends(self.plan) if s.key != svc.key]
+        if not any([await completes(self.client, s) is None for s in others]):
+            raise self.fail(svc, "no other server answers a completion, so closing it would leave none serving",
+                            "bring the other servers back first (recipe status), then restart again")
+        self.emit(svc.node, "draining", f"closing {svc.container} to new requests (LiteLLM sends them to the "
+                                        "others)", svc.key)
+        why = await self.runner.run_step(gate.close_step(svc.node, svc.container), self.action, self.emit)
+        if why is not None:
+            raise self.fail(svc, f"its drain gate did not close: {why}",
+                            f"check the container: docker exec {svc.container} true (on {svc.node})")
 
     async def one(self, svc: Service) -> None:
         res = ServerRestart(svc.key, svc.node)
@@ -301,6 +357,10 @@ class _Roll:
                 raise self.fail(svc, f"restarted, but not back in the router: {exc}",
                                 f"add it by hand: curl -X POST '{self.router.url}/add_worker?url={svc.url}'") from None
             audit.record(self.action, self.router.node, f"POST {self.router.url}/add_worker?url={svc.url}")
+        elif svc.drain_gate:
+            self.emit(svc.node, "restarting", f"{svc.container} is up: waiting until LiteLLM sends to it again "
+                                              f"(its cooldown, {LITELLM_COOLDOWN_S} s)", svc.key)
+            await back_in_rotation(self.client, svc)
         res.out_s, res.ok = time.monotonic() - out_at, True
         self.emit(svc.node, "back", f"{svc.container} back in after {res.out_s:.1f} s (drained {res.drained}, "
                                     f"cut {res.cut})", svc.key)

@@ -33,6 +33,7 @@ def compromised_versions(impl: RouterImpl, *, litellm: bool) -> list[str]:
 
 
 # Where router configs go on the head node. Not a valid Python package name on purpose: a directory called
+LITELLM_COOLDOWN_S = 10
 # "sparkconsole" in /tmp would shadow the real package for any script run from /tmp.
 DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 
@@ -40,7 +41,7 @@ DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
     """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
     recipe, topology, params, steps = b.recipe, b.topology, b.params, b.steps
-    router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
+    router_dir = b.router_dir()
     port = recipe.router.port
     name = f"{b.cname(head)}_router"
     url = f"http://{url_host(head.address)}:{port}"
@@ -91,7 +92,7 @@ def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Se
         mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
         secrets = (SecretRef("LITELLM_MASTER_KEY"),)
         b.notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
-    argv = ["docker", "run", "-d", "--name", name, *launch_labels(recipe, topology, "router", head, url),
+    argv = ["docker", "run", "-d", "--name", name, *launch_labels(recipe, topology, "router", head, url, choice),
             "--network", "host", "--init"]
     for v in [*mounts, *impl.volumes]:
         argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
@@ -118,11 +119,12 @@ def litellm_config(model: str, servers: Sequence[Service], strategy: str) -> str
         "model_list": [{"model_name": model,
                         "litellm_params": {"model": f"hosted_vllm/{model}", "api_base": f"{s.url}/v1"}}
                        for s in servers],
-        # A backend that refuses a connection (stopped for a restart, crashed) is cooled down at its first failure
-        # and the request retried on another: LiteLLM cannot take a server out without its database, so this is
-        # how a rolling restart behind it keeps new requests off the server being restarted.
+        # A backend that refuses a request (closed by the drain gate, stopped for a restart, crashed) is cooled down
+        # at its first failure, and the request goes to another. A stream fails at its first read, past LiteLLM's
+        # retries: only its weighted failover (simple-shuffle) re-picks a server for it. LiteLLM cannot take a
+        # server out without its database, so this is how a rolling restart behind it drops nothing (rolling.py).
         "router_settings": {"routing_strategy": strategy, "num_retries": 2, "allowed_fails": 0,
-                            "cooldown_time": 10},
+                            "cooldown_time": LITELLM_COOLDOWN_S, "enable_weighted_failover": True},
         "general_settings": {"master_key": "os.environ/LITELLM_MASTER_KEY"},
     }
     return yaml.safe_dump(doc, sort_keys=False)

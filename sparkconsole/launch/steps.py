@@ -75,6 +75,7 @@ class Service:
     model: str | None = None                    # served model name expected in /v1/models
     health_path: str = "/health"
     models_path: str | None = "/v1/models"
+    drain_gate: bool = False                    # carries launch/drain_gate.py (closed for a roll behind LiteLLM)
 
     @property
     def logs_argv(self) -> tuple[str, ...]:
@@ -167,10 +168,14 @@ def url_host(address: str) -> str:
     return address
 
 
-def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, url: str | None) -> list[str]:
+def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, url: str | None,
+                  router: str | None = None) -> list[str]:
     """`--label` arguments that let the console group one launch's containers across nodes and poll where it
-    serves (nodes/launches.py), also where several "nodes" share one Docker engine, as on the test bed."""
+    serves (nodes/launches.py), also where several "nodes" share one Docker engine, as on the test bed. The
+    router's says which router it is, so a restart or stop planned again from the labels plans the same one."""
     labels = [f"recipe={recipe.key}", f"topology={topology}", f"role={role}", f"node={node.name}"]
     if url:
         labels.append(f"url={url}")
+    if router:
+        labels.append(f"router={router}")
     return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]

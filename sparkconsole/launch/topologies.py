@@ -31,7 +31,9 @@ def plan_solo(b: PlanBuilder) -> tuple[str | None, str | None]:
 
 
 def plan_two_solo(b: PlanBuilder, router: str) -> tuple[str | None, str | None]:
-    servers = [b.start_server(n, "server", [], b.node_port(n)) for n in b.nodes]
+    # vllm-router takes a server out through its worker API; behind LiteLLM each server carries the drain gate
+    gated = router != "vllm-router"
+    servers = [b.start_server(n, "server", [], b.node_port(n), drain_gate=gated) for n in b.nodes]
     b.release()
     return add_router(b, router, b.nodes[0], servers), router
 

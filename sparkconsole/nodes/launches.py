@@ -32,6 +32,7 @@ class Member:
     exit_code: int | None = None
     oom_killed: bool | None = None
     url: str | None = None          # where it serves (`sparkconsole.url`); None for a headless rank
+    router: str | None = None       # a router's choice (`sparkconsole.router`: vllm-router, simple-shuffle, …)
 
     @property
     def running(self) -> bool:
@@ -55,6 +56,10 @@ class LaunchGroup:
     @property
     def key(self) -> str:
         return f"{self.recipe}:{self.topology}"
+
+    @property
+    def router(self) -> str | None:
+        return next((m.router for m in self.members if m.role == "router" and m.router), None)
 
     def line(self) -> str:
         return (f"{self.recipe} × {self.topology}: " + " · ".join(m.words() for m in self.members)
@@ -89,7 +94,8 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
             where = labels.get(LABEL + "node") or str(node.name)
             seen[(where, c.name)] = ((recipe, topology), Member(where, labels.get(LABEL + "role") or "?", c.name,
                                                                 c.state, c.exit_code, c.oom_killed,
-                                                                (labels.get(LABEL + "url") or "").rstrip("/") or None))
+                                                                (labels.get(LABEL + "url") or "").rstrip("/") or None,
+                                                                labels.get(LABEL + "router") or None))
     groups: dict[tuple[str, str], list[Member]] = {}
     for key, member in seen.values():
         groups.setdefault(key, []).append(member)

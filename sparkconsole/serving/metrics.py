@@ -25,6 +25,7 @@ Series = Mapping[Labels, float]
 # Current (V1) names first, then the older ones they replaced.
 RUNNING = ("vllm:num_requests_running",)
 WAITING = ("vllm:num_requests_waiting",)
+SUCCESS = ("vllm:request_success_total",)        # finished requests, by finished_reason
 KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
 PREFIX_COUNTERS = (  # (queries, hits) pairs of one generation, never mixed
     (("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"),

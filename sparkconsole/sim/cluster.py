@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
+from ..launch.drain_gate import MIDDLEWARE_ARGS
 from .files import pid_alive, read_json, write_atomic
 from .node import NodeTuning, SimNode
 
@@ -244,6 +245,8 @@ class SimCluster:
         labels = [f"recipe={self.serving.recipe}", f"topology={self.serving.topology}", f"role={role}", f"node={node}"]
         if url:
             labels.append(f"url={url}")
+        if role == "router":
+            labels.append(f"router={self.serving.router.removeprefix('litellm-')}")
         return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]
 
     def _vllm_run(self, node: str, extra: tuple[str, ...] = ()) -> list[str]:
@@ -254,7 +257,10 @@ class SimCluster:
                 "--gpus", "all", "--network", "host", "--ipc=host",
                 "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
                 "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args,
-                *(("--served-model-name", *s.served_names, s.model) if s.served_names else ()), *extra]
+                *(("--served-model-name", *s.served_names, s.model) if s.served_names else ()), *extra,
+                # as a plan gives a server behind LiteLLM (launch/gate.py): the simulated server honours the drain gate,
+                # so `r` in the demo closes, drains and restarts each server behind LiteLLM too
+                *(MIDDLEWARE_ARGS if s.topology == "2x-solo" and s.router.startswith("litellm") else ())]
 
     async def _launch(self) -> None:
         s = self.serving

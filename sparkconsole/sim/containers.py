@@ -64,6 +64,10 @@ class Store:
     def cdir(self, name: str) -> Path:
         return self.root / name
 
+    def fs(self, name: str) -> Path:
+        """The container's own files (what `docker exec … touch` writes); a new container starts without them."""
+        return self.cdir(name) / "fs"
+
     def names(self) -> list[str]:
         return sorted(p.parent.name for p in self.root.glob("*/container.json"))
 
@@ -221,6 +225,8 @@ _SHELL_OP = re.compile(r"^(\d?>>?|\d?<|&&|\|\||;|\||&|\d?>&\d)")
 def vllm_args(cmd: list[str]) -> list[str] | None:
     """The vLLM arguments when a command starts a vLLM server, else None."""
     if len(cmd) >= 3 and cmd[0] in ("bash", "sh", "/bin/bash", "/bin/sh") and cmd[1] in ("-c", "-lc"):
+        if len(cmd) > 4 and '"$@"' in cmd[2]:
+            return vllm_args(cmd[4:])     # a wrapper that runs its arguments (the mods' wait, the drain gate's path)
         try:
             words = shlex.split(re.sub(r"\\[ \t]*\r?\n", " ", cmd[2]))
         except ValueError:

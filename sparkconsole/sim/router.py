@@ -69,11 +69,12 @@ class Backend:
     model: str | None   # served model name (None: whatever the client asks for)
     healthy: bool = False
     active: bool = True  # in the router's worker list (vllm-router's /remove_worker takes it out)
+    cooled_until: float = 0.0  # LiteLLM: left out after a refused request until then (simulated time)
 
 
 class SimRouter:
     def __init__(self, backends: list[Backend], *, policy: str, flavor: str, speed: float, host: str, port: int,
-                 owner_pid: int | None = None, seed: int | None = None) -> None:
+                 owner_pid: int | None = None, seed: int | None = None, cooldown_s: float = 5.0) -> None:
         if not backends:
             raise UserError("a router needs at least one backend", field="backends",
                             fix="pass --backend URL (or --worker-urls / a LiteLLM config with model_list)")
@@ -81,6 +82,7 @@ class SimRouter:
         self.policy_name = policy
         self.policy = routing.make_policy(policy, seed=seed)
         self.flavor = flavor
+        self.cooldown_s = cooldown_s
         self.cost = OVERHEADS.get(flavor, OVERHEADS["litellm"])
         self.clock = SimClock(speed)
         self.speed = speed
@@ -251,6 +253,9 @@ class SimRouter:
         if self.flavor == "vllm-router":
             healthy = [i for i in idx if self.backends[i].healthy]
             idx = healthy or idx
+        else:
+            now = self.clock.now()
+            idx = [i for i in idx if self.backends[i].cooled_until <= now] or idx
         return idx
 
     async def h_forward(self, request: web.Request) -> web.StreamResponse:
@@ -260,10 +265,24 @@ class SimRouter:
         except ValueError:
             return web.json_response({"error": {"message": "Invalid JSON body", "code": 400}}, status=400)
         model = body.get("model") if isinstance(body, dict) else None
-        cand = self._candidates(model)
-        if not cand:
+        if not self._candidates(model):
             return web.json_response({"error": {"message": f"Invalid model name passed in model={model}", "type":
                                                 "invalid_request_error", "param": "model", "code": "400"}}, status=400)
+        tried: set[int] = set()
+        while True:
+            resp, pick = await self._attempt(request, body, raw, model, tried)
+            refused = isinstance(resp, web.Response) and resp.status >= 500 and not resp.prepared
+            if self.flavor == "vllm-router" or not refused:
+                return resp
+            # LiteLLM cools a refusing deployment down and (weighted failover) re-picks among the others
+            self.backends[pick].cooled_until = self.clock.now() + self.cooldown_s
+            tried.add(pick)
+            if not [i for i in self._candidates(model) if i not in tried]:
+                return resp
+
+    async def _attempt(self, request: web.Request, body: object, raw: bytes, model: str | None,
+                       tried: set[int]) -> tuple[web.StreamResponse, int]:
+        cand = [i for i in self._candidates(model) if i not in tried] or self._candidates(model)
         await self._spend(self.cost.route_s)
         now = self.clock.now()
         view = self.tracker.view(now)
@@ -279,11 +298,11 @@ class SimRouter:
         self.m_requests.labels(b.url).inc()
         try:
             await self._spend(self.cost.forward_s)
-            return await self._relay(request, b, raw, t0)
+            return await self._relay(request, b, raw, t0), pick
         except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
             self.m_errors.labels(b.url).inc()
             return web.json_response({"error": {"message": f"backend {b.url} failed: {str(exc)[:120]}",
-                                                "type": "APIConnectionError", "code": "500"}}, status=500)
+                                                "type": "APIConnectionError", "code": "500"}}, status=500), pick
         finally:
             if sem is not None:
                 sem.release()
@@ -358,7 +377,8 @@ def _host_path(path: str, node_dir: Path | None, container: str | None) -> Path:
     return p
 
 
-def backends_from_litellm(path: Path) -> tuple[list[Backend], str]:
+def backends_from_litellm(path: Path) -> tuple[list[Backend], str, float]:
+    """The deployments, the routing strategy and the cooldown of a LiteLLM config."""
     from ..yamlsrc import load_file
     doc = load_file(path)
     data = doc.data if isinstance(doc.data, dict) else {}
@@ -371,7 +391,7 @@ def backends_from_litellm(path: Path) -> tuple[list[Backend], str]:
                             "write api_base: http://IP:8000/v1")
         out.append(Backend(_base(base), m.get("model_name")))
     rs = data.get("router_settings") or {}
-    return out, str(rs.get("routing_strategy") or "simple-shuffle")
+    return out, str(rs.get("routing_strategy") or "simple-shuffle"), float(rs.get("cooldown_time") or 5.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -403,13 +423,14 @@ def main(argv: list[str] | None = None) -> int:
     speed = float(ns.sim_speed or sim.get("speed") or 1.0)
     address = sim.get("address")
     host: str = address if address and ns.host in ("0.0.0.0", "::") else ns.host
+    cooldown = 5.0                      # LiteLLM's default cooldown_time
     try:
         if ns.flavor == "vllm-router" and (ns.worker_urls or ns.decode):
             backends = [Backend(_base(u), ns.model) for u in (ns.worker_urls or ns.decode)]
             policy = VLLM_ROUTER_POLICIES.get(ns.policy or "random", ns.policy or "simple-shuffle")
             port = ns.port or 30000
         elif ns.config:
-            backends, policy = backends_from_litellm(_host_path(ns.config, node_dir, ns.sim_container))
+            backends, policy, cooldown = backends_from_litellm(_host_path(ns.config, node_dir, ns.sim_container))
             policy = ns.policy or policy
             port = ns.port or 4000
         else:
@@ -417,7 +438,7 @@ def main(argv: list[str] | None = None) -> int:
             policy = ns.policy or "simple-shuffle"
             port = ns.port or 4000
         router = SimRouter(backends, policy=policy, flavor=ns.flavor, speed=speed, host=host, port=port,
-                           owner_pid=sim.get("owner_pid"), seed=ns.seed)
+                           owner_pid=sim.get("owner_pid"), seed=ns.seed, cooldown_s=cooldown)
         code = asyncio.run(router.run())
     except UserError as exc:
         log(f"error: {exc}", "router", "ERROR")

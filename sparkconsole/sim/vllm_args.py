@@ -22,6 +22,7 @@ def vllm_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="0.0.0.0")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--api-key")
+    p.add_argument("--middleware", action="append", default=[])
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9)
     p.add_argument("--max-model-len", type=lambda s: int(float(s.lower().replace("k", "")) * (1024 if "k" in s.lower() else 1)))
     p.add_argument("--max-num-batched-tokens", type=int, default=8192)

@@ -10,6 +10,7 @@ import asyncio
 import json
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
@@ -17,6 +18,8 @@ from aiohttp.typedefs import Handler
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from ..launch.drain_gate import FLAG as DRAIN_FLAG
+from ..launch.drain_gate import MIDDLEWARE_ARGS
 from .engine import RequestRejected
 from .tokens import chat_prompt, detokenize, token_ids, word_for
 from .vllm_args import SIM_VERSION
@@ -66,8 +69,19 @@ class VllmHttpApi:
         r.add_post("/v1/completions", self.h_completions)
         return app
 
+    def _closed(self) -> bool:
+        """launch/drain_gate.py, loaded as middleware and closed (its flag in the container's files)."""
+        if MIDDLEWARE_ARGS[1] not in (self.ns.middleware or ()):
+            return False
+        if not (self.ns.sim_node_dir and self.ns.sim_container):
+            return False
+        fs = Path(str(self.ns.sim_node_dir)) / "containers" / str(self.ns.sim_container) / "fs"
+        return (fs / DRAIN_FLAG.lstrip("/")).exists()
+
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
+        if request.method == "POST" and request.path.startswith("/v1/") and self._closed():
+            return self.error("this server is draining for a restart: retry on another", 503, "ServiceUnavailable")
         key = self.ns.api_key or os.environ.get("VLLM_API_KEY")
         if key and request.path.startswith("/v1/"):
             if request.headers.get("Authorization", "") != f"Bearer {key}":
