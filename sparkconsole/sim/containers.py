@@ -10,6 +10,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -325,6 +326,7 @@ def stop_container(store: Store, rec: dict[str, Any], timeout: float = 10.0, sig
 
 def remove_container(store: Store, rec: dict[str, Any]) -> None:
     d = store.cdir(rec["name"])
+    shutil.rmtree(store.fs(rec["name"]), ignore_errors=True)
     for p in sorted(d.glob("*"), reverse=True):
         if p.is_file():
             p.unlink()
