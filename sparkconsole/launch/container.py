@@ -10,7 +10,8 @@ As the runner:
   `--no-cache-dirs`, each made first on the node;
 - mods copied in and run before vLLM starts (launch/mods.py).
 Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
-OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read.
+OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
+LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the planner.
 """
 
 from __future__ import annotations

@@ -273,9 +273,10 @@ async def rolling_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCa
         roll.client = client
         api = WorkerApi(client, router.url)
         roll.api = api if await api.answers() else None
-        if roll.api is None and worker_api(plan):
-            roll.emit(router.node, "info", f"{router.container} has no worker API: each server is drained and "
-                                           "restarted while the router still lists it", router.key)
+        if roll.api is None and not gated(plan):
+            roll.emit(router.node, "info", f"{router.container} has no worker API and this plan's servers no drain "
+                                           "gate: each server is drained and restarted while the router still lists "
+                                           "it (restart with --router as it was launched)", router.key)
         try:
             for svc in backends(plan):
                 await roll.one(svc)
