@@ -18,7 +18,6 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch import gate, lint
 from sparkconsole.launch.argv import flag_value
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.routers import DEFAULT_ROUTER_DIR
 from sparkconsole.launch.steps import EXIT_MARK, NodeExpr, Step
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 
@@ -106,7 +105,7 @@ def test_bundled_plan_field_by_field(key, topology, opts):
         assert svc.drain_gate == (topology == "2x-solo" and plan.router != "vllm-router")
         if svc.drain_gate:
             assert tuple(cmd) == gate.wrap(argv) and flag_value(argv, "--middleware") == "sparkconsole_drain_gate.DrainGate"
-            assert opts_[opts_.index(gate.mount(DEFAULT_ROUTER_DIR)) - 1] == "-v"
+            assert opts_[opts_.index(gate.mount()) - 1] == "-v"
         else:
             assert tuple(cmd) == argv and "--middleware" not in argv
         assert "--distributed-executor-backend" not in argv

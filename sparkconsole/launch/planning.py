@@ -88,10 +88,6 @@ class PlanBuilder:
             self.listens[node.name].append(key)
 
     # --- steps --------------------------------------------------------------------------------------------
-    def router_dir(self) -> str:
-        from .routers import DEFAULT_ROUTER_DIR
-        return str(self.options.get("router_dir") or DEFAULT_ROUTER_DIR)
-
     def start_container(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], params: Mapping[str, Any],
                         command: Sequence[str], svc: Service, what: str, mounts: Sequence[str] = ()) -> None:
         """Prepare the node, start its container (gated on the mods), apply the mods; vLLM starts at release."""
@@ -122,8 +118,8 @@ class PlanBuilder:
                       model=served_model(self.recipe, argv), drain_gate=drain_gate)
         what = f"start vLLM {role} ({self.container.image})"
         if drain_gate:
-            self.steps.append(gate.write_step(node.name, self.router_dir()))
-            self.start_container(node, role, env, p, gate.wrap(argv), svc, what, (gate.mount(self.router_dir()),))
+            self.steps.append(gate.write_step(node.name))
+            self.start_container(node, role, env, p, gate.wrap(argv), svc, what, (gate.mount(),))
         else:
             self.start_container(node, role, env, p, argv, svc, what)
         self.server_args[svc.key] = tuple(argv)

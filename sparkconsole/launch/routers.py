@@ -41,7 +41,7 @@ DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
     """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
     recipe, topology, params, steps = b.recipe, b.topology, b.params, b.steps
-    router_dir = b.router_dir()
+    router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
     port = recipe.router.port
     name = f"{b.cname(head)}_router"
     url = f"http://{url_host(head.address)}:{port}"
