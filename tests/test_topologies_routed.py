@@ -243,9 +243,11 @@ def roll_under_a_sweep(bed, router: str, results: str) -> str:
     assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
     url = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
     before = server_ids(bed)
-    restart, rows, watch, took = sweep_during(bed, url, bed.root / results, ["--router", router])
+    # the restart names no router: it reads the running one's label and restarts the launch as it was made
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / results, [])
     assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
     assert "rolling restart in" in restart.stdout + restart.stderr
+    assert (f"the running router is {router}" in restart.stdout) == (router != "vllm-router")   # the recipe's default
     failed = [r for r in rows if not r["ok"]]
     alone = watch.longest_alone()
     print(f"\n{router}: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} failed;"
@@ -270,8 +272,7 @@ def test_a_rolling_restart_behind_litellm_drops_no_request_and_all_at_once_does(
     requests answered 503, which LiteLLM's weighted failover sends to the other). Then `--all-at-once`, for
     contrast: every server down together fails requests."""
     url = roll_under_a_sweep(bed, "simple-shuffle", "roll-litellm.sqlite")
-    restart, rows, watch, took = sweep_during(bed, url, bed.root / "hard.sqlite", ["--router", "simple-shuffle",
-                                                                                    "--all-at-once"])
+    restart, rows, watch, took = sweep_during(bed, url, bed.root / "hard.sqlite", ["--all-at-once"])
     assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
     failed = [r for r in rows if not r["ok"]]
     print(f"simple-shuffle: all-at-once restart in {took:.0f} s under the sweep: {len(rows)} requests, "

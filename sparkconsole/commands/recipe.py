@@ -313,6 +313,24 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             await monitor.stop()
 
 
+async def _running_router(cluster: ClusterConfig, plan: Plan) -> str | None:
+    """The router a running 2x-solo launch has, read on its head node (None when unreachable or not running)."""
+    from ..launch.rolling import router_of, running_router
+    from ..nodes.transport import TransportError, make_transport
+
+    router = router_of(plan)
+    if router is None:
+        return None
+    t = make_transport(cluster.node(router.node), cluster.ssh)
+    try:
+        await t.connect()
+        return await running_router(t, plan)
+    except TransportError:
+        return None
+    finally:
+        await t.close()
+
+
 async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
                           overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
@@ -366,6 +384,11 @@ async def _main(args: argparse.Namespace) -> int:
             from ..launch.rolling import restart_text
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
         return 0
+    if args.recipe_command == "restart" and not args.router and topology == "2x-solo":
+        runs = await _running_router(cluster, plan)
+        if runs and runs != plan.router:
+            print(f"the running router is {runs}: restarting the launch as it was made (--router {runs})")
+            plan = make_plan(recipe, topology, cluster, {**overrides, "router": runs})
     if args.recipe_command == "lint" and args.offline:
         findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)
         for f in findings:

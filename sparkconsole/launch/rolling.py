@@ -42,6 +42,7 @@ from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 
 if TYPE_CHECKING:
+    from ..nodes.transport import Transport
     from .runner import ProgressCallback, Runner
 
 DRAIN_TIMEOUT_S = 120.0
@@ -104,6 +105,19 @@ def worker_api(plan: Plan) -> bool:
 def gated(plan: Plan) -> bool:
     """Whether the plan's servers carry the drain gate (behind LiteLLM)."""
     return any(s.drain_gate for s in backends(plan))
+
+
+async def running_router(transport: "Transport", plan: Plan) -> str | None:
+    """Which router a running launch has (its router container's `sparkconsole.router` label), so that a restart
+    plans the servers it launched: behind LiteLLM they carry the drain gate. None when it does not say."""
+    router = router_of(plan)
+    if router is None:
+        return None
+    res = await transport.run(("docker", "inspect", "--format", '{{index .Config.Labels "sparkconsole.router"}}',
+                               router.container))
+    from .recipe import ROUTER_CHOICES
+    label = res.stdout.strip()
+    return label if res.rc == 0 and label in ROUTER_CHOICES else None
 
 
 # --- the plan in words -----------------------------------------------------------------------------------
