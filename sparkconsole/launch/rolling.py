@@ -38,6 +38,7 @@ import httpx
 from .. import audit
 from ..serving import metrics as vmetrics
 from . import gate
+from .recipe import ROUTER_CHOICES
 from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 
@@ -115,7 +116,6 @@ async def running_router(transport: "Transport", plan: Plan) -> str | None:
         return None
     res = await transport.run(("docker", "inspect", "--format", '{{index .Config.Labels "sparkconsole.router"}}',
                                router.container))
-    from .recipe import ROUTER_CHOICES
     label = res.stdout.strip()
     return label if res.rc == 0 and label in ROUTER_CHOICES else None
 

@@ -33,9 +33,10 @@ def compromised_versions(impl: RouterImpl, *, litellm: bool) -> list[str]:
 
 
 # Where router configs go on the head node. Not a valid Python package name on purpose: a directory called
-LITELLM_COOLDOWN_S = 10
 # "sparkconsole" in /tmp would shadow the real package for any script run from /tmp.
 DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
+# How long LiteLLM leaves a server out after it refused a request; a rolling restart waits it out (rolling.py).
+LITELLM_COOLDOWN_S = 10
 
 
 def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
