@@ -21,7 +21,8 @@ App = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 FLAG = os.environ.get("SPARKCONSOLE_DRAIN_FLAG", "/tmp/sparkconsole-draining")
 MODULE = "sparkconsole_drain_gate"          # its name on the node and in vLLM's `--middleware MODULE.DrainGate`
-MIDDLEWARE_ARGS = ("--middleware", MODULE + ".DrainGate")
+MIDDLEWARE = MODULE + ".DrainGate"
+MIDDLEWARE_ARGS = ("--middleware", MIDDLEWARE)
 GENERATION_PREFIXES = ("/v1/", "/v2/", "/invocations", "/pooling", "/classify", "/score", "/rerank")
 BODY = json.dumps({"error": {"message": "this server is draining for a restart: retry on another",
                              "type": "ServiceUnavailable", "code": 503}}).encode()

@@ -116,12 +116,10 @@ class PlanBuilder:
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=self.cname(node), role=role,
                       url=f"http://{url_host(node.address)}:{port}" if url else None,
                       model=served_model(self.recipe, argv), drain_gate=drain_gate)
-        what = f"start vLLM {role} ({self.container.image})"
         if drain_gate:
             self.steps.append(gate.write_step(node.name))
-            self.start_container(node, role, env, p, gate.wrap(argv), svc, what, (gate.mount(),))
-        else:
-            self.start_container(node, role, env, p, argv, svc, what)
+        self.start_container(node, role, env, p, gate.wrap(argv) if drain_gate else argv, svc,
+                             f"start vLLM {role} ({self.container.image})", (gate.mount(),) if drain_gate else ())
         self.server_args[svc.key] = tuple(argv)
         if url:
             self.listen(node, port)

@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import httpx
 
 from .. import audit
+from ..nodes.launches import LABEL
 from ..serving import metrics as vmetrics
 from . import gate
 from .recipe import ROUTER_CHOICES
@@ -114,7 +115,7 @@ async def running_router(transport: "Transport", plan: Plan) -> str | None:
     router = router_of(plan)
     if router is None:
         return None
-    res = await transport.run(("docker", "inspect", "--format", '{{index .Config.Labels "sparkconsole.router"}}',
+    res = await transport.run(("docker", "inspect", "--format", f'{{{{index .Config.Labels "{LABEL}router"}}}}',
                                router.container))
     label = res.stdout.strip()
     return label if res.rc == 0 and label in ROUTER_CHOICES else None
@@ -203,27 +204,27 @@ class WorkerApi:
             raise RuntimeError(f"the router refused to add {worker}: HTTP {r.status_code} {r.text[:200]}")
 
 
-async def in_flight(client: httpx.AsyncClient, svc: Service) -> int | None:
-    """running + waiting requests on one server, from its /metrics; None when it does not answer."""
+async def _scrape(client: httpx.AsyncClient, svc: Service, names: tuple[str, ...]) -> vmetrics.Scrape | None:
+    """These metrics from one server's /metrics; None when it does not answer."""
     try:
         r = await client.get(f"{svc.url}/metrics")
         if r.status_code != 200:
             return None
-        s = vmetrics.parse(r.text, only=(*vmetrics.RUNNING, *vmetrics.WAITING))
+        return vmetrics.parse(r.text, only=names)
     except (httpx.HTTPError, ValueError):
         return None
-    return int((s.total(*vmetrics.RUNNING) or 0) + (s.total(*vmetrics.WAITING) or 0))
+
+
+async def in_flight(client: httpx.AsyncClient, svc: Service) -> int | None:
+    """running + waiting requests on one server, from its /metrics; None when it does not answer."""
+    s = await _scrape(client, svc, (*vmetrics.RUNNING, *vmetrics.WAITING))
+    return None if s is None else int((s.total(*vmetrics.RUNNING) or 0) + (s.total(*vmetrics.WAITING) or 0))
 
 
 async def served(client: httpx.AsyncClient, svc: Service) -> float | None:
     """Requests the server has finished since it started (vllm:request_success_total), None when unknown."""
-    try:
-        r = await client.get(f"{svc.url}/metrics")
-        if r.status_code != 200:
-            return None
-        return vmetrics.parse(r.text, only=vmetrics.SUCCESS).total(*vmetrics.SUCCESS)
-    except (httpx.HTTPError, ValueError):
-        return None
+    s = await _scrape(client, svc, vmetrics.SUCCESS)
+    return None if s is None else s.total(*vmetrics.SUCCESS)
 
 
 async def back_in_rotation(client: httpx.AsyncClient, svc: Service, *, wait: float = LITELLM_COOLDOWN_S + 5.0,

@@ -66,7 +66,7 @@ class Store:
         return self.root / name
 
     def fs(self, name: str) -> Path:
-        """The container's own files (what `docker exec … touch` writes); a new container starts without them."""
+        """The container's own files (what `docker exec … touch` writes); removing the container removes them."""
         return self.cdir(name) / "fs"
 
     def names(self) -> list[str]:

@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import re
-import shutil
 import signal
 import sys
 import time
@@ -139,7 +138,6 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "healthcheck": _get(flags, "--health-cmd"), "exec_pids": [],
         }
         store.cdir(name).mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(store.fs(name), ignore_errors=True)
         start_container(store, rec)
     if _get(flags, "-d", "--detach") is not None:
         out(rec["id"])

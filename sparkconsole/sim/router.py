@@ -63,6 +63,9 @@ VLLM_ROUTER_POLICIES = {"random": "simple-shuffle", "round_robin": "round-robin"
                         "cache_aware": "least-busy", "consistent_hash": "simple-shuffle"}
 
 
+LITELLM_DEFAULT_COOLDOWN_S = 5.0     # LiteLLM's cooldown_time when its config sets none
+
+
 @dataclass
 class Backend:
     url: str            # base, without /v1
@@ -74,7 +77,8 @@ class Backend:
 
 class SimRouter:
     def __init__(self, backends: list[Backend], *, policy: str, flavor: str, speed: float, host: str, port: int,
-                 owner_pid: int | None = None, seed: int | None = None, cooldown_s: float = 5.0) -> None:
+                 owner_pid: int | None = None, seed: int | None = None,
+                 cooldown_s: float = LITELLM_DEFAULT_COOLDOWN_S) -> None:
         if not backends:
             raise UserError("a router needs at least one backend", field="backends",
                             fix="pass --backend URL (or --worker-urls / a LiteLLM config with model_list)")
@@ -391,7 +395,7 @@ def backends_from_litellm(path: Path) -> tuple[list[Backend], str, float]:
                             "write api_base: http://IP:8000/v1")
         out.append(Backend(_base(base), m.get("model_name")))
     rs = data.get("router_settings") or {}
-    return out, str(rs.get("routing_strategy") or "simple-shuffle"), float(rs.get("cooldown_time") or 5.0)
+    return out, str(rs.get("routing_strategy") or "simple-shuffle"), float(rs.get("cooldown_time") or LITELLM_DEFAULT_COOLDOWN_S)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -423,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     speed = float(ns.sim_speed or sim.get("speed") or 1.0)
     address = sim.get("address")
     host: str = address if address and ns.host in ("0.0.0.0", "::") else ns.host
-    cooldown = 5.0                      # LiteLLM's default cooldown_time
+    cooldown = LITELLM_DEFAULT_COOLDOWN_S
     try:
         if ns.flavor == "vllm-router" and (ns.worker_urls or ns.decode):
             backends = [Backend(_base(u), ns.model) for u in (ns.worker_urls or ns.decode)]

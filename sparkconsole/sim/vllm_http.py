@@ -19,7 +19,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..launch.drain_gate import FLAG as DRAIN_FLAG
-from ..launch.drain_gate import MIDDLEWARE_ARGS
+from ..launch.drain_gate import MIDDLEWARE
 from .engine import RequestRejected
 from .tokens import chat_prompt, detokenize, token_ids, word_for
 from .vllm_args import SIM_VERSION
@@ -71,7 +71,7 @@ class VllmHttpApi:
 
     def _closed(self) -> bool:
         """launch/drain_gate.py, loaded as middleware and closed (its flag in the container's files)."""
-        if MIDDLEWARE_ARGS[1] not in (self.ns.middleware or ()):
+        if MIDDLEWARE not in (self.ns.middleware or ()):
             return False
         if not (self.ns.sim_node_dir and self.ns.sim_container):
             return False
