@@ -16,8 +16,8 @@
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
   after all the others, in one process, when the servers the others started are gone.
-- SPARKCONSOLE_TEST_TIMELINE=FILE: each test's worker, start, end and seconds spent waiting for its locks, one
-  JSON line per test (where a suite run's wall time went: `python -m tests.timeline FILE`).
+- SPARKCONSOLE_TEST_TIMELINE=FILE: each test's worker, start, end, seconds spent waiting for its locks and CPU
+  seconds (the worker's own and its reaped children's), one JSON line per test (where a suite run's wall time went: `python -m tests.timeline FILE`).
 `-n 0` runs everything in one process, where all of this is inert.
 """
 
@@ -26,6 +26,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import tempfile
 import time
 from pathlib import Path
@@ -33,7 +34,7 @@ from typing import IO
 
 import pytest
 
-TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_pair", "vllm_container",
+TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_pair",
                     "testbed_image", "testbed_base_image", "docker_engine", "vllm_router", "vllm_router_factory",
                     "litellm_router", "vllm_pd_router", "benchy"}
 NETNS_MODULES = ("test_link_cut.py", "test_postmortem_link_cut.py")
@@ -255,21 +256,28 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem):
         _locks.exclusive()
     else:
         _locks.share()
-    started = time.time()
+    started, cpu = time.time(), _cpu_seconds()
     try:
         yield
     finally:
         _locks.release()
         _slot.give_back()
-        _note_timeline(item, asked, started)
+        _note_timeline(item, asked, started, _cpu_seconds() - cpu)
 
 
-def _note_timeline(item: pytest.Item, asked: float, started: float) -> None:
+def _cpu_seconds() -> float:
+    """This worker's CPU so far, its own and that of the child processes it has reaped (a test's CLI runs and
+    simulated nodes; not the containers, which are the Docker engine's)."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def _note_timeline(item: pytest.Item, asked: float, started: float, cpu: float) -> None:
     path = os.environ.get("SPARKCONSOLE_TEST_TIMELINE")
     if not path:
         return
     line = json.dumps({"test": item.nodeid, "worker": os.environ.get("PYTEST_XDIST_WORKER"), "group": group_of(item),
                        "waited": round(started - asked, 2), "start": round(started, 2), "end": round(time.time(), 2),
-                       "outcome": item.stash.get(_OUTCOME, "passed")})
+                       "cpu": round(cpu, 2), "outcome": item.stash.get(_OUTCOME, "passed")})
     with open(path, "a") as f:      # one short append per test: whole lines from every worker
         f.write(line + "\n")

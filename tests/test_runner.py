@@ -1,10 +1,10 @@
-"""The runner for real: a real Docker engine, real containers, real HTTP servers, real vllm-router, real vLLM
-(CPU, the test bed's tiny model) over real sshd nodes. Launch, readiness, restart, stop, and failing launches
-that must leave nothing running on any node.
+"""The runner for real: a real Docker engine, real containers, real HTTP servers, real routers, real sshd nodes.
+Launch, readiness, restart, stop, and failing launches that must leave nothing running on any node.
 
-Two kinds of server run here: a small stdlib HTTP server in a container (answers /health and /v1/models like
-vLLM, starts in a second, can be told to die with an error line) for the runner's mechanics, and vLLM itself
-for the end-to-end path. Those need the Docker engine, hence `slow`.
+The server here is a small stdlib HTTP server in a container (answers /health and /v1/models like vLLM, starts
+in a second, can be told to die with an error line): the runner's mechanics. vLLM itself, launched, restarted,
+refused and stopped by the same runner over SSH, is tests/test_topologies*.py's. These need the Docker engine,
+hence `slow`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import pytest
 from sparkconsole import audit
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe, load_recipe
+from sparkconsole.launch.recipe import load_recipe
 from sparkconsole.launch.logread import error_line
 from sparkconsole.launch.runner import LaunchError, Runner
 from sparkconsole.nodes.transport import LocalTransport, make_transport
@@ -390,25 +390,6 @@ def test_error_line_picks_the_exception():
 
 # --- real vLLM, over real SSH --------------------------------------------------------------------------------
 
-@pytest.fixture
-def ssh_cluster(sshd_nodes, docker_engine, tiny_model, tmp_path) -> ClusterConfig:
-    """The two sshd nodes, each with the test engine and a Hugging Face cache of its own holding the tiny model
-    (the recipe names it by its Hugging Face id; the launch mounts the node's cache)."""
-    base = sshd_nodes.cluster_config()
-    for i in range(len(base.nodes)):
-        tiny_model.seed_hf_cache(tmp_path / f"hf{i + 1}")
-    nodes = tuple(replace(n, container=f"sc_vllm_{i + 1}", vllm_port=free_port(n.address),
-                          env=(*docker_env(docker_engine), ("HF_HOME", str(tmp_path / f"hf{i + 1}"))))
-                  for i, n in enumerate(base.nodes))
-    yield replace(base, nodes=nodes)
-    for n in nodes:
-        docker_engine.run(["rm", "-f", n.container], check=False)
-
-
-def tiny_overrides(vllm_env, tiny_model) -> dict:
-    return {"python_home": PY_HOME, "vllm_venv": str(vllm_env.path), "served_model_name": tiny_model.name}
-
-
 async def ssh_transports(cluster: ClusterConfig) -> dict:
     ts = {}
     for n in cluster.nodes:
@@ -450,60 +431,6 @@ async def test_node_lost_mid_launch_is_reported_and_the_rest_stopped(tmp_path, s
         for t in transports.values():
             await t.close()
         docker_engine.run(["rm", "-f", "sc_lost_1", "sc_lost_2"], check=False)
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)     # two vLLM start-ups; on a loaded 2-core box each can take minutes
-async def test_tiny_model_launch_chat_restart_stop_over_ssh(ssh_cluster, docker_engine, testbed_base_image,
-                                                            vllm_env, tiny_model, state):
-    recipe = find_recipe("tiny-testbed")
-    assert recipe.container == testbed_base_image
-    plan = make_plan(recipe, "solo", ssh_cluster, tiny_overrides(vllm_env, tiny_model))
-    transports = await ssh_transports(ssh_cluster)
-    runner = Runner(ssh_cluster, transports, ready_timeout=540)
-    try:
-        ready = await runner.launch(plan)
-        assert list(ready) == ["node1/server"]
-        async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
-            r = await client.post(plan.endpoint + "/v1/chat/completions", json={
-                "model": tiny_model.name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4,
-                "ignore_eos": True})
-            assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
-            before = started_at(docker_engine, "sc_vllm_1")
-            await runner.restart(plan)
-            assert started_at(docker_engine, "sc_vllm_1") != before
-            assert (await client.get(plan.endpoint + "/v1/models")).json()["data"][0]["id"] == tiny_model.name
-        await runner.stop(plan)
-        assert "sc_vllm_1" not in containers(docker_engine)
-    finally:
-        for t in transports.values():
-            await t.close()
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(900)
-async def test_tiny_model_failing_launch_over_ssh_is_cleaned_up_on_both_nodes(ssh_cluster, docker_engine,
-                                                                               testbed_base_image, vllm_env,
-                                                                               tiny_model, state):
-    recipe = find_recipe("tiny-testbed")
-    # longer than the tiny model's positions: vLLM refuses at start-up, on both nodes
-    plan = make_plan(recipe, "2x-solo", ssh_cluster, {**tiny_overrides(vllm_env, tiny_model), "max_model_len": 999999})
-    plan = replace(plan, steps=tuple(s for s in plan.steps if "router" not in s.what),
-                   services=tuple(s for s in plan.services if s.role != "router"))
-    transports = await ssh_transports(ssh_cluster)
-    runner = Runner(ssh_cluster, transports, ready_timeout=300)
-    try:
-        with pytest.raises(LaunchError) as ei:
-            await runner.launch(plan)
-        msg = str(ei.value)
-        assert ei.value.node in ("node1", "node2") and "max_model_len" in (ei.value.log_line or "")
-        assert "999999" in msg and "stopped what it had started on node1, node2" in msg
-        left = containers(docker_engine)
-        assert "sc_vllm_1" not in left and "sc_vllm_2" not in left
-        assert {e.node for e in audit.read() if e.action.startswith("cleanup")} == {"node1", "node2"}
-    finally:
-        for t in transports.values():
-            await t.close()
 
 
 @pytest.mark.slow

@@ -1,4 +1,5 @@
-"""The test bed's vLLM is real: health, models, streamed tokens with usage, Prometheus metrics, a container."""
+"""The test bed's vLLM is real: health, models, streamed tokens with usage, Prometheus metrics (its container:
+tests/faults/test_container_killed.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from tests.testbed.vllm import VllmContainer, VllmServer, chat, metric_samples, request_success_total
+from tests.testbed.vllm import VllmServer, chat, metric_samples, request_success_total
 
 pytestmark = pytest.mark.slow
 
@@ -50,28 +51,3 @@ def test_metrics_have_vllm_names_and_count_requests(vllm_server: VllmServer) -> 
                  "vllm:time_to_first_token_seconds_bucket", "vllm:generation_tokens_total"):
         assert name in names
     assert request_success_total(vllm_server.url) == before + 1
-
-
-def test_container_is_capped_and_serving(vllm_container: VllmContainer) -> None:
-    info = vllm_container.engine.inspect(vllm_container.name)
-    assert info["State"]["Running"] and not info["State"]["OOMKilled"]
-    assert info["HostConfig"]["Memory"] == 6 * 2**30
-    assert info["HostConfig"]["NetworkMode"] == "host" and info["HostConfig"]["Init"] is True
-    assert all(not m["RW"] for m in info["Mounts"])
-    reply = chat(vllm_container.url, "tiny-llama", "hello from the host", max_tokens=5)
-    assert reply["usage"]["completion_tokens"] == 5
-    # vLLM sizes itself from the cgroup cap, and stays under it
-    usage = vllm_container.engine.run(["stats", "--no-stream", "--format", "{{.MemUsage}}", vllm_container.name])
-    assert "6GiB" in usage.stdout
-
-
-def test_container_restart_comes_back_healthy(vllm_container: VllmContainer) -> None:
-    before = vllm_container.engine.inspect(vllm_container.name)["State"]
-    vllm_container.engine.run(["restart", "--time", "10", vllm_container.name], timeout=60)
-    vllm_container.wait_healthy()
-    after = vllm_container.engine.inspect(vllm_container.name)["State"]
-    assert after["StartedAt"] != before["StartedAt"] and after["Pid"] != before["Pid"]
-    assert chat(vllm_container.url, "tiny-llama", "again", max_tokens=2)["usage"]["completion_tokens"] == 2
-    logs = vllm_container.engine.run(["logs", vllm_container.name])
-    # logs survive the restart: the server started twice in the same container
-    assert (logs.stdout + logs.stderr).count("Starting vLLM server on") == 2

@@ -320,7 +320,8 @@ def assert_serves_from_node_cache(bed: TopologyBed, i: int) -> None:
 
 @pytest.mark.timeout(900)
 def test_solo_community_recipe_serves_the_model_model_pull_copied_with_its_mod(bed, tiny_model):
-    """Solo on the second node: its cache holds the model only because `model pull` copied it from the first."""
+    """Solo on the second node: its cache holds the model only because `model pull` copied it from the first.
+    Restarted (a new container, the mod applied again), then stopped."""
     args = lambda *a: bed.recipe_args(*a, recipe=bed.community)      # noqa: E731
     plan = bed.sc("recipe", "plan", *args("-T", "solo", "-n", "node2"), timeout=120)
     assert plan.returncode == 0, plan.stderr
@@ -329,6 +330,12 @@ def test_solo_community_recipe_serves_the_model_model_pull_copied_with_its_mod(b
     assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
     try:
         assert_serves_from_node_cache(bed, 1)
+        assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(1), tiny_model.name)
+        before = bed.engine.inspect(bed.containers[1])["Id"]
+        restart = bed.sc("recipe", "restart", *args("-T", "solo", "-n", "node2", "--yes", "--force"))
+        assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
+        assert re.search(r"node2\s+ok\s+mod tiny-chat-template: run its run.sh", restart.stdout), restart.stdout[-2000:]
+        assert bed.engine.inspect(bed.containers[1])["Id"] != before
         assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(1), tiny_model.name)
     finally:
         stop = bed.sc("recipe", "stop", *args("-T", "solo", "-n", "node2", "--yes"), timeout=300)
@@ -339,7 +346,11 @@ def test_solo_community_recipe_serves_the_model_model_pull_copied_with_its_mod(b
 # --- cluster TP=2, Ray backend -------------------------------------------------------------------------------
 
 @pytest.mark.timeout(900)
-def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed):
+def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed, monkeypatch):
+    """vLLM refusing at start-up on real nodes: its own log line is the launch's one-line error, and what had
+    started is stopped on both nodes, each cleanup audited."""
+    from sparkconsole import audit
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", bed.env["SPARKCONSOLE_STATE_DIR"])
     args = bed.recipe_args("-T", "cluster-tp2", "--backend", "ray", "--yes")
     refused = bed.sc("recipe", "launch", *args, timeout=300)
     assert refused.returncode == 2, refused.stdout + refused.stderr
@@ -348,6 +359,7 @@ def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed)
     assert re.search(r"REFUSE ray_on_cpu: .*fix: launch with --backend mp", refused.stdout), refused.stdout
     assert names_on(bed, 0) == []                                  # refused before anything started
 
+    audited = len(audit.read())
     launch = bed.sc("recipe", "launch", *args, "--force")
     out = launch.stdout
     assert launch.returncode == 2, out + launch.stderr
@@ -357,6 +369,7 @@ def test_cluster_ray_forms_over_both_nodes_and_cpu_vllm_refusal_is_one_line(bed)
     err = error_lines(launch.stderr)
     assert len(err) == 1 and "does not support ray" in err[0] and "--backend mp" in err[0], launch.stderr
     assert "stopped what it had started on node1, node2" in err[0]
+    assert {e.node for e in audit.read()[audited:] if e.action.startswith("cleanup")} == {"node1", "node2"}
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
 
 

@@ -6,8 +6,9 @@ reason, keeps the levels finished before the kill intact in the SQLite file, and
 `--resume` (`on_failure="pause"`). The real node agent, pointed at the engine through DOCKER_HOST, reports the
 container as exited with code 137 and not OOM-killed (docker kill is a SIGKILL, not the memory cap).
 
-The container is this test's own (from `testbed_image`), started once, restarted once, and removed at the end,
-so the session's shared `vllm_container` is never touched.
+The container is this test's own (from `testbed_image`): checked capped and serving, killed, restarted with
+`docker restart`, killed again, and removed at the end. It is the suite's one vLLM container outside a launch,
+so it also carries the test bed's own container checks.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import sparkconsole
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.bench.sweep import SweepSpec, run_sweep
 from tests.testbed.docker import DockerEngine, TestbedImage
-from tests.testbed.vllm import VllmContainer, start_vllm_container
+from tests.testbed.vllm import VllmContainer, chat, start_vllm_container
 
 CONC = (1, 2, 3)
 RUNS = 3
@@ -89,6 +90,19 @@ def _agent_containers(engine: DockerEngine) -> list[dict]:
     return with_conts[-1]["containers"]
 
 
+def assert_capped_and_serving(container: VllmContainer) -> None:
+    """The test bed's vLLM container: under its memory cap (vLLM sizes itself from the cgroup and stays under
+    it), host network, tini as PID 1, every mount read-only, and real tokens."""
+    info = container.engine.inspect(container.name)
+    assert info["State"]["Running"] and not info["State"]["OOMKilled"]
+    assert info["HostConfig"]["Memory"] == 6 * 2**30
+    assert info["HostConfig"]["NetworkMode"] == "host" and info["HostConfig"]["Init"] is True
+    assert all(not m["RW"] for m in info["Mounts"])
+    assert chat(container.url, "tiny-llama", "hello from the host", max_tokens=5)["usage"]["completion_tokens"] == 5
+    usage = container.engine.run(["stats", "--no-stream", "--format", "{{.MemUsage}}", container.name])
+    assert "6GiB" in usage.stdout
+
+
 def _check_first_level_kept_and_second_failed(levels, errors) -> None:
     first, second = levels[0], levels[1]
     # measured before the kill: intact, not failed
@@ -108,6 +122,8 @@ async def test_container_killed_mid_sweep(docker_engine: DockerEngine, testbed_i
                                           ledger):
     container = start_vllm_container(docker_engine, testbed_image)
     try:
+        assert_capped_and_serving(container)
+
         # --- continue (the default): the sweep goes to the end, every level after the kill recorded failed
         cont_path = tmp_path / "continue.sqlite"
         out, levels, run, errors = await _sweep_with_kill(container, cont_path, "continue")
@@ -124,9 +140,13 @@ async def test_container_killed_mid_sweep(docker_engine: DockerEngine, testbed_i
         assert mine, "the agent did not list the killed container"
         assert mine[0]["state"] == "exited" and mine[0]["exit_code"] == 137 and mine[0]["oom_killed"] is False
 
-        # --- pause: the same container back up, killed again; the sweep stops after the failed level
-        docker_engine.run(["start", container.name])
+        # --- pause: the same container back up (`docker restart`, as the console's node panel does), killed
+        # again; the sweep stops after the failed level
+        docker_engine.run(["restart", "--time", "10", container.name], timeout=60)
         container.wait_healthy()
+        assert container.state()["StartedAt"] != state["StartedAt"]
+        logs = docker_engine.run(["logs", container.name])
+        assert (logs.stdout + logs.stderr).count("Starting vLLM server on") == 2     # logs survive: one container
         pause_path = tmp_path / "pause.sqlite"
         out, levels, run, errors = await _sweep_with_kill(container, pause_path, "pause")
         assert [lv.key.concurrency for lv in levels] == list(CONC[:2]), "the sweep did not stop after the failure"

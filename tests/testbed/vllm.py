@@ -79,6 +79,8 @@ def vllm_env_vars() -> dict[str, str]:
         # decode (benchmarks/vllm_start.py; figures in docs/TESTBED.md). The API server, engine core, /metrics and
         # the OpenAI routes are the same.
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        # eager, as the tiny-testbed recipe runs it (its comment says why)
+        "TORCH_COMPILE_DISABLE": "1",
     }
 
 
@@ -360,15 +362,6 @@ def vllm_image(base_image: str, venv: Venv, model: TinyModel) -> TestbedImage:
 def testbed_image(testbed_base_image: str, vllm_env: Venv, tiny_model: TinyModel) -> TestbedImage:
     """The image plus the read-only mounts and env a vLLM container needs (see docs/TESTBED.md)."""
     return vllm_image(testbed_base_image, vllm_env, tiny_model)
-
-
-@pytest.fixture(scope="session")
-def vllm_container(docker_engine: DockerEngine, testbed_image: TestbedImage) -> Iterator[VllmContainer]:
-    container = start_vllm_container(docker_engine, testbed_image)
-    try:
-        yield container
-    finally:
-        container.stop()
 
 
 # --- small probes the test bed's own tests (and others') use to show a server is real -----------------------
