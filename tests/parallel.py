@@ -4,14 +4,14 @@
   and child processes rather than compute, so two per core finish sooner than one.
 - Groups: the tests that need the docker engine run on one worker, those that need bare vLLM servers, routers
   or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
-  none); the two longest Docker modules run on workers of their own, each with its own engine; the
+  none); the Docker modules that launch vLLM run on workers of their own, each with its own engine; the
   network-namespace faults share one worker too (their address blocks are per process).
-- Heavy slots: a test of the heavy test bed (a `testbed-*` group: vLLM servers and containers, routers) waits
-  for one of a few slots (one per CPU; SPARKCONSOLE_HEAVY_SLOTS overrides), so the other workers go on with light
-  tests while a few chains of vLLM launches run. Seven heavy groups on four workers once started up to a dozen
-  vLLM processes at once on two cores (load average 15-47): docker commands then timed out at 30 s and streams at
-  their read timeouts. The scheduler (`GroupScheduling`) hands heavy groups to no more workers than there are
-  slots, longest first, and light tests to the others.
+- Heavy slots: a test of a group that starts vLLM (a `testbed-*` group but the Docker group, whose containers are
+  stand-ins) waits for one of a few slots (one per CPU; SPARKCONSOLE_HEAVY_SLOTS overrides), so the other workers
+  go on with light tests while a few chains of vLLM launches run. Seven heavy groups on four workers once started
+  up to a dozen vLLM processes at once on two cores (load average 15-47): docker commands then timed out at 30 s
+  and streams at their read timeouts. The scheduler (`GroupScheduling`) hands heavy groups to no more workers than
+  there are slots, longest first, and light tests to the others; once no light test is left, one more slot opens.
 - `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
@@ -57,7 +57,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def pytest_unconfigure(config: pytest.Config) -> None:
     own = config.stash.get(_OWN_GROUPS, None)
     if own:
-        for path in (own, f"{own}.lock", f"{own}.intent", *heavy_slot_paths(Path(own))):
+        for path in (own, f"{own}.lock", f"{own}.intent", *heavy_slot_paths(Path(own)), f"{own}.tail"):
             Path(path).unlink(missing_ok=True)
         os.environ.pop(GROUPS_ENV, None)
 
@@ -84,13 +84,16 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
-# Seconds of tests per heavy group in a clean-clone run (ci11, docs/TESTBED.md): the scheduler starts the longest
+# Seconds of tests per heavy group in a clean-clone run (ci22, docs/TESTBED.md): the scheduler starts the longest
 # chains first, so that the last one to end is not one that waited for a slot behind the others.
-HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 800, "testbed-docker": 640,
-                 "testbed-docker-test_topologies": 400, "testbed-docker-test_topologies_four": 320,
-                 "testbed-docker-test_container_killed": 230, "testbed-vllm": 130}
-# Light work of minutes: handed out first, so it does not start when everything else is ending.
-LONG_LIGHT = ("tests/test_ux_fuzz.py::test_fuzz_long_on_the_serving_demo",)
+HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 590, "testbed-docker-test_topologies": 390,
+                 "testbed-docker-test_topologies_four": 140, "testbed-vllm": 70,
+                 "testbed-docker-test_container_killed": 50}
+# The Docker group's containers are stand-in servers and routers, no vLLM: it keeps a worker and an engine of its
+# own but takes no slot, so two chains of vLLM launches run beside it from the start.
+UNSLOTTED = ("testbed-docker",)
+# Work of minutes that takes no slot: handed out first, so it does not start when everything else is ending.
+LONG_LIGHT = ("group testbed-docker", "tests/test_ux_fuzz.py::test_fuzz_long_on_the_serving_demo")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -135,6 +138,8 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
             heavy = [scope for scope in self.workqueue if _heavy_scope(scope)]
             light = [scope for scope in self.workqueue if not _heavy_scope(scope)]
             others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
+            if heavy and not light:
+                open_tail_slot(self.config)
             if heavy and (not light or (not self._holds_heavy(node) and others < heavy_slots())):
                 scope = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
             else:
@@ -151,8 +156,17 @@ def heavy_slots() -> int:
 
 
 def heavy_slot_paths(groups: Path) -> list[Path]:
-    """The slots' lock files, beside the controller's groups file."""
-    return [Path(f"{groups}.heavy{i}") for i in range(heavy_slots())]
+    """The slots' lock files, beside the controller's groups file; one more once the tail slot is open."""
+    return [Path(f"{groups}.heavy{i}") for i in range(heavy_slots() + Path(f"{groups}.tail").exists())]
+
+
+def open_tail_slot(config: pytest.Config) -> None:
+    """Once no light test is left to hand out, a heavy group may start on a third worker: the slots' chains wait
+    on health checks, polls and sleeps, which two chains alone leave idle (ci22's last two minutes: the CPU 57-80 %
+    busy, against 90-99 % while light tests ran beside them)."""
+    own = config.stash.get(_OWN_GROUPS, None)
+    if own:
+        Path(f"{own}.tail").touch()
 
 
 def _lock_paths() -> tuple[Path, Path] | None:
@@ -187,12 +201,12 @@ class _HeavySlot:
     """One of heavy_slots() lock files beside the groups file, held while a heavy test runs on this worker."""
 
     def __init__(self, groups: Path) -> None:
-        self.paths = heavy_slot_paths(groups)
+        self.groups = groups
         self.held: IO[str] | None = None
 
     def take(self) -> None:
         while True:
-            for path in self.paths:
+            for path in heavy_slot_paths(self.groups):      # read each round: the tail slot opens meanwhile
                 f = open(path, "a")
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -225,7 +239,7 @@ _slot: _HeavySlot | None = None
 
 
 def _heavy_group(group: str | None) -> bool:
-    return (group or "").startswith("testbed-")
+    return (group or "").startswith("testbed-") and group not in UNSLOTTED
 
 
 def is_heavy(item: pytest.Item) -> bool:
