@@ -1,7 +1,8 @@
 """The topologies that serve through a router, on two SSH test nodes of this module's own (its own worker and
 Docker engine, so it runs beside tests/test_topologies.py instead of after it): prefill/decode disaggregated over
-NIXL with vllm-router in PD mode, and the bench matrix over solo, 2x solo behind LiteLLM and disagg. The bed, its
-helpers and its rules are tests/test_topologies.py's."""
+NIXL with vllm-router in PD mode, swept with the KV figures; the bench matrix over solo and 2x solo behind LiteLLM;
+rolling restarts under a sweep behind both routers. The bed, its helpers and its rules are
+tests/test_topologies.py's."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import longest_alone
+from tests.helpers import error_lines, longest_alone
 from tests.test_topologies import counter, names_on, scrape, topology_bed
 
 pytestmark = pytest.mark.slow
@@ -272,6 +273,13 @@ def test_a_rolling_restart_behind_litellm_drops_no_request_and_all_at_once_does(
     requests answered 503, which LiteLLM's weighted failover sends to the other). Then `--all-at-once`, for
     contrast: every server down together fails requests."""
     url = roll_under_a_sweep(bed, "simple-shuffle", "roll-litellm.sqlite")
+    # a restart keeps the router: naming another one is refused in one line, before anything is touched
+    ids = server_ids(bed)
+    other = bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--router", "vllm-router", "--yes"))
+    assert other.returncode == 2, other.stdout + other.stderr
+    err = error_lines(other.stderr)
+    assert len(err) == 1 and "router is simple-shuffle, not vllm-router" in err[0], other.stderr
+    assert server_ids(bed) == ids
     restart, rows, watch, took = sweep_during(bed, url, bed.root / "hard.sqlite", ["--all-at-once"])
     assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
     failed = [r for r in rows if not r["ok"]]

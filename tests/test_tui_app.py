@@ -440,9 +440,10 @@ async def test_serving_panel_polls_a_real_endpoint_and_shows_it_down(recording):
         app = SparkConsoleApp(cfg, monitor=mon)
         async with app.run_test(size=SIZE) as pilot:
             panel = app.dashboard.endpoint_panels["spark1"]
-            await wait_for(pilot, lambda: "tiny-llama" in widget_text(panel), what="the served model")
-            text = widget_text(panel)
-            assert "vLLM 0.32.0" in text and "UP" in text and "KV" in text and "TTFT" in text
+            # the model, the version and the engine figures come from separate reads: one refresh may show some
+            shown = ("tiny-llama", "vLLM 0.32.0", "UP", "KV", "TTFT")
+            await wait_for(pilot, lambda: all(k in widget_text(panel) for k in shown), timeout=20,
+                           what="the served model, its version and engine figures")
             await runner.cleanup()          # the server goes away
             await wait_for(pilot, lambda: "DOWN" in widget_text(panel), timeout=20, what="endpoint DOWN")
             assert panel.has_class("-unhealthy")
