@@ -84,11 +84,11 @@ def group_of(item: pytest.Item) -> str | None:
     return None
 
 
-# Seconds of tests per heavy group in a clean-clone run (ci22, docs/TESTBED.md): the scheduler starts the longest
+# Seconds of tests per heavy group in a clean-clone run (ci24, docs/TESTBED.md): the scheduler starts the longest
 # chains first, so that the last one to end is not one that waited for a slot behind the others.
-HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 590, "testbed-docker-test_topologies": 390,
-                 "testbed-docker-test_topologies_four": 140, "testbed-vllm": 70,
-                 "testbed-docker-test_container_killed": 50}
+HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 610, "testbed-docker-test_topologies": 460,
+                 "testbed-docker-test_topologies_four": 220, "testbed-vllm": 130,
+                 "testbed-docker-test_container_killed": 60}
 # The Docker group's containers are stand-in servers and routers, no vLLM: it keeps a worker and an engine of its
 # own but takes no slot, so two chains of vLLM launches run beside it from the start.
 UNSLOTTED = ("testbed-docker",)

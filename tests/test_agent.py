@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import statistics
 import re
 import shutil
 import subprocess
@@ -204,19 +205,22 @@ def meminfo_kb(key: str) -> int:
 
 
 def test_agent_reads_this_machines_proc():
-    lines = run_agent("--count", "2", "--interval", "0.1", "--gpu-source", "none", "--containers", "none")
+    lines = run_agent("--count", "5", "--interval", "0.1", "--gpu-source", "none", "--containers", "none")
     hello, ticks = lines[0], lines[1:]
     assert hello["type"] == "hello" and hello["gpu_source"] == "none" and hello["simulated"] is False
     assert hello["boot_id"] == Path("/proc/sys/kernel/random/boot_id").read_text().strip()
     assert hello["kernel"] == os.uname().release
-    assert [t["seq"] for t in ticks] == [0, 1]
+    assert [t["seq"] for t in ticks] == [0, 1, 2, 3, 4]
     t = ticks[-1]
     assert t["mem"]["total_kb"] == meminfo_kb("MemTotal")
     assert abs(t["mem"]["available_kb"] - meminfo_kb("MemAvailable")) < 0.1 * meminfo_kb("MemTotal")
     vm = {k: int(Path(f"/proc/sys/vm/{k}").read_text()) for k in ("overcommit_memory", "min_free_kbytes", "swappiness")}
     assert {k: t["guards"][k] for k in vm} == vm
     assert "gpus" not in t           # no GPU source: no GPU readings at all (not zeros)
-    assert ticks[1]["time"] - ticks[0]["time"] == pytest.approx(0.1, abs=0.05)
+    # ticks at the asked interval, not the default 0.5 s. One gap can run late on a loaded machine (0.198 s with
+    # the suite's vLLM launches on both cores): the middle of four tells the interval
+    gaps = sorted(b["time"] - a["time"] for a, b in zip(ticks, ticks[1:]))
+    assert 0.05 <= statistics.median(gaps) < 0.3, gaps
 
 
 def test_agent_proc_root(tmp_path):
