@@ -17,7 +17,8 @@
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
   after all the others, in one process, when the servers the others started are gone.
 - SPARKCONSOLE_TEST_TIMELINE=FILE: each test's worker, start, end, seconds spent waiting for its locks and CPU
-  seconds (the worker's own and its reaped children's), one JSON line per test (where a suite run's wall time went: `python -m tests.timeline FILE`).
+  seconds (the worker's own and its reaped children's), one JSON line per test (where a suite run's wall time
+  went: `python -m tests.timeline FILE`).
 `-n 0` runs everything in one process, where all of this is inert.
 """
 
@@ -198,7 +199,7 @@ class _Locks:
 
 
 class _HeavySlot:
-    """One of heavy_slots() lock files beside the groups file, held while a heavy test runs on this worker."""
+    """One of the slots' lock files (heavy_slot_paths), held while a heavy test runs on this worker."""
 
     def __init__(self, groups: Path) -> None:
         self.groups = groups
