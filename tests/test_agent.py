@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import json
 import os
-import statistics
 import re
 import shutil
+import statistics
 import subprocess
 import sys
 import time

@@ -386,12 +386,13 @@ async def _main(args: argparse.Namespace) -> int:
         return 0
     if args.recipe_command == "restart" and topology == "2x-solo":
         runs = await _running_router(cluster, plan)
-        if runs and runs != plan.router and args.router:
-            # a restart keeps the router container (it restarts servers): it would wait for a router that never comes
-            raise UserError(f"the running launch's router is {runs}, not {args.router}", field="--router",
-                            fix=f"restart with --router {runs} (or without --router); to change routers, "
-                                f"`recipe stop`, then `recipe launch` with --router {args.router}")
         if runs and runs != plan.router:
+            if args.router:
+                # a restart keeps the router container (it restarts servers): it would wait for a router that
+                # never comes
+                raise UserError(f"the running launch's router is {runs}, not {args.router}", field="--router",
+                                fix=f"restart with --router {runs} (or without --router); to change routers, "
+                                    f"`recipe stop`, then `recipe launch` with --router {args.router}")
             print(f"the running router is {runs}: restarting the launch as it was made (--router {runs})")
             plan = make_plan(recipe, topology, cluster, {**overrides, "router": runs})
     if args.recipe_command == "lint" and args.offline:

@@ -395,7 +395,8 @@ def backends_from_litellm(path: Path) -> tuple[list[Backend], str, float]:
                             "write api_base: http://IP:8000/v1")
         out.append(Backend(_base(base), m.get("model_name")))
     rs = data.get("router_settings") or {}
-    return out, str(rs.get("routing_strategy") or "simple-shuffle"), float(rs.get("cooldown_time") or LITELLM_DEFAULT_COOLDOWN_S)
+    cooldown = float(rs.get("cooldown_time") or LITELLM_DEFAULT_COOLDOWN_S)
+    return out, str(rs.get("routing_strategy") or "simple-shuffle"), cooldown
 
 
 def main(argv: list[str] | None = None) -> int:
