@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import time
 
 import pytest
 
@@ -163,6 +164,26 @@ def test_spec_rejects_bad_values_with_one_line_errors():
         SweepSpec(url="localhost:8000")
     with pytest.raises(UserError, match="latency"):
         SweepSpec(url="http://x", latency_mode="ping")
+    for pace in (-0.5, float("nan"), float("inf")):
+        with pytest.raises(UserError, match="--pace"):
+            SweepSpec(url="http://x", pace=pace)
+
+
+async def test_a_paced_sweep_starts_its_batches_apart_and_its_eta_counts_the_pace(server, tmp_path):
+    """`--pace`: a steady load beside other work. Five batches (warm-up and four runs) of a fast server, paced
+    0.3 s, take at least four paces; every ETA counts at least a pace for each batch left; the figures stand."""
+    progress = []
+    t0 = time.perf_counter()
+    with ResultsStore(tmp_path / "r.sqlite") as store:
+        out = await run_sweep(_spec(server.url, concurrency=(2,), runs=4, pace=0.3), store,
+                              on_progress=progress.append)
+        rows = store.requests(out.run_id)
+    assert time.perf_counter() - t0 >= 4 * 0.3
+    timed = [p for p in progress if p.eta_s is not None]
+    assert [p.run_index for p in timed] == [1, 2, 3, 4]
+    assert all(p.eta_s >= 0.3 * (p.runs - p.run_index + 1) for p in timed), [p.eta_s for p in timed]
+    assert len(rows) == 8 and all(r["ok"] for r in rows)
+    assert out.levels[0].decode_tps and out.levels[0].metrics["requests_ok"] == 8
 
 
 @pytest.mark.parametrize("pp, depth", [(16, 0), (37, 0), (512, 0), (100, 64), (2048, 300)])

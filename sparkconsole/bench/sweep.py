@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import os
 import random
 import time
@@ -57,6 +58,10 @@ class SweepSpec:
     recipe_hash: str | None = None
     label: str | None = None              # what reports compare by (default: topology, else the URL)
     on_failure: str = "continue"          # after a failed level: "continue", or "pause" (stop; --resume goes on)
+    # A batch starts at least this many seconds after the one before it started (0: back to back). A steady load
+    # that leaves the servers room, e.g. beside a rolling restart; the figures are per batch, so they keep their
+    # meaning, and the pace is not part of what the sweep measures.
+    pace: float = 0.0
     # /metrics of the servers that receive a KV cache (a disaggregated launch's decode side): read before and after
     # each level's measured batches, so a level says how many bytes crossed per request, and whether any did
     kv_metrics: tuple[str, ...] = ()
@@ -70,6 +75,8 @@ class SweepSpec:
                                 fix=f"e.g. --{name} {'0,4096' if name == 'depth' else '1,2,4'}")
         if self.runs < 1:
             raise UserError("must be at least 1", field="--runs", fix="e.g. --runs 3")
+        if not (math.isfinite(self.pace) and self.pace >= 0):
+            raise UserError(f"must be 0 or more seconds, not {self.pace}", field="--pace", fix="e.g. --pace 0.5")
         if self.latency_mode not in LATENCY_MODES:
             raise UserError(f"unknown latency mode {self.latency_mode!r}", field="--latency-mode",
                             fix="use one of " + ", ".join(LATENCY_MODES))
@@ -89,7 +96,7 @@ class SweepSpec:
     def identity(self) -> dict[str, Any]:
         """What makes two sweeps the same measurement (for --resume); the URL only when no topology names it."""
         d = asdict(self)
-        for k in ("stall_timeout", "first_timeout", "request_timeout", "label", "on_failure", "kv_metrics"):
+        for k in ("stall_timeout", "first_timeout", "request_timeout", "label", "on_failure", "kv_metrics", "pace"):
             d.pop(k)
         if self.topology:
             d.pop("url")
@@ -135,10 +142,12 @@ class BatchClock:
     """The time a sweep has left, from the batches timed so far: a batch takes a + b·concurrency seconds, fitted by
     least squares (with one concurrency timed, that level's mean for every batch, never less than what was seen).
     A time proportional to concurrency alone read a c64 batch as 64 c1 batches: decode-bound batches of a few
-    hundred tokens take a few times a c1 batch, so the first ETA of a c1…c64 sweep was ten times too long."""
+    hundred tokens take a few times a c1 batch, so the first ETA of a c1…c64 sweep was ten times too long.
+    A paced sweep's batches start `pace` seconds apart at the least, so none counts for less."""
 
-    def __init__(self) -> None:
+    def __init__(self, pace: float = 0.0) -> None:
         self.timed: list[tuple[int, float]] = []
+        self.pace = pace
 
     def add(self, concurrency: int, seconds: float) -> None:
         self.timed.append((concurrency, seconds))
@@ -159,7 +168,7 @@ class BatchClock:
         """Seconds for these batches (their concurrencies), or None before the first one is timed."""
         if not self.timed:
             return None
-        return sum(self.predict(c) or 0.0 for c in batches)
+        return sum(max(self.predict(c) or 0.0, self.pace) for c in batches)
 
 
 def _fmt_duration(s: float) -> str:
@@ -409,17 +418,21 @@ async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resum
         chat_url = api_base(spec.url) + "/chat/completions"
         batches_per_level = spec.runs + (1 if spec.warmup else 0)
         remaining = [k.concurrency for k in todo for _ in range(batches_per_level)]
-        clock = BatchClock()
+        clock = BatchClock(spec.pace)
         failed = 0
+        last_start: float | None = None
 
         def progress(idx: int, key: LevelKey, run_index: int) -> None:
             if on_progress:
                 on_progress(Progress(key, idx, len(levels), run_index, spec.runs, clock.left(remaining), failed))
 
         async def batch(key: LevelKey, shape: PromptShape) -> list[RequestResult]:
+            nonlocal last_start
             bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=exact_tg,
                                               token_ids=token_ids)).encode() for _ in range(key.concurrency)]
-            t0 = time.perf_counter()
+            if spec.pace and last_start is not None:
+                await asyncio.sleep(last_start + spec.pace - time.perf_counter())
+            t0 = last_start = time.perf_counter()
             results = list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
                                                               timeout=spec.request_timeout, watch=watch)
                                                   for b in bodies)))

@@ -67,6 +67,9 @@ def _sweep_options(p: argparse.ArgumentParser) -> None:
                    help="concurrency levels, default 1,2,4,8,16,32,64")
     p.add_argument("--runs", type=int, default=3, help="batches per level (default 3)")
     p.add_argument("--no-warmup", action="store_true", help="skip the unrecorded warm-up batch of each level")
+    p.add_argument("--pace", type=float, default=0.0, metavar="SECONDS",
+                   help="start each batch at least SECONDS after the one before started: a steady load that leaves "
+                        "the servers room, e.g. beside a `recipe restart` (default 0: back to back)")
     p.add_argument("--latency-mode", choices=("api", "generation", "none"), default="api",
                    help="latency subtracted from TTFR for the prefill estimate (llama-benchy's modes)")
     p.add_argument("--no-exact-tg", action="store_true", help="do not send min_tokens/ignore_eos")
@@ -148,7 +151,7 @@ def _spec(args: argparse.Namespace, url: str, **extra: Any) -> SweepSpec:
                      concurrency=args.concurrency, runs=args.runs, warmup=not args.no_warmup,
                      latency_mode=args.latency_mode, exact_tg=not args.no_exact_tg, token_ids=not args.no_token_ids,
                      stall_timeout=args.stall_timeout, first_timeout=args.first_timeout,
-                     on_failure=args.on_failure, **extra)
+                     on_failure=args.on_failure, pace=args.pace, **extra)
 
 
 class _ProgressLine:
