@@ -20,7 +20,7 @@ import pytest
 
 from tests.helpers import error_lines, longest_alone
 from tests.test_topologies import counter, names_on, scrape, topology_bed
-from tests.testbed.spin import idle_the_spinning_threads
+from tests.testbed.spin import SpinWatch
 
 pytestmark = pytest.mark.slow
 
@@ -47,14 +47,25 @@ def prompt_of(tokens: int) -> str:
 
 
 @pytest.mark.timeout(1200)
+def running_pids(bed) -> list[int]:
+    """The host pids of the nodes' containers that are running now (none while a launch is still creating them)."""
+    out = bed.engine.run(["inspect", "--format", "{{.State.Pid}}", *bed.containers[:2]], check=False).stdout
+    return [int(p) for p in out.split() if p.isdigit() and p != "0"]
+
+
 def test_disagg_moves_the_kv_cache_over_nixl_and_decode_serves_the_tokens(bed, tiny_model):
+    # NIXL's progress thread polls a core away per engine on this CPU build, from start-up on: on SCHED_IDLE it
+    # takes only CPU no other test asks for (tests/testbed/spin.py says why)
+    with SpinWatch(lambda: running_pids(bed)) as spin:
+        disagg_serves_and_sweeps(bed, tiny_model)
+    print(f"\ndisagg: threads put on SCHED_IDLE: {sorted(spin.idled.values())}")
+
+
+def disagg_serves_and_sweeps(bed, tiny_model) -> None:
     launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "disagg", "--yes", "--force"))
     assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
     router = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
     prefill, decode = bed.url(0), bed.url(1)
-    # NIXL's progress thread polls a core away per engine on this CPU build (tests/testbed/spin.py says why)
-    spinning = idle_the_spinning_threads([bed.engine.inspect(c)["State"]["Pid"] for c in bed.containers[:2]])
-    print(f"\ndisagg: {len(spinning)} spinning threads put on SCHED_IDLE")
     before_p, before_d = scrape(prefill), scrape(decode)
 
     # One request through vllm-router in PD mode: prefill on node1, the KV cache over NIXL, decode on node2.
