@@ -22,6 +22,8 @@ from pathlib import Path
 
 import psutil
 
+from tests.testbed.sshd import node_setenv
+
 SSHD = "/usr/sbin/sshd"
 _seq = itertools.count()
 
@@ -112,7 +114,7 @@ PubkeyAuthentication yes
 PermitRootLogin prohibit-password
 ClientAliveInterval 0
 LogLevel ERROR
-""")
+{node_setenv("")}""")
         node.proc = subprocess.Popen(["ip", "netns", "exec", node.ns, SSHD, "-D", "-e", "-f",
                                       str(node.dir / "sshd_config")],
                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,

@@ -28,6 +28,28 @@ from tests.helpers import free_port
 
 ADDRESSES = ("127.0.0.2", "127.0.0.3")
 SSHD = "/usr/sbin/sshd"
+# sshd's own default PATH: a node's python3 is its system one
+NODE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+
+def node_setenv(extra_config: str) -> str:
+    """`extra_config` with its SetEnv lines merged into one that also sets a node's plain environment (sshd takes
+    the first SetEnv line only). SHLVL=1: bash, started by sshd, then does not read this machine's ~/.bashrc,
+    which is a developer's (here `pyenv init`, ~140 processes and 0.1 CPU s for every command a test sends, and
+    `python3` a pyenv shim of as many more); a node's own is not. PATH: sshd's default, with this interpreter's
+    directory last where the system has no python3 of its own."""
+    import shlex
+    import sys
+
+    path = NODE_PATH if shutil.which("python3", path=NODE_PATH) else f"{NODE_PATH}:{Path(sys._base_executable).parent}"
+    env = {"SHLVL": "1", "PATH": path}
+    lines = []
+    for line in extra_config.splitlines():
+        if line.split(None, 1)[:1] == ["SetEnv"]:
+            env.update(kv.split("=", 1) for kv in shlex.split(line)[1:])
+        else:
+            lines.append(line)
+    return "\n".join([*lines, "SetEnv " + " ".join(f"{k}={shlex.quote(v)}" for k, v in env.items())]) + "\n"
 
 
 def _ensure_sshd() -> str | None:
@@ -232,7 +254,7 @@ PermitRootLogin prohibit-password
 MaxStartups 64
 MaxSessions 64
 LogLevel ERROR
-{extra_config(i) if callable(extra_config) else extra_config}""")
+{node_setenv(extra_config(i) if callable(extra_config) else extra_config)}""")
         algo, blob = host_key.with_suffix(".pub").read_text().split()[:2]
         known_lines.append(f"[{address}]:{port} {algo} {blob}\n")
         nodes.append(SshdNode(name=f"node{i + 1}", address=address, port=port, user=user, identity=str(identity),
