@@ -46,13 +46,13 @@ def prompt_of(tokens: int) -> str:
     return " ".join(words[i % len(words)] for i in range(tokens))
 
 
-@pytest.mark.timeout(1200)
 def running_pids(bed) -> list[int]:
     """The host pids of the nodes' containers that are running now (none while a launch is still creating them)."""
     out = bed.engine.run(["inspect", "--format", "{{.State.Pid}}", *bed.containers[:2]], check=False).stdout
     return [int(p) for p in out.split() if p.isdigit() and p != "0"]
 
 
+@pytest.mark.timeout(1200)
 def test_disagg_moves_the_kv_cache_over_nixl_and_decode_serves_the_tokens(bed, tiny_model):
     # NIXL's progress thread polls a core away per engine on this CPU build, from start-up on: on SCHED_IDLE it
     # takes only CPU no other test asks for (tests/testbed/spin.py says why)
