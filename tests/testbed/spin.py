@@ -51,7 +51,7 @@ class SpinWatch(threading.Thread):
             now = _thread_times(self.roots())
             for tid, (t, name) in now.items():
                 if tid not in self.idled and tid in before and t - before[tid][0] > self.busy * self.sample_s:
-                    with contextlib.suppress(ProcessLookupError):
+                    with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.sched_setscheduler(tid, os.SCHED_IDLE, os.sched_param(0))
                         self.idled[tid] = name
             before = now
