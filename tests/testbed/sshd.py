@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import atexit
 import os
+import shlex
 import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,9 +40,6 @@ def node_setenv(extra_config: str) -> str:
     which is a developer's (here `pyenv init`, ~140 processes and 0.1 CPU s for every command a test sends, and
     `python3` a pyenv shim of as many more); a node's own is not. PATH: sshd's default, with this interpreter's
     directory last where the system has no python3 of its own."""
-    import shlex
-    import sys
-
     path = NODE_PATH if shutil.which("python3", path=NODE_PATH) else f"{NODE_PATH}:{Path(sys._base_executable).parent}"
     env = {"SHLVL": "1", "PATH": path}
     lines = []
