@@ -81,6 +81,8 @@ def vllm_env_vars() -> dict[str, str]:
         "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
         # eager, as the tiny-testbed recipe runs it (its comment says why)
         "TORCH_COMPILE_DISABLE": "1",
+        # OpenMP threads sleep between parallel regions instead of spinning (the recipe's comment says why)
+        "OMP_WAIT_POLICY": "PASSIVE",
     }
 
 
@@ -189,23 +191,25 @@ class VllmServer:
 
 def spawn_vllm_server(venv: Venv, model: TinyModel, log_dir: Path, *, port: int | None = None,
                       extra: Sequence[str] = (), cpus: set[int] | None = None,
-                      env: dict[str, str] | None = None) -> VllmServer:
+                      env: dict[str, str | None] | None = None) -> VllmServer:
     """Start the process and return at once; `wait_vllm_server` follows it to healthy.
 
     `cpus`: run the server (API process, engine core and its OpenMP threads) on these CPUs only, so that a
     client measuring it on the other CPUs does not take the server's time (timing comparisons).
-    `env`: variables set on top of vllm_env_vars() (benchmarks/vllm_start.py compares process layouts with it).
+    `env`: variables set on top of vllm_env_vars(), None to leave one unset (benchmarks/vllm_start.py and
+    benchmarks/vllm_omp_wait.py compare settings with it).
     """
     port = port or free_port()
     log_path = log_dir / f"vllm-{port}.log"
-    env = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars(), **(env or {})}
+    merged = {"PATH": f"{venv.path / 'bin'}:/usr/bin:/bin", "HOME": str(Path.home()), **vllm_env_vars(), **(env or {})}
+    child_env = {k: v for k, v in merged.items() if v is not None}
     if cpus:
-        env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
+        child_env["VLLM_CPU_OMP_THREADS_BIND"] = ",".join(map(str, sorted(cpus)))
     server = VllmServer(port, model, log_path)
     with open(log_path, "ab") as log:
         # own session: the API server and its engine-core child are stopped together by group
         server.proc = subprocess.Popen(serve_argv(venv.python, model, port, extra=extra), stdout=log,
-                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=child_env,
                                        cwd=log_dir, start_new_session=True,
                                        preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None)
     server.spawned_at = time.monotonic()
