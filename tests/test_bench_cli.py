@@ -39,6 +39,10 @@ def test_import_published_then_advise_and_report(tmp_path):
     (("matrix", "--recipe", "r", "--topologies", "solo", "--endpoints", "solo"), "--endpoints: bad entry"),
     (("matrix", "--recipe", "r", "--topologies", "solo"), "recipe: no recipe named 'r'"),
     (("matrix", "--recipe", "gpt-oss-120b", "--speed", "3"), "--speed: --speed sets the simulated clock"),
+    (("matrix", "--recipe", "gpt-oss-120b", "--demo", "--keep-last"),
+     "--keep-last: --keep-last leaves a launch serving, but the simulated cluster ends with the command"),
+    (("matrix", "--recipe", "gpt-oss-120b", "--topologies", "solo", "--endpoints", "solo=http://127.0.0.1:9",
+      "--keep-last"), "--keep-last: --keep-last leaves a launch serving, but --endpoints launches nothing"),
     # nothing listens there: said before the model is asked for (issue 24, item 9)
     (("run", "--url", "http://127.0.0.1:9", "--results", "x.sqlite", "--latency-mode", "none"),
      "--url: cannot connect to http://127.0.0.1:9"),

@@ -7,6 +7,7 @@ import itertools
 import json
 import time
 
+import httpx
 import pytest
 
 from sparkconsole.bench.matrix import StaticLauncher, run_matrix
@@ -150,6 +151,45 @@ async def test_matrix_launches_sweeps_and_stops_each_topology(tmp_path):
     assert all(r.recipe_hash and len(r.recipe_hash) == 16 for r in runs)
     # Resumed: the finished topologies are not launched again, the failed one is retried.
     assert again.skipped == ["solo", "cluster-tp2"] and events[6:] == [("launch", "broken"), ("stop",)]
+
+
+async def test_matrix_keep_last_leaves_the_last_measured_topology_serving(tmp_path):
+    """The last topology, once measured, is released instead of stopped and still answers; one that failed is
+    stopped as any other."""
+    servers: dict[str, FakeVllm] = {}
+    events = []
+
+    class Launcher:
+        async def launch(self, recipe, topology):
+            events.append(("launch", topology))
+            if topology == "broken":
+                raise UserError("node spark2 unreachable", fix="check the link")
+            servers[topology] = await FakeVllm(Behaviour(token_delay=0.001)).start()
+            return servers[topology].url
+
+        async def stop(self):
+            events.append(("stop",))
+
+        def release(self):
+            events.append(("release",))
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: tiny\n")
+    template = _spec("http://unset.invalid", concurrency=(1,), runs=1)
+    try:
+        with ResultsStore(tmp_path / "m.sqlite") as store:
+            kept = await run_matrix(str(recipe), ["solo", "2x-solo"], Launcher(), template, store, keep_last=True)
+            failed_last = await run_matrix(str(recipe), ["solo", "broken"], Launcher(), template, store,
+                                           keep_last=True)
+        assert events[:4] == [("launch", "solo"), ("stop",), ("launch", "2x-solo"), ("release",)]
+        assert kept.kept == ("2x-solo", servers["2x-solo"].url) and kept.measured == ["solo", "2x-solo"]
+        async with httpx.AsyncClient(trust_env=False) as client:
+            assert (await client.get(kept.kept[1] + "/v1/models")).status_code == 200
+        assert events[4:] == [("launch", "solo"), ("stop",), ("launch", "broken"), ("stop",)]
+        assert failed_last.kept is None and list(failed_last.failed) == ["broken"]
+    finally:
+        for srv in servers.values():
+            await srv.stop()
 
 
 async def test_static_launcher_names_the_missing_topology():

@@ -1,7 +1,7 @@
 """The topologies that serve through a router, on two SSH test nodes of this module's own (its own worker and
 Docker engine, so it runs beside tests/test_topologies.py instead of after it): prefill/decode disaggregated over
-NIXL with vllm-router in PD mode, swept with the KV figures; the bench matrix over solo and 2x solo behind LiteLLM;
-rolling restarts under a sweep behind both routers. The bed, its helpers and its rules are
+NIXL with vllm-router in PD mode, swept with the KV figures; the bench matrix over solo and 2x solo behind LiteLLM,
+the pair left serving for a rolling restart under a sweep; the same behind vllm-router. The bed, its helpers and its rules are
 tests/test_topologies.py's."""
 
 from __future__ import annotations
@@ -127,8 +127,9 @@ def disagg_serves_and_sweeps(bed, tiny_model) -> None:
 
 # --- the topology matrix, for real -----------------------------------------------------------------------------
 
-@pytest.mark.timeout(1800)      # three vLLM CPU start-ups and a LiteLLM proxy on a loaded 2-core machine
-def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tiny_model):
+def matrix_keeps_the_pair_behind_litellm(bed, tiny_model) -> str:
+    """`bench matrix` over solo and 2x solo behind LiteLLM, for real: each launched through the runner, swept,
+    compared; solo stopped, the pair left serving (--keep-last) for the roll below. Returns the router's URL."""
     from sparkconsole.bench.results import ResultsStore
     results = bed.root / "matrix.sqlite"
     # cluster-tp2 launches through the same runner in three tests of its own (TP2, PP2, TP4), and disagg in the
@@ -136,7 +137,8 @@ def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tin
     # behind a router, the comparison an operator makes first.
     topologies = ("solo", "2x-solo-shuffle")
     r = bed.sc("bench", "matrix", "--recipe", *bed.recipe_args("--topologies", ",".join(topologies), "--force"),
-               "--pp", "64", "--tg", "16", "-c", "1,2,4", "--runs", "1", "--results", str(results), timeout=1700)
+               "--pp", "64", "--tg", "16", "-c", "1,2,4", "--runs", "1", "--results", str(results), "--keep-last",
+               timeout=1700)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "measured 2, skipped 0, failed 0" in r.stdout and "SIMULATED" not in r.stdout
     assert "node1: router ready" in r.stderr, r.stderr[-3000:]      # LiteLLM, launched through the runner
@@ -156,7 +158,13 @@ def test_bench_matrix_launches_sweeps_and_stops_every_topology_for_real(bed, tin
             for lv in levels:
                 assert lv.metrics["requests_ok"] == lv.key.concurrency, (run.topology, lv.metrics)
                 assert "kv" not in lv.metrics       # no KV connector to read around these levels
-    assert names_on(bed, 0) == [] and names_on(bed, 1) == []         # every topology stopped
+    # solo was stopped; the last topology serves on, as the matrix says, with the line to stop it
+    kept = re.search(r"2x-solo-shuffle left serving at (http://\S+) \(--keep-last\); stop it with: "
+                     r"sparkconsole recipe stop \S+ -T 2x-solo", r.stdout)
+    assert kept, r.stdout[-2000:]
+    assert names_on(bed, 0) == sorted([*bed.containers, bed.containers[0] + "_router"])    # one Docker engine
+    assert all(bed.engine.inspect(c)["State"]["Running"] for c in names_on(bed, 0))
+    return kept.group(1)
 
 
 # --- restarts behind a router, under a real sweep (issue 27) ----------------------------------------------------
@@ -253,13 +261,10 @@ def server_ids(bed) -> list[str]:
     return [bed.engine.inspect(c)["Id"] for c in bed.containers[:2]]
 
 
-def roll_under_a_sweep(bed, router: str, results: str) -> str:
-    """Issue 27's proof on real parts: 2x solo of the tiny model on the two SSH nodes behind a real router,
-    a paced `bench run` sweep at c4 through it, `recipe restart` meanwhile: no failed request in the results store,
-    both containers new, a backend serving at every moment. Returns the router's URL."""
-    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", router, "--yes", "--force"))
-    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
-    url = re.search(r"ready: (http://\S+)", launch.stdout).group(1)
+def roll_under_a_sweep(bed, router: str, url: str, results: str) -> None:
+    """Issue 27's proof on real parts: 2x solo of the tiny model on the two SSH nodes behind a real router (at
+    `url`), a paced `bench run` sweep at c4 through it, `recipe restart` meanwhile: no failed request in the results
+    store, both containers new, a backend serving at every moment."""
     before = server_ids(bed)
     # the restart names no router: it reads the running one's label and restarts the launch as it was made
     # Paced: a batch of four a second keeps requests in flight through every step of the roll, where back-to-back
@@ -277,21 +282,24 @@ def roll_under_a_sweep(bed, router: str, results: str) -> str:
     assert all(a != b for a, b in zip(after, before)), (before, after)          # new containers, both
     assert watch.counts and min(n for _, n in watch.counts) >= 1                  # never none serving
     assert alone > 0                                                               # one at a time: 2 -> 1 -> 2
-    return url
 
 
 @pytest.mark.timeout(1500)
 def test_a_rolling_restart_behind_vllm_router_drops_no_request(bed, tiny_model):
     """vllm-router takes each server out through its worker API (/remove_worker, /add_worker)."""
-    roll_under_a_sweep(bed, "vllm-router", "roll.sqlite")
+    launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", "vllm-router", "--yes", "--force"))
+    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+    roll_under_a_sweep(bed, "vllm-router", re.search(r"ready: (http://\S+)", launch.stdout).group(1), "roll.sqlite")
 
 
-@pytest.mark.timeout(2400)
-def test_a_rolling_restart_behind_litellm_drops_no_request_and_all_at_once_does(bed, tiny_model):
-    """LiteLLM has no API to take a server out without its database: each server's drain gate closes it (new
-    requests answered 503, which LiteLLM's weighted failover sends to the other). Then `--all-at-once`, for
-    contrast: every server down together fails requests."""
-    url = roll_under_a_sweep(bed, "simple-shuffle", "roll-litellm.sqlite")
+@pytest.mark.timeout(3000)      # three vLLM CPU start-ups and LiteLLM, then two restarts of the pair
+def test_bench_matrix_keeps_the_pair_and_a_rolling_restart_behind_litellm_drops_no_request(bed, tiny_model):
+    """The matrix's last launch is the roll's (each vLLM start costs the suite ~17 CPU s): LiteLLM has no API to
+    take a server out without its database, so each server's drain gate closes it (new requests answered 503,
+    which LiteLLM's weighted failover sends to the other). Then `--all-at-once`, for contrast: every server down
+    together fails requests."""
+    url = matrix_keeps_the_pair_behind_litellm(bed, tiny_model)
+    roll_under_a_sweep(bed, "simple-shuffle", url, "roll-litellm.sqlite")
     # a restart keeps the router: naming another one is refused in one line, before anything is touched
     ids = server_ids(bed)
     other = bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--router", "vllm-router", "--yes"))

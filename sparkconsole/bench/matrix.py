@@ -5,7 +5,8 @@ module knows nothing of nodes or plans. A topology whose launch fails is recorde
 on; a sweep that pauses at a failed level (`on_failure="pause"`) stops the matrix there; `stop()` is always
 called. With `resume`, topologies already measured in full are not launched again; `simulated` and `speed` say
 which clock the launcher's endpoints run on (a real cluster by default), so a real matrix never skips what a demo
-measured in the same file.
+measured in the same file. With `keep_last`, the last topology, once measured in full, is left serving (the
+launcher releases it): an operator who ends the list with the topology to serve does not wait for a second load.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ class Launcher(Protocol):
     async def stop(self) -> None:
         """Stop whatever the last launch started (called even when the launch failed)."""
 
+    def release(self) -> None:
+        """Leave the last launch serving: nothing the launcher does afterwards stops it (keep_last)."""
+
 
 class StaticLauncher:
     """Endpoints that are already running, one URL per topology (`--endpoints topo=URL,…`)."""
@@ -46,6 +50,9 @@ class StaticLauncher:
     async def stop(self) -> None:
         return None
 
+    def release(self) -> None:
+        return None
+
 
 @dataclass
 class MatrixOutcome:
@@ -54,6 +61,7 @@ class MatrixOutcome:
     failed: dict[str, str] = field(default_factory=dict)   # topology -> one-line reason
     paused: str | None = None      # "topology after level: why" when `on_failure="pause"` stopped the matrix
     run_ids: dict[str, str] = field(default_factory=dict)  # topology -> its run in the results file (this call)
+    kept: tuple[str, str] | None = None                    # (topology, URL) left serving by keep_last
 
 
 def recipe_hash(recipe: str) -> str | None:
@@ -86,7 +94,7 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
                      thermal_probe: Callable[[], ThermalNote | None] | None = None,
                      on_level: Callable[[LevelResult], None] | None = None,
                      on_progress: Callable[[Progress], None] | None = None,
-                     on_status: Callable[[str], None] | None = None) -> MatrixOutcome:
+                     on_status: Callable[[str], None] | None = None, keep_last: bool = False) -> MatrixOutcome:
     say = on_status or (lambda _msg: None)
     out = MatrixOutcome()
     rhash = recipe_hash(recipe)
@@ -97,6 +105,7 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
             out.skipped.append(topo)
             continue
         say(f"[{i}/{len(topologies)}] {topo}: launching {recipe}")
+        url = ""
         try:
             url = await launcher.launch(recipe, topo)
             say(f"[{i}/{len(topologies)}] {topo}: ready at {url}, sweeping")
@@ -116,9 +125,14 @@ async def run_matrix(recipe: str, topologies: Sequence[str], launcher: Launcher,
             out.failed[topo] = str(exc)
             say(f"[{i}/{len(topologies)}] {topo}: failed: {exc}")
         finally:
-            try:
-                await launcher.stop()
-            except UserError as exc:
-                out.failed.setdefault(topo, f"stop failed: {exc}")
-                say(f"[{i}/{len(topologies)}] {topo}: stop failed: {exc}")
+            if keep_last and i == len(topologies) and topo in out.measured:
+                launcher.release()
+                out.kept = (topo, url)
+                say(f"[{i}/{len(topologies)}] {topo}: left serving at {url}")
+            else:
+                try:
+                    await launcher.stop()
+                except UserError as exc:
+                    out.failed.setdefault(topo, f"stop failed: {exc}")
+                    say(f"[{i}/{len(topologies)}] {topo}: stop failed: {exc}")
     return out

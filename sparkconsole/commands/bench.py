@@ -118,6 +118,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="recipe placeholder value for every launch, e.g. --set max_num_batched_tokens=16384")
     m.add_argument("--verbose", "-v", action="store_true", help="print every launch step, not only readiness")
+    m.add_argument("--keep-last", action="store_true",
+                   help="leave the last topology serving once it is measured, instead of stopping it: end the list "
+                        "with the one to serve and it is not loaded twice (stop it later with `recipe stop`)")
     _sweep_options(m)
     m.set_defaults(func=run)
 
@@ -330,15 +333,30 @@ def _demo_nodes() -> tuple[tuple[str, str], ...]:
                     fix="stop other demos (ports 4000 and 8000 on 127.0.x.2/.3)")
 
 
-async def _matrix(args: argparse.Namespace) -> int:
-    from ..bench.matrix import run_matrix
-    from ..bench.results import ResultsStore
-    topologies = _topologies(args)
+def _check_matrix_args(args: argparse.Namespace) -> None:
     if args.speed is not None and not args.demo:
         raise UserError("--speed sets the simulated clock", field="--speed", fix="use it with --demo")
     if args.demo and (args.endpoints or getattr(args, "cluster", None)):
         raise UserError("--demo runs on its own simulated cluster", field="--demo",
                         fix="drop --endpoints/--cluster, or drop --demo")
+    if args.keep_last and (args.demo or args.endpoints):
+        what = "the simulated cluster ends with the command" if args.demo else "--endpoints launches nothing"
+        raise UserError(f"--keep-last leaves a launch serving, but {what}", field="--keep-last",
+                        fix="drop --keep-last, or run the matrix on your cluster's nodes")
+
+
+def _print_kept(args: argparse.Namespace, kept: tuple[str, str]) -> None:
+    from ..launch.launcher import resolve_topology
+    topo, url = kept
+    print(f"{topo} left serving at {url} (--keep-last); stop it with: "
+          f"sparkconsole recipe stop {args.recipe} -T {resolve_topology(topo)[0]}")
+
+
+async def _matrix(args: argparse.Namespace) -> int:
+    from ..bench.matrix import run_matrix
+    from ..bench.results import ResultsStore
+    topologies = _topologies(args)
+    _check_matrix_args(args)
     speed = DEMO_SPEED if args.speed is None else args.speed
     if args.demo and args.results == DEFAULT_RESULTS:
         args.results = DEMO_RESULTS
@@ -395,7 +413,8 @@ async def _matrix(args: argparse.Namespace) -> int:
         with ResultsStore(args.results) as store:
             out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
                                    simulated=bool(args.demo), speed=speed if args.demo else 1.0,
-                                   thermal_probe=probe, on_level=line.level, on_progress=line, on_status=line.text)
+                                   thermal_probe=probe, on_level=line.level, on_progress=line, on_status=line.text,
+                                   keep_last=args.keep_last)
     finally:
         try:
             if launcher is not None and hasattr(launcher, "close"):
@@ -411,6 +430,8 @@ async def _matrix(args: argparse.Namespace) -> int:
         print(f"  {topo}: {why}")
     if out.run_ids:
         _print_comparison(args.results, list(out.run_ids.values()))
+    if out.kept is not None:
+        _print_kept(args, out.kept)
     if out.paused is not None:
         print(f"paused at {out.paused} — fix the endpoint, then run the same command with --resume")
         return 1

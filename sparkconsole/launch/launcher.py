@@ -2,7 +2,7 @@
 
     launcher = RecipeLauncher(cluster)                 # a ClusterConfig (a cluster file, or a simulated cluster)
     url = await launcher.launch("gpt-oss-120b", "2x-solo-least-busy")   # plan, preflight, run, wait until ready
-    await launcher.stop()                              # stop what that launch started
+    await launcher.stop()                              # stop what that launch started (or release(): leave it up)
     await launcher.close()                             # end the node monitor and connections it opened
 
 It is `bench.matrix.Launcher` by shape (duck-typed: launch knows nothing of the bench). Each launch is the same
@@ -132,6 +132,10 @@ class RecipeLauncher:
         self._running = None
         self._stopped = set(plan.nodes)
         await runner.stop(plan, self.on_progress)
+
+    def release(self) -> None:
+        """Leave the running launch serving (bench matrix --keep-last): close() no longer stops it."""
+        self._running = None
 
     async def close(self) -> None:
         """Stop a launch still running, then end the monitor and the connections this launcher opened."""
