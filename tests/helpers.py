@@ -54,13 +54,14 @@ async def wait_for(pilot, cond, timeout: float = 10.0, what: str = "condition", 
         await pilot.pause(step)
 
 
-async def until(pred, timeout: float, what: str) -> float:
-    """Poll pred() on the event loop; the seconds it took, or fail the test naming `what` after `timeout`."""
+async def until(pred, timeout: float, what: str, interval: float = 0.02) -> float:
+    """Poll pred() on the event loop every `interval` s; the seconds it took, or fail the test naming `what` after
+    `timeout`."""
     t0 = time.monotonic()
     while time.monotonic() - t0 < timeout:
         if pred():
             return time.monotonic() - t0
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(interval)
     pytest.fail(f"timed out after {timeout:g} s waiting for {what}")
 
 
