@@ -77,8 +77,9 @@ def test_demo_matrix_through_the_recipe_runner(tmp_path):
     for row in rows:
         winner = row.rstrip(" |").split("|")[-1].strip()
         assert winner.split()[0] in TOPOLOGIES, row
-    # TP=2 streams half the weights per GPU: it wins single-request decode (published +19%, simulated +28%).
-    assert rows[0].rstrip(" |").split("|")[-1].strip().startswith("cluster-tp2"), rows[0]
+    # Which topology wins is the simulator's (tests/test_sim_accuracy.py, on simulated time): read through HTTP at
+    # speed 20, a millisecond the loaded machine holds a process back is twenty, and c1 decode read solo 49.3 against
+    # TP=2 48.8 t/s once in a full suite.
     # The simulated cluster is gone: no process names its state directory, and the directory is removed.
     state = re.search(r"state in (\S+);", r.stderr).group(1)
     assert sim_processes(state) == [] and not os.path.exists(state)
