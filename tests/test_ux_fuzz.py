@@ -33,7 +33,19 @@ def fuzz_console(topology: str):
         try:
             fuzz.stop()
         finally:
-            loop.close()
+            close_loop(loop)
+
+
+def close_loop(loop: asyncio.AbstractEventLoop) -> None:
+    """As asyncio.run ends its loop: what is still pending (a node stream's closing, its process's wait) is
+    cancelled and run to its end first; closed with it pending, its subprocess transport was collected later,
+    during another test, as an "Event loop is closed" warning."""
+    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.run_until_complete(loop.shutdown_asyncgens())
+    loop.close()
 
 
 @pytest.fixture(scope="module")
