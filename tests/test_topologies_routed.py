@@ -160,7 +160,7 @@ def matrix_keeps_the_pair_behind_litellm(bed, tiny_model) -> str:
                 assert "kv" not in lv.metrics       # no KV connector to read around these levels
     # solo was stopped; the last topology serves on, as the matrix says, with the line to stop it
     kept = re.search(r"2x-solo-shuffle left serving at (http://\S+) \(--keep-last\); stop it with: "
-                     r"sparkconsole recipe stop \S+ -T 2x-solo", r.stdout)
+                     rf"sparkconsole --cluster {re.escape(str(bed.cluster_file))} recipe stop \S+ -T 2x-solo", r.stdout)
     assert kept, r.stdout[-2000:]
     assert names_on(bed, 0) == sorted([*bed.containers, bed.containers[0] + "_router"])    # one Docker engine
     assert all(bed.engine.inspect(c)["State"]["Running"] for c in names_on(bed, 0))

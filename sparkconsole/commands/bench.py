@@ -346,10 +346,12 @@ def _check_matrix_args(args: argparse.Namespace) -> None:
 
 
 def _print_kept(args: argparse.Namespace, kept: tuple[str, str]) -> None:
+    import shlex
     from ..launch.launcher import resolve_topology
     topo, url = kept
-    print(f"{topo} left serving at {url} (--keep-last); stop it with: "
-          f"sparkconsole recipe stop {args.recipe} -T {resolve_topology(topo)[0]}")
+    cluster = ["--cluster", args.cluster] if getattr(args, "cluster", None) else []
+    stop = ["sparkconsole", *cluster, "recipe", "stop", args.recipe, "-T", resolve_topology(topo)[0]]
+    print(f"{topo} left serving at {url} (--keep-last); stop it with: {shlex.join(stop)}")
 
 
 async def _matrix(args: argparse.Namespace) -> int:
