@@ -43,7 +43,8 @@ def close_loop(loop: asyncio.AbstractEventLoop) -> None:
     pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
     for task in pending:
         task.cancel()
-    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    if pending:         # gather() of nothing asks for a current loop, which this thread has none of
+        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
     loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
 
