@@ -15,7 +15,10 @@ from sparkconsole.nodes.monitor import ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
 from tests.helpers import until
 
-INTERVAL = 0.2
+# Each test that waits for its agents to end runs them at an interval of its own (agent_pids_for finds them by it):
+# 0.2 is other modules' too, and a test on another worker kept its agents running past this one's deadline.
+INTERVAL = 0.22
+SILENT_INTERVAL = 0.24
 
 
 def agent_pids_for(interval: float) -> list[int]:
@@ -224,7 +227,7 @@ async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
     """No kill: the node just stops answering. Keepalives find out; when it answers again, it comes back."""
     from sparkconsole.nodes.ssh import SshTransport
 
-    cfg = sshd_live.cluster_config(interval_s=INTERVAL, nodes=[sshd_live[0]])
+    cfg = sshd_live.cluster_config(interval_s=SILENT_INTERVAL, nodes=[sshd_live[0]])
     mon = ClusterMonitor(cfg, transport_factory=lambda n, p: SshTransport(n, p, keepalive_interval=0.5,
                                                                            keepalive_count_max=2))
     await mon.start()
@@ -243,7 +246,7 @@ async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
         await until(lambda: nm.state == NodeState.LIVE, 40, "LIVE again")
     finally:
         await mon.stop()
-    await until(lambda: not agent_pids_for(INTERVAL), 10, "no agent left")
+    await until(lambda: not agent_pids_for(SILENT_INTERVAL), 10, "no agent left")
 
 
 FIX = Path(__file__).parent / "fixtures"
