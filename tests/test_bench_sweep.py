@@ -117,32 +117,42 @@ async def test_simulated_clock_scales_intervals(tmp_path):
     assert 0 < sim <= 15 < real
 
 
+class RecordingLauncher:
+    """A matrix Launcher over FakeVllm servers that records each call; the topology "broken" fails to launch."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[str, ...]] = []
+        self.running: list[FakeVllm] = []
+        self.kept: list[FakeVllm] = []
+
+    async def launch(self, recipe, topology):
+        self.events.append(("launch", topology))
+        if topology == "broken":
+            raise UserError("node spark2 unreachable", fix="check the link")
+        self.running.append(await FakeVllm(Behaviour(token_delay=0.001)).start())
+        return self.running[-1].url
+
+    async def stop(self):
+        self.events.append(("stop",))
+        while self.running:
+            await self.running.pop().stop()
+
+    def release(self):
+        self.events.append(("release",))
+        self.kept, self.running = self.kept + self.running, []
+
+
 async def test_matrix_launches_sweeps_and_stops_each_topology(tmp_path):
-    servers: list[FakeVllm] = []
-    events = []
-
-    class Launcher:
-        async def launch(self, recipe, topology):
-            events.append(("launch", topology))
-            if topology == "broken":
-                raise UserError("node spark2 unreachable", fix="check the link")
-            srv = await FakeVllm(Behaviour(token_delay=0.001)).start()
-            servers.append(srv)
-            return srv.url
-
-        async def stop(self):
-            events.append(("stop",))
-            while servers:
-                await servers.pop().stop()
-
+    launcher = RecordingLauncher()
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: tiny\n")
     template = _spec("http://unset.invalid", concurrency=(1, 2), runs=1)
     with ResultsStore(tmp_path / "m.sqlite") as store:
-        out = await run_matrix(str(recipe), ["solo", "broken", "cluster-tp2"], Launcher(), template, store)
+        out = await run_matrix(str(recipe), ["solo", "broken", "cluster-tp2"], launcher, template, store)
         runs = store.runs()
-        again = await run_matrix(str(recipe), ["solo", "broken", "cluster-tp2"], Launcher(), template, store,
+        again = await run_matrix(str(recipe), ["solo", "broken", "cluster-tp2"], launcher, template, store,
                                  resume=True)
+    events = launcher.events
     assert out.measured == ["solo", "cluster-tp2"] and list(out.failed) == ["broken"]
     assert "spark2 unreachable" in out.failed["broken"]
     assert events[:6] == [("launch", "solo"), ("stop",), ("launch", "broken"), ("stop",),
@@ -156,39 +166,24 @@ async def test_matrix_launches_sweeps_and_stops_each_topology(tmp_path):
 async def test_matrix_keep_last_leaves_the_last_measured_topology_serving(tmp_path):
     """The last topology, once measured, is released instead of stopped and still answers; one that failed is
     stopped as any other."""
-    servers: dict[str, FakeVllm] = {}
-    events = []
-
-    class Launcher:
-        async def launch(self, recipe, topology):
-            events.append(("launch", topology))
-            if topology == "broken":
-                raise UserError("node spark2 unreachable", fix="check the link")
-            servers[topology] = await FakeVllm(Behaviour(token_delay=0.001)).start()
-            return servers[topology].url
-
-        async def stop(self):
-            events.append(("stop",))
-
-        def release(self):
-            events.append(("release",))
-
+    launcher = RecordingLauncher()
     recipe = tmp_path / "r.yaml"
     recipe.write_text("name: tiny\n")
     template = _spec("http://unset.invalid", concurrency=(1,), runs=1)
     try:
         with ResultsStore(tmp_path / "m.sqlite") as store:
-            kept = await run_matrix(str(recipe), ["solo", "2x-solo"], Launcher(), template, store, keep_last=True)
-            failed_last = await run_matrix(str(recipe), ["solo", "broken"], Launcher(), template, store,
+            kept = await run_matrix(str(recipe), ["solo", "2x-solo"], launcher, template, store, keep_last=True)
+            failed_last = await run_matrix(str(recipe), ["solo", "broken"], launcher, template, store,
                                            keep_last=True)
+        events = launcher.events
         assert events[:4] == [("launch", "solo"), ("stop",), ("launch", "2x-solo"), ("release",)]
-        assert kept.kept == ("2x-solo", servers["2x-solo"].url) and kept.measured == ["solo", "2x-solo"]
+        assert kept.kept == ("2x-solo", launcher.kept[0].url) and kept.measured == ["solo", "2x-solo"]
         async with httpx.AsyncClient(trust_env=False) as client:
             assert (await client.get(kept.kept[1] + "/v1/models")).status_code == 200
         assert events[4:] == [("launch", "solo"), ("stop",), ("launch", "broken"), ("stop",)]
         assert failed_last.kept is None and list(failed_last.failed) == ["broken"]
     finally:
-        for srv in servers.values():
+        for srv in launcher.kept:
             await srv.stop()
 
 
