@@ -1,8 +1,8 @@
 """The topologies that serve through a router, on two SSH test nodes of this module's own (its own worker and
 Docker engine, so it runs beside tests/test_topologies.py instead of after it): prefill/decode disaggregated over
 NIXL with vllm-router in PD mode, swept with the KV figures; the bench matrix over solo and 2x solo behind LiteLLM,
-the pair left serving for a rolling restart under a sweep; the same behind vllm-router. The bed, its helpers and its rules are
-tests/test_topologies.py's."""
+the pair left serving for a rolling restart under a sweep; the same roll behind vllm-router. The bed, its helpers
+and its rules are tests/test_topologies.py's."""
 
 from __future__ import annotations
 
