@@ -24,29 +24,17 @@ EXPLORE = "SPARKCONSOLE_FUZZ_SEQUENCES" in os.environ
 
 
 def fuzz_console(topology: str):
-    loop = asyncio.new_event_loop()
-    fuzz = Fuzz(loop)
-    try:
-        fuzz.start(topology)
-        yield fuzz
-    finally:
+    # asyncio.Runner ends its loop as asyncio.run does: what is still pending (a node stream's closing, its process's
+    # wait) is cancelled and run to its end first. A loop closed with it pending left a subprocess transport to be
+    # collected during another test, as an "Event loop is closed" warning. loop_factory: the thread's current loop
+    # is left alone.
+    with asyncio.Runner(loop_factory=asyncio.new_event_loop) as runner:
+        fuzz = Fuzz(runner.get_loop())
         try:
-            fuzz.stop()
+            fuzz.start(topology)
+            yield fuzz
         finally:
-            close_loop(loop)
-
-
-def close_loop(loop: asyncio.AbstractEventLoop) -> None:
-    """As asyncio.run ends its loop: what is still pending (a node stream's closing, its process's wait) is
-    cancelled and run to its end first; closed with it pending, its subprocess transport was collected later,
-    during another test, as an "Event loop is closed" warning."""
-    pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
-    for task in pending:
-        task.cancel()
-    if pending:         # gather() of nothing asks for a current loop, which this thread has none of
-        loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
-    loop.run_until_complete(loop.shutdown_asyncgens())
-    loop.close()
+            fuzz.stop()
 
 
 @pytest.fixture(scope="module")
