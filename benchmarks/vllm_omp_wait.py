@@ -36,20 +36,12 @@ POLICIES: dict[str, str | None] = {"spin (OpenMP's default)": None, "PASSIVE": "
 REQUESTS, CONCURRENCY, TOKENS = 48, 4, 32
 
 
-def group_cpu_seconds(pgid: int) -> float:
-    total = 0.0
-    for p in testbed_vllm.group_processes(pgid):
-        t = p.cpu_times()
-        total += t.user + t.system + t.children_user + t.children_system
-    return total
-
-
 def one_round(policy: str | None, venv, model) -> tuple[float, float, float]:
     """(CPU s to healthy, CPU s for the load, wall s for the load)."""
     server = testbed_vllm.wait_vllm_server(testbed_vllm.spawn_vllm_server(
         venv, model, Path(tempfile.mkdtemp(prefix="vllm-omp-")), env={"OMP_WAIT_POLICY": policy}), 600)
     try:
-        started = group_cpu_seconds(server.proc.pid)
+        started = testbed_vllm.group_cpu_seconds(server.proc.pid)
 
         def complete(_: int) -> None:
             r = httpx.post(server.url + "/v1/completions", timeout=300, json={
@@ -60,7 +52,7 @@ def one_round(policy: str | None, venv, model) -> tuple[float, float, float]:
         with concurrent.futures.ThreadPoolExecutor(CONCURRENCY) as pool:
             list(pool.map(complete, range(REQUESTS)))
         wall = time.monotonic() - t0
-        return started, group_cpu_seconds(server.proc.pid) - started, wall
+        return started, testbed_vllm.group_cpu_seconds(server.proc.pid) - started, wall
     finally:
         server.stop()
 

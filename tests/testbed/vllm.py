@@ -162,6 +162,18 @@ def group_rss_bytes(pgid: int) -> int:
     return total
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """User + system CPU seconds of a process group's live processes, with the children each has reaped."""
+    import psutil
+
+    total = 0.0
+    for p in group_processes(pgid):
+        with contextlib.suppress(psutil.Error):
+            t = p.cpu_times()
+            total += t.user + t.system + t.children_user + t.children_system
+    return total
+
+
 @dataclass
 class VllmServer:
     """A bare `vllm.entrypoints.openai.api_server` process on 127.0.0.1."""
