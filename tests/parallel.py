@@ -70,7 +70,7 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
         return int(override)
     cpus = len(os.sched_getaffinity(0))
     # The quick loop (-m "not slow") starts no vLLM: its tests wait on SSH, sockets and timers. On two cores four
-    # workers kept them 53 % busy (89 s), six 63 % (70-72 s), eight 63-69 s. The whole suite is CPU-bound (95 % busy
+    # workers kept them 53 % busy (89 s), six 63 % (70-72 s), eight 63-70 s. The whole suite is CPU-bound (95 % busy
     # at four): two per core there.
     per_cpu = 4 if "not slow" in (config.option.markexpr or "") else 2
     return max(1, min(8, per_cpu * cpus))
