@@ -21,6 +21,12 @@ from tests.test_tui_app import widget_text
 pytestmark = pytest.mark.slow        # a simulated cluster with its model servers, router and the console
 
 
+def serving_launch(scr):
+    """The demo's launch once the console has seen every member, its router too (the router starts last)."""
+    g = scr.running_of("gpt-oss-120b") if scr.is_mounted else None
+    return g if g is not None and g.verdict == "SERVING" else None
+
+
 @pytest.fixture
 async def demo_app(tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "operator-state"))    # the operator's own
@@ -40,8 +46,7 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         await wait_for(pilot, lambda: all(e.is_set() for e in sim.ready.values()), 180, "the demo serving")
         await pilot.press("2")
         scr = app.recipes_screen
-        await wait_for(pilot, lambda: scr.is_mounted and scr.running_of("gpt-oss-120b") is not None, 30,
-                       "gpt-oss-120b running on the recipes screen")
+        await wait_for(pilot, lambda: serving_launch(scr) is not None, 30, "gpt-oss-120b serving on the recipes screen")
         assert scr.running_of("gpt-oss-120b").topology == "2x-solo"
         # what runs is shown first (once the console has drawn the launch: its next redraw)
         await wait_for(pilot, lambda: (scr.selected, scr.topology) == ("gpt-oss-120b", "2x-solo"), 10, "it chosen")
@@ -104,7 +109,7 @@ async def test_r_in_the_demo_rolls_behind_its_router_and_drops_nothing(demo_behi
         before = {n: (await sim.docker(n, "inspect", "-f", "{{.Id}}", "vllm_node"))[1] for n in sim.nodes}
         await pilot.press("2")
         scr = app.recipes_screen
-        await wait_for(pilot, lambda: scr.is_mounted and scr.running_of("gpt-oss-120b") is not None, 30, "it running")
+        await wait_for(pilot, lambda: serving_launch(scr) is not None, 30, "it serving, its router seen")
         await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", 10, "it chosen")
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")

@@ -20,6 +20,8 @@ LABEL = "sparkconsole."
 SERVING, STARTING, BROKEN = "SERVING", "STARTING", "BROKEN"
 # roles whose loss stops the whole launch from serving, per topology
 _NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
+# topologies served through a router, which a plan starts after its servers are healthy
+ROUTED = ("2x-solo", "disagg")
 VLLM_ROLES = ("server", "prefill", "decode")
 
 
@@ -79,6 +81,8 @@ def _judge(topology: str, members: list[Member]) -> tuple[str, str]:
         return BROKEN, "no member runs"
     if any(not m.running for m in members):
         return STARTING, "containers are starting"
+    if topology in ROUTED and not any(m.role == "router" for m in members):
+        return STARTING, "its router is not running yet"
     return SERVING, ""
 
 

@@ -63,7 +63,7 @@ class RecipeActions:
             out.append(_Finding("block", f"{hit.words()}: a launch here would fail on the name", hit.node, fix))
         return out
 
-    def _running_plan(self):
+    def _running_plan(self, verb: str):
         """The plan of what r / s act on: the launch this console started, else the running launch of the chosen
         recipe (or the only one running), planned again from its recipe and topology as the CLI's stop does."""
         if self.running_plan is not None:
@@ -73,6 +73,12 @@ class RecipeActions:
         r = self._recipe(g.recipe) if g is not None else None
         if g is None or r is None:
             return None
+        from ...nodes.launches import ROUTED
+        if verb == "restart" and g.topology in ROUTED and g.router is None:
+            # which router runs (and so how a server is taken out) is read from the router's own labels
+            self.notify(f"{g.recipe} × {g.topology}: its router is not running yet; r restarts the launch once "
+                        "it is (s stops it now)", severity="warning")
+            return False
         try:
             from ...launch.plan import make_plan
             return make_plan(r, g.topology, self.app.cluster, running_options(g))
@@ -82,7 +88,9 @@ class RecipeActions:
             return None
 
     def _confirm_running(self, verb: str) -> None:
-        plan = self._running_plan()
+        plan = self._running_plan(verb)
+        if plan is False:
+            return
         if plan is None:
             running = self.running_groups()
             self.notify("nothing running was launched from a recipe" if not running else

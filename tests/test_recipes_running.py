@@ -1,0 +1,60 @@
+"""The launches the console finds on the nodes (their containers' labels) and what r does with one that is
+not whole yet: a 2x-solo's router starts after its servers, and its labels say which router it is."""
+
+from __future__ import annotations
+
+from sparkconsole.nodes.launches import SERVING, STARTING, launch_groups
+from sparkconsole.nodes.samples import ContainerInfo, NodeState
+from sparkconsole.tui.screens.confirm import ConfirmScreen
+from tests.helpers import wait_for
+from tests.test_tui_app import SIZE, make_app, recording, state_dir  # noqa: F401  (fixtures)
+
+
+def labelled(name: str, node: str, role: str, url: str, router: str | None = None) -> ContainerInfo:
+    labels = {"recipe": "gpt-oss-120b", "topology": "2x-solo", "role": role, "node": node, "url": url}
+    if router:
+        labels["router"] = router
+    return ContainerInfo(name=name, state="running",
+                         labels=tuple((f"sparkconsole.{k}", v) for k, v in labels.items()))
+
+
+SERVERS = {"spark1": (labelled("vllm_node", "spark1", "server", "http://127.0.0.1:8000"),),
+           "spark2": (labelled("vllm_node", "spark2", "server", "http://127.0.0.1:8000"),)}
+ROUTER = labelled("sc_router", "spark1", "router", "http://127.0.0.1:4000", "simple-shuffle")
+
+
+class Node:
+    def __init__(self, name: str, containers) -> None:
+        self.name, self.containers = name, containers
+
+
+def test_a_routed_launch_without_its_router_is_starting():
+    (g,) = launch_groups([Node(n, cs) for n, cs in SERVERS.items()])
+    assert (g.verdict, g.reason, g.router) == (STARTING, "its router is not running yet", None)
+    (g,) = launch_groups([Node("spark1", (*SERVERS["spark1"], ROUTER)), Node("spark2", SERVERS["spark2"])])
+    assert (g.verdict, g.router, len(g.members)) == (SERVING, "simple-shuffle", 3)
+
+
+async def test_r_waits_for_the_router_that_says_how_to_take_a_server_out(recording):
+    """Planned before its router is seen, the restart would take the recipe's default router (vllm-router) and
+    its worker API, not the LiteLLM that runs: r says so and does nothing until the router is there."""
+    app, _, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        for name, cs in SERVERS.items():
+            mon.nodes[name].containers = cs
+        await pilot.press("2")
+        scr = app.recipes_screen
+        await wait_for(pilot, lambda: scr.is_mounted and scr.running_of("gpt-oss-120b") is not None, what="the launch")
+        await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", what="it chosen")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: any("its router is not running yet" in n.message for n in app._notifications),
+                       what="r's warning")
+        assert not isinstance(app.screen, ConfirmScreen)
+        mon.nodes["spark1"].containers = (*SERVERS["spark1"], ROUTER)
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
+        shown = app.screen.command
+        assert "behind simple-shuffle" in shown and "close it to new requests" in shown, shown
+        await pilot.press("n")
+        await pilot.press("q")
