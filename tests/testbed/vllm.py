@@ -11,6 +11,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -409,7 +410,8 @@ def chat(url: str, model: str, content: str, *, max_tokens: int = 4, headers: di
     return resp.json()
 
 
-# --- installs before the first test: pytest-timeout covers fixture set-up, a first install does not fit in it ---
+# --- installs before the first test that needs them: pytest-timeout covers fixture set-up, a first install does not
+# fit in it ---
 
 def _specs_by_fixture() -> dict[str, VenvSpec]:
     # imported here: routers and benchy import this module
@@ -420,20 +422,53 @@ def _specs_by_fixture() -> dict[str, VenvSpec]:
             "benchy_env": BENCHY_VENV}
 
 
+# A pytest-xdist worker builds in the background: its tests that need no venv (most of the suite) run meanwhile, on
+# a fresh clone for the minutes pip takes; one that needs a venv waits for the build before its timeout starts.
+_build: threading.Thread | None = None
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    """Build the venvs (side by side) and the tiny model that the selected tests need, before any test runs."""
+    """Build the venvs (side by side) and the tiny model that the selected tests need, before any test that needs
+    them runs."""
+    global _build
     if session.config.option.collectonly:
         return
-    from tests.testbed.model import ensure_tiny_model
-
     specs = _specs_by_fixture()
     needed = sorted({name for item in session.items for name in getattr(item, "fixturenames", ()) if name in specs})
     if not needed:
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     say = reporter.write_line if reporter else print
+    if os.environ.get("PYTEST_XDIST_WORKER"):       # a worker's output is not shown: nothing to say
+        _build = threading.Thread(target=build_testbed, args=([specs[n] for n in needed], lambda _: None),
+                                  name="testbed-build", daemon=True)
+        _build.start()
+    else:
+        build_testbed([specs[n] for n in needed], say)
+
+
+def _needs_testbed(item: pytest.Item) -> bool:
+    return not _specs_by_fixture().keys().isdisjoint(getattr(item, "fixturenames", ()))
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)       # outside pytest-timeout's timer
+def pytest_runtest_protocol(item: pytest.Item, nextitem):
+    if _build is not None and _build.is_alive() and _needs_testbed(item):
+        _build.join()
+    yield
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """A worker with only light tests may end before its build: a build cut off would leave a venv half made."""
+    if _build is not None:
+        _build.join()
+
+
+def build_testbed(specs: list[VenvSpec], say: Callable[[str], object]) -> None:
+    from tests.testbed.model import ensure_tiny_model
+
     start = time.monotonic()
-    results = ensure_venvs([specs[name] for name in needed])
+    results = ensure_venvs(specs)
     for name, got in results.items():
         # a failure is raised again by the fixture, in the tests that need it
         say(f"testbed: {name}: " + (f"install failed: {got}" if isinstance(got, TestbedError) else
