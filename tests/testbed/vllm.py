@@ -437,14 +437,14 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     needed = sorted({name for item in session.items for name in getattr(item, "fixturenames", ()) if name in specs})
     if not needed:
         return
-    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
-    say = reporter.write_line if reporter else print
+    wanted = [specs[name] for name in needed]
     if os.environ.get("PYTEST_XDIST_WORKER"):       # a worker's output is not shown: nothing to say
-        _build = threading.Thread(target=build_testbed, args=([specs[n] for n in needed], lambda _: None),
-                                  name="testbed-build", daemon=True)
+        _build = threading.Thread(target=build_testbed, args=(wanted, lambda _: None), name="testbed-build",
+                                  daemon=True)
         _build.start()
     else:
-        build_testbed([specs[n] for n in needed], say)
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        build_testbed(wanted, reporter.write_line if reporter else print)
 
 
 def _needs_testbed(item: pytest.Item) -> bool:

@@ -63,22 +63,21 @@ class RecipeActions:
             out.append(_Finding("block", f"{hit.words()}: a launch here would fail on the name", hit.node, fix))
         return out
 
-    def _running_plan(self, verb: str):
-        """The plan of what r / s act on: the launch this console started, else the running launch of the chosen
-        recipe (or the only one running), planned again from its recipe and topology as the CLI's stop does."""
+    def _chosen_launch(self):
+        """The running launch r / s act on when this console did not start one: the chosen recipe's, else the only
+        one running."""
+        groups = self.running_groups()
+        return self.running_of(self.selected) or (groups[0] if len(groups) == 1 else None)
+
+    def _running_plan(self):
+        """The plan of what r / s act on: the launch this console started, else the chosen running launch, planned
+        again from its recipe and topology as the CLI's stop does."""
         if self.running_plan is not None:
             return self.running_plan
-        groups = self.running_groups()
-        g = self.running_of(self.selected) or (groups[0] if len(groups) == 1 else None)
+        g = self._chosen_launch()
         r = self._recipe(g.recipe) if g is not None else None
         if g is None or r is None:
             return None
-        from ...nodes.launches import ROUTED
-        if verb == "restart" and g.topology in ROUTED and g.router is None:
-            # which router runs (and so how a server is taken out) is read from the router's own labels
-            self.notify(f"{g.recipe} × {g.topology}: its router is not running yet; r restarts the launch once "
-                        "it is (s stops it now)", severity="warning")
-            return False
         try:
             from ...launch.plan import make_plan
             return make_plan(r, g.topology, self.app.cluster, running_options(g))
@@ -87,10 +86,21 @@ class RecipeActions:
                         severity="error")
             return None
 
+    def _router_unseen(self) -> bool:
+        """A routed launch found on the nodes whose router is not listed yet (it starts after the servers): which
+        router runs, and so how a restart takes a server out, is read from the router's own labels. Says so."""
+        from ...nodes.launches import ROUTED
+        g = self._chosen_launch() if self.running_plan is None else None
+        if g is None or g.topology not in ROUTED or g.router is not None:
+            return False
+        self.notify(f"{g.recipe} × {g.topology}: its router is not running yet; r restarts the launch once it is "
+                    "(s stops it now)", severity="warning")
+        return True
+
     def _confirm_running(self, verb: str) -> None:
-        plan = self._running_plan(verb)
-        if plan is False:
+        if verb == "restart" and self._router_unseen():
             return
+        plan = self._running_plan()
         if plan is None:
             running = self.running_groups()
             self.notify("nothing running was launched from a recipe" if not running else
