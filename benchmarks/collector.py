@@ -101,7 +101,7 @@ def alone(sshd, root: Path, cfg: Path, n_nodes: int, viewers: int, seconds: floa
         c0 = [cpu_s(p) for p in procs]
         time.sleep(seconds)
         return {"agents_per_node": agents(sshd) / n_nodes,
-                "viewer_cpu_pct": round(100 * max(cpu_s(p) - c for p, c in zip(procs, c0)) / seconds, 2),
+                "viewer_cpu_pct": round(100 * max(cpu_s(p) - c for p, c in zip(procs, c0, strict=False)) / seconds, 2),
                 "viewer_rss_mb": round(max(psutil.Process(p.pid).memory_info().rss for p in procs) / 2**20, 1)}
     finally:
         stop(procs)
@@ -121,7 +121,7 @@ def attached(sshd, root: Path, cfg: Path, n_nodes: int, viewers: int, seconds: f
         t0 = time.time()
         time.sleep(seconds)
         t1 = time.time()
-        cpu = [round(100 * (cpu_s(p) - c) / seconds, 2) for p, c in zip(procs, c0)]
+        cpu = [round(100 * (cpu_s(p) - c) / seconds, 2) for p, c in zip(procs, c0, strict=False)]
         out = {"agents_per_node": agents(sshd) / n_nodes, "collector_cpu_pct": cpu[0],
                "collector_rss_mb": round(psutil.Process(coll.pid).memory_info().rss / 2**20, 1),
                "viewer_cpu_pct": max(cpu[1:]) if cpu[1:] else None,

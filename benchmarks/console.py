@@ -220,12 +220,13 @@ def in_process_keys(n: int, presses: int, warm: float = 4.0) -> dict:
     import asyncio
     import gc
     sys.path.insert(0, str(ROOT))
+    from textual import events
+
     from sparkconsole.config import ClusterConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
-    from sparkconsole.tui.app import SparkConsoleApp
     from sparkconsole.nodes.replay import read_recording, replay_factory
+    from sparkconsole.tui.app import SparkConsoleApp
     from sparkconsole.tui.screens.help import HelpScreen
-    from textual import events
 
     full_passes: list[float] = []
     started = [0.0]

@@ -20,9 +20,9 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
 
 FAKE_NET = "192.0.2."               # RFC 5737 documentation addresses: the runner's nodes, never a real host
 ETH_IF = "enp1s0f1np1"

@@ -13,14 +13,26 @@ from __future__ import annotations
 import collections
 import re
 import shlex
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
-from container_launch import (Call, Launch, LaunchSandbox, plan_mod_copies, plan_steps, run_plan, run_runner_launch,
-                              runner_node)
 # what runner_parity.py needs of the launches, through this module
-from container_launch import EXPORTED, ETH_IF, IB_IF, write_env_file  # noqa: F401
+from container_launch import (  # noqa: F401
+    ETH_IF,
+    EXPORTED,
+    IB_IF,
+    Call,
+    Launch,
+    LaunchSandbox,
+    plan_mod_copies,
+    plan_steps,
+    run_plan,
+    run_runner_launch,
+    runner_node,
+    write_env_file,
+)
 
 GATE_MARK = "sparkconsole-mods-gate"
 RELEASE_MARK = ".sparkconsole-mods-applied"

@@ -44,7 +44,7 @@ def run_matrix(speed: float, runs: int, conc: str, results: Path) -> float:
            "--concurrency", conc, "--runs", str(runs), "--results", str(results)]
     print("$ " + " ".join(cmd[2:]), flush=True)
     t0 = time.monotonic()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.monotonic() - t0
     for line in proc.stderr.splitlines():
         if line.startswith(("[", "starting", "  ")) or ": pp" in line:

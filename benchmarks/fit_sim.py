@@ -60,7 +60,7 @@ def sq_log_error(sim, topologies, levels):
 
 def apply(values, hw, model):
     hwc, mc = {}, {}
-    for (name, where, *_), v in zip(ENGINE_PARAMS, values):
+    for (name, where, *_), v in zip(ENGINE_PARAMS, values, strict=False):
         (hwc if where == "hw" else mc)[name] = v
     return replace(hw, **hwc), replace(model, **mc)
 
@@ -103,7 +103,7 @@ def fit_engine(runs: int, proxy=LITELLM, start=None):
     # search in a unit box per parameter (log scale for the wide ones)
     def decode(u):
         vals = []
-        for (name, _, _, lo, hi), x in zip(ENGINE_PARAMS, u):
+        for (_name, _, _, lo, hi), x in zip(ENGINE_PARAMS, u, strict=False):
             x = min(1.0, max(0.0, x))
             if lo > 0 and hi / lo > 20:
                 vals.append(math.exp(math.log(lo) + x * (math.log(hi) - math.log(lo))))
@@ -113,7 +113,7 @@ def fit_engine(runs: int, proxy=LITELLM, start=None):
 
     def encode(vals):
         u = []
-        for (name, _, _, lo, hi), v in zip(ENGINE_PARAMS, vals):
+        for (_name, _, _, lo, hi), v in zip(ENGINE_PARAMS, vals, strict=False):
             if lo > 0 and hi / lo > 20:
                 u.append((math.log(v) - math.log(lo)) / (math.log(hi) - math.log(lo)))
             else:
@@ -160,7 +160,7 @@ def engine_stage(label: str, runs: int, hw, model, proxy, *, base_hw, t0: float)
     """Fit the engine constants from the current ones, print them, and apply them to `base_hw` and `model`."""
     vals, err = fit_engine(runs, proxy, start=[getattr(hw if w == "hw" else model, n) for n, w, *_ in ENGINE_PARAMS])
     print(f"{label}: sum sq log error {err:.4f} ({time.time() - t0:.0f}s)")
-    for (name, where, *_), v in zip(ENGINE_PARAMS, vals):
+    for (name, where, *_), v in zip(ENGINE_PARAMS, vals, strict=False):
         print(f"  {where}.{name} = {v:.6g}")
     return apply(vals, base_hw, model)
 

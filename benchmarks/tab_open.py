@@ -159,7 +159,7 @@ async def one_child(command: str, env: dict, src: Path, importtime: bool = False
         proc.stdin.write(b"M" + len(quit_meta).to_bytes(4, "big") + quit_meta)
         try:
             await asyncio.wait_for(proc.wait(), 15)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             proc.kill()
             await proc.wait()
     stderr = (await err).decode("utf-8", "replace")

@@ -25,8 +25,16 @@ from pathlib import Path
 from typing import Any
 
 from . import secrets
-from .config import (CONTAINER_RE, IFACE_RE, NAME_RE, ClusterConfig, NodeConfig, SshPolicy, check_address,
-                     default_endpoints)
+from .config import (
+    CONTAINER_RE,
+    IFACE_RE,
+    NAME_RE,
+    ClusterConfig,
+    NodeConfig,
+    SshPolicy,
+    check_address,
+    default_endpoints,
+)
 from .errors import UserError
 from .yamlsrc import read_user_file
 

@@ -16,7 +16,8 @@ import asyncio
 import logging
 import shlex
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from . import audit
 from .alerts import AlertEngine

@@ -34,7 +34,7 @@ def lookup(alias: str, path: str | Path | None = None) -> HostEntry:
     p = Path(path).expanduser() if path else default_path()
     if not p.is_file():
         return HostEntry(alias, alias, SshSettings())
-    from asyncssh.config import SSHClientConfig       # lazy: asyncssh is heavy, and only SSH needs it
+    from asyncssh.config import SSHClientConfig  # lazy: asyncssh is heavy, and only SSH needs it
     try:
         # () leaves user and port unset, so only the config's own values come back (asyncssh's convention).
         cfg = SSHClientConfig.load(None, [p], False, False, False, getpass.getuser(), (), alias, ())

@@ -10,7 +10,6 @@ import time
 
 import pytest
 
-
 # Ports handed to servers come from below the kernel's ephemeral range (ip_local_port_range starts at 32768):
 # a port the OS picks with bind(0) is in that range, where every outgoing connection and every vLLM engine's
 # ZMQ socket also takes its port, so a server started on it seconds later found it taken now and then

@@ -219,7 +219,7 @@ def test_agent_reads_this_machines_proc():
     assert "gpus" not in t           # no GPU source: no GPU readings at all (not zeros)
     # ticks at the asked interval, not the default 0.5 s. One gap can run late on a loaded machine (0.198 s with
     # the suite's vLLM launches on both cores): the middle of four tells the interval
-    gaps = sorted(b["time"] - a["time"] for a, b in zip(ticks, ticks[1:]))
+    gaps = sorted(b["time"] - a["time"] for a, b in zip(ticks, ticks[1:], strict=False))
     assert 0.05 <= statistics.median(gaps) < 0.3, gaps
 
 

@@ -53,7 +53,7 @@ class FakeVllm:
     url: str = ""
     _runner: web.AppRunner | None = None
 
-    async def start(self, port: int = 0) -> "FakeVllm":
+    async def start(self, port: int = 0) -> FakeVllm:
         app = web.Application()
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/version", self._version)

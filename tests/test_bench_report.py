@@ -65,13 +65,13 @@ def test_import_llama_benchy_json(store, tmp_path):
     assert run.source == "llama-benchy" and run.model == "fake/model-1" and run.tool_version == "llama-benchy 0.4.0"
     levels = store.levels(run_id)
     assert [(lv.key.pp, lv.key.tg, lv.key.concurrency) for lv in levels] == [(64, 16, 1), (64, 16, 4)]
-    for lv, b in zip(levels, doc["benchmarks"]):
+    for lv, b in zip(levels, doc["benchmarks"], strict=False):
         assert lv.decode_tps == b["tg_throughput"]["mean"] and lv.ttft_ms == b["e2e_ttft"]["mean"]
         assert lv.runs == len(b["tg_throughput"]["values"])
     # Exported again in llama-benchy's schema, the metrics come back unchanged.
     out = export_benchy(store, run_id)
     assert {k for k in doc if k != "benchmarks"} <= set(out)
-    for mine, theirs in zip(out["benchmarks"], doc["benchmarks"]):
+    for mine, theirs in zip(out["benchmarks"], doc["benchmarks"], strict=False):
         for k, v in theirs.items():
             assert mine[k] == v, k
 

@@ -57,9 +57,8 @@ def first_line(proc: subprocess.Popen, timeout: float = 90) -> dict:
 
 
 async def get(url: str) -> tuple[int, str]:
-    async with aiohttp.ClientSession() as s:
-        async with s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
-            return r.status, await r.text()
+    async with aiohttp.ClientSession() as s, s.get(url, timeout=aiohttp.ClientTimeout(total=5)) as r:
+        return r.status, await r.text()
 
 
 async def test_headless_demo_serves_then_exits_cleanly():

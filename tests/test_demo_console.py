@@ -15,7 +15,6 @@ import pytest
 from sparkconsole.commands import demo
 from sparkconsole.sim.cluster import Serving, SimCluster
 
-
 # Starts a simulated cluster (model servers, router, load) like tests/test_demo.py, which conftest routes to slow.
 pytestmark = pytest.mark.slow
 

@@ -39,7 +39,7 @@ async def test_image_pull_save_load_between_two_real_engines(sshd_live, docker_e
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
     image = testbed_base_image
     cfg = sshd_live.cluster_config()
-    ts = [make_transport(replace(n, env=node_env(e)), cfg.ssh) for n, e in zip(cfg.nodes, (docker_engine, engine_b))]
+    ts = [make_transport(replace(n, env=node_env(e)), cfg.ssh) for n, e in zip(cfg.nodes, (docker_engine, engine_b), strict=False)]
     try:
         engine_b.run(["image", "rm", image], check=False)
         before = await asyncio.gather(*(images.state(t, image) for t in ts))
@@ -73,7 +73,7 @@ async def test_image_pull_save_load_between_two_real_engines(sshd_live, docker_e
 async def test_no_node_has_the_image(sshd_nodes, docker_engine, engine_b, tmp_path, monkeypatch):
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
     cfg = sshd_nodes.cluster_config()
-    ts = [make_transport(replace(n, env=node_env(e)), cfg.ssh) for n, e in zip(cfg.nodes, (docker_engine, engine_b))]
+    ts = [make_transport(replace(n, env=node_env(e)), cfg.ssh) for n, e in zip(cfg.nodes, (docker_engine, engine_b), strict=False)]
     try:
         with pytest.raises(UserError, match=r"no node has image sparkconsole-test/absent:1 — fix: build it"):
             await images.pull("sparkconsole-test/absent:1", ts)

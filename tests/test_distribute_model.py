@@ -50,7 +50,7 @@ def caches(tmp_path, tiny_model, monkeypatch):
 async def transports(sshd, a: Path, b: Path, **extra_env):
     cfg = sshd.cluster_config()
     envs = [(("HF_HUB_CACHE", str(a)),), (("HF_HUB_CACHE", str(b)), *extra_env.items())]
-    ts = [make_transport(replace(n, env=e), cfg.ssh) for n, e in zip(cfg.nodes, envs)]
+    ts = [make_transport(replace(n, env=e), cfg.ssh) for n, e in zip(cfg.nodes, envs, strict=False)]
     return ts
 
 

@@ -191,6 +191,7 @@ def test_a_bad_env_stops_a_command_with_its_one_line(tmp_path):
 async def test_the_console_shows_where_its_cluster_came_from(tmp_path, monkeypatch):
     # The console in a checkout, playing a recorded session on its node: the origin line is its first notice.
     import argparse
+
     from sparkconsole.commands.console import build_app
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
     d = checkout(tmp_path, "CONTAINER_NAME=mine\n")

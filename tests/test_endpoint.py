@@ -13,8 +13,8 @@ from aiohttp import web
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.serving import metrics as m
 from sparkconsole.serving.endpoint import EndpointMonitor, ServingMonitor, backoff_s
-from tests.test_serving_metrics import VllmExporter, fixture, seeded_workload
 from tests.helpers import free_port
+from tests.test_serving_metrics import VllmExporter, fixture, seeded_workload
 
 MODEL = "openai/gpt-oss-120b"
 
@@ -28,7 +28,7 @@ class Server:
         self.runner: web.AppRunner | None = None
         self.url = ""
 
-    async def __aenter__(self) -> "Server":
+    async def __aenter__(self) -> Server:
         app = web.Application()
         for path, handler in self.routes.items():
             app.router.add_get(path, self._counted(path, handler))

@@ -18,7 +18,6 @@ from tests.helpers import recorded_vllm_endpoint, wait_for
 from tests.test_tui_app import widget_text
 
 
-
 def node_eps(*names: str, port: int = 8000) -> tuple[EndpointConfig, ...]:
     return tuple(EndpointConfig(n, f"http://10.0.0.{i + 1}:{port}", node=n) for i, n in enumerate(names))
 

@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import assume, HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import ClusterConfig, NodeConfig, Thresholds

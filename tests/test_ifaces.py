@@ -99,7 +99,9 @@ def test_a_cluster_plan_without_interfaces_gets_them_from_the_nodes(sshd_nodes, 
     from the node over SSH and shown in the plan; `--offline` reads nothing and says what is missing."""
     import subprocess
     import sys
+
     import yaml
+
     from sparkconsole.launch.recipe import find_recipe
     doc = yaml.safe_load(open(find_recipe("gpt-oss-120b").source).read())
     doc["sparkconsole"]["cluster"].pop("eth_if", None)

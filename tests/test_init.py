@@ -88,7 +88,7 @@ def test_in_a_checkout_the_env_is_the_cluster_and_init_writes_its_equivalent(ssh
     assert r.returncode == 0, r.stderr
     data = yaml.safe_load((d / "sparkconsole.yaml").read_text())
     assert data["master_port"] == 29533
-    for n, sshd in zip(data["nodes"], sshd_nodes):
+    for n, sshd in zip(data["nodes"], sshd_nodes, strict=False):
         assert (n["address"], n["ssh"]["port"], n["container"], n["vllm_env"], n["eth_if"]) == (
             sshd.address, sshd.port, "vllm_test", {"NCCL_DEBUG": "INFO"}, "lo")
     # after: the file of sparkconsole's own is found first

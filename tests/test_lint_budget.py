@@ -11,12 +11,12 @@ from dataclasses import replace
 
 import pytest
 
+from sparkconsole.config import ClusterConfig
 from sparkconsole.launch.lint import Facts, preflight
 from sparkconsole.launch.lint_compile import compile_cache_mounted
 from sparkconsole.launch.lint_memory import guards_in_place, judge, size_gib
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import find_recipe
-from sparkconsole.config import ClusterConfig
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import GuardInputs
 from tests.test_lint import GB10_MEM, GIB_KB, NODES, good_facts

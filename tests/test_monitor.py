@@ -290,7 +290,7 @@ async def test_replay_paces_by_recorded_time_and_loops(monkeypatch):
     assert [d["type"] for d in got] == ["hello"] + ["tick"] * 6                 # hello once, ticks loop
     assert [d["seq"] for d in got[1:]] == list(range(6))
     # Between two lines of the recording, its own gap divided by the speed (0.05 s between ticks at 10x).
-    gaps = {round((b - a) / 10, 6) for a, b in zip(recorded, recorded[1:])}
+    gaps = {round((b - a) / 10, 6) for a, b in zip(recorded, recorded[1:], strict=False)}
     paced = {round(w, 6) for w in waits if w}
     assert gaps <= paced and paced <= gaps | {0.0}, (waits, recorded)
     with pytest.raises(Exception, match="runs no commands"):

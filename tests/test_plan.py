@@ -18,8 +18,8 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch import gate, lint
 from sparkconsole.launch.argv import flag_value
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.steps import EXIT_MARK, NodeExpr, Step
 from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
+from sparkconsole.launch.steps import EXIT_MARK, NodeExpr, Step
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a", vllm_port=8000),
          NodeConfig(name="spark2", address="192.168.100.11", role="worker", container="vllm_b", vllm_port=8001))
@@ -87,7 +87,7 @@ def test_bundled_plan_field_by_field(key, topology, opts):
         opts_, image, cmd = docker_run_parts(start.argv)
         assert image == r.container
         assert opts_[opts_.index("--name") + 1] == node.container
-        assert ("--network", "host") == tuple(opts_[opts_.index("--network"):opts_.index("--network") + 2])
+        assert tuple(opts_[opts_.index("--network"):opts_.index("--network") + 2]) == ("--network", "host")
         cs = r.container_settings
         if cs.memory:
             assert opts_[opts_.index("--memory") + 1] == cs.memory
@@ -277,7 +277,7 @@ def test_drop_caches_and_overrides():
                      {"drop_caches": True, "max_model_len": 8192, "extra_args": ["--seed", "7"], "port": 9100})
     drops = [s for s in plan.steps if "drop_caches" in " ".join(s.argv)]
     assert [s.node for s in drops] == ["spark1", "spark2"]
-    for key, argv in plan.server_args.items():
+    for argv in plan.server_args.values():
         assert flag_value(argv, "--max-model-len") == "8192" and argv[-2:] == ("--seed", "7")
         assert flag_value(argv, "--port") == "9100"
     assert all(s.url.endswith(":9100") for s in plan.services if s.role == "server")

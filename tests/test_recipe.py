@@ -11,8 +11,15 @@ from hypothesis import strategies as st
 
 from sparkconsole.errors import UserError
 from sparkconsole.launch import recipe as recipe_mod
-from sparkconsole.launch.recipe import (TOPOLOGIES, bundled_dir, bundled_recipes, find_recipe, load_recipe,
-                                        parse_recipe, recipe_paths)
+from sparkconsole.launch.recipe import (
+    TOPOLOGIES,
+    bundled_dir,
+    bundled_recipes,
+    find_recipe,
+    load_recipe,
+    parse_recipe,
+    recipe_paths,
+)
 from sparkconsole.yamlsrc import load_text
 
 REPO = Path(__file__).resolve().parents[1]

@@ -21,8 +21,7 @@ from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.rolling import restart, restart_text, rolls
 from sparkconsole.launch.runner import LaunchError, Runner
 from tests.helpers import longest_alone
-from tests.test_runner import (containers, fake_recipe, local_cluster, local_transports,  # noqa: F401 (fixtures)
-                               started_at, state)
+from tests.test_runner import containers, fake_recipe, local_cluster, local_transports, started_at, state  # noqa: F401 (fixtures)
 
 SERVER = '''\
 import json, os, sys, threading, time
@@ -180,7 +179,7 @@ class Load:
             self.failed += 1
             await asyncio.sleep(0.05)
 
-    async def __aenter__(self) -> "Load":
+    async def __aenter__(self) -> Load:
         self.client = httpx.AsyncClient(trust_env=False, timeout=60, headers=self.headers)
         self.tasks = [asyncio.ensure_future(self._one(self.client)) for _ in range(self.workers)]
         return self

@@ -1,7 +1,8 @@
 """secrets: secret names, shape rules and registered values never survive redact()."""
 
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from sparkconsole import secrets
 

@@ -14,9 +14,18 @@ import random
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given, settings, strategies as st
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from sparkconsole.serving import metrics as m
 

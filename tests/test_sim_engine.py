@@ -290,7 +290,8 @@ def test_llama_8b_single_node_matches_the_published_rates_out_of_sample():
 
 # ---- invariants under arbitrary load (property test) ----------------------------------------------
 
-from hypothesis import given, settings, strategies as hst  # noqa: E402
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as hst  # noqa: E402
 
 
 @settings(max_examples=40, deadline=None)

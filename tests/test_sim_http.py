@@ -7,8 +7,8 @@ served timings are compared with what a fresh SimEngine computes for the same in
 from __future__ import annotations
 
 import asyncio
-import os
 import json
+import os
 import subprocess
 import sys
 import time
@@ -36,7 +36,7 @@ async def wait_http(url: str, timeout: float = 60.0) -> None:
                 async with s.get(url, timeout=aiohttp.ClientTimeout(total=2)) as r:
                     if r.status == 200:
                         return
-            except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+            except (TimeoutError, aiohttp.ClientError, OSError):
                 pass
             if time.monotonic() > deadline:
                 raise TimeoutError(url)
@@ -389,9 +389,8 @@ async def _served_against_headless(monkeypatch) -> list[str]:
     await sim.start()
     try:
         out = await run_sweep(SweepSpec(url=sim.router_url, pp=(pp,), tg=(tg,), concurrency=levels, runs=runs))
-        async with aiohttp.ClientSession() as s:
-            async with s.get(sim.router_url + "/sim/routes") as r:
-                routes = (await r.json())["routes"]
+        async with aiohttp.ClientSession() as s, s.get(sim.router_url + "/sim/routes") as r:
+            routes = (await r.json())["routes"]
     finally:
         await sim.stop()
     assert out.provenance["simulated"] is True and out.provenance["speed"] == 2.0

@@ -18,7 +18,8 @@ import pytest
 import sparkconsole
 from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.node import GB10, NodeTuning, SimNode, write_load
-from sparkconsole.sim.profiles import GB10 as GB10_HW, MODELS
+from sparkconsole.sim.profiles import GB10 as GB10_HW
+from sparkconsole.sim.profiles import MODELS
 from tests.helpers import free_port
 
 AGENT = Path(sparkconsole.__file__).parent / "agent.py"
@@ -33,7 +34,7 @@ class Agent:
         self.proc: asyncio.subprocess.Process | None = None
         self.hello: dict | None = None
 
-    async def __aenter__(self) -> "Agent":
+    async def __aenter__(self) -> Agent:
         env = dict(os.environ, **dict(self.node.env()))
         self.proc = await asyncio.create_subprocess_exec(
             sys.executable, str(AGENT), *self.node.agent_args(), *self.extra, env=env,
@@ -101,7 +102,7 @@ async def test_agent_reads_a_gb10_that_heats_throttles_and_cools(hot_node):
         assert hg["temp_c"] >= hg["slowdown_c"] == GB10.slowdown_c
         assert (avail0 - hot["mem"]["available_kb"]) / GIB_KB == pytest.approx(80, abs=0.5)
         temps = [t["gpus"][0]["temp_c"] for t in heating]
-        assert all(b >= a for a, b in zip(temps, temps[1:]))       # rising, never falling, while loaded
+        assert all(b >= a for a, b in zip(temps, temps[1:], strict=False))       # rising, never falling, while loaded
         assert temps[-1] - temps[0] > 30
         assert hg["power_w"] > 60 and hg["util_pct"] == 100 and "idle" not in hg["reasons"]
 
@@ -119,7 +120,7 @@ async def test_agent_reads_a_gb10_that_heats_throttles_and_cools(hot_node):
         assert cg["sm_clock_mhz"] == cg["sm_clock_max_mhz"]
         assert cool["mem"]["available_kb"] == avail0
         ctemps = [t["gpus"][0]["temp_c"] for t in cooling]
-        assert all(b <= a for a, b in zip(ctemps, ctemps[1:]))
+        assert all(b <= a for a, b in zip(ctemps, ctemps[1:], strict=False))
 
 
 async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):

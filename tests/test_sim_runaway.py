@@ -5,7 +5,6 @@ Guardian's exhaustion forecasts. Each kind must end in its post-mortem verdict: 
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import time
 
@@ -45,7 +44,7 @@ class Watch:
                                  say=lambda text, sev: self.said.append((sev, text)))
         self.mon.subscribe(self.guardian.on_node)
 
-    async def __aenter__(self) -> "Watch":
+    async def __aenter__(self) -> Watch:
         await self.mon.start()
         return self
 
@@ -66,7 +65,7 @@ async def answers(url: str, timeout: float = 2.0) -> bool:
         async with aiohttp.ClientSession() as s:
             async with s.get(url + "/health", timeout=aiohttp.ClientTimeout(total=timeout)) as r:
                 return r.status == 200
-    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+    except (TimeoutError, aiohttp.ClientError, OSError):
         return False
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable
 
 import httpx
 import pytest
@@ -31,7 +31,7 @@ def send(router: RouterProcess, n: int, *, concurrency: int = 1, max_tokens: int
 def spread(pair, router: RouterProcess, n: int, **kw) -> list[float]:
     before = per_backend(pair)
     send(router, n, **kw)
-    return [a - b for a, b in zip(per_backend(pair), before)]
+    return [a - b for a, b in zip(per_backend(pair), before, strict=False)]
 
 
 def test_vllm_router_round_robin_alternates(vllm_pair, vllm_router: RouterProcess) -> None:
@@ -98,6 +98,6 @@ def test_vllm_router_prefill_decode_mode_uses_each_server_for_its_step(vllm_pair
     reply = chat(vllm_pd_router.url, vllm_pd_router.model, "split me", max_tokens=6)
     after = per_backend(vllm_pair), generated(prefill), generated(decode)
     assert reply["usage"]["completion_tokens"] == 6
-    assert [a - b for a, b in zip(after[0], before[0])] == [1, 1]  # one request on each side
+    assert [a - b for a, b in zip(after[0], before[0], strict=False)] == [1, 1]  # one request on each side
     assert after[1] - before[1] == 1  # the prefill step makes a single token
     assert after[2] - before[2] == 6  # the decode step makes the answer

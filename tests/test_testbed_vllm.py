@@ -4,6 +4,7 @@ tests/faults/test_container_killed.py)."""
 from __future__ import annotations
 
 import json
+
 import httpx
 import pytest
 

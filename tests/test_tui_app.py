@@ -11,9 +11,9 @@ import pytest
 from sparkconsole import audit
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.nodes.monitor import ClusterMonitor
+from sparkconsole.nodes.replay import read_recording, replay_factory, split_recording
 from sparkconsole.nodes.samples import REASON_WORDS, NodeState, reasons_from_mask
 from sparkconsole.tui.app import SparkConsoleApp
-from sparkconsole.nodes.replay import read_recording, replay_factory, split_recording
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from sparkconsole.tui.screens.help import HelpScreen
 from sparkconsole.tui.widgets.sim_badge import SimBadge

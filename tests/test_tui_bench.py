@@ -16,9 +16,9 @@ from sparkconsole.bench.benchy_io import bundled_published_csv, import_published
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.nodes.monitor import ClusterMonitor
+from sparkconsole.nodes.replay import read_recording, replay_factory
 from sparkconsole.tui.app import SparkConsoleApp
 from sparkconsole.tui.screens.bench import level_value
-from sparkconsole.nodes.replay import read_recording, replay_factory
 from tests.helpers import free_port, wait_for
 
 RECORDING = Path(__file__).parent / "fixtures" / "agent-h100-load.jsonl"

@@ -8,7 +8,7 @@ from textual.widget import Widget
 
 from sparkconsole.tui.widgets.node_panel import NodePanel
 from tests.helpers import wait_for
-from tests.test_tui_app import SIZE, make_app, recording, state_dir, widget_text   # noqa: F401 (fixtures)
+from tests.test_tui_app import SIZE, make_app, recording, state_dir, widget_text  # noqa: F401 (fixtures)
 
 
 async def test_streaming_nodes_never_rearrange_the_screen_and_rows_below_the_edge_catch_up(recording, monkeypatch):

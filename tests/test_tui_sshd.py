@@ -4,7 +4,6 @@ partition (STALE), a dropped connection (DOWN) and its return (LIVE), keeping th
 
 from __future__ import annotations
 
-
 import pytest
 
 from sparkconsole.nodes.samples import NodeState

@@ -30,7 +30,6 @@ import tempfile
 from dataclasses import dataclass, field
 
 from hypothesis import strategies as st
-
 from textual._wait import wait_for_idle as _idle
 from textual.binding import Binding
 
@@ -136,7 +135,7 @@ class Fuzz:
         return self.loop.run_until_complete(coro)
 
     # --- set-up ------------------------------------------------------------------------------------------------
-    def start(self, topology: str = "none") -> "Fuzz":
+    def start(self, topology: str = "none") -> Fuzz:
         self._stack.enter_context(self._patches())
         self._queue = asyncio.Queue()
         self._ready = self.loop.create_future()

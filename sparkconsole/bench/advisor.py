@@ -7,8 +7,8 @@ with its margin over the runner-up.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from .results import LevelResult
 
@@ -121,6 +121,6 @@ def markdown(verdicts: Sequence[Verdict]) -> str:
                 v = next((x for x in row if x.criterion == t), None)
                 # A criterion compared on fewer levels than the band holds says which.
                 cells.append("—" if v is None else v.cell() + ("" if v.band == (lo, hi) else f" [{v.band_label}]"))
-            parts.append(f"| {'c%d' % lo if lo == hi else f'c{lo}–c{hi}'} | " + " | ".join(cells) + " |")
+            parts.append(f"| {f'c{lo}' if lo == hi else f'c{lo}–c{hi}'} | " + " | ".join(cells) + " |")
         parts.append("")
     return "\n".join(parts) + "\n"

@@ -15,7 +15,7 @@ import io
 import json
 import re
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -105,7 +105,7 @@ def _parse_time(v: object) -> float:
     if isinstance(v, str):
         for fmt in ("%Y-%m-%d %H:%M:%SZ", "%Y-%m-%dT%H:%M:%SZ", "%Y-%m-%dT%H:%M:%S"):
             try:
-                return datetime.strptime(v, fmt).replace(tzinfo=timezone.utc).timestamp()
+                return datetime.strptime(v, fmt).replace(tzinfo=UTC).timestamp()
             except ValueError:
                 pass
     return time.time()
@@ -134,7 +134,7 @@ def export_benchy(store: ResultsStore, run_id: str) -> dict[str, Any]:
         benchmarks.append(entry)
     return {
         "version": run.tool_version or "sparkconsole",
-        "timestamp": datetime.fromtimestamp(run.created, timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ"),
+        "timestamp": datetime.fromtimestamp(run.created, UTC).strftime("%Y-%m-%d %H:%M:%SZ"),
         "latency_mode": run.latency_mode or "none",
         "latency_ms": run.latency_ms or 0.0,
         "model": run.model or "",
@@ -180,7 +180,7 @@ def import_published_csv(store: ResultsStore, path: str | Path) -> list[str]:
         raise UserError(f"missing column(s) {', '.join(missing)}", file=file, line=lines[0][0],
                         fix="header must be " + ",".join(PUBLISHED_COLUMNS))
     by_topo: dict[str, list[tuple[int, dict[str, float]]]] = {}
-    for (lineno, _), row in zip(lines[1:], reader):
+    for (lineno, _), row in zip(lines[1:], reader, strict=False):
         try:
             c = int(row["concurrency"])
             vals = {k: float(row[k]) for k in ("decode_tps", "prefill_tps", "ttft_ms")}

@@ -14,8 +14,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import aiohttp
 
@@ -168,7 +169,7 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: bytes | di
                     await _consume(resp.content, res)
                 finally:
                     watch.forget(res)
-    except (asyncio.TimeoutError, aiohttp.ServerTimeoutError):
+    except (TimeoutError, aiohttp.ServerTimeoutError):
         if res.error is None:
             res.error = (f"stalled: no data for {stall_timeout:g} s" if res.first_response is not None
                          else f"timed out waiting for the server ({timeout:g} s)")
@@ -233,10 +234,7 @@ async def _consume(content: aiohttp.StreamReader, res: RequestResult) -> None:
             if i >= 0:
                 ids_seen = True
                 j = i + len(ids_key)
-                if ev[j:j + 1] == b"]":
-                    n = 0
-                else:
-                    n = ev.count(b",", j, ev.find(b"]", j)) + 1
+                n = 0 if ev[j:j + 1] == b"]" else ev.count(b",", j, ev.find(b"]", j)) + 1
             else:
                 n = 0
                 for k in text_keys:

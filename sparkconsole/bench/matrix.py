@@ -13,8 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Callable, Protocol, Sequence
+from typing import Protocol
 
 from ..errors import UserError
 from .results import LevelResult, ResultsStore, ThermalNote

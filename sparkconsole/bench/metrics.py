@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from .client import RequestResult
 
@@ -24,7 +25,7 @@ class Metric:
     values: tuple[float, ...]
 
     @classmethod
-    def of(cls, values: Iterable[float]) -> "Metric | None":
+    def of(cls, values: Iterable[float]) -> Metric | None:
         vals = tuple(float(v) for v in values if v is not None and math.isfinite(v))
         if not vals:
             return None
@@ -34,7 +35,7 @@ class Metric:
         return {"mean": self.mean, "std": self.std, "values": list(self.values)}
 
     @classmethod
-    def from_json(cls, d: dict[str, Any] | None) -> "Metric | None":
+    def from_json(cls, d: dict[str, Any] | None) -> Metric | None:
         if not d:
             return None
         return cls(float(d["mean"]), float(d.get("std") or 0.0), tuple(float(v) for v in d.get("values") or ()))
@@ -139,7 +140,7 @@ def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt
         if not good:
             continue
         figs = [request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale) for r in good]
-        for r, f in zip(good, figs):
+        for r, f in zip(good, figs, strict=False):
             prompt_sum += f.prompt_tokens
             completion_sum += f.completion_tokens
             if f.ttfr_s is not None:

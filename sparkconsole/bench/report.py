@@ -6,8 +6,8 @@ from __future__ import annotations
 import csv
 import io
 import json
-from datetime import datetime, timezone
-from typing import Sequence
+from collections.abc import Sequence
+from datetime import UTC, datetime
 
 from .advisor import margin_text
 from .benchy_io import export_benchy
@@ -40,7 +40,7 @@ def _pct(lv: LevelResult, name: str, p: str) -> float | None:
 
 
 def run_markdown(run: RunInfo, levels: Sequence[LevelResult]) -> str:
-    when = datetime.fromtimestamp(run.created, timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    when = datetime.fromtimestamp(run.created, UTC).strftime("%Y-%m-%d %H:%M UTC")
     prov = [f"source {run.source}", f"model {run.model or '?'}"]
     if run.vllm_version:
         prov.append(f"vLLM {run.vllm_version}")
@@ -153,7 +153,7 @@ def markdown(store: ResultsStore, run_ids: Sequence[str] | None = None) -> str:
         parts.append(run_markdown(run, levels))
     if empty:
         parts.append("Stopped before a level finished, nothing measured: " + ", ".join(
-            f"{r.label} (run {r.run_id}, {datetime.fromtimestamp(r.created, timezone.utc):%Y-%m-%d %H:%M} UTC)"
+            f"{r.label} (run {r.run_id}, {datetime.fromtimestamp(r.created, UTC):%Y-%m-%d %H:%M} UTC)"
             for r in empty) + ".\n")
     cmp = comparison_markdown(cmp_levels)
     if cmp:
@@ -174,7 +174,7 @@ def csv_text(store: ResultsStore, run_ids: Sequence[str] | None = None) -> str:
     w.writeheader()
     for run in select_runs(store, run_ids):
         for lv in store.levels(run.run_id):
-            def std(n: str) -> float | None:
+            def std(n: str, lv: LevelResult = lv) -> float | None:
                 m = lv.metric(n)
                 return m.std if m else None
             row = {"run_id": run.run_id, "label": run.label, "source": run.source, "topology": run.topology,

@@ -12,9 +12,10 @@ import json
 import sqlite3
 import time
 import uuid
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..errors import UserError
 from .metrics import Metric
@@ -79,7 +80,7 @@ class ThermalNote:
     max_temp_c: float | None = None
     throttle_reasons: tuple[str, ...] = ()
 
-    def merge(self, other: "ThermalNote | None") -> "ThermalNote":
+    def merge(self, other: ThermalNote | None) -> ThermalNote:
         if other is None:
             return self
         temps = [t for t in (self.max_temp_c, other.max_temp_c) if t is not None]
@@ -180,7 +181,7 @@ class ResultsStore:
     def close(self) -> None:
         self.db.close()
 
-    def __enter__(self) -> "ResultsStore":
+    def __enter__(self) -> ResultsStore:
         return self
 
     def __exit__(self, *exc: object) -> None:

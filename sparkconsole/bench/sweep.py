@@ -17,8 +17,9 @@ import os
 import random
 import time
 import uuid
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
@@ -184,7 +185,7 @@ async def _kv_scrapes(session: aiohttp.ClientSession, urls: Sequence[str]) -> li
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
                 out.append(m.parse(await r.text(), only=m.CONSOLE_NAMES) if r.status == 200 else None)
-        except (aiohttp.ClientError, asyncio.TimeoutError):
+        except (TimeoutError, aiohttp.ClientError):
             out.append(None)
     return out
 
@@ -196,7 +197,7 @@ def kv_level(before: Sequence[Scrape | None], after: Sequence[Scrape | None], re
     from ..serving import metrics as m
     transfers = moved = xfer_s = ext = local = 0.0
     seen = False
-    for b, a in zip(before, after):
+    for b, a in zip(before, after, strict=False):
         if b is None or a is None:
             continue
         n = m.counter_increase(b, a, m.KV_BYTES[0] + "_count")
@@ -229,7 +230,7 @@ async def _get_json(session: aiohttp.ClientSession, url: str, headers: dict[str,
             if resp.status != 200:
                 return None
             return await resp.json(content_type=None)
-    except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+    except (TimeoutError, aiohttp.ClientError, ValueError):
         return None
 
 
@@ -248,7 +249,7 @@ async def reachable(session: aiohttp.ClientSession, url: str, headers: dict[str,
     try:
         async with session.get(url, headers=headers, timeout=aiohttp.ClientTimeout(total=10)) as resp:
             await resp.read()
-    except (aiohttp.ClientConnectionError, OSError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientConnectionError, OSError) as exc:
         if isinstance(exc, aiohttp.ServerDisconnectedError):
             return      # it answered, then hung up: the sweep records what its requests get
         why = "no answer within 10 s" if isinstance(exc, asyncio.TimeoutError) else connect_problem(exc)
@@ -362,7 +363,7 @@ class _ThermalWatch:
             await asyncio.sleep(self.interval)
             self.sample()
 
-    def __enter__(self) -> "_ThermalWatch":
+    def __enter__(self) -> _ThermalWatch:
         self.sample()
         if self.probe is not None:
             self._task = asyncio.ensure_future(self._loop())

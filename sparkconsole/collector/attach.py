@@ -24,8 +24,9 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig
 from ..nodes.monitor import ClusterMonitor
@@ -119,7 +120,7 @@ class AttachedMonitor(ClusterMonitor):
             with ShortPath(self.socket) as where:
                 self._reader, self._writer = await asyncio.wait_for(
                     asyncio.open_unix_connection(where, limit=MAX_LINE), 5)
-        except (OSError, asyncio.TimeoutError):
+        except (TimeoutError, OSError):
             return False
         return True
 
@@ -143,7 +144,7 @@ class AttachedMonitor(ClusterMonitor):
                     d = await self._next()
                     if d is None:
                         raise ConnectionError("closed before its state was sent")
-        except (OSError, ValueError, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, ValueError) as exc:
             log.info("collector at %s: %s", self.socket, exc)
             self._close()
             if was_local:
@@ -237,7 +238,7 @@ class AttachedMonitor(ClusterMonitor):
                     while (d := await asyncio.wait_for(self._next(), SILENT_S)) is not None:
                         self._apply(d)
                     why = "it closed its socket"
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     why = f"not a word from it in {SILENT_S:g} s"
                 except (OSError, ValueError) as exc:
                     why = " ".join(str(exc).split())[:120] or type(exc).__name__

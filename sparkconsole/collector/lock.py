@@ -54,7 +54,7 @@ class WriterLock:
         self._fd: int | None = fd
 
     @classmethod
-    def acquire(cls, cluster: ClusterConfig, role: str) -> "WriterLock":
+    def acquire(cls, cluster: ClusterConfig, role: str) -> WriterLock:
         """The cluster's writer lock, or a UserError naming the process that holds it. Where the lock file cannot
         be made at all (the state dir full, read-only), a lock with .error: the recorder keeps its rows in memory
         until the disk is back (recorder/store.py), and must not be refused for it."""

@@ -16,9 +16,10 @@ import contextlib
 import json
 import logging
 import os
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .wire import BEAT_S, ShortPath, encode
 

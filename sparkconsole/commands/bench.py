@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..paths import DEFAULT_RESULTS, DEMO_RESULTS
@@ -218,9 +219,9 @@ async def _cluster_probe(args: argparse.Namespace) -> tuple[ThermalProbe | None,
 
 
 async def _run(args: argparse.Namespace) -> int:
+    from ..bench.matrix import recipe_hash
     from ..bench.results import ResultsStore
     from ..bench.sweep import check_reachable, run_sweep
-    from ..bench.matrix import recipe_hash
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
                  recipe_hash=recipe_hash(args.recipe) if args.recipe else None,
                  kv_metrics=tuple(_metrics_url(u) for u in args.kv_metrics))
@@ -347,6 +348,7 @@ def _check_matrix_args(args: argparse.Namespace) -> None:
 
 def _print_kept(args: argparse.Namespace, kept: tuple[str, str]) -> None:
     import shlex
+
     from ..launch.launcher import resolve_topology
     topo, url = kept
     cluster = ["--cluster", args.cluster] if getattr(args, "cluster", None) else []
@@ -378,11 +380,10 @@ async def _matrix(args: argparse.Namespace) -> int:
             launcher = launcher_factory(args)
             probe, monitor = await _cluster_probe(args)
         else:
-            from .recipe import load_cluster_for
-            from ..launch.launcher import RecipeLauncher
+            from ..launch.launcher import RecipeLauncher, resolve_topology
             from ..launch.recipe import find_recipe
             from ..nodes.monitor import ClusterMonitor
-            from ..launch.launcher import resolve_topology
+            from .recipe import load_cluster_for
             find_recipe(args.recipe)                      # wrong names fail before anything starts
             for topo in topologies:
                 resolve_topology(topo)

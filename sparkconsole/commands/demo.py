@@ -19,7 +19,8 @@ from __future__ import annotations
 import argparse
 import os
 import time
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import paths
 from ..errors import UserError

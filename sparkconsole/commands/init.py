@@ -43,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 def source_cluster(args: argparse.Namespace) -> tuple[ClusterConfig, str]:
     """(ClusterConfig, what it was made from)."""
-    from ..config import ClusterConfig, NodeConfig, SshPolicy, check_address, default_endpoints, NAME_RE
+    from ..config import NAME_RE, ClusterConfig, NodeConfig, SshPolicy, check_address, default_endpoints
     ssh_config = Path(args.ssh_config).expanduser() if args.ssh_config else None
     if args.hosts:
         from ..sshconfig import default_path, lookup

@@ -16,7 +16,7 @@ import argparse
 import asyncio
 import json
 import sys
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError

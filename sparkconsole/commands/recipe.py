@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import replace
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Coroutine
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from . import LazyChoices
@@ -31,9 +31,9 @@ from . import LazyChoices
 if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
     from ..config import ClusterConfig, NodeConfig
     from ..launch import lint as lint_mod
+    from ..launch.recipe import Recipe
     from ..launch.runner import Progress
     from ..launch.steps import Plan
-    from ..launch.recipe import Recipe
     from ..nodes.transport import Transport
 
 TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")

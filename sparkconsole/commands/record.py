@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import signal
 import sqlite3
 import sys
@@ -136,10 +137,8 @@ async def run(args: argparse.Namespace) -> int:
         await core.start()
         for start in listeners:
             stops.append(await start(core))
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), args.duration if args.duration > 0 else None)
-        except asyncio.TimeoutError:
-            pass
     finally:
         for stop_listener in reversed(stops):
             await stop_listener()
@@ -183,7 +182,8 @@ def _listeners(args: argparse.Namespace) -> list[Start]:
                                      "basic_auth_users in --web-config-file, or listen on 127.0.0.1")
         out.append(lambda core: _start_exporter(core, exporter))
     if args.serve:
-        from .serve import TOKEN_ENV as SERVE_TOKEN_ENV, decide
+        from .serve import TOKEN_ENV as SERVE_TOKEN_ENV
+        from .serve import decide
         token = read_token(args.serve_token_file, SERVE_TOKEN_ENV)
         serve = make_listener(args.serve, token=token, web_config_file=args.web_config_file, field="--serve")
         token, generated, read_only = decide(serve.listen, token, None, asked=serve.asks_who)

@@ -116,8 +116,8 @@ def render_table(records: list[dict[str, Any]]) -> str:
         for x in bad:
             notes.append(f"{r['name']}: {x['title']} — {x['status']}: {x['reason']}" +
                          (f"\n    fix: {x['fix']}" if x["fix"] else ""))
-    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)).rstrip() for row in (head, *rows)]
+    widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=False)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in (head, *rows)]
     return "\n".join(lines + ([""] + notes if notes else []))
 
 
@@ -151,12 +151,11 @@ async def run(args: argparse.Namespace) -> int:
     finally:
         # Ctrl-C must end the command: a stop that hangs is cut after STOP_S; a local agent then ends on its stdin's
         # end-of-file as we exit.
-        import asyncio
 
         from ..nodes.transport import bounded
         try:
             await bounded(mon.stop(), STOP_S)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             print(f"sparkconsole: the node monitors did not stop within {STOP_S:g} s; leaving", file=sys.stderr)
 
 

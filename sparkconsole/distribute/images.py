@@ -10,8 +10,8 @@ from __future__ import annotations
 import asyncio
 import re
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
 
 from .. import audit
 from ..errors import UserError
@@ -68,7 +68,7 @@ async def list_images(transports: Sequence[Transport]) -> dict[str, list[tuple[s
             return " ".join(res.stderr.split())[-160:] or f"docker exit status {res.rc}"
         rows = [line.split("\t") for line in res.stdout.splitlines() if line.count("\t") >= 2]
         return [(r[0], r[1], r[2]) for r in rows]
-    return dict(zip((t.node.name for t in transports), await asyncio.gather(*(one(t) for t in transports))))
+    return dict(zip((t.node.name for t in transports), await asyncio.gather(*(one(t) for t in transports)), strict=False))
 
 
 @dataclass

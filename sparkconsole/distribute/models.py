@@ -12,8 +12,9 @@ import asyncio
 import errno
 import json
 import shlex
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from .. import audit
 from ..errors import UserError
@@ -210,7 +211,7 @@ async def pull(model: str, transports: Sequence[Transport], *, source: str | Non
     by_name = {t.node.name: t for t in transports}
     if source is not None and source not in by_name:
         raise UserError(f"unknown node {source!r}", field="--from", fix=f"use one of: {', '.join(by_name)}")
-    manifests = dict(zip(by_name, await asyncio.gather(*(node_call(t, "manifest", name) for t in transports))))
+    manifests = dict(zip(by_name, await asyncio.gather(*(node_call(t, "manifest", name) for t in transports)), strict=False))
     report = PullReport(model, source or "")
     if source is None:
         source = next((n for n, m in manifests.items() if m["complete"]), None)

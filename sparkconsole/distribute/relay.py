@@ -9,8 +9,10 @@ process tree by its marker, because closing the channel can leave it running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
-from typing import Any, Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
 
 import asyncssh
 
@@ -107,10 +109,8 @@ async def open_binary(transport: Transport, argv: Sequence[str]) -> BinaryProces
         raise TransportError(f"{node}: connection lost: {_reason(exc)}") from None
 
     async def end_ssh() -> None:
-        try:
+        with contextlib.suppress(Exception):  # the node may be gone: nothing left to end there
             await _end_remote(conn, remote, tag)
-        except Exception:  # noqa: BLE001 — the node may be gone: nothing left to end there
-            pass
     return BinaryProcess(node, remote, end_ssh, local=False)
 
 
@@ -177,5 +177,5 @@ async def relay(src_t: Transport, src_argv: Sequence[str], dst_t: Transport, dst
 async def _settled(p: BinaryProcess) -> int | None:
     try:
         return await asyncio.wait_for(p.wait(), 10)
-    except (asyncio.TimeoutError, TransportError):
+    except (TimeoutError, TransportError):
         return None

@@ -21,8 +21,9 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..nodes.samples import REASON_BITS, ContainerInfo, GpuSample, NodeState
+
 if TYPE_CHECKING:
-    from ..collector.core import Collector as Core      # exporter/readings.Readings is one
+    from ..collector.core import Collector as Core  # exporter/readings.Readings is one
     from ..nodes.monitor import NodeMonitor
     from ..serving.endpoint import EndpointSnapshot
 

@@ -20,6 +20,7 @@ from ..errors import UserError
 from .access import Access, BasicUsers, as_access
 from .listen import Listen, parse_listen
 
+
 @dataclass(frozen=True)
 class Listener:
     listen: Listen                                   # scheme "https" when ssl_context is set

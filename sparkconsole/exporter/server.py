@@ -17,8 +17,8 @@ from prometheus_client.exposition import choose_encoder
 from prometheus_client.process_collector import ProcessCollector
 
 from ..errors import UserError
-from .collector import ConsoleCollector
 from .access import Access, as_access
+from .collector import ConsoleCollector
 from .listen import Listen, QuietRunner
 from .listener import Listener, add_headers, as_listener, start_site
 

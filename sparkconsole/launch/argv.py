@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import shlex
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..errors import UserError
 from .recipe import Recipe

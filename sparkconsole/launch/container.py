@@ -16,8 +16,9 @@ LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), 
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..config import NodeConfig
 from .mods import Mod, gated, mod_steps, release_step

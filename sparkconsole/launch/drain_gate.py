@@ -11,7 +11,8 @@ standard library and is named so that nothing of sparkconsole's can shadow it.
 
 import json
 import os
-from typing import Any, Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]

@@ -11,8 +11,8 @@ node can close it. A new container starts open.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from .drain_gate import FLAG, MIDDLEWARE_ARGS, MODULE
 from .steps import NodeExpr, Step

@@ -115,7 +115,7 @@ async def discover(transport: Transport, peer_address: str) -> tuple[str, str | 
             raise UserError(f"bad peer address {str(peer_address)[:60]!r}", field="address",
                             fix="write an IP address or a host name") from None
     node = getattr(getattr(transport, "node", None), "name", "node")
-    from ..nodes.transport import TransportError   # lazy: keeps the parsers importable without asyncssh
+    from ..nodes.transport import TransportError  # lazy: keeps the parsers importable without asyncssh
     try:
         res = await transport.run(["sh", "-c", probe_command(peer_address)], timeout=20)
     except TransportError as exc:

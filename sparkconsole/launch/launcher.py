@@ -18,20 +18,22 @@ Matrix topology names carry the router: `2x-solo-shuffle` / `2x-solo-simple-shuf
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shlex
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
 from . import lint
-from .plan import make_plan
-from .steps import Plan
 from .ifaces import plan_links
+from .plan import make_plan
 from .probe import probe_nodes
 from .recipe import Recipe, find_recipe
 from .runner import READY_TIMEOUT_S, Progress, Runner
+from .steps import Plan
 
 FACTS_TIMEOUT_S = 15.0
 SETTLE_TIMEOUT_S = 60.0      # the longest a preflight waits for a stopped server's memory to come back
@@ -143,16 +145,14 @@ class RecipeLauncher:
             await self.stop()
         finally:
             for t in self._own_transports.values():
-                try:
+                with contextlib.suppress(Exception):  # closing is best effort
                     await t.close()
-                except Exception:  # noqa: BLE001 — closing is best effort
-                    pass
             self._own_transports.clear()
             if self._own_monitor and self._monitor is not None:
                 await self._monitor.stop()
                 self._monitor = None
 
-    async def __aenter__(self) -> "RecipeLauncher":
+    async def __aenter__(self) -> RecipeLauncher:
         return self
 
     async def __aexit__(self, *exc: object) -> None:

@@ -13,18 +13,19 @@ import ast
 import json
 import re
 import shlex
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from . import lint_memory, lint_topology
-from .lint_compile import _cluster_eager, _custom_ops
 from .argv import flag_value
+from .lint_compile import _cluster_eager, _custom_ops
 from .plan import make_plan
+from .recipe import Recipe
 from .routers import compromised_versions
 from .steps import Plan
-from .recipe import Recipe
 
 GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = lint_memory.GB10_MEMTOTAL_GIB

@@ -33,7 +33,7 @@ COMPILE_CACHES = (".cache/vllm", ".tilelang")
 def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     out = []
     cached = facts.compile_cache_mounted if facts.compile_cache_mounted is not None else compile_cache_mounted(plan)
-    from . import lint       # lint.py imports this module: its Finding and helpers are read at call time
+    from . import lint  # lint.py imports this module: its Finding and helpers are read at call time
     fix = "drop custom_ops and use --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'"
     for node, argv in lint._servers(plan):
         ops = lint.compilation_config(argv).get("custom_ops")
@@ -62,7 +62,7 @@ def compile_cache_mounted(plan: Plan) -> bool:
     for st in plan.steps:
         if tuple(st.argv[:2]) != ("docker", "run") or not (st.service is None or st.service in plan.server_args):
             continue
-        targets = [v.split(":")[1].rstrip("/") for f, v in zip(st.argv, st.argv[1:]) if f in ("-v", "--volume")
+        targets = [v.split(":")[1].rstrip("/") for f, v in zip(st.argv, st.argv[1:], strict=False) if f in ("-v", "--volume")
                    and v.count(":") >= 1]
         targets += [a.split("=", 1)[1].split(":")[1].rstrip("/") for a in st.argv
                     if a.startswith(("-v=", "--volume=")) and a.count(":") >= 1]
@@ -75,7 +75,7 @@ def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
     if plan.topology != "cluster-tp2":
         return []
     out = []
-    from . import lint       # lint.py imports this module: its Finding and helpers are read at call time
+    from . import lint  # lint.py imports this module: its Finding and helpers are read at call time
     for node, argv in lint._servers(plan):
         mode = str(lint.compilation_config(argv).get("cudagraph_mode", "")).upper()
         if not has_flag(argv, "--enforce-eager") and mode != "PIECEWISE":

@@ -20,7 +20,8 @@ A discrete-GPU node (unified false) is not judged here: its claim is on its own 
 from __future__ import annotations
 
 import math
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = 121.7          # what a GB10 reports as MemTotal (gb10-facts.md)

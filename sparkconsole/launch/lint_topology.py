@@ -39,19 +39,19 @@ def _is_loopback(host: str) -> bool:
         return False
 
 
-def _finding(*args: Any, **kwargs: Any) -> "Finding":
+def _finding(*args: Any, **kwargs: Any) -> Finding:
     from .lint import Finding
     return Finding(*args, **kwargs)
 
 
-def ray_on_cpu(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["Finding"]:
+def ray_on_cpu(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     if plan.backend != "ray" or not plan.cpu_build:
         return []
     return [_finding("ray_on_cpu", "refuse", "the Ray executor on vLLM's CPU build", SRC_RAY_CPU,
                      "launch with --backend mp (vLLM's own multi-node launch)")]
 
 
-def _host_of(node: NodeConfig, facts: "Facts") -> str:
+def _host_of(node: NodeConfig, facts: Facts) -> str:
     """Which machine a node is: its boot id where the agent sent one; loopback addresses are this machine."""
     boot = facts.boot_ids.get(node.name)
     if boot:
@@ -59,7 +59,7 @@ def _host_of(node: NodeConfig, facts: "Facts") -> str:
     return "this machine" if _is_loopback(node.address) else node.address
 
 
-def cpu_threads_bind(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["Finding"]:
+def cpu_threads_bind(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     """A CPU build binds each rank's OpenMP threads to a NUMA node of its own unless told the cores: ranks that
     share a machine (one server with TP>1, or several "nodes" on one host) need VLLM_CPU_OMP_THREADS_BIND."""
     if not plan.cpu_build:
@@ -92,7 +92,7 @@ def cpu_threads_bind(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> lis
     return out
 
 
-def side_channel_host(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["Finding"]:
+def side_channel_host(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     if plan.topology != "disagg":
         return []
     by_name = {n.name: n for n in nodes}
@@ -110,7 +110,7 @@ def side_channel_host(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> li
     return out
 
 
-def shared_address(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["Finding"]:
+def shared_address(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     if len(plan.nodes) < 2:
         return []
     seen: dict[str, str] = {}
@@ -123,7 +123,7 @@ def shared_address(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list[
     return out
 
 
-def ports_in_use(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["Finding"]:
+def ports_in_use(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     out = []
     for node, busy in facts.busy_ports.items():
         if node not in plan.nodes:
@@ -135,7 +135,7 @@ def ports_in_use(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["F
     return out
 
 
-def peers_unreachable(plan: Plan, nodes: list[NodeConfig], facts: "Facts") -> list["Finding"]:
+def peers_unreachable(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     out = []
     for node, failed in facts.unreachable.items():
         if node not in plan.nodes:

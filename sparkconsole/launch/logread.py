@@ -4,7 +4,7 @@ the exit mark of a server started with `docker exec`."""
 from __future__ import annotations
 
 import re
-from typing import Sequence
+from collections.abc import Sequence
 
 from .steps import EXIT_MARK
 

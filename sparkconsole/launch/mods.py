@@ -13,9 +13,9 @@ from __future__ import annotations
 import io
 import tarfile
 import zipfile
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from ..errors import UserError
 from .steps import Step

@@ -10,7 +10,8 @@ recipe's mods); each topology has a planner of its own (launch/topologies.py).
 
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError

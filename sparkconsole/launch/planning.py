@@ -5,8 +5,9 @@ launch/plan.py makes one and turns it into a Plan)."""
 from __future__ import annotations
 
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError

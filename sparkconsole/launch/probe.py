@@ -13,7 +13,8 @@ from __future__ import annotations
 import asyncio
 import json
 import shlex
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from ..config import ClusterConfig
 from .steps import Plan

@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
@@ -109,7 +110,7 @@ def gated(plan: Plan) -> bool:
     return any(s.drain_gate for s in backends(plan))
 
 
-async def running_router(transport: "Transport", plan: Plan) -> str | None:
+async def running_router(transport: Transport, plan: Plan) -> str | None:
     """Which router a running launch has (its router container's `sparkconsole.router` label), so that a restart
     plans the servers it launched: behind LiteLLM they carry the drain gate. None when it does not say."""
     router = router_of(plan)
@@ -278,7 +279,7 @@ async def completes(client: httpx.AsyncClient, svc: Service) -> str | None:
 
 
 # --- the restarts ------------------------------------------------------------------------------------------
-async def rolling_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback | None" = None, *,
+async def rolling_restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                           drain_timeout: float = DRAIN_TIMEOUT_S) -> RestartReport:
     """One server at a time: out of the router, drained, restarted, healthy and answering, back in."""
     router = router_of(plan)
@@ -303,7 +304,7 @@ async def rolling_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCa
 class _Roll:
     """One rolling restart's state: the router, its worker API (None behind LiteLLM), the report so far."""
 
-    def __init__(self, runner: "Runner", plan: Plan, router: Service, emit: Callable[..., None],
+    def __init__(self, runner: Runner, plan: Plan, router: Service, emit: Callable[..., None],
                  drain_timeout: float) -> None:
         self.runner, self.plan, self.router, self.emit, self.drain_timeout = runner, plan, router, emit, drain_timeout
         self.report = RestartReport("rolling")
@@ -382,7 +383,7 @@ class _Roll:
                                     f"cut {res.cut})", svc.key)
 
 
-async def restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback | None" = None, *,
+async def restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                   drain_timeout: float = DRAIN_TIMEOUT_S, all_at_once: bool = False) -> RestartReport | None:
     """`recipe restart`: rolling behind a router, graceful elsewhere; all at once (today's hard restart) on request."""
     if all_at_once:
@@ -395,7 +396,7 @@ async def restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback |
     return await graceful_restart(runner, plan, on_progress, drain_timeout=drain_timeout)
 
 
-async def restart_one(runner: "Runner", plan: Plan, svc: Service, emit: Callable[..., None], action: str) -> str | None:
+async def restart_one(runner: Runner, plan: Plan, svc: Service, emit: Callable[..., None], action: str) -> str | None:
     """Launch one server again from the plan and wait until it is ready; None, or why it did not come back (its
     log line). A new container, not `docker restart`: operators restart to take a new image or a changed flag,
     which a restarted container would not have."""
@@ -425,7 +426,7 @@ def emit_to(emit: Callable[..., None]) -> Callable[[Any], None]:
     return lambda ev: emit(ev.node, ev.stage, ev.message, ev.service)
 
 
-async def graceful_restart(runner: "Runner", plan: Plan, on_progress: "ProgressCallback | None" = None, *,
+async def graceful_restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                            drain_timeout: float = DRAIN_TIMEOUT_S) -> RestartReport:
     """Every server drained (when drain_timeout > 0), then the launch restarted as a whole."""
     emit = runner._emitter(on_progress)

@@ -4,7 +4,8 @@ on the head node; and the refusal of compromised LiteLLM releases wherever a rec
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING, Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ..config import NodeConfig
 from ..errors import UserError
@@ -39,7 +40,7 @@ DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 LITELLM_COOLDOWN_S = 10
 
 
-def add_router(b: "PlanBuilder", choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
+def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
     """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
     recipe, topology, params, steps = b.recipe, b.topology, b.params, b.steps
     router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR

@@ -13,12 +13,14 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import re
 import shlex
 import statistics
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 import httpx
 
@@ -60,7 +62,7 @@ class LaunchError(UserError):
 class _Follower:
     """Follows one service's log and answers whether it is ready, still starting, or dead (and why)."""
 
-    def __init__(self, runner: "Runner", svc: Service, emit: Callable[..., None]) -> None:
+    def __init__(self, runner: Runner, svc: Service, emit: Callable[..., None]) -> None:
         self.runner = runner
         self.svc = svc
         self.emit = emit
@@ -93,16 +95,12 @@ class _Follower:
 
     async def close(self) -> None:
         if self.stream is not None:
-            try:
+            with contextlib.suppress(TimeoutError, TransportError, OSError):
                 await asyncio.wait_for(self.stream.close(), 10)
-            except (asyncio.TimeoutError, TransportError, OSError):
-                pass
         if self.task is not None:
             self.task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError, Exception):  # the follower is best effort
                 await self.task
-            except (asyncio.CancelledError, Exception):  # noqa: BLE001 — the follower is best effort
-                pass
 
     async def state(self) -> tuple[str, str]:
         return await self.runner.container_state(self.svc)
@@ -184,10 +182,8 @@ class Runner:
             if on_progress is None:
                 return
             ev = Progress(node, stage, " ".join(secrets.redact(message).split()), service, time.time())
-            try:
+            with contextlib.suppress(Exception):  # a broken display must not break a launch
                 on_progress(ev)
-            except Exception:  # noqa: BLE001 — a broken display must not break a launch
-                pass
         return emit
 
     async def run_step(self, step: Step, action: str, emit: Callable[..., None]) -> str | None:
@@ -304,10 +300,8 @@ class Runner:
         timeout = timeout or self.ready_timeout
         followers = {s.key: _Follower(self, s, emit) for s in services}
         for f in followers.values():
-            try:
+            with contextlib.suppress(TransportError):
                 await f.start()
-            except TransportError:
-                pass
         t0 = time.monotonic()
         ready: dict[str, float] = {}
         try:

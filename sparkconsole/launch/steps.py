@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import ipaddress
 import shlex
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ..config import NodeConfig
 from .recipe import Recipe, SecretRef

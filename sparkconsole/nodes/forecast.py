@@ -120,8 +120,8 @@ class HeadroomSeries:
         ts = [p[0] - thin[0][0] for p in thin]
         ys = [p[1] for p in thin]
         slope, slopes = theil_sen(ts, ys)
-        intercept = statistics.median(y - slope * t for t, y in zip(ts, ys))
-        noise = 1.4826 * statistics.median(abs(y - (intercept + slope * t)) for t, y in zip(ts, ys))
+        intercept = statistics.median(y - slope * t for t, y in zip(ts, ys, strict=False))
+        noise = 1.4826 * statistics.median(abs(y - (intercept + slope * t)) for t, y in zip(ts, ys, strict=False))
         now_b = statistics.median(p[1] for p in pts[-3:])
         k = max(int(len(thin) * RECENT_FRAC), 3)
         recent_slope, _ = theil_sen(ts[-k:], ys[-k:])

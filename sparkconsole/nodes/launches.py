@@ -11,8 +11,9 @@ and live `docker inspect` answers; this one needs no plan, only what the agents 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
-from typing import Any, Iterable
+from typing import Any
 
 from ..config import EndpointConfig
 

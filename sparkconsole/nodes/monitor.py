@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
 import importlib.util
 import json
 import logging
 import random
 import time
 import zlib
+from collections.abc import Callable
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..config import ClusterConfig, NodeConfig, SshPolicy
 from ..errors import UserError
@@ -101,7 +103,7 @@ class NodeMonitor:
         self._stopping = False
 
     # -------- publishing
-    def subscribe(self, cb: Callable[["NodeMonitor"], None]) -> Callable[[], None]:
+    def subscribe(self, cb: Callable[[NodeMonitor], None]) -> Callable[[], None]:
         return self._subs.add(cb)
 
     def subscribe_lines(self, cb: Callable[[AgentLine], None]) -> Callable[[], None]:
@@ -246,15 +248,11 @@ class NodeMonitor:
         transport is shared: commands others run over it should not die because the agent did)."""
         stream, self._stream = self._stream, None
         if stream is not None:
-            try:
+            with contextlib.suppress(TimeoutError, TransportError, OSError):
                 await bounded(stream.close(), 5)
-            except (asyncio.TimeoutError, TransportError, OSError):
-                pass
         if self.transport is not None and not (keep_connection and self.transport.connected):
-            try:
+            with contextlib.suppress(TimeoutError, TransportError, OSError):
                 await bounded(self.transport.close(), 5)
-            except (asyncio.TimeoutError, TransportError, OSError):
-                pass
 
     def start(self) -> None:
         self._stopping = False           # a viewer stops its own agents while attached and starts them again
@@ -329,10 +327,8 @@ class ClusterMonitor:
     async def stop(self) -> None:
         if self._watchdog is not None:
             self._watchdog.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._watchdog
-            except asyncio.CancelledError:
-                pass
             self._watchdog = None
         await asyncio.gather(*(nm.stop() for nm in self.nodes.values()), return_exceptions=True)
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 
 def split_recording(lines: Sequence[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:

@@ -69,7 +69,7 @@ def reasons_from_mask(mask: int) -> list[str]:
     return [name for name, bit in REASON_BITS.items() if mask & bit]
 
 
-class NodeState(str, Enum):
+class NodeState(str, Enum):  # noqa: UP042 — StrEnum would change str(state), which the wire and the screens print
     CONNECTING = "CONNECTING"
     LIVE = "LIVE"
     STALE = "STALE"    # connected, but 3 ticks missed
@@ -127,7 +127,7 @@ class GpuSample:
         return self.slowdown_c - self.temp_c
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "GpuSample":
+    def from_json(cls, d: dict[str, Any]) -> GpuSample:
         mask = _i(d, "reasons_mask")
         reasons = d.get("reasons")
         if isinstance(reasons, list):
@@ -167,7 +167,7 @@ class HostMemory:
         return self.available_kb / self.total_kb
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "HostMemory":
+    def from_json(cls, d: dict[str, Any]) -> HostMemory:
         return cls(**{k: _i(d, k) for k in ("total_kb", "available_kb", "cached_kb", "swap_total_kb", "swap_free_kb")})
 
 
@@ -177,7 +177,7 @@ class Pressure:
     full_avg10: float | None = None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "Pressure":
+    def from_json(cls, d: dict[str, Any]) -> Pressure:
         return cls(some_avg10=_f(d, "some_avg10"), full_avg10=_f(d, "full_avg10"))
 
 
@@ -189,7 +189,7 @@ class GuardInputs:
     swappiness: int | None = None
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "GuardInputs":
+    def from_json(cls, d: dict[str, Any]) -> GuardInputs:
         sw = d.get("swaps")
         return cls(swaps=tuple(str(s) for s in sw) if isinstance(sw, list) else None,
                    overcommit_memory=_i(d, "overcommit_memory"), min_free_kbytes=_i(d, "min_free_kbytes"),
@@ -210,7 +210,7 @@ class ContainerInfo:
     labels: tuple[tuple[str, str], ...] = ()  # sparkconsole.* labels: the launch it belongs to (nodes/launches.py)
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "ContainerInfo":
+    def from_json(cls, d: dict[str, Any]) -> ContainerInfo:
         ok = d.get("oom_killed")
         raw = d.get("labels")
         labels = (tuple((str(k)[:64], v[:128]) for k, v in list(raw.items())[:16] if isinstance(v, str))
@@ -229,7 +229,7 @@ class CgroupMemory:
     max_b: int | None = None          # None: no cap
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "CgroupMemory":
+    def from_json(cls, d: dict[str, Any]) -> CgroupMemory:
         return cls(name=_s(d, "name") or "?", current_b=_i(d, "current_b"), max_b=_i(d, "max_b"))
 
 
@@ -248,7 +248,7 @@ class NodeInfo:
     gpu_names: tuple[str, ...] = ()
 
     @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "NodeInfo":
+    def from_json(cls, d: dict[str, Any]) -> NodeInfo:
         gpus = d.get("gpus")
         names = tuple(_s(g, "name") or "?" for g in gpus if isinstance(g, dict)) if isinstance(gpus, list) else ()
         return cls(hostname=_s(d, "hostname"), kernel=_s(d, "kernel"), boot_id=_s(d, "boot_id"), driver=_s(d, "driver"),
@@ -271,7 +271,7 @@ class Tick:
     cgroups: tuple[CgroupMemory, ...] = ()                 # agents before 0.2 never send it
 
     @classmethod
-    def from_json(cls, d: dict[str, Any], received: float) -> "Tick":
+    def from_json(cls, d: dict[str, Any], received: float) -> Tick:
         """Raises ValueError on a line that is not a tick (the monitor counts and drops it)."""
         if not isinstance(d, dict) or d.get("type") != "tick":
             raise ValueError("not a tick")

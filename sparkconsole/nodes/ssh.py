@@ -7,6 +7,7 @@ never imports asyncssh (~0.15 s): make_transport imports this module only for a 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
 import shlex
 import uuid
@@ -18,8 +19,21 @@ import asyncssh
 
 from ..config import NodeConfig, SshPolicy
 from ..errors import UserError
-from .transport import (KEEPALIVE_COUNT_MAX, KEEPALIVE_INTERVAL_S, CommandResult, ConfirmNewHost, LineStream,
-                        Transport, TransportError, _dec, _reason, bounded, kill_tagged_snippet, tagged, to_command)
+from .transport import (
+    KEEPALIVE_COUNT_MAX,
+    KEEPALIVE_INTERVAL_S,
+    CommandResult,
+    ConfirmNewHost,
+    LineStream,
+    Transport,
+    TransportError,
+    _dec,
+    _reason,
+    bounded,
+    kill_tagged_snippet,
+    tagged,
+    to_command,
+)
 
 
 class _KeyRecorder(asyncssh.SSHClient):
@@ -113,7 +127,7 @@ class SshTransport(Transport):
         except asyncssh.PermissionDenied as exc:
             raise UserError(f"SSH login to {self.where} refused: {exc.reason}", field=f"nodes.{node.name}.ssh",
                             fix="check ssh.user and ssh.identity, and that the key is in the node's authorized_keys") from None
-        except (OSError, asyncssh.Error, asyncio.TimeoutError) as exc:
+        except (TimeoutError, OSError, asyncssh.Error) as exc:
             raise TransportError(f"{node.name} ({self.where}) unreachable: {_reason(exc)}") from None
 
     def _host_pattern(self) -> str:
@@ -145,7 +159,7 @@ class SshTransport(Transport):
             proc.stdin.write_eof()
             try:
                 r = await bounded(proc.wait(check=False), timeout)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 # Closing the channel alone leaves a command that neither reads nor writes running on the node.
                 await _end_remote(conn, proc, tag)
                 raise TransportError(f"{self.node.name}: {cmd[:80]} timed out after {timeout:g} s") from None
@@ -179,13 +193,11 @@ class SshTransport(Transport):
                 proc = await f
             except (TransportError, UserError):
                 return
-            try:
+            with contextlib.suppress(OSError, asyncssh.Error, BrokenPipeError):
                 proc.stdin.write_eof()      # the agent ends on stdin end-of-file…
-            except (OSError, asyncssh.Error, BrokenPipeError):
-                pass
             try:
                 await bounded(proc.wait_closed(), 2.0)
-            except (asyncio.TimeoutError, OSError, asyncssh.Error):
+            except (TimeoutError, OSError, asyncssh.Error):
                 if self._conn is not None:   # …anything else gets TERM, then KILL
                     await _end_remote(self._conn, proc, tag)
 
@@ -212,10 +224,8 @@ class SshTransport(Transport):
         conn, self._conn = self._conn, None
         if conn is not None:
             conn.close()
-            try:
+            with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
                 await bounded(conn.wait_closed(), 3.0)
-            except (asyncio.TimeoutError, OSError, asyncssh.Error):
-                pass
 
 
 
@@ -228,12 +238,10 @@ async def _end_remote(conn: asyncssh.SSHClientConnection, proc: asyncssh.SSHClie
             await bounded(conn.run(kill_tagged_snippet(tag, sig), check=False), 5.0)
             await bounded(proc.wait_closed(), 1.0)
             break
-        except (asyncio.TimeoutError, OSError, asyncssh.Error):
+        except (TimeoutError, OSError, asyncssh.Error):
             continue
     proc.close()
-    try:
+    with contextlib.suppress(TimeoutError, OSError, asyncssh.Error):
         await bounded(proc.wait_closed(), 2.0)
-    except (asyncio.TimeoutError, OSError, asyncssh.Error):
-        pass
 
 

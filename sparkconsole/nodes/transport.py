@@ -15,13 +15,14 @@ from __future__ import annotations
 import abc
 import asyncio
 import collections
+import contextlib
 import os
 import shlex
 import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, TypeVar
+from typing import Any, TypeVar
 
 from ..config import NodeConfig, SshPolicy
 
@@ -62,7 +63,7 @@ async def bounded(aw: Awaitable[T], timeout: float | None) -> T:
     if not done:
         task.cancel()
         task.add_done_callback(lambda t: t.cancelled() or t.exception())   # retrieved: no "never retrieved"
-        raise asyncio.TimeoutError
+        raise TimeoutError
     return task.result()
 
 
@@ -99,7 +100,7 @@ class LineStream:
     def returncode(self) -> int | None:
         return self._returncode()
 
-    def __aiter__(self) -> "LineStream":
+    def __aiter__(self) -> LineStream:
         return self
 
     async def __anext__(self) -> str:
@@ -210,7 +211,7 @@ class LocalTransport(Transport):
         proc = await self._spawn(argv, asyncio.subprocess.PIPE if input is not None else asyncio.subprocess.DEVNULL)
         try:
             out, err = await bounded(proc.communicate(input), timeout)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             _killpg(proc)
             await proc.wait()
             raise TransportError(f"{self.node.name}: {to_command(argv)[:80]} timed out after {timeout:g} s") from None
@@ -253,16 +254,14 @@ class LocalTransport(Transport):
                 proc.stdin.close()          # the agent ends on stdin end-of-file
             try:
                 await bounded(proc.wait(), 2.0)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 _killpg(proc, signal.SIGTERM)
                 try:
                     await bounded(proc.wait(), 2.0)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     _killpg(proc)
-                    try:    # Python 3.11's wait() also waits for every pipe to close, which a stray child may hold
+                    with contextlib.suppress(TimeoutError):  # Python 3.11's wait() also waits for every pipe to close, which a stray child may hold
                         await bounded(proc.wait(), 5.0)
-                    except asyncio.TimeoutError:
-                        pass
             if "drain_err" in state:
                 state["drain_err"].cancel()
 
@@ -290,10 +289,8 @@ async def _drain(reader: asyncio.StreamReader | None) -> None:
 
 
 def _killpg(proc: asyncio.subprocess.Process, sig: int = signal.SIGKILL) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass
 
 
 TAG_VAR = "SPARKCONSOLE_RUN"
@@ -327,5 +324,5 @@ def _reason(exc: BaseException) -> str:
 def make_transport(node: NodeConfig, policy: SshPolicy, *, confirm_new_host: ConfirmNewHost | None = None) -> Transport:
     if node.local:
         return LocalTransport(node)
-    from .ssh import SshTransport       # asyncssh is imported only by a cluster that has a remote node
+    from .ssh import SshTransport  # asyncssh is imported only by a cluster that has a remote node
     return SshTransport(node, policy, confirm_new_host=confirm_new_host)

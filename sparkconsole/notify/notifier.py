@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import base64
 import collections
+import contextlib
 import json
 import logging
 import re
@@ -25,7 +26,8 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from typing import TYPE_CHECKING, Callable
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit, urlunsplit
 
 from .. import secrets
@@ -106,10 +108,8 @@ class Notifier:
             self._raised_sent.discard(alert.key)
         self._last[(alert.key, alert.active)] = now
         if alert.active and alert.severity == "bad" and self.settings.bell and self.bell is not None:
-            try:
+            with contextlib.suppress(Exception):  # a terminal that cannot ring is no reason to lose the alert
                 self.bell()
-            except Exception:   # noqa: BLE001 — a terminal that cannot ring is no reason to lose the alert
-                pass
         if self._thread is None:
             return True
         with self._cv:

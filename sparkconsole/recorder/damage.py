@@ -19,9 +19,10 @@ import json
 import math
 import sqlite3
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 DAMAGE_CODES = ("SQLITE_CORRUPT", "SQLITE_NOTADB", "SQLITE_IOERR")
 TIME_WIDTH_S = 1.0          # a gap in time is known to the second

@@ -13,9 +13,10 @@ import asyncio
 import hashlib
 import logging
 import threading
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .. import paths
 from ..config import ClusterConfig
@@ -84,7 +85,7 @@ class Recorder:
 
     @classmethod
     def open(cls, cluster: ClusterConfig, path: str | Path | None = None, *,
-             on_status: Callable[[str, str], None] | None = None, on_loop: bool = True) -> "Recorder | None":
+             on_status: Callable[[str, str], None] | None = None, on_loop: bool = True) -> Recorder | None:
         """on_status(text, severity): the store's fault lines (recorder/health.py), called on the event loop this
         runs in (the writer's thread hops to it; on_loop=False: in the writer's thread, for a thread-safe one)."""
         if not cluster.recorder.enabled:

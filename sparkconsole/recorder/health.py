@@ -13,8 +13,9 @@ import errno
 import os
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from .damage import is_damage
 

@@ -20,7 +20,6 @@ from ..errors import UserError
 from .damage import MAX_NODE_ID_PROBE, TIME_WIDTH_S, Gap, is_damage, read_ranges
 from .store import TICK_COLUMNS, connect
 
-
 ALL = (0.0, 1e11)            # every time a recording can hold, for a whole-table read
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*([smhd])$")
 
@@ -147,14 +146,14 @@ class RecorderReader:
 
     def ticks(self, node: str, since: float, until: float) -> list[dict[str, Any]]:
         keys = ("t", *TICK_COLUMNS)
-        return [dict(zip(keys, map(_num, r))) for r in self._tick_rows(node, since, until)]
+        return [dict(zip(keys, map(_num, r), strict=False)) for r in self._tick_rows(node, since, until)]
 
     def raw_ticks(self, node: str) -> list[tuple[Any, ...]]:
         return [tuple(r) for r in self._tick_rows(node, *ALL)]
 
     def last_tick_before(self, node: str, t: float) -> dict[str, Any] | None:
         rows = self._tick_rows(node, 0.0, t, desc=True, first=1)
-        return dict(zip(("t", *TICK_COLUMNS), map(_num, rows[0]))) if rows else None
+        return dict(zip(("t", *TICK_COLUMNS), map(_num, rows[0]), strict=False)) if rows else None
 
     def _rollup_rows(self, node: str, since: float, until: float) -> list[Any]:
         nid = self._ids.get(node)

@@ -24,16 +24,18 @@ kept keep_days. Endpoint samples are kept at full rate for full_rate_hours and t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import queue
-from collections import deque
 import sqlite3
 import threading
 import time
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..config import RecorderSettings
 from ..errors import UserError
@@ -322,10 +324,8 @@ class RecorderStore:
             moved = None
         if moved and db is not None:
             # Its WAL, still at the path, would be replayed into whatever file is there now: emptied first.
-            try:
+            with contextlib.suppress(sqlite3.Error):
                 db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            except sqlite3.Error:
-                pass
             _close(db)
             db = None
             self.health.moved(moved)
@@ -430,17 +430,13 @@ class RecorderStore:
 
 
 def _close(db: sqlite3.Connection) -> None:
-    try:
+    with contextlib.suppress(sqlite3.Error):
         db.close()
-    except sqlite3.Error:
-        pass
 
 
 def _rollback(db: sqlite3.Connection) -> None:
-    try:
+    with contextlib.suppress(sqlite3.Error):
         db.execute("ROLLBACK")
-    except sqlite3.Error:
-        pass
 
 
 def _leave_clean(db: sqlite3.Connection) -> None:

@@ -21,8 +21,8 @@ from typing import Any
 import httpx
 
 from ..config import ClusterConfig, EndpointConfig
-from . import metrics as m
 from ..subscribers import Subscribers
+from . import metrics as m
 from .http import FetchError, Reply, fetch, make_client
 
 log = logging.getLogger(__name__)
@@ -135,7 +135,7 @@ class EndpointMonitor:
         self._failures = 0
 
     # --- publishing ---------------------------------------------------------------------------------------
-    def subscribe(self, cb: Callable[["EndpointMonitor"], None]) -> Callable[[], None]:
+    def subscribe(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
         return self._subs.add(cb)
 
     def _publish(self, snap: EndpointSnapshot) -> None:
@@ -386,7 +386,7 @@ class ServingMonitor:
     async def poll(self) -> dict[str, EndpointSnapshot]:
         """Poll every endpoint once, concurrently (headless `status`)."""
         snaps = await asyncio.gather(*(mon.poll() for mon in self.endpoints.values()))
-        return dict(zip(self.endpoints, snaps))
+        return dict(zip(self.endpoints, snaps, strict=False))
 
     async def start(self) -> None:
         if self._client.is_closed:      # started again after stop(): a fresh shared client

@@ -121,7 +121,7 @@ class Scrape:
                         out[v] = None
         return tuple(out)
 
-    def histogram(self, *bases: str) -> "Histogram | None":
+    def histogram(self, *bases: str) -> Histogram | None:
         """The first histogram of `bases` present, summed over label sets."""
         base = self.first(*(b + "_bucket" for b in bases))
         if base is None:
@@ -210,7 +210,7 @@ class Histogram:
 
     @classmethod
     def merge(cls, groups: Iterable[Mapping[float, float]], total_sum: float | None = None,
-              total_count: float | None = None) -> "Histogram | None":
+              total_count: float | None = None) -> Histogram | None:
         summed: dict[float, float] = {}
         for g in groups:
             for le, c in g.items():

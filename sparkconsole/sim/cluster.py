@@ -28,10 +28,11 @@ import signal
 import socket
 import tempfile
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
@@ -341,7 +342,7 @@ class SimCluster:
                                     self.ready[name].set()
                                 if progress:
                                     progress(f"{name} serving at {url} ({time.monotonic() - t0:.1f} s)")
-                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError):
+                    except (TimeoutError, aiohttp.ClientError, OSError):
                         pass
                 if not pending:
                     break
@@ -402,7 +403,7 @@ class SimCluster:
         self.runaways.append(rw)
         return rw
 
-    async def __aenter__(self) -> "SimCluster":
+    async def __aenter__(self) -> SimCluster:
         await self.start()
         return self
 
@@ -420,8 +421,7 @@ class SimCluster:
         stats = {"requests": 0, "tokens": 0, "errors": 0}
         deadline = None if seconds is None else time.monotonic() + seconds
         rng = random.Random(seed)
-        words = ("node cluster model token memory spark bandwidth router latency prefill decode batch cache "
-                 "thermal power clock tensor parallel request stream").split()
+        words = ["node", "cluster", "model", "token", "memory", "spark", "bandwidth", "router", "latency", "prefill", "decode", "batch", "cache", "thermal", "power", "clock", "tensor", "parallel", "request", "stream"]
 
         aiohttp = await _aiohttp()
         async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
@@ -444,7 +444,7 @@ class SimCluster:
                                 if line.startswith(b"data: {") and b'"usage"' in line:
                                     stats["tokens"] += json.loads(line[6:])["usage"]["completion_tokens"]
                         stats["requests"] += 1
-                    except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError):
+                    except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError):
                         stats["errors"] += 1
                         await asyncio.sleep(0.5)
 
@@ -494,10 +494,8 @@ def kill_leftovers(root: Path) -> list[int]:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     for p in victims:
-        try:
+        with contextlib.suppress(psutil.NoSuchProcess):
             p.send_signal(signal.SIGKILL)
-        except psutil.NoSuchProcess:
-            pass
     psutil.wait_procs(victims, timeout=3)
     return [p.pid for p in victims]
 

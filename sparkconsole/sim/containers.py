@@ -4,6 +4,7 @@ vLLM server, a router, or an idle placeholder — started, stopped and removed."
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -15,7 +16,7 @@ import signal
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ class Store:
     def _open_lock(self) -> int:
         return os.open(self.root / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
 
-    def __enter__(self) -> "Store":
+    def __enter__(self) -> Store:
         self._lock_fd = self._open_lock()
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self
@@ -130,10 +131,8 @@ class Store:
         for pid in rec.get("exec_pids", []):
             _kill_group(pid, signal.SIGKILL)
         rec["exec_pids"] = []
-        try:
+        with contextlib.suppress(OSError):
             self.save(rec)
-        except OSError:
-            pass
         return rec
 
 
@@ -143,10 +142,8 @@ def _kill_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def health_of(store: Store, rec: dict[str, Any]) -> str | None:
@@ -208,7 +205,7 @@ def ps_obj(store: Store, rec: dict[str, Any], now: float) -> dict[str, Any]:
     cmd = shlex.join(rec.get("cmd") or [])
     return {
         "Command": json.dumps(cmd[:20] + ("…" if len(cmd) > 20 else ""), ensure_ascii=False), "CreatedAt":
-        datetime.fromtimestamp(rec["created"], timezone.utc).strftime("%Y-%m-%d %H:%M:%S +0000 UTC"),
+        datetime.fromtimestamp(rec["created"], UTC).strftime("%Y-%m-%d %H:%M:%S +0000 UTC"),
         "ID": rec["id"][:12], "Image": rec["image"],
         "Labels": ",".join(f"{k}={v}" for k, v in rec.get("labels", {}).items()), "LocalVolumes": "0",
         "Mounts": ",".join(d for _, d, _ in rec.get("mounts", [])), "Names": rec["name"],

@@ -11,10 +11,22 @@ import re
 import signal
 import sys
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .containers import (LOCAL_IMAGES, Store, image_id, image_present, inspect_obj, ps_obj, remove_container, spawn,
-                         start_container, stop_container, vllm_args)
+from .containers import (
+    LOCAL_IMAGES,
+    Store,
+    image_id,
+    image_present,
+    inspect_obj,
+    ps_obj,
+    remove_container,
+    spawn,
+    start_container,
+    stop_container,
+    vllm_args,
+)
 from .dockerfmt import DockerError, format_rows, out, parse_size, render
 from .files import pid_alive, read_json
 

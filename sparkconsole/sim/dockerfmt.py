@@ -7,7 +7,7 @@ import json
 import re
 import shlex
 import sys
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 ZERO_TIME = "0001-01-01T00:00:00Z"
@@ -25,7 +25,7 @@ class DockerError(Exception):
 def iso(ts: float | None) -> str:
     if not ts:
         return ZERO_TIME
-    return datetime.fromtimestamp(ts, timezone.utc).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "000Z"
 
 
 def human_duration(seconds: float) -> str:

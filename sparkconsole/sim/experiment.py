@@ -24,7 +24,7 @@ from typing import Any
 
 from sparkconsole.errors import UserError
 from sparkconsole.sim.engine import EngineArgs, SimEngine
-from sparkconsole.sim.profiles import GB10, HardwareProfile, MODELS, ModelProfile
+from sparkconsole.sim.profiles import GB10, MODELS, HardwareProfile, ModelProfile
 from sparkconsole.sim.routing import InflightTracker, RoutingPolicy, make_policy
 
 

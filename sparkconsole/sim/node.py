@@ -24,6 +24,7 @@ it stops writing, and the files the agent reads become FIFOs nobody writes, so t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import os
@@ -93,12 +94,12 @@ class NodeTuning:
     swappiness: int = 60
 
     @classmethod
-    def hardened(cls) -> "NodeTuning":
+    def hardened(cls) -> NodeTuning:
         """The published mitigations: swap off, overcommit 0, a 1.5 GiB free reserve."""
         return cls(swap_kb=0, overcommit_memory=0, min_free_kbytes=1572864, swappiness=10)
 
     @classmethod
-    def stock(cls) -> "NodeTuning":
+    def stock(cls) -> NodeTuning:
         """An untouched install: a swap file and the kernel's default reserve."""
         return cls(swap_kb=16 * GIB // KIB, overcommit_memory=0, min_free_kbytes=None, swappiness=60)
 
@@ -120,10 +121,8 @@ def read_loads(node_dir: Path) -> list[Load]:
             continue
         if not pid_alive(d.get("pid")):
             # The workload died without cleaning up (SIGKILL): its memory is free again.
-            try:
+            with contextlib.suppress(OSError):
                 p.unlink()
-            except OSError:
-                pass
             continue
         out.append(Load(reserved_b=int(d.get("reserved_b") or 0), gpu_busy=float(d.get("gpu_busy") or 0.0),
                         compute_frac=float(d.get("compute_frac") or 0.0), loaded=bool(d.get("loaded"))))
@@ -253,10 +252,8 @@ class SimNode:
     async def stop(self) -> None:
         if self._task:
             self._task.cancel()
-            try:
+            with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-            except asyncio.CancelledError:
-                pass
             self._task = None
         if self.silence is not None:
             self.silence.end()      # its agents are blocked on reads nobody will answer: end them

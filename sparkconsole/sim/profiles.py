@@ -36,7 +36,7 @@ class HardwareProfile:
     cpu_step_s: float = 0.001
     launch_s_per_layer: float = 60e-6     # eager mode; CUDA graphs cut it to a fraction
 
-    def with_(self, **changes: Any) -> "HardwareProfile":
+    def with_(self, **changes: Any) -> HardwareProfile:
         return replace(self, **changes)
 
 

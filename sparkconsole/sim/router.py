@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import signal
 import sys
@@ -30,11 +31,12 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from ..errors import UserError
+from . import routing
 from .experiment import ProxyProfile
 from .files import pid_alive, read_json
-from . import routing
 from .vllm_args import log
 from .vllm_metrics import SimClock
+
 
 @dataclass(frozen=True)
 class Overhead:
@@ -154,7 +156,7 @@ class SimRouter:
                         async with self._session.get(b.url + "/v1/models", timeout=aiohttp.ClientTimeout(total=2)) as r:
                             data = (await r.json()).get("data") or []
                             b.model = data[0]["id"] if data else None
-                except (aiohttp.ClientError, asyncio.TimeoutError, OSError, ValueError, KeyError, TypeError):
+                except (TimeoutError, aiohttp.ClientError, OSError, ValueError, KeyError, TypeError):
                     b.healthy = False
                 if self.flavor == "vllm-router":
                     self.m_health.labels(b.url).set(1 if b.healthy else 0)
@@ -163,10 +165,8 @@ class SimRouter:
             if self.owner_pid and not pid_alive(self.owner_pid):
                 log("simulated cluster is gone; shutting down", "router")
                 self._stop.set()
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), 2.0)
-            except asyncio.TimeoutError:
-                pass
 
     # ---- HTTP ------------------------------------------------------------------------------------
     def app(self) -> web.Application:
@@ -303,7 +303,7 @@ class SimRouter:
         try:
             await self._spend(self.cost.forward_s)
             return await self._relay(request, b, raw, t0), pick
-        except (aiohttp.ClientError, asyncio.TimeoutError, OSError) as exc:
+        except (TimeoutError, aiohttp.ClientError, OSError) as exc:
             self.m_errors.labels(b.url).inc()
             return web.json_response({"error": {"message": f"backend {b.url} failed: {str(exc)[:120]}",
                                                 "type": "APIConnectionError", "code": "500"}}, status=500), pick

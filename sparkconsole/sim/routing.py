@@ -101,7 +101,7 @@ def make_policy(name: str, *, seed: int | None = None) -> RoutingPolicy:
     raise UserError(f"unknown routing policy {name!r}", field="routing", fix="use one of " + ", ".join(POLICIES))
 
 
-def make_tracker(name: str, backends: int) -> "InflightTracker":
+def make_tracker(name: str, backends: int) -> InflightTracker:
     """The in-flight view a router using policy `name` works from (late for LiteLLM least-busy)."""
     if name == "least-busy":
         return InflightTracker(backends, LEAST_BUSY_UPDATE_LAG_S, LEAST_BUSY_RELEASE_LAG_S)

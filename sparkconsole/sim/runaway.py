@@ -25,12 +25,14 @@ containers and its agent at once instead: the stream ENDS (DOWN without STALE), 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import math
 import os
 import signal
 import time
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .files import pid_alive, read_json
 from .node import GIB, KIB, SimNode, write_load
@@ -55,10 +57,8 @@ def _signal_group(pid: int, sig: int) -> None:
     try:
         os.killpg(pid, sig)          # containers run in sessions of their own (containers.spawn)
     except (ProcessLookupError, PermissionError):
-        try:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
 
 
 def container_pids(node: SimNode) -> list[int]:
@@ -155,10 +155,8 @@ class Runaway:
     def note(self, text: str) -> None:
         self.notes.append((time.time(), text))
         if self._say is not None:
-            try:
+            with contextlib.suppress(Exception):  # a listener's failure must not stop the node
                 self._say(text)
-            except Exception:  # noqa: BLE001 — a listener's failure must not stop the node
-                pass
 
     def before(self, node: SimNode, dt_sim: float) -> None:
         self.elapsed_s += dt_sim

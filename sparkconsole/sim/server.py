@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import re
 import signal
@@ -85,10 +86,8 @@ async def mirror_head(node_dir: Path | None, key: str | None, head_addr: str | N
             # the simulated cluster that owns this node is gone: nothing will ever stop us otherwise
             if (node_dir and not node_dir.is_dir()) or (owner and not pid_alive(owner)):
                 break
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), 0.25)
-            except asyncio.TimeoutError:
-                pass
     finally:
         if node_dir and key:
             (node_dir / "load" / f"{key}.json").unlink(missing_ok=True)

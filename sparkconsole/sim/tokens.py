@@ -8,14 +8,7 @@ import zlib
 from typing import Any
 
 _WORD = re.compile(r"\w+|[^\w\s]")
-_VOCAB = ("the of and to in is was for on that with as by at from his her are an be this which or had "
-          "not but one all were they she there been has when who will more no if out so said what up its "
-          "about into than them can only other new some could time these two may then do first any my now "
-          "such like our over man me even most made after also did many before must through back years "
-          "where much your way well down should because each just those people how too little state good "
-          "very make world still own see men work long get here between both life being under never day "
-          "same another know while last might us great old year off come since against go came right used "
-          "take three").split()
+_VOCAB = ["the", "of", "and", "to", "in", "is", "was", "for", "on", "that", "with", "as", "by", "at", "from", "his", "her", "are", "an", "be", "this", "which", "or", "had", "not", "but", "one", "all", "were", "they", "she", "there", "been", "has", "when", "who", "will", "more", "no", "if", "out", "so", "said", "what", "up", "its", "about", "into", "than", "them", "can", "only", "other", "new", "some", "could", "time", "these", "two", "may", "then", "do", "first", "any", "my", "now", "such", "like", "our", "over", "man", "me", "even", "most", "made", "after", "also", "did", "many", "before", "must", "through", "back", "years", "where", "much", "your", "way", "well", "down", "should", "because", "each", "just", "those", "people", "how", "too", "little", "state", "good", "very", "make", "world", "still", "own", "see", "men", "work", "long", "get", "here", "between", "both", "life", "being", "under", "never", "day", "same", "another", "know", "while", "last", "might", "us", "great", "old", "year", "off", "come", "since", "against", "go", "came", "right", "used", "take", "three"]
 
 
 def token_ids(text: str) -> list[int]:

@@ -83,9 +83,8 @@ class VllmHttpApi:
         if request.method == "POST" and request.path.startswith("/v1/") and self._closed():
             return self.error("this server is draining for a restart: retry on another", 503, "ServiceUnavailable")
         key = self.ns.api_key or os.environ.get("VLLM_API_KEY")
-        if key and request.path.startswith("/v1/"):
-            if request.headers.get("Authorization", "") != f"Bearer {key}":
-                return web.json_response({"error": "Unauthorized"}, status=401)
+        if key and request.path.startswith("/v1/") and request.headers.get("Authorization", "") != f"Bearer {key}":
+            return web.json_response({"error": "Unauthorized"}, status=401)
         resp = await handler(request)
         if not resp.prepared:
             resp.headers["X-Sim-Speed"] = repr(self.speed)
@@ -125,7 +124,7 @@ class VllmHttpApi:
         except (ValueError, UnicodeDecodeError):
             raise web.HTTPBadRequest(text=json.dumps({"error": {"message": "Invalid JSON body", "type": "BadRequestError",
                                                                 "param": None, "code": 400}}),
-                                     content_type="application/json")
+                                     content_type="application/json") from None
         if not isinstance(body, dict):
             raise web.HTTPBadRequest(text='{"error": {"message": "body must be a JSON object", "code": 400}}',
                                      content_type="application/json")

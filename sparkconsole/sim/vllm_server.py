@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import sys
@@ -191,10 +192,8 @@ class SimVllmServer(VllmHttpApi):
             compute = min(busy, self._compute_acc / window) if window > 0 else 0.0
             self._busy_acc = self._compute_acc = 0.0
             self._read_throttle()
-            try:
+            with contextlib.suppress(OSError):
                 self.publish(busy, compute)
-            except OSError:
-                pass
             if self.node_dir and (not self.node_dir.is_dir() or (owner and not pid_alive(owner))):
                 log("simulated node is gone; shutting down", "launcher.py")
                 self._stop.set()
@@ -437,7 +436,7 @@ class SimVllmServer(VllmHttpApi):
             if self.node_dir and self.ns.sim_container:
                 (self.node_dir / "containers" / self.ns.sim_container / "ready").write_text("1\n")
             log(f"Starting vLLM API server 0 on http://{self.host}:{self.ns.port}", "launcher.py")
-            log("Started server process [%d]" % os.getpid(), "server.py")
+            log(f"Started server process [{os.getpid()}]", "server.py")
             log("Waiting for application startup.", "on.py")
             log("Application startup complete.", "on.py")
             await self._stop.wait()

@@ -61,7 +61,7 @@ def since_iso(stamp: str | None, now: float) -> float | None:
         digits = "".join(ch for ch in frac if ch.isdigit())[:6]
         s = f"{head}.{digits}" if digits else head
     try:
-        t = _dt.datetime.fromisoformat(s).replace(tzinfo=_dt.timezone.utc)
+        t = _dt.datetime.fromisoformat(s).replace(tzinfo=_dt.UTC)
     except ValueError:
         return None
     return now - t.timestamp()

@@ -20,8 +20,9 @@ import shlex
 import signal
 import sys
 from asyncio.subprocess import Process
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, Awaitable, Callable
+from typing import Any
 
 import aiohttp_jinja2
 import jinja2

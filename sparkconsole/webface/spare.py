@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 from asyncio.subprocess import PIPE, Process
-from typing import Callable
+from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 

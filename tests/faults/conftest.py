@@ -135,9 +135,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
             LEDGER.faults[item.nodeid] = "failed (known bug, xfail)" if rep.skipped else "passed"
         else:
             LEDGER.faults[item.nodeid] = "skipped" if rep.skipped else ("passed" if rep.passed else "failed")
-    elif rep.when == "teardown" and rep.failed:
-        LEDGER.faults[item.nodeid] = "failed"
-    elif rep.when == "setup" and rep.failed:
+    elif rep.when == "teardown" and rep.failed or rep.when == "setup" and rep.failed:
         LEDGER.faults[item.nodeid] = "failed"
     LEDGER.fault_names[item.nodeid] = name
 

@@ -128,7 +128,7 @@ LogLevel ERROR
             except OSError:
                 if node.proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("sshd in the namespace did not start: " +
-                                       (node.dir / "sshd.log").read_text()[-300:])
+                                       (node.dir / "sshd.log").read_text()[-300:]) from None
                 time.sleep(0.05)
         yield node
     finally:

@@ -98,7 +98,7 @@ def test_anchor_bombs_refused(depth, width):
     lines = ["l0: &l0 [x]"]
     for i in range(1, depth + 1):
         lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
-    lines.append("nodes: *l%d" % depth)
+    lines.append(f"nodes: *l{depth}")
     check("\n".join(lines) + "\n")
 
 

@@ -132,7 +132,7 @@ async def test_every_line_is_a_tick_or_a_counted_bad_line(sshd_nodes, tmp_path, 
         finally:
             try:
                 await asyncio.wait_for(mon.stop(), 20)
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 pytest.fail(f"ClusterMonitor.stop() hung for 20 s after document {i} ({summary(lines)})")
         total = len(lines)
         sure_bad = sum(1 for kind, _ in lines if kind == "bad")

@@ -96,7 +96,7 @@ async def cut_and_heal(sshd_live, node, tmp_path, cut_s: float, transport_factor
 
         # The other node never stalled: its connection stayed up and its ticks kept arriving at rate through the cut.
         during = [t for t in steady_rx if t_cut <= t <= t_up]
-        gaps = [b - a for a, b in zip(steady_rx, steady_rx[1:])]
+        gaps = [b - a for a, b in zip(steady_rx, steady_rx[1:], strict=False)]
         assert NodeState.DOWN not in steady_states, steady_states
         # A loop blocked by the cut node would wait on the dead link, a keepalive interval (5 s) or more: one gap
         # that long. A busy 2-core machine delays ticks too (0.601 s once, 1.23 s while vLLM servers started

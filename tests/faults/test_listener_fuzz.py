@@ -129,7 +129,7 @@ def exchange(port: int, raw: bytes, wait_s: float = 1.0) -> bytes:
                     break
                 body += chunk
             return head + b"\r\n\r\n" + body
-        except (TimeoutError, socket.timeout):
+        except TimeoutError:
             return buf
         except ConnectionResetError:
             return buf

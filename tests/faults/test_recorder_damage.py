@@ -23,8 +23,8 @@ from sparkconsole.recorder.postmortem import build
 from sparkconsole.recorder.reader import RecorderReader
 from sparkconsole.recorder.replay import replay_monitor_factory
 from sparkconsole.recorder.store import RecorderStore
-from tests.test_recorder import integrity, tick
 from tests.helpers import error_lines
+from tests.test_recorder import integrity, tick
 
 ROOT = Path(__file__).resolve().parents[2]
 TICKS = 1200                 # 10 min at 2 Hz per node; spark2 stops 50 s before its DOWN

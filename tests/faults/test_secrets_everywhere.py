@@ -179,8 +179,8 @@ async def test_no_artefact_holds_a_secret(sshd_live, tmp_path, keys, ledger):
     # 5. the console's screen, as an SVG screenshot, with the secrets in its environment
     from sparkconsole.config import ClusterConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
-    from sparkconsole.tui.app import SparkConsoleApp
     from sparkconsole.nodes.replay import read_recording, replay_factory
+    from sparkconsole.tui.app import SparkConsoleApp
     rec = read_recording(Path(__file__).parents[1] / "fixtures" / "agent-h100-load.jsonl")
     tcfg = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),), endpoints=(), source="t.yaml")
     app = SparkConsoleApp(tcfg, monitor=ClusterMonitor(tcfg, transport_factory=replay_factory(

@@ -27,8 +27,14 @@ from tests.testbed.cache import TestbedError, cache_root, dir_size_bytes, ensure
 from tests.testbed.docker import DockerEngine, _mounts_under, _wait_pid_gone, docker_cli, import_base_image
 from tests.testbed.model import ensure_tiny_model
 from tests.testbed.routers import LITELLM_VENV, VLLM_ROUTER_VENV, start_litellm, start_vllm_router
-from tests.testbed.vllm import VLLM_VENV, ensure_vllm_venv, start_vllm_container, start_vllm_servers
-from tests.testbed.vllm import group_rss_bytes, vllm_image
+from tests.testbed.vllm import (
+    VLLM_VENV,
+    ensure_vllm_venv,
+    group_rss_bytes,
+    start_vllm_container,
+    start_vllm_servers,
+    vllm_image,
+)
 
 ALL_VENVS = (VLLM_VENV, VLLM_ROUTER_VENV, LITELLM_VENV, BENCHY_VENV)
 
@@ -50,7 +56,7 @@ def cmd_install(_args: argparse.Namespace) -> int:
     if failed:
         return 1
     model = ensure_tiny_model(ensure_vllm_venv())
-    print(f"{'tiny model':24} {('built in %s s' % model.build_seconds) if model.build_seconds else 'cached':24} "
+    print(f"{'tiny model':24} {(f'built in {model.build_seconds} s') if model.build_seconds else 'cached':24} "
           f"{dir_size_bytes(model.path) / 2**20:.1f} MiB  {model.path}")
     print(f"all ready in {time.monotonic() - start:.1f} s (cache: {cache_root()})")
     return 0
@@ -137,6 +143,7 @@ def cmd_up(args: argparse.Namespace) -> int:
 def cmd_up_nodes(args: argparse.Namespace) -> int:
     """N sshd nodes (and the engine their sessions use), their cluster file, and the command to launch on them."""
     import shlex
+
     from tests.helpers import free_port
     from tests.testbed.sshd import _ensure_sshd, start_sshd_nodes
     if not 1 <= args.nodes <= 16:
@@ -194,6 +201,7 @@ def cmd_up_nodes(args: argparse.Namespace) -> int:
 
 def _stop_nodes(state: dict) -> None:
     import shutil
+
     from tests.testbed.sshd import _descendants
     for pid in state.get("sshd", []):
         for p in [*_descendants(pid), pid]:

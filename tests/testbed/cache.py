@@ -15,9 +15,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
 
 CACHE_ENV = "SPARKCONSOLE_TESTBED_CACHE"
 MARKER = ".sparkconsole-testbed.json"

@@ -28,8 +28,8 @@ import asyncio
 import json
 import random
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 

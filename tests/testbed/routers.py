@@ -12,9 +12,9 @@ import secrets
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Iterator, Sequence
 
 import httpx
 import pytest

@@ -14,7 +14,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from typing import Callable
+from collections.abc import Callable
 
 import psutil
 
@@ -61,7 +61,7 @@ class SpinWatch(threading.Thread):
         self.join()
         return self.idled
 
-    def __enter__(self) -> "SpinWatch":
+    def __enter__(self) -> SpinWatch:
         self.start()
         return self
 

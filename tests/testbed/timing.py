@@ -39,7 +39,7 @@ def compare_rounds(data: Rounds) -> dict[tuple[int, str], tuple[float, float, fl
             if key == "prompt_tokens":           # what was sent, not a figure
                 continue
             theirs_rounds = per["benchy"][key]
-            ratios = [statistics.fmean(a) / statistics.fmean(b) for a, b in zip(ours_rounds, theirs_rounds) if a and b]
+            ratios = [statistics.fmean(a) / statistics.fmean(b) for a, b in zip(ours_rounds, theirs_rounds, strict=False) if a and b]
             if not ratios:
                 continue
             flat = {who: [v for r in per[who][key] for v in r] for who in ("ours", "benchy")}

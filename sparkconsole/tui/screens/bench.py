@@ -19,8 +19,8 @@ from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS, DEMO_RESULTS
 from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
-from ..widgets.sim_badge import SimBadge
 from ..widgets.key_bar import KeyBar
+from ..widgets.sim_badge import SimBadge
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (

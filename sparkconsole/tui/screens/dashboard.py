@@ -15,10 +15,10 @@ from textual.widgets import Header
 from ..widgets.alert_log import AlertLog
 from ..widgets.endpoint_panel import EndpointPanel
 from ..widgets.guard_list import GuardList
+from ..widgets.key_bar import KeyBar
 from ..widgets.launch_bar import LaunchBar
 from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
-from ..widgets.key_bar import KeyBar
 
 
 class DashboardScreen(Screen):
@@ -36,12 +36,11 @@ class DashboardScreen(Screen):
         if app.simulated:
             yield SimBadge()
         yield LaunchBar(id="launches")
-        with VerticalScroll(id="nodes"):
-            with Grid(id="node-grid"):
-                for node in app.cluster.nodes:
-                    panel = NodePanel(node.name, node.container, id=f"node-{_safe(node.name)}", classes="node")
-                    self.panels[node.name] = panel
-                    yield panel
+        with VerticalScroll(id="nodes"), Grid(id="node-grid"):
+            for node in app.cluster.nodes:
+                panel = NodePanel(node.name, node.container, id=f"node-{_safe(node.name)}", classes="node")
+                self.panels[node.name] = panel
+                yield panel
         if app.cluster.endpoints:
             with VerticalScroll(id="serving"):
                 for ep in app.cluster.endpoints:

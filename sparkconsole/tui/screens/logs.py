@@ -14,8 +14,8 @@ from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
 from ..fmt import plural
-from ..widgets.sim_badge import SimBadge
 from ..widgets.key_bar import KeyBar
+from ..widgets.sim_badge import SimBadge
 
 MAX_LINES = 5000
 

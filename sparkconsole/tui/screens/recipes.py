@@ -3,7 +3,6 @@ node; Enter launches it (after a confirmation) with a progress line per node; r 
 
 from __future__ import annotations
 
-
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -13,9 +12,9 @@ from textual.widgets import Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...errors import UserError
+from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
-from ..widgets.key_bar import KeyBar
 
 _VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 

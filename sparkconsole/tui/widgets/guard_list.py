@@ -16,7 +16,7 @@ class GuardList(OptionList):
     DEFAULT_CSS = "GuardList { height: auto; border: none; padding: 0; background: transparent; }"
 
     class FixRequested(Message):
-        def __init__(self, guard_list: "GuardList", result) -> None:
+        def __init__(self, guard_list: GuardList, result) -> None:
             super().__init__()
             self.guard_list = guard_list
             self.result = result

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import lru_cache
+from functools import cache
 from itertools import groupby
 from operator import itemgetter
 
@@ -116,6 +116,6 @@ class TempGraph(Widget):
         return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _style(name: str) -> Style:
     return Style.parse(name) if name else Style()
