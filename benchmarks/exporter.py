@@ -47,7 +47,7 @@ from sparkconsole.exporter.server import ExporterServer  # noqa: E402
 from sparkconsole.nodes.monitor import ClusterMonitor  # noqa: E402
 from sparkconsole.nodes.recording import read_recording  # noqa: E402
 from sparkconsole.nodes.replay import replay_factory  # noqa: E402
-from sparkconsole.serving.endpoint import EndpointSnapshot  # noqa: E402
+from sparkconsole.serving.endpoint import EndpointSnapshot, ServingMonitor  # noqa: E402
 
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
 CONTAINER = {"name": "vllm_node", "image": "vllm-node", "state": "running", "health": "healthy",
@@ -65,30 +65,22 @@ def lines_with_containers() -> list[str]:
     return out
 
 
-class FixedServing:
-    """Endpoint monitors reduced to what the collector reads (`.endpoints[name].latest`)."""
+class FixedServing(ServingMonitor):
+    """The real ServingMonitor over the endpoints, each endpoint's `latest` a fixed snapshot and nothing polled:
+    the collector reads whatever it reads from the monitors it runs with, so no stand-in falls behind it."""
 
-    class _Mon:
-        def __init__(self, snap):
-            self.latest = snap
-
-    def __init__(self, endpoints):
+    def __init__(self, cluster: ClusterConfig) -> None:
+        super().__init__(cluster)
         now = time.time()
-        self.endpoints = {e.name: self._Mon(EndpointSnapshot(
-            name=e.name, url=e.url, kind="vllm", time=now, healthy=True, model="openai/gpt-oss-120b",
-            version="0.11.0", running=4, waiting=0, kv_usage=0.12, prefix_hit_rate=0.4, prompt_tps=420.0,
-            gen_tps=61.0, ttft_p50_s=0.3, ttft_p95_s=0.9, itl_p50_s=0.019, itl_p95_s=0.04, error=None,
-            max_model_len=131072, generation_tokens=123456.0, prompt_tokens=654321.0, health_latency_s=0.002))
-            for e in endpoints}
+        for e in cluster.endpoints:
+            self.endpoints[e.name].latest = EndpointSnapshot(
+                name=e.name, url=e.url, kind="vllm", time=now, healthy=True, model="openai/gpt-oss-120b",
+                version="0.11.0", running=4, waiting=0, kv_usage=0.12, prefix_hit_rate=0.4, prompt_tps=420.0,
+                gen_tps=61.0, ttft_p50_s=0.3, ttft_p95_s=0.9, itl_p50_s=0.019, itl_p95_s=0.04, error=None,
+                max_model_len=131072, generation_tokens=123456.0, prompt_tokens=654321.0, health_latency_s=0.002)
 
-    def subscribe(self, cb):
-        return lambda: None
-
-    async def start(self):
-        pass
-
-    async def stop(self):
-        pass
+    async def start(self) -> None:
+        pass            # no polling: the snapshots stay as set
 
 
 def build(n: int) -> Readings:
@@ -98,7 +90,7 @@ def build(n: int) -> Readings:
     cluster = ClusterConfig(nodes=nodes, endpoints=eps, agent_interval_s=0.5, source="<benchmark>")
     lines = lines_with_containers()
     mon = ClusterMonitor(cluster, transport_factory=replay_factory(lambda node: lines, interval=0.5), history=16)
-    return Readings(cluster, monitor=mon, serving=FixedServing(eps))
+    return Readings(cluster, monitor=mon, serving=FixedServing(cluster))
 
 
 def pct(xs: list[float], q: float) -> float:
