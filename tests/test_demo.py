@@ -199,7 +199,7 @@ async def test_recipe_plan_launches_through_the_shims(topology, options):
     from sparkconsole.launch.plan import make_plan
     from sparkconsole.launch.recipe import bundled_recipes
     from sparkconsole.launch.runner import Runner
-    from sparkconsole.nodes.transport import make_transport
+    from sparkconsole.nodes.connect import make_transport
 
     # Loopback addresses of their own: the recipe's fixed router port must not meet a demo running on .2/.3.
     base = f"127.{os.getpid() % 200 + 20}.{len(topology)}"

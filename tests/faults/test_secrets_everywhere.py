@@ -27,7 +27,7 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.launch.runner import Runner
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
 
 pytestmark = pytest.mark.sshd
 
