@@ -8,6 +8,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,11 +24,19 @@ from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from ..app import SparkConsoleApp
+
 _SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "cyan"}
 _STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
 
 
 class NodePanel(Vertical, can_focus=True):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     BINDINGS = [
         Binding("l", "logs", "Logs"),
         Binding("r", "restart", "Restart vLLM"),
@@ -149,7 +158,7 @@ class NodePanel(Vertical, can_focus=True):
         elif not gpu.reasons:
             reasons.append("no clock-event reason active", style=grey or "green")
         else:
-            spans = reason_durations(nm.history, last)
+            spans = reason_durations(nm.history, last) if last is not None else {}
             for i, r in enumerate(sorted(gpu.reasons, key=lambda r: ("bad", "warn", "info", "dim").index(
                     REASON_SEVERITY.get(r, "info")))):
                 if i:
@@ -200,6 +209,8 @@ class NodePanel(Vertical, can_focus=True):
     def _draw_postmortem(self) -> None:
         """One row: red while the node is still out, yellow once it is back."""
         pm, live = self.postmortem, self.state == "LIVE"
+        if pm is None:
+            return
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append("Post-mortem ", style="bold")
         line.append(time.strftime("%H:%M:%S ", time.localtime(pm["time"])), style="dim")
