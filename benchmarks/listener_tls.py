@@ -93,7 +93,7 @@ async def main() -> None:
     args = ap.parse_args()
     if args.smoke:
         args.scrapes = 5
-    flood_s = 0.5 if args.smoke else 5.0
+    flood_s = 0.2 if args.smoke else 5.0
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ca = TestCA(Path(tmp))
