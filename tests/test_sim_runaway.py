@@ -25,9 +25,9 @@ KEEPALIVE_S = 3.0       # the simulated SSH keepalive: a hung node reads STALE t
 class Watch:
     """What the console runs below its TUI, on a simulated cluster."""
 
-    def __init__(self, sim: SimCluster, path, *, protect_s: float = 0.0) -> None:
+    def __init__(self, sim: SimCluster, path, *, protect_s: float | None = None) -> None:
         self.cluster = sim.cluster
-        if protect_s:
+        if protect_s is not None:
             self.cluster = dataclasses.replace(self.cluster, protect=dataclasses.replace(
                 self.cluster.protect, stop_container_before_exhaustion_s=protect_s))
         self.rec = Recorder.open(self.cluster, path)
@@ -75,7 +75,7 @@ async def test_memory_runaway_warns_then_freezes_and_reads_as_memory_exhaustion(
     await sim.start()
     try:
         url = sim.cluster.endpoints[0].url
-        async with Watch(sim, tmp_path / "r.sqlite") as w:
+        async with Watch(sim, tmp_path / "r.sqlite", protect_s=0) as w:      # the guard off: the freeze
             await until(w.ticking, 30, "both nodes ticking")
             rw = sim.runaway("spark1", "memory", duration_s=20)
             await until(lambda: rw.over, 90, "the memory runaway's end")

@@ -48,7 +48,8 @@ def test_status_json_over_ssh(sshd_live, tmp_path):
     for n in snap["nodes"]:
         assert n["state"] == "LIVE" and n["error"] is None
         assert n["tick"]["mem"]["total_kb"] == meminfo_kb("MemTotal")
-        assert {g["key"] for g in n["guards"]} == {"swap", "overcommit", "min_free", "container_cap", "page_cache"}
+        assert {g["key"] for g in n["guards"]} == {"swap", "overcommit", "min_free", "container_cap", "page_cache",
+                                                   "earlyoom"}
         assert n["info"]["interval_s"] == 0.2
 
 
