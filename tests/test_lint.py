@@ -266,3 +266,11 @@ def test_preflight_on_a_bigger_cluster_uses_the_nodes_a_launch_would():
     assert rules(check("gpt-oss-120b", "2x-solo", facts=Facts(guards=guards), nodes=three)) == []
     assert rules(check("gpt-oss-120b", "2x-solo", {"nodes": ["spark1", "spark3"]}, Facts(guards=guards),
                        nodes=three)) == ["oom_guards"]
+
+
+def test_earlyoom_missing_is_said_but_never_refuses():
+    from sparkconsole.nodes.samples import EarlyOom
+    no_eo = replace(GOOD_GUARDS, earlyoom=EarlyOom(installed=False))
+    facts = good_facts(guards={"spark1": evaluate_guards(no_eo, GB10_MEM, (), "vllm_node")})
+    f = [x for x in check("gpt-oss-120b", "solo", facts=facts) if x.rule == "oom_guards"]
+    assert [x.severity for x in f] == ["warn"] and "earlyoom" in f[0].message and "apt-get install" in f[0].fix

@@ -328,6 +328,11 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                 if status != "ok" and not drops_cache:
                     out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, "add --drop-caches", n.name))
                 continue
+            if key == "earlyoom":
+                # a backstop, not a setting a launch can freeze without: said with its fix, never refusing
+                if status == "warn":
+                    out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
+                continue
             if status in ("bad", "warn"):
                 out.append(Finding("oom_guards", "refuse", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
             elif status == "unknown":
