@@ -343,26 +343,33 @@ def test_endpoint_latency_percentiles_pass_promtool(monkeypatch):
     assert r.returncode == 0, r.stdout + r.stderr
 
 
+async def scraped(path: Path) -> str:
+    """/metrics text of one replayed node (the collector alone, no server), once its first tick is in."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sparkconsole.exporter.collector import ConsoleCollector
+    readings = replayed_readings(path)
+    await readings.start()
+    try:
+        await until(lambda: readings.monitor.nodes["spark1"].last is not None, 20, "a replayed tick")
+        reg = CollectorRegistry()
+        reg.register(ConsoleCollector(readings))
+        return generate_latest(reg).decode()
+    finally:
+        await readings.stop()
+
+
 async def test_recorded_h200_workloads_one_series_per_container(tmp_path):
     """The real agent's ticks from an H200 (tests/fixtures/nvidia-h200-gpu-procs.json: two containers' processes
     holding 1 GiB and 3 GiB allocations), replayed: each container is one series of GPU memory, cgroup usage and
-    their sum, to the byte; promtool passes it. A workload with a part not measured has no sum (never a guess)."""
+    their sum, to the byte; promtool passes it. Before the node's processes are mapped there is no series (never a
+    guess)."""
     need_prometheus()
     rec = json.loads((FIXTURES / "nvidia-h200-gpu-procs.json").read_text())
     lines = rec["agent"]["lines"]
     path = tmp_path / "h200.jsonl"
     path.write_text("\n".join(json.dumps(x) for x in [lines[0], *lines[2:]]) + "\n")   # from the first mapped tick
-    readings = replayed_readings(path)
-    from sparkconsole.exporter.collector import ConsoleCollector
-    await readings.start()
-    try:
-        await until(lambda: readings.monitor.nodes["spark1"].last is not None, 20, "a replayed tick")
-        from prometheus_client import CollectorRegistry, generate_latest
-        reg = CollectorRegistry()
-        reg.register(ConsoleCollector(readings))
-        text = generate_latest(reg).decode()
-    finally:
-        await readings.stop()
+    text = await scraped(path)
     s = samples(text)
     for name, w in rec["workload_memory"].items():
         lab = (("container", name), ("node", "spark1"))
@@ -373,12 +380,4 @@ async def test_recorded_h200_workloads_one_series_per_container(tmp_path):
     assert r.returncode == 0, r.stdout + r.stderr
     # the first tick came before the docker poll answered: its processes were not mapped yet, so no GPU series
     path.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n")
-    first = replayed_readings(path)
-    await first.start()
-    try:
-        await until(lambda: first.monitor.nodes["spark1"].last is not None, 20, "a replayed tick")
-        reg = CollectorRegistry()
-        reg.register(ConsoleCollector(first))
-        assert "sparkconsole_workload_" not in generate_latest(reg).decode()
-    finally:
-        await first.stop()
+    assert "sparkconsole_workload_" not in await scraped(path)
