@@ -19,8 +19,8 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch.ifaces import choose_link_address, link_address
 from sparkconsole.launch.mods import GATE_FILE, checkout_root, resolve_mods
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe, load_recipe
 from sparkconsole.nodes.transport import LocalTransport
+from sparkconsole.recipes import find_recipe, load_recipe
 
 NODES = ClusterConfig(nodes=(NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a"),
                              NodeConfig(name="spark2", address="192.168.100.11", container="vllm_b")),

@@ -7,7 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import UserError
-from .recipe import Recipe
+from ..recipes import Recipe
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
 
@@ -23,7 +23,7 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     recipe.render_command(params)            # names a missing placeholder with the file and line
     # The runner writes the command into a bash script: read it as bash does (comments dropped, a line that
     # does not end in a backslash ends the command). One command → argv; several → the shell path below.
-    from .bashread import bash_command_lines
+    from ..recipes.bashread import bash_command_lines
     commands = [text for _, text in bash_command_lines(recipe.command)]
     template = "\n".join(commands)
     if len(commands) > 1:

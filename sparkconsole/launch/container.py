@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import NodeConfig
+from ..recipes import Recipe, fill
 from .mods import Mod, gated, mod_steps, release_step
-from .recipe import Recipe, fill
 from .steps import NodeExpr, Step, launch_labels
 
 HF_CACHE = '"${HF_HOME:-$HOME/.cache/huggingface}"'

@@ -19,11 +19,11 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
+from ..recipes import Recipe
 from . import lint_memory, lint_topology
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
 from .plan import make_plan
-from .recipe import Recipe
 from .routers import compromised_versions
 from .steps import Plan
 

@@ -15,10 +15,10 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import ROUTER_CHOICES, TOPOLOGIES, Recipe
 from .container import ContainerSpec
 from .mods import resolve_mods
 from .planning import PlanBuilder
-from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe
 from .steps import Plan
 from .topologies import plan_cluster, plan_disagg, plan_solo, plan_two_solo
 

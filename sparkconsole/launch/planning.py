@@ -11,10 +11,10 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import Recipe
 from . import gate
 from .argv import command_argv, served_model
 from .container import ContainerSpec
-from .recipe import Recipe
 from .steps import Plan, Service, Step, url_host
 
 

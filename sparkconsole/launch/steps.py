@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import NodeConfig
-from .recipe import Recipe, SecretRef
+from ..recipes import Recipe, SecretRef
 
 # `ray status` lists each live node as " 1 node_<id>" under "Active:"
 RAY_NODE_LINE = r"^\s*1 node_[0-9a-f]+"
