@@ -186,7 +186,7 @@ def test_unknown_key_in_own_section_is_an_error_with_line_and_field(section, lin
 
 @pytest.mark.parametrize("text, needle", [
     ('name: x\ncontainer: img\n', "missing required field 'command'"),
-    ('recipe_version: "2"\nname: x\ncontainer: img\ncommand: c\n', "recipe_version '2' is not supported"),
+    ('recipe_version: "2"\nname: x\ncontainer: img\ncommand: c\n', "missing required field 'model'"),  # v2: sparkrun's
     ('name: x\ncontainer: img\ncommand: c\ndefaults: [1, 2]\n', "expected dict"),
     ('name: x\ncontainer: img\ncommand: c\ndefaults: {port: [1]}\n', "a default must be a single value"),
     ('name: x\ncontainer: img\ncommand: c\ncluster_only: true\nsolo_only: true\n', "both true"),

@@ -8,6 +8,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..recipes import Recipe
+from ..recipes.render import plain, render_v2
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
 
@@ -27,9 +28,7 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     commands = [text for _, text in bash_command_lines(recipe.command)]
     template = "\n".join(commands)
     if len(commands) > 1:
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+        return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
     try:
         words = shlex.split(template)
     except ValueError as exc:
@@ -39,11 +38,14 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
         raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
                         fix="write the vllm serve command")
     if any(w in SHELL_OPERATORS for w in words):
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
-    values = {k: _plain(v) for k, v in params.items()}
-    argv = [w.format(**values) for w in words]
+        return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
+    if recipe.v2:
+        values = recipe.template_values(params)
+        escapes = "{{" in template
+        argv = [render_v2(w, values, recipe.source, recipe.command_line, "command", escapes=escapes) for w in words]
+    else:
+        values = {k: _plain(v) for k, v in params.items()}
+        argv = [w.format(**values) for w in words]
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -56,6 +58,14 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
         out.append(a)
         i += 1
     return [*out, *extra_args], False
+
+
+def _fill_quoted(recipe: Recipe, template: str, params: Mapping[str, Any]) -> str:
+    """The template for `bash -c`, each value quoted for that shell."""
+    if recipe.v2:
+        quoted = {k: shlex.quote(str(plain(v))) for k, v in recipe.template_values(params).items()}
+        return render_v2(template, quoted, recipe.source, recipe.command_line, "command")
+    return template.format(**{k: shlex.quote(str(_plain(v))) for k, v in params.items()})
 
 
 def _plain(v: Any) -> Any:

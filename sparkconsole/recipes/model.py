@@ -48,6 +48,9 @@ class ContainerSettings:
     ulimits: tuple[str, ...] = ()      # NAME=SOFT[:HARD], beside the nofile one
     user: str | None = None
     entrypoint: str | None = None      # None: the image's own is cleared (`--entrypoint=`), as the runner does
+    # where the node's Hugging Face cache is mounted: spark-vllm-docker's place, or sparkrun's (v2 recipes name
+    # paths below it, and HF_HOME says where it is)
+    hf_cache_target: str = "/root/.cache/huggingface"
 
 
 @dataclass(frozen=True)

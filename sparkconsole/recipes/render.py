@@ -10,6 +10,7 @@ a plan never holds a `{name}` the server would be handed).
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -22,9 +23,11 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_DEPTH = 10
 
 
-def _scan(template: str) -> list[tuple[str, str | None]]:
-    """(literal text, None) and ("", placeholder name) pieces, braces resolved as described above."""
-    escapes = "{{" in template
+def _scan(template: str, escapes: bool | None = None) -> list[tuple[str, str | None]]:
+    """(literal text, None) and ("", placeholder name) pieces, braces resolved as described above. `escapes`: the
+    whole template's convention, for one word of it (None: this text's own)."""
+    if escapes is None:
+        escapes = "{{" in template
     out: list[tuple[str, str | None]] = []
     i, n = 0, len(template)
     buf: list[str] = []
@@ -52,6 +55,13 @@ def _scan(template: str) -> list[tuple[str, str | None]]:
     return out
 
 
+def plain(v: Any) -> Any:
+    """A value as it appears on the command line: true/false, JSON for a mapping or a list."""
+    if isinstance(v, (dict, list)):
+        return json.dumps(v, separators=(",", ":"))
+    return fmt_value(v)
+
+
 def placeholders_v2(template: str) -> list[str]:
     names: list[str] = []
     for _, name in _scan(template):
@@ -61,16 +71,16 @@ def placeholders_v2(template: str) -> list[str]:
 
 
 def render_v2(template: str, values: Mapping[str, Any], file: str, line: int | None, field_: str,
-              _depth: int = 0, _chain: tuple[str, ...] = ()) -> str:
+              _depth: int = 0, _chain: tuple[str, ...] = (), *, escapes: bool | None = None) -> str:
     out: list[str] = []
-    for text, name in _scan(template):
+    for text, name in _scan(template, escapes):
         out.append(text)
         if name is None:
             continue
         if name not in values or values[name] is None:
             raise UserError(f"placeholder {{{name}}} has no value", file=file, line=line, field=field_,
                             fix=f"add '{name}: VALUE' under defaults, or pass --set {name}=VALUE")
-        value = fmt_value(values[name])
+        value = plain(values[name])
         if isinstance(value, str) and "{" in value and placeholders_v2(value):
             if name in _chain or _depth >= MAX_DEPTH:
                 raise UserError(f"placeholder {{{name}}} refers to itself ({' → '.join((*_chain, name))})",

@@ -42,7 +42,11 @@ def version_of(data: object) -> str:
 
 
 def parse_recipe(doc: Located, key: str | None = None, *, registry: str | None = None) -> Recipe:
-    return read_v1(doc, key)
+    if version_of(doc.data) == "1":
+        return read_v1(doc, key)
+    from .registry import locate_recipe
+    from .v2 import read_v2
+    return read_v2(doc, key, registry=registry, locate=locate_recipe)
 
 
 def load_recipe(path: str | Path, *, key: str | None = None, registry: str | None = None) -> Recipe:
