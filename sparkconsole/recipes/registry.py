@@ -176,7 +176,8 @@ class Registries:
 
     def update(self, name: str | None = None) -> list[str]:
         """One line per registry: fetched, updated, unchanged (nothing fetched), or why not."""
-        lines = []
+        lines: list[str] = []
+        offline: dict[str, list[str]] = {}
         targets = [self.entry(name)] if name else list(self.entries)
         for e in targets:
             try:
@@ -193,8 +194,12 @@ class Registries:
             except UserError as err:
                 if name:
                     raise
-                lines.append(f"{e.name}: {err.problem}" + (f" — fix: {err.fix}" if err.fix else ""))
+                offline.setdefault(err.problem, []).append(e.name) if err.problem.startswith("no network") else \
+                    lines.append(f"{e.name}: {err.problem}" + (f" — fix: {err.fix}" if err.fix else ""))
         self.save()
+        # no network: one line, whatever the number of registries it kept from being fetched
+        lines += [f"{problem}: {', '.join(names)} not fetched — fix: connect this machine, then run "
+                  "`sparkconsole recipe registry update`" for problem, names in offline.items()]
         return lines
 
     def trust(self, name: str, trusted: bool) -> None:

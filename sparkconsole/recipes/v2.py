@@ -243,7 +243,7 @@ def read_readiness(r: Fields, data: Mapping[str, Any]) -> Readiness | None:
         if math.isnan(s) or (k == "inference_timeout_s" and (not math.isfinite(s) or s <= 0)):
             raise r.err(p + (k,), f"bad timeout {str(v)[:20]!r}", "write seconds, e.g. 600 (≤ 0: no limit, "
                         "except for the inference probe)")
-        return s if s > 0 else None
+        return s if s > 0 else math.inf
 
     style = raw.get("inference_style", "auto")
     if style not in ("auto", "openai-chat-stream-v1"):
