@@ -305,7 +305,8 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         if action == "restart":
             from ..launch.rolling import restart_text
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
-        plan = _confirm_trust(args, plan)
+        if action in ("launch", "restart"):          # what they run again: mods, pre_exec
+            plan = _confirm_trust(args, plan)
         _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
         transports = {}
         if monitor is not None:

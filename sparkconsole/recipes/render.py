@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from ..errors import UserError
@@ -23,9 +23,11 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_DEPTH = 10
 
 
-def _scan(template: str, escapes: bool | None = None) -> list[tuple[str, str | None]]:
+def _scan(template: str, escapes: bool | None = None,
+          names: Container[str] = ()) -> list[tuple[str, str | None]]:
     """(literal text, None) and ("", placeholder name) pieces, braces resolved as described above. `escapes`: the
-    whole template's convention, for one word of it (None: this text's own)."""
+    whole template's convention, for one word of it (None: this text's own). `names`: values there are, which
+    make `{hf-overrides}` (a default whose name is no identifier, as sparkrun allows) a placeholder too."""
     if escapes is None:
         escapes = "{{" in template
     out: list[tuple[str, str | None]] = []
@@ -39,7 +41,8 @@ def _scan(template: str, escapes: bool | None = None) -> list[tuple[str, str | N
             continue
         if ch == "{":
             m = _SPAN.match(template, i)
-            if m and _IDENT.match(m.group(1)) and not (i > 0 and template[i - 1] == "$"):   # ${VAR}: the shell's
+            if m and (_IDENT.match(m.group(1)) or m.group(1) in names) and not (i > 0 and template[i - 1] == "$"):
+                # ${VAR} is the shell's
                 out.append(("".join(buf), None))
                 buf = []
                 out.append(("", m.group(1)))
@@ -73,7 +76,7 @@ def placeholders_v2(template: str) -> list[str]:
 def render_v2(template: str, values: Mapping[str, Any], file: str, line: int | None, field_: str,
               _depth: int = 0, _chain: tuple[str, ...] = (), *, escapes: bool | None = None) -> str:
     out: list[str] = []
-    for text, name in _scan(template, escapes):
+    for text, name in _scan(template, escapes, values):
         out.append(text)
         if name is None:
             continue

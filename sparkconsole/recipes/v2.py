@@ -26,7 +26,7 @@ from ..errors import UserError
 from ..yamlsrc import Located
 from .envtemplate import check_env
 from .executor import read_executor
-from .fields import ENV_RE, IMAGE_RE, NAME_RE, Fields
+from .fields import ENV_RE, IMAGE_RE, Fields
 from .generate import generated_command
 from .include import Locate, resolve_includes
 from .model import PreExec, Readiness, Recipe
@@ -55,6 +55,7 @@ _RUNTIME_HINTS = ((re.compile(r"^vllm\s+serve\b"), "vllm"),
                   (re.compile(r"^llama-server\b"), "llama-cpp"),
                   (re.compile(r"^(?:trtllm-serve|mpirun\b.*trtllm)"), "trtllm"))
 _RAY_FLAG = re.compile(r"--distributed-executor-backend[=\s]+ray\b")
+_DEFAULT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 READINESS_KEYS = {"port_timeout_s", "health_timeout_s", "inference", "inference_style", "inference_timeout_s",
                   "inference_prompt"}
 
@@ -135,8 +136,8 @@ def _image(r: Fields, data: Mapping[str, Any], runtime: str) -> str:
 def read_defaults_v2(r: Fields, data: Mapping[str, Any]) -> dict[str, Any]:
     defaults = r.mapping(data, (), "defaults", "write 'defaults:' with one 'name: value' per line")
     for k in defaults:
-        if not NAME_RE.match(str(k)):
-            raise r.err(("defaults", k), f"bad placeholder name {str(k)[:40]!r}", "use letters, digits and _")
+        if not _DEFAULT_NAME.match(str(k)):        # sparkrun's names may hold '-' and '.': {hf-overrides}
+            raise r.err(("defaults", k), f"bad placeholder name {str(k)[:40]!r}", "use letters, digits, _ and -")
     return defaults
 
 
