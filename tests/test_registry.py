@@ -13,6 +13,7 @@ from sparkconsole.errors import UserError
 from sparkconsole.recipes import find_recipe
 from sparkconsole.recipes.catalog import catalog, search
 from sparkconsole.recipes.registry import Registries
+from tests.helpers import git_repo
 
 V2 = 'recipe_version: "2"\nmodel: org/{name}\ncontainer: img\ncommand: vllm serve {{model}}\n'
 
@@ -20,18 +21,6 @@ V2 = 'recipe_version: "2"\nmodel: org/{name}\ncontainer: img\ncommand: vllm serv
 def git(repo: Path, *args: str) -> str:
     return subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
                           capture_output=True, text=True).stdout
-
-
-def make_repo(root: Path, files: dict[str, str]) -> Path:
-    root.mkdir(parents=True)
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    git(root, "init", "-q", "-b", "main")
-    git(root, "config", "uploadpack.allowFilter", "true")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "init")
-    return root
 
 
 @pytest.fixture
@@ -44,7 +33,7 @@ def state(tmp_path, monkeypatch):
 
 @pytest.fixture
 def arena(state):
-    return make_repo(state / "arena", {
+    return git_repo(state / "arena", {
         ".sparkrun/registry.yaml": "registries:\n  - name: official\n    recipes: official-recipes\n"
                                    "    mods: official-mods\n  - name: experimental\n    recipes: exp-recipes\n"
                                    "    visible: false\n",
@@ -85,7 +74,7 @@ def test_addressing_by_registry_section_subfolder_and_stem(state, arena):
 
 
 def test_a_name_in_two_registries_is_refused_naming_both(state, arena):
-    other = make_repo(state / "other", {"recipes/qwen-8b.yaml": V2.format(name="fork")})
+    other = git_repo(state / "other", {"recipes/qwen-8b.yaml": V2.format(name="fork")})
     regs = Registries.load()
     regs.add(f"file://{arena}", name="arena")
     regs.add(f"file://{other}", name="fork")                                 # no manifest: recipes/ and mods/

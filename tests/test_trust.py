@@ -5,9 +5,7 @@ the CLI asks, or takes --trust."""
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +15,8 @@ from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.runner import LaunchError, Runner
 from sparkconsole.recipes import find_recipe, load_recipe
 from sparkconsole.recipes.registry import Registries
+from tests.helpers import git_repo
+from tests.test_registry import state  # noqa: F401 (fixture: a state dir and working directory of its own)
 
 CLUSTER = ClusterConfig(nodes=(NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a"),),
                         endpoints=(), source="<test>")
@@ -24,32 +24,11 @@ REGISTRY_RECIPE = ('recipe_version: "2"\nmodel: org/m\ncontainer: img\ncommand: 
                    "mods: [mods/fix]\npre_exec: [\"pip install something-from-the-internet\"]\n")
 
 
-def git(repo: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=repo, check=True,
-                   capture_output=True)
-
-
-def make_repo(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in files.items():
-        (root / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / rel).write_text(text)
-    git(root, "init", "-q", "-b", "main")
-    git(root, "add", "-A")
-    git(root, "commit", "-qm", "init")
-    return root
-
-
-@pytest.fixture
-def state(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
-    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
-    monkeypatch.chdir(tmp_path)
-    return tmp_path
 
 
 @pytest.fixture
 def registry(state):
-    return make_repo(state / "reg", {"recipes/r.yaml": REGISTRY_RECIPE, "mods/fix/run.sh": "echo patched\n"})
+    return git_repo(state / "reg", {"recipes/r.yaml": REGISTRY_RECIPE, "mods/fix/run.sh": "echo patched\n"})
 
 
 def test_an_untrusted_registrys_pre_exec_and_mods_need_confirmation(state, registry):

@@ -271,21 +271,13 @@ def test_bad_v2_inputs_are_one_line_each(tmp_path, ledger):
 
 
 def test_bad_registries_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatch, ledger):
-    import subprocess
-
     from sparkconsole.recipes.registry import Registries
+    from tests.helpers import git_repo
 
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
 
     def repo(name, files):
-        root = tmp_path / name
-        for rel, text in files.items():
-            (root / rel).parent.mkdir(parents=True, exist_ok=True)
-            (root / rel).write_text(text)
-        for args in (["init", "-q", "-b", "main"], ["add", "-A"], ["-c", "user.email=t@t", "-c", "user.name=t",
-                                                                     "commit", "-qm", "x"]):
-            subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
-        return root
+        return git_repo(tmp_path / name, files)
 
     bad_manifest = repo("badman", {".sparkrun/registry.yaml": "registries:\n  - name: x\n    recipes: ../../etc\n",
                                    "recipes/a.yaml": "model: m\n"})
