@@ -110,7 +110,8 @@ def catalog(include_hidden: bool = False) -> list[Entry]:
             changed = True
         fresh[str(path)] = {"stamp": stamp, "entry": asdict(entry)}
         out.append(entry)
-    if changed or set(fresh) != set(cached):
+    registries = any(e.registry not in ("local", "bundled") for e in out)
+    if registries and (changed or set(fresh) != set(cached)):     # nothing written for local files alone
         try:
             cache_file.parent.mkdir(parents=True, exist_ok=True)
             tmp = cache_file.with_suffix(".tmp")
