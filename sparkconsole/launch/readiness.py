@@ -11,12 +11,14 @@ import asyncio
 import json
 import math
 import time
+from collections.abc import Sequence
 
 import httpx
 
 from ..recipes import Readiness
 
 RETRY_STATUS = {408, 429, 502, 503, 504}
+POOLING = {"pooling", "embed", "embedding", "score", "reward", "classify"}
 MAX_TOKENS = 64
 
 
@@ -27,6 +29,18 @@ def ready_timeout(readiness: Readiness | None, default: float) -> float:
         return default
     port = readiness.port_timeout_s if readiness.port_timeout_s is not None else default
     return port + (readiness.health_timeout_s or 0.0)
+
+
+def generates(argv: Sequence[str]) -> bool:
+    """False for a pooling model (`--runner pooling`, `--task embed` …): it answers no chat, so the probe is not
+    asked of it (its /health and /v1/models still are)."""
+    for i, a in enumerate(argv):
+        flag, eq, val = a.partition("=")
+        if flag in ("--runner", "--task", "--convert"):
+            value = val if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            if value in POOLING:
+                return False
+    return True
 
 
 class ProbeFailed(Exception):

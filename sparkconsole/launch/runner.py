@@ -30,7 +30,7 @@ from ..errors import UserError
 from ..nodes.transport import CommandResult, LineStream, Transport, TransportError
 from .health import LaunchHealth, MemberState, judge
 from .logread import error_line, exit_line, known_refusal_fix
-from .readiness import ProbeFailed, inference_probe, ready_timeout
+from .readiness import ProbeFailed, generates, inference_probe, ready_timeout
 from .steps import EXIT_MARK, Plan, Service, Step
 
 ProgressCallback = Callable[["Progress"], Any]
@@ -271,6 +271,9 @@ class Runner:
             return
         model = next((s.model for s in plan.services if s.url == plan.endpoint), None)
         node = next((s.node for s in plan.services if s.url == plan.endpoint), plan.nodes[0])
+        if not all(generates(argv) for argv in plan.server_args.values()):
+            emit(node, "info", "readiness: a pooling model answers no chat; its health and model list are the probe")
+            return
         emit(node, "waiting", "readiness: one streamed chat completion (the recipe's inference probe)")
         try:
             seconds = await inference_probe(plan.endpoint, model, r)
