@@ -634,7 +634,7 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
 
 
 def smoke(sc_cmd: Sequence[str], recipe_name: str = "gpt-oss-120b") -> None:
-    from sparkconsole.launch.recipe import find_recipe
+    from sparkconsole.recipes import find_recipe
     recipe = Path(find_recipe(recipe_name).source)
     with tempfile.TemporaryDirectory(prefix="runner-parity-smoke-") as tmp:
         root = Path(tmp)

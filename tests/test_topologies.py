@@ -39,7 +39,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkconsole.launch.recipe import find_recipe
+from sparkconsole.recipes import find_recipe
 from tests.helpers import error_lines, free_port
 from tests.testbed.sshd import ADDRESSES, _ensure_sshd, start_sshd_nodes
 
@@ -59,6 +59,7 @@ class TopologyBed:
     containers: tuple[str, ...]
     ports: tuple[int, ...]
     community: Path        # the recipe as a spark-vllm-docker checkout holds it, with a mod (community_checkout)
+    registry_recipe: str = ""   # the same recipe as recipe_version "2" in a registry (registry_v2), @REGISTRY/NAME
 
     def sc(self, *args: str, timeout: float = 900, extra_env: dict | None = None) -> subprocess.CompletedProcess:
         """`sparkconsole --cluster F ARGS`, as an operator types it."""
@@ -114,6 +115,24 @@ def community_checkout(root: Path, recipe: Path) -> Path:
     return root / "recipes" / "tiny-chat.yaml"
 
 
+def registry_v2(root: Path, community: Path) -> Path:
+    """The community recipe as sparkrun's registries publish it: recipe_version "2", no name (its file's stem), in
+    a git repository with a manifest, its mod in the registry's mods folder (found there as sparkrun finds it)."""
+    text = community.read_text().replace('recipe_version: "1"', 'recipe_version: "2"')
+    text = re.sub(r"(?m)^name: .*\n", "", text)
+    assert 'recipe_version: "2"' in text and "\nname:" not in text
+    (root / "recipes").mkdir(parents=True)
+    (root / "recipes" / "tiny-chat.yaml").write_text(text)
+    (root / ".sparkrun").mkdir()
+    (root / ".sparkrun" / "registry.yaml").write_text("registries:\n  - name: testbed\n    recipes: recipes\n"
+                                                      "    mods: mods\n")
+    shutil.copytree(community.parent.parent / "mods", root / "mods")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "tiny-chat as a v2 recipe"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    return root
+
+
 def chat_prompt(url: str, model: str) -> str:
     """The prompt a chat completion was given, read back from the tokens the server reports it used."""
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
@@ -161,6 +180,12 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
     try:
         # The operator downloaded the model on the first node; `model pull` copies it into the others' caches.
         tiny_model.seed_hf_cache(root / "hf" / "node1")
+        # The v2 recipe's registry, added as an operator adds one (the real git, file://); not trusted: its mod
+        # runs only with --trust.
+        reg = registry_v2(root / "registry", bed.community)
+        added = bed.sc("recipe", "registry", "add", f"file://{reg}", "--name", "testreg", timeout=120)
+        assert added.returncode == 0 and "not trusted" in added.stdout, added.stdout + added.stderr
+        bed.registry_recipe = "@testreg/tiny-chat"
         pull = bed.sc("model", "pull", tiny_model.hf_id, "--from", "node1",
                       *[a for n in nodes[1:] for a in ("--node", n.name)], "--yes", timeout=300)
         assert pull.returncode == 0, pull.stdout + pull.stderr
@@ -264,16 +289,27 @@ def community_args(bed: TopologyBed, *a: str) -> list[str]:
     return bed.recipe_args(*a, recipe=bed.community)
 
 
+def registry_args(bed: TopologyBed, *a: str) -> list[str]:
+    return bed.recipe_args(*a, recipe=bed.registry_recipe)
+
+
 class TestClusterTp2:
-    """The community recipe (model by Hugging Face id, a mod) in cluster TP=2: one launch shared by its checks, in
-    order; the lost worker, its restart and the stop last. The mod on both nodes before vLLM starts, the model from
-    each node's own cache, the template the mod brought in use."""
+    """The community recipe (model by Hugging Face id, a mod) in cluster TP=2, as a v2 recipe from a registry
+    (sparkrun's format, the mod from the registry's mods folder): one launch shared by its checks, in order; the
+    lost worker, its restart and the stop last. The mod on both nodes before vLLM starts, only once confirmed
+    (--trust); the model from each node's own cache; the template the mod brought in use; the recipe's readiness
+    probe answered."""
 
     shares_a_launch = True
 
     @pytest.fixture(scope="class")
     def tp2(self, bed):
-        launch = bed.sc("recipe", "launch", *community_args(bed, "-T", "cluster-tp2", "--yes", "--force"))
+        unconfirmed = bed.sc("recipe", "launch", *registry_args(bed, "-T", "cluster-tp2", "--yes", "--force"),
+                             timeout=300)
+        assert unconfirmed.returncode == 2 and "need confirmation" in unconfirmed.stderr, unconfirmed.stderr[-2000:]
+        assert "mod: tiny-chat-template from registry testreg (not trusted)" in unconfirmed.stdout
+        assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+        launch = bed.sc("recipe", "launch", *registry_args(bed, "-T", "cluster-tp2", "--yes", "--force", "--trust"))
         assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
         yield launch
         bed.clear("cluster-tp2")
@@ -281,12 +317,13 @@ class TestClusterTp2:
     @pytest.mark.timeout(1500)
     def test_both_ranks_start_with_the_mod_from_each_nodes_own_cache(self, bed, tp2, tiny_model):
         out = tp2.stdout
+        assert re.search(r"node1\s+ready\s+readiness: first text after [\d.]+ s", out), out[-2000:]
         assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(0)), out), out[-2000:]
         assert re.search(r"node2\s+ready\s+worker ready", out), out[-2000:]
         for i in (0, 1):
             assert re.search(rf"node{i + 1}\s+ok\s+mod tiny-chat-template: run its run.sh", out), out[-3000:]
             assert TEMPLATE_MARK in bed.ssh(i, f"docker exec {bed.containers[i]} sh -c 'cat \"$PWD\"/tiny-chat.jinja'")
-            assert_serves_from_node_cache(bed, i)
+            assert_serves_from_node_cache(bed, i, "/cache/huggingface")        # where sparkrun mounts it
         assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(0), tiny_model.name)
         assert names_on(bed, 0) == sorted(bed.containers) and names_on(bed, 1) == sorted(bed.containers)
         head_args = bed.engine.inspect(bed.containers[0])["Args"]
@@ -314,12 +351,12 @@ class TestClusterTp2:
         keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
         if keep:   # recorded for the console's tests (tests/fixtures/docker-inspect-cluster-tp2-worker-lost.json)
             (Path(keep) / "inspect.json").write_text(bed.engine.run(["inspect", *bed.containers]).stdout)
-        status = bed.sc("recipe", "status", *community_args(bed, "-T", "cluster-tp2"), timeout=120)
+        status = bed.sc("recipe", "status", *registry_args(bed, "-T", "cluster-tp2"), timeout=120)
         assert status.returncode == 1, status.stdout + status.stderr
         assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
                          status.stdout), status.stdout
         assert re.search(r"node1 +server .* running .*health ok", status.stdout), status.stdout
-        restart = bed.sc("recipe", "restart", *community_args(bed, "-T", "cluster-tp2", "--yes", "--force"))
+        restart = bed.sc("recipe", "restart", *registry_args(bed, "-T", "cluster-tp2", "--yes", "--force", "--trust"))
         assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
         order = [m.group(1) for m in re.finditer(r"(node\d)\s+step\s+start vLLM (?:server|worker)", restart.stdout)]
         assert order == ["node1", "node2"], restart.stdout[-2000:]
@@ -329,16 +366,16 @@ class TestClusterTp2:
 
     @pytest.mark.timeout(600)
     def test_stop_leaves_nothing_on_either_node(self, bed, tp2, tiny_model):
-        stop = bed.sc("recipe", "stop", *community_args(bed, "-T", "cluster-tp2", "--yes"), timeout=300)
+        stop = bed.sc("recipe", "stop", *registry_args(bed, "-T", "cluster-tp2", "--yes"), timeout=300)
         assert stop.returncode == 0, stop.stdout + stop.stderr
         assert names_on(bed, 0) == [] and names_on(bed, 1) == []
         assert vllm_processes(tiny_model.hf_id) == []
 
 
-def assert_serves_from_node_cache(bed: TopologyBed, i: int) -> None:
+def assert_serves_from_node_cache(bed: TopologyBed, i: int, where: str = "/root/.cache/huggingface") -> None:
     """The container sees the node's own Hugging Face cache, and no model path of the test bed's is mounted."""
     mounts = {m["Destination"]: m["Source"] for m in bed.engine.inspect(bed.containers[i])["Mounts"]}
-    assert mounts["/root/.cache/huggingface"] == str(bed.root / "hf" / f"node{i + 1}"), mounts
+    assert mounts[where] == str(bed.root / "hf" / f"node{i + 1}"), mounts
     assert not any("models" in src for src in mounts.values()), mounts
 
 

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from textual import getters
     from textual.screen import Screen
 
-    from ...launch.recipe import Recipe
     from ...launch.runner import Runner
     from ...launch.steps import Plan
+    from ...recipes import Recipe
     from ..app import SparkConsoleApp
 
     _Screen = Screen[None]
