@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import UserError
+from .render import fmt_value, placeholders_v2, render_v2
 
 TOPOLOGIES = ("solo", "cluster-tp2", "2x-solo", "disagg")
 ROUTER_CHOICES = ("vllm-router", "simple-shuffle", "least-busy")
@@ -175,7 +176,6 @@ class Recipe:
 
     def placeholders(self) -> list[str]:
         if self.v2:
-            from .render import placeholders_v2
             return placeholders_v2(self.command)
         return placeholders_in(self.command)
 
@@ -191,7 +191,6 @@ class Recipe:
 
     def render_command(self, params: Mapping[str, Any]) -> str:
         if self.v2:
-            from .render import render_v2
             return render_v2(self.command, self.template_values(params), self.source, self.command_line, "command")
         return fill(self.command, params, self.source, self.command_line, "command")
 
@@ -245,10 +244,3 @@ def fill(template: str, params: Mapping[str, Any], file: str, line: int | None, 
     except (ValueError, TypeError, IndexError, KeyError) as exc:
         raise UserError(f"placeholder cannot be filled ({' '.join(str(exc).split())[:80]})", file=file, line=line,
                         field=field_, fix="write {name} placeholders without format specs or conversions") from None
-
-
-def fmt_value(v: Any) -> Any:
-    # YAML true/false as vLLM expects them on a command line
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    return v

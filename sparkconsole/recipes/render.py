@@ -17,11 +17,17 @@ from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from ..errors import UserError
-from .model import fmt_value
 
 _SPAN = re.compile(r"\{([^{}]*)\}")
 _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_DEPTH = 10
+
+
+def fmt_value(v: Any) -> Any:
+    # YAML true/false as vLLM expects them on a command line
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    return v
 
 
 def _scan(template: str, escapes: bool | None = None,
