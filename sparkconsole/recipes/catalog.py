@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from .sources import bundled_dir, recipe_key, user_dirs, version_of, yaml_files
+from .folders import yaml_files
+from .sources import bundled_dir, recipe_key, user_dirs, version_of
 
 CACHE = "catalog.json"
 CACHE_VERSION = 1

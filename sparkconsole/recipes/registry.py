@@ -27,6 +27,7 @@ import yaml
 from ..errors import UserError
 from ..paths import state_dir
 from . import gitrepo
+from .folders import yaml_files
 from .manifest import NAME_RE, Section, read_manifest
 
 CONFIG = "registries.yaml"
@@ -210,7 +211,6 @@ class Registries:
 
     # --- recipes --------------------------------------------------------------------------------------------
     def recipes(self, include_hidden: bool = True) -> Iterator[RegistryRecipe]:
-        from .sources import yaml_files
         for e in self.entries:
             if not self.fetched(e.name):
                 continue

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from ..errors import UserError
 from ..yamlsrc import Located, load_file
+from .folders import YAML_SUFFIXES, yaml_files
 from .model import Recipe
 from .v1 import read_v1
 
@@ -25,8 +26,6 @@ V2_ONLY_KEYS = {"runtime", "runtime_version", "include", "overrides", "metadata"
                 "post_exec", "post_commands", "executor", "executor_config", "min_nodes", "max_nodes", "mode",
                 "model_revision", "builder", "builder_config", "runtime_config", "sparkrun_version", "containers",
                 "distribution_config", "layout", "benchmark"}
-YAML_SUFFIXES = (".yaml", ".yml")
-MAX_SUBFOLDER_DEPTH = 3
 
 
 def version_of(data: object) -> str:
@@ -63,25 +62,6 @@ def bundled_dir() -> Path:
 def user_dirs() -> list[Path]:
     xdg = Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config"))
     return [Path.cwd() / "recipes", xdg / "sparkconsole" / "recipes"]
-
-
-def yaml_files(d: Path, depth: int = 0) -> list[Path]:
-    """The recipe files of a directory, its sub-folders' too (`3x-spark-cluster/NAME.yaml`), hidden ones skipped."""
-    if not d.is_dir():
-        return []
-    out: list[Path] = []
-    try:
-        entries = sorted(d.iterdir())
-    except OSError:
-        return []
-    for p in entries:
-        if p.name.startswith("."):
-            continue
-        if p.suffix in YAML_SUFFIXES and p.is_file():
-            out.append(p)
-        elif depth < MAX_SUBFOLDER_DEPTH and p.is_dir() and not p.is_symlink():
-            out.extend(yaml_files(p, depth + 1))
-    return out
 
 
 def recipe_key(d: Path, p: Path) -> str:
