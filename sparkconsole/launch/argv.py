@@ -1,4 +1,4 @@
-"""A recipe's command as argv, and reading flags back out of an argv (vLLM's rule: the last one wins)."""
+"""A recipe's command as argv, and reading flags back out of an argv (the last one wins: sparkconsole/runtimes.py)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import UserError
+from ..runtimes import flag_value as flag_value  # re-exported: launch modules read flags from here
+from ..runtimes import has_flag as has_flag
 from .recipe import Recipe
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
@@ -62,22 +64,6 @@ def _plain(v: Any) -> Any:
     if isinstance(v, bool):
         return "true" if v else "false"
     return v
-
-
-def flag_value(argv: Sequence[str], *names: str) -> str | None:
-    """The last value of a flag written `--flag V` or `--flag=V` (vLLM: last one wins)."""
-    found = None
-    for i, a in enumerate(argv):
-        for n in names:
-            if a == n and i + 1 < len(argv):
-                found = argv[i + 1]
-            elif a.startswith(n + "="):
-                found = a[len(n) + 1:]
-    return found
-
-
-def has_flag(argv: Sequence[str], *names: str) -> bool:
-    return any(a in names or any(a.startswith(n + "=") for n in names) for a in argv)
 
 
 def served_model(recipe: Recipe, argv: Sequence[str]) -> str | None:
