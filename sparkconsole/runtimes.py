@@ -160,3 +160,62 @@ def model_source(runtime: Runtime, argv: Sequence[str]) -> str | None:
 def parallel(runtime: Runtime, argv: Sequence[str]) -> tuple[int, int]:
     """(tensor, pipeline) parallel sizes of one server's argv (1, 1 for llama.cpp)."""
     return int_flag(argv, runtime.tp, 1), int_flag(argv, runtime.pp, 1)
+
+
+# --- a serve command from `defaults`, for a recipe that has no `command:` (as sparkrun generates one) ---------------
+
+# recipe key → flag. Values stay `{placeholders}`, so --set changes them as it changes a written command.
+_VALUE_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
+    SGLANG: (("host", "--host"), ("port", "--port"), ("tensor_parallel", "--tp-size"),
+             ("pipeline_parallel", "--pp-size"), ("gpu_memory_utilization", "--mem-fraction-static"),
+             ("max_model_len", "--context-length"), ("max_num_seqs", "--max-running-requests"),
+             ("served_model_name", "--served-model-name"), ("dtype", "--dtype"), ("quantization", "--quantization"),
+             ("kv_cache_dtype", "--kv-cache-dtype"), ("chunked_prefill", "--chunked-prefill-size"),
+             ("tokenizer_path", "--tokenizer-path")),
+    LLAMA_CPP: (("host", "--host"), ("port", "--port"), ("ctx_size", "--ctx-size"), ("max_model_len", "--ctx-size"),
+                ("n_gpu_layers", "--n-gpu-layers"), ("parallel", "--parallel"), ("threads", "--threads"),
+                ("chat_template", "--chat-template"), ("served_model_name", "--alias")),
+}
+_BOOL_FLAGS: dict[str, tuple[tuple[str, str], ...]] = {
+    SGLANG: (("trust_remote_code", "--trust-remote-code"), ("enable_torch_compile", "--enable-torch-compile"),
+             ("disable_radix_cache", "--disable-radix-cache")),
+    LLAMA_CPP: (("cont_batching", "--cont-batching"), ("jinja", "--jinja"), ("no_webui", "--no-webui")),
+}
+# What the console reads is switched on in every generated command: SGLang's and llama-server's /metrics are off
+# unless asked for.
+_ALWAYS = {SGLANG: ("--enable-metrics",), LLAMA_CPP: ("--metrics",)}
+
+
+def _truthy(v: object) -> bool:
+    return v is True or str(v).strip().lower() in ("1", "true", "yes", "on")
+
+
+def generate_command(runtime: Runtime, model: str | None, defaults: dict[str, object] | None, *,
+                     source: str | None = None) -> str:
+    """The serve command a recipe without `command:` runs, from its model and `defaults` (sparkrun's mapping for
+    SGLang and llama.cpp). vLLM's is the recipe reader's (sparkconsole/recipes/); any other runtime is refused."""
+    import shlex
+
+    if runtime.name not in _VALUE_FLAGS:
+        raise UserError(f"the recipe has no command, and sparkconsole does not write one for {runtime.title}",
+                        file=source, field="command", fix="write the serve command under `command:`")
+    if not model:
+        raise UserError("the recipe has neither a command nor a model", file=source, field="model",
+                        fix="add `model:` (a Hugging Face id or a path), or write the serve command under `command:`")
+    d = defaults or {}
+    word = shlex.quote(model).replace("{", "{{").replace("}", "}}")
+    if runtime.name == SGLANG:
+        words = ["python3", "-m", "sglang.launch_server", "--model-path", word]
+    elif model.lower().endswith(".gguf") or "/" not in model or model.startswith(("/", "~/", "./")):
+        words = ["llama-server", "-m", word]
+    else:
+        words = ["llama-server", "-hf", word]       # llama-server fetches org/repo[:quant] itself
+    taken: set[str] = set()
+    for key, flag in _VALUE_FLAGS[runtime.name]:
+        # host and port always: the plan fills them (the node's port), where the runtime's own default would differ
+        if (d.get(key) is not None or key in ("host", "port")) and flag not in taken:
+            words += [flag, "{" + key + "}"]
+            taken.add(flag)
+    words += [flag for key, flag in _BOOL_FLAGS[runtime.name] if _truthy(d.get(key))]
+    words += list(_ALWAYS[runtime.name])
+    return " ".join(words)
