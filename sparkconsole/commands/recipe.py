@@ -31,13 +31,13 @@ from . import LazyChoices
 if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
     from ..config import ClusterConfig, NodeConfig
     from ..launch import lint as lint_mod
-    from ..launch.recipe import Recipe
     from ..launch.runner import Progress
     from ..launch.steps import Plan
     from ..nodes.transport import Transport
+    from ..recipes import Recipe
 
-TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")
-ROUTER_CHOICES = LazyChoices("sparkconsole.launch.recipe", "ROUTER_CHOICES")
+TOPOLOGIES = LazyChoices("sparkconsole.recipes", "TOPOLOGIES")
+ROUTER_CHOICES = LazyChoices("sparkconsole.recipes", "ROUTER_CHOICES")
 
 FACTS_TIMEOUT_S = 15.0
 
@@ -153,7 +153,7 @@ def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
 
 
 def _list() -> int:
-    from ..launch.recipe import load_recipe, recipe_paths
+    from ..recipes import load_recipe, recipe_paths
 
     rows = []
     for key, path in sorted(recipe_paths().items()):
@@ -376,7 +376,7 @@ def run(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
 async def _main(args: argparse.Namespace) -> int:
     from ..launch import lint as lint_mod
     from ..launch.plan import make_plan
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
 
     if getattr(args, "drain_timeout", 0) < 0:
         raise UserError(f"--drain-timeout {args.drain_timeout:g} is negative", field="--drain-timeout",

@@ -21,12 +21,13 @@ from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from ..placement.estimate import MemoryEstimate, estimate_plan, gib
 from ..placement.modelinfo import ModelInfo
+from ..recipes import Recipe
 from ..runtimes import RUNTIMES, SGLANG, VLLM, Runtime, has_flag, model_source, parallel
 from . import lint_memory, lint_topology
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
+from .lint_container import container_options
 from .plan import make_plan
-from .recipe import Recipe
 from .routers import compromised_versions
 from .steps import Plan
 
@@ -130,7 +131,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
             return [*findings, Finding("plan", "refuse", str(err), "plan")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
-                 _images, _memory, _model_missing, _metrics_off):
+                 _images, _memory, _model_missing, _metrics_off, container_options):
         findings.extend(rule(recipe, plan, used, facts))
     for topo_rule in lint_topology.RULES:
         findings.extend(topo_rule(plan, used, facts))
