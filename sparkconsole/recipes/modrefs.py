@@ -103,12 +103,13 @@ def _v2_ref(recipe: Recipe, m: str, i: int, regs: object) -> ModRef:
             tried += [base / rel, base / "mods" / rel]
             if recipe.registry:
                 tried += [d / rel for d in regs.mods_dir(recipe.registry)]
-            if any(e.name == EUGR_REGISTRY for e in regs.entries):
-                tried += [d / rel for d in regs.mods_dir(EUGR_REGISTRY)]
+            for reg, sec in regs.scopes(EUGR_REGISTRY):
+                tried += [d / rel for d in regs.mods_dir(reg, sec)]
     for path in tried:
         if _is_mod(path):
             origin, registry, inside = _judge(path, recipe, regs, f"beside the recipe ({path.parent})")
             return ModRef(m, path, origin, registry, inside, field=f"mods[{i}]")
-    where = ", ".join(str(t) for t in tried[:4]) or "no registry of that name is fetched"
+    where = ", ".join(str(t) for t in tried[:3]) + (f" and {len(tried) - 3} more" if len(tried) > 3 else "") \
+        if tried else "no registry of that name is fetched"
     raise UserError(f"mod {m[:60]!r} not found (looked in: {where})", file=recipe.source, field=f"mods[{i}]",
                     fix="fetch the registry that holds it (`sparkconsole recipe registry update`), or correct the name")

@@ -221,7 +221,7 @@ class Registries:
 
     def scopes(self, scope: str) -> list[tuple[str, str | None]]:
         """(registry, section or None for all of it) that `@scope` names: a registry, or a section of one."""
-        if any(e.name == scope for e in self.entries):
+        if any(e.name == scope and self.fetched(e.name) for e in self.entries):
             return [(scope, None)]
         return [(e.name, s.name) for e in self.entries for s in self.sections(e.name) if s.name == scope]
 

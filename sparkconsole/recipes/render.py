@@ -3,7 +3,7 @@
 Only `{name}` (a plain identifier between single braces, nothing else inside) is a placeholder; every other brace
 is kept as written, so literal JSON in a flag needs no escaping (`--limit-mm-per-prompt '{"image":2}'`). A
 template that contains `{{` is written in v1's convention (`{{`/`}}` are one literal brace each), and is read
-that way. A value that holds placeholders itself (`base_url: http://localhost:{port}`) is filled in turn.
+that way. A value that holds placeholders itself (`base_url: http://localhost:{port}`) is filled in turn. `${NAME}` is the shell's, left as written.
 A placeholder with no value is a one-line error naming it (sparkrun leaves it in the command; we refuse, so that
 a plan never holds a `{name}` the server would be handed).
 """
@@ -39,7 +39,7 @@ def _scan(template: str, escapes: bool | None = None) -> list[tuple[str, str | N
             continue
         if ch == "{":
             m = _SPAN.match(template, i)
-            if m and _IDENT.match(m.group(1)):
+            if m and _IDENT.match(m.group(1)) and not (i > 0 and template[i - 1] == "$"):   # ${VAR}: the shell's
                 out.append(("".join(buf), None))
                 buf = []
                 out.append(("", m.group(1)))
