@@ -383,14 +383,26 @@ SRC_METRICS = ("SGLang docs (production_metrics.md): /metrics with --enable-metr
                "with --metrics")
 
 
+SRC_HOST = "SGLang ServerArgs and llama.cpp's llama-server: --host defaults to 127.0.0.1"
+
+
 def _metrics_off(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    """SGLang and llama-server publish no /metrics unless asked: the console's endpoint panel would stay empty."""
+    """SGLang and llama-server publish no /metrics unless asked (the console's endpoint panel would stay empty), and
+    bind 127.0.0.1 unless told otherwise (no other machine would reach them)."""
+    runtime = runtime_of(plan)
+    out = []
     flag = {"sglang": "--enable-metrics", "llama-cpp": "--metrics"}.get(plan.runtime)
-    if flag is None or all(has_flag(argv, flag) for argv in plan.server_args.values()):
-        return []
-    return [Finding("metrics_off", "warn", f"{runtime_of(plan).title} serves no /metrics without {flag}: the "
-                    "console shows no queue, KV or token figures and the silent-stall alert cannot fire", SRC_METRICS,
-                    f"add {flag} to the command")]
+    argvs = [argv for key, argv in plan.server_args.items() if plan.service(key).url]
+    if flag is not None and not all(has_flag(argv, flag) for argv in argvs):
+        out.append(Finding("metrics_off", "warn", f"{runtime.title} serves no /metrics without {flag}: the console "
+                           "shows no queue, KV or token figures and the silent-stall alert cannot fire", SRC_METRICS,
+                           f"add {flag} to the command"))
+    if runtime.default_host and not all(has_flag(argv, "--host") for argv in argvs):
+        out.append(Finding("listen_address", "refuse", f"{runtime.title} listens on {runtime.default_host} without "
+                           "--host: the console, the router and every client off the node get no answer",
+                           SRC_HOST,
+                           "add --host {host} (0.0.0.0, or the node's address) to the command"))
+    return out
 
 
 SRC_MODEL = "spark-vllm-docker run-recipe.py --setup and hf-download.sh --distribute: every node needs the weights"

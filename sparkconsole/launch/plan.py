@@ -94,8 +94,10 @@ def cluster_split(params: Mapping[str, Any], named: int | None, explicit: bool =
 def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: Mapping[str, Any] | None = None) -> Plan:
     """Every command for every node, in order (head first). Raises UserError for what cannot be planned."""
     overrides = dict(overrides or {})
-    _check_topology(recipe, topology)
     recipe, runtime, notes = with_runtime(recipe)
+    if topology in TOPOLOGIES:       # the runtime's own limits first: they are why, whatever the recipe lists
+        runtime.refuse_topology(topology, recipe.source)
+    _check_topology(recipe, topology)
     options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
     split_note = None
     if topology == "cluster-tp2":

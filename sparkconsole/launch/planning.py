@@ -15,7 +15,7 @@ from ..recipes import Recipe
 from ..recipes.envtemplate import render_env
 from ..runtimes import RUNTIMES, VLLM, Runtime
 from . import gate
-from .argv import command_argv, served_model
+from .argv import command_argv, has_flag, served_model
 from .container import ContainerSpec
 from .steps import Plan, Service, Step, url_host
 
@@ -143,6 +143,10 @@ class PlanBuilder:
             argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
         else:
             argv = [*argv, *argv_extra]
+            if self.runtime.name != VLLM and not has_flag(argv, "--port"):
+                # The server listens where its runtime does by default, not where the plan would have put it.
+                port = self.runtime.default_port
+                self.note(f"the command names no --port: {self.runtime.title} listens on its default {port}")
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=self.cname(node), role=role,
                       url=f"http://{url_host(node.address)}:{port}" if url else None,
                       model=served_model(self.recipe, argv, self.runtime), drain_gate=drain_gate,
