@@ -47,6 +47,17 @@ def test_a_later_sglang_name_for_itl_is_read_too():
     assert e.itl is not None and 0.075 < e.pct("itl", 0.5) < 0.1
 
 
+def test_llamacpp_names_map_onto_the_engine_figures():
+    text = (FIXTURES / "metrics-llamacpp-recorded.txt").read_text()
+    s = m.parse(text, only=m.CONSOLE_NAMES)
+    e = m.engine_metrics(s)
+    assert s.bad_lines == 0 and e.runtime == "llama.cpp"
+    assert (e.running, e.waiting, e.prompt_tokens, e.generation_tokens) == (0, 0, 22, 8)
+    # llama-server publishes no KV usage, prefix hits or latency histograms: shown as unknown, never as zero
+    assert (e.kv_usage, e.prefix_hit_rate, e.ttft, e.itl) == (None, None, None, None)
+    assert m.engine_metrics(m.parse(text)) == e
+
+
 def sglang_routes(text: str) -> dict:
     async def health(_):
         return web.Response(text="")
@@ -68,7 +79,7 @@ async def test_endpoint_panel_shows_sglang_and_a_stall_of_its_counters_is_a_sile
             again = await mon.poll()
         finally:
             await mon.stop()
-    assert first.healthy and first.warning is None and first.model == MODEL
+    assert first.healthy and first.warning is None and first.model == MODEL and first.runtime == "SGLang"
     assert (first.running, first.waiting, first.kv_usage) == (162.0, 2826.0, 0.28)
     assert first.generation_tokens == 7.557572e6 and first.prompt_tokens == 8.128902e6
     assert srv.hits["/health"] == 2 and srv.hits["/metrics"] == 2

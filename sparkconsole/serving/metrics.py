@@ -348,10 +348,20 @@ class EngineMetrics:
     kv_in_bytes: float | None = None              # bytes NIXL moved, since start
     kv_transfers: float | None = None             # transfers, since start
     kv_failed: float | None = None
+    runtime: str | None = None                    # whose names the page uses: vLLM | SGLang | llama.cpp
 
     def pct(self, which: str, q: float) -> float | None:
         h = getattr(self, which)
         return h.quantile(q) if h is not None else None
+
+
+_RUNTIME_PREFIXES = (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("llamacpp:", "llama.cpp"))
+
+
+def runtime_of(s: Scrape) -> str | None:
+    """The serving runtime a page comes from, by the names of its engine figures (None: a router, or nothing)."""
+    name = s.first(*RUNNING, *GENERATION_TOKENS)
+    return next((title for prefix, title in _RUNTIME_PREFIXES if name and name.startswith(prefix)), None)
 
 
 @dataclass(frozen=True)
@@ -411,7 +421,7 @@ def engine_metrics(s: Scrape) -> EngineMetrics:
         models=s.label_values("model_name", *RUNNING, *GENERATION_TOKENS),
         prompt_tokens_external=_by_source(s, SOURCE_EXTERNAL), prompt_tokens_local=_by_source(s, SOURCE_LOCAL),
         kv_in_bytes=s.total(KV_BYTES[0] + "_sum"), kv_transfers=s.total(KV_BYTES[0] + "_count"),
-        kv_failed=s.total(*KV_FAILED),
+        kv_failed=s.total(*KV_FAILED), runtime=runtime_of(s),
     )
 
 
