@@ -194,7 +194,10 @@ def estimate_plan(recipe: Any, plan: Plan, node_total_b: Mapping[str, int], *, i
 
 
 def gib(b: int | None) -> str:
-    return "?" if b is None else f"{b / GIB:.1f} GiB"
+    """Bytes in words: GiB, or MiB below one GiB (a test model's weights)."""
+    if b is None:
+        return "?"
+    return f"{b / GIB:.1f} GiB" if b >= GIB else f"{b / 1024 ** 2:.1f} MiB"
 
 
 def render(estimates: Sequence[MemoryEstimate]) -> list[str]:
