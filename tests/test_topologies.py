@@ -237,6 +237,20 @@ async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60, memb
         await monitor.stop()
 
 
+def bench_sweep(bed: TopologyBed, url: str, results: Path, *args: str) -> list:
+    """`bench run` at c1 and c2 (pp 64, tg 16, one batch each) against a launch: its levels, each request served."""
+    from sparkconsole.bench.results import ResultsStore
+    swept = bed.sc("bench", "run", "--url", url, *args, "--pp", "64", "--tg", "16", "-c", "1,2", "--runs", "1",
+                   "--results", str(results), timeout=600)
+    assert swept.returncode == 0, swept.stdout + swept.stderr[-3000:]
+    with ResultsStore(results) as store:
+        (run,) = store.runs()
+        levels = store.levels(run.run_id)
+    assert [lv.key.concurrency for lv in levels] == [1, 2]
+    assert all(lv.metrics["requests_ok"] == lv.key.concurrency for lv in levels), [lv.metrics for lv in levels]
+    return levels
+
+
 def scrape(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=30, trust_env=False).text
 
@@ -496,16 +510,7 @@ def test_llamacpp_v2_recipe_serves_for_real_with_its_metrics_in_the_console_and_
         text = asyncio.run(endpoint_panel_text(bed.url(1), ("tiny-llama", "llama.cpp", "UP", "run 0")))
         assert "wait 0" in text
 
-        from sparkconsole.bench.results import ResultsStore
-        results = bed.root / "llamacpp.sqlite"
-        swept = bed.sc("bench", "run", "--url", bed.url(1), "--topology", "solo", "--label", "llama.cpp", "--pp", "64",
-                       "--tg", "16", "-c", "1,2", "--runs", "1", "--results", str(results), timeout=600)
-        assert swept.returncode == 0, swept.stdout + swept.stderr[-3000:]
-        with ResultsStore(results) as store:
-            (run,) = store.runs()
-            levels = store.levels(run.run_id)
-        assert [lv.key.concurrency for lv in levels] == [1, 2]
-        assert all(lv.metrics["requests_ok"] == lv.key.concurrency for lv in levels), [lv.metrics for lv in levels]
+        bench_sweep(bed, bed.url(1), bed.root / "llamacpp.sqlite", "--topology", "solo", "--label", "llama.cpp")
         assert counter(scrape(bed.url(1)), "llamacpp:tokens_predicted_total") >= 12 + 16 * 3
     finally:
         stop = bed.sc("recipe", "stop", *args, "--yes", timeout=300)
