@@ -184,3 +184,19 @@ def test_the_hub_is_never_asked_offline(monkeypatch):
     import asyncio
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert asyncio.run(modelinfo.read_hub("meta-llama/Llama-3.1-8B-Instruct")) is None
+
+
+def test_the_test_beds_cpu_vllm_fits_its_kv_space_and_one_too_long_for_it_does_not(tmp_path):
+    """vLLM CPU keeps its KV cache in VLLM_CPU_KVCACHE_SPACE beside its weights: the bundled tiny-testbed recipe
+    (1 GiB) fits a 2048-token sequence of the tiny model (float32 KV, --dtype float32), and a context that needs more
+    than the space does not."""
+    from sparkconsole.recipes import find_recipe
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 128,
+           "dtype": "float32", "max_position_embeddings": 4096}
+    info = modelinfo.info_from_config(cfg, source="hf-cache", weights_b=2_886_144)
+    recipe = find_recipe("tiny-testbed")
+    [e] = estimate_plan(recipe, make_plan(recipe, "solo", CLUSTER), {}, info=info)
+    assert e.kv_per_token_b == 2 * 32 * 4 * 4 * 2 and e.kv_b == e.kv_per_token_b * 2048   # float32: 4 bytes
+    assert e.fits is True and e.claim_b == 2_886_144 + 1 * GIB + e.overhead_b
+    [e] = estimate_plan(recipe, make_plan(recipe, "solo", CLUSTER, {"max_model_len": 1_000_000}), {}, info=info)
+    assert e.fits is False
