@@ -200,3 +200,29 @@ def test_the_test_beds_cpu_vllm_fits_its_kv_space_and_one_too_long_for_it_does_n
     assert e.fits is True and e.claim_b == 2_886_144 + 1 * GIB + e.overhead_b
     [e] = estimate_plan(recipe, make_plan(recipe, "solo", CLUSTER, {"max_model_len": 1_000_000}), {}, info=info)
     assert e.fits is False
+
+
+V2_META = """recipe_version: "2"
+model: org/eight-b
+container: img
+metadata: {model_params: 8B, model_dtype: bfloat16, kv_dtype: fp8, num_layers: 32, num_kv_heads: 8, head_dim: 128}
+defaults: {port: 8000, max_model_len: 8192, gpu_memory_utilization: 0.5}
+command: vllm serve {model} --port {port} --max-model-len {max_model_len} --gpu-memory-utilization {gpu_memory_utilization}
+"""
+
+
+def test_a_v2_recipes_metadata_answers_when_no_cache_has_the_model_and_the_cache_wins_when_one_does(tmp_path):
+    (tmp_path / "m.yaml").write_text(V2_META)
+    recipe = load_recipe(tmp_path / "m.yaml")
+    plan = make_plan(recipe, "solo", CLUSTER)
+    [e] = estimate_plan(recipe, plan, {"spark1": 100 * GIB})
+    # sparkrun's keys: 8B parameters in bf16, an fp8 KV cache (the command sets no --kv-cache-dtype)
+    assert (e.source, e.weights_b) == ("metadata", 16 * 10 ** 9)
+    assert e.kv_per_token_b == 2 * 128 * 8 * 1 * 32 and e.kv_b == e.kv_per_token_b * 8192
+    assert e.claim_b == 50 * GIB and e.fits is True
+    # the node's cache holds the model: its header bytes and its config win; metadata fills nothing they know
+    hf_cache(tmp_path / "hf", "org/eight-b", LLAMA_CFG, SHARDS)
+    info = parse_probe(read_node_cache(tmp_path / "hf", "org/eight-b")[1])
+    [e] = estimate_plan(recipe, plan, {"spark1": 100 * GIB}, info=info)
+    assert (e.source, e.weights_b) == ("hf-cache", WEIGHTS)
+    assert e.kv_per_token_b == 2 * 64 * 2 * 1 * 4           # the cache's shape, the metadata's fp8 KV dtype
