@@ -54,6 +54,7 @@ class TopologyBed:
     containers: tuple[str, ...]
     ports: tuple[int, ...]
     community: Path        # the recipe as a spark-vllm-docker checkout holds it, with a mod (community_checkout)
+    registry_recipe: str = ""   # the same recipe as recipe_version "2" in a registry (registry_v2), @REGISTRY/NAME
 
     def sc(self, *args: str, timeout: float = 900, extra_env: dict | None = None) -> subprocess.CompletedProcess:
         """`sparkconsole --cluster F ARGS`, as an operator types it."""
@@ -109,6 +110,24 @@ def community_checkout(root: Path, recipe: Path) -> Path:
     return root / "recipes" / "tiny-chat.yaml"
 
 
+def registry_v2(root: Path, community: Path) -> Path:
+    """The community recipe as sparkrun's registries publish it: recipe_version "2", no name (its file's stem), in
+    a git repository with a manifest, its mod in the registry's mods folder (found there as sparkrun finds it)."""
+    text = community.read_text().replace('recipe_version: "1"', 'recipe_version: "2"')
+    text = re.sub(r"(?m)^name: .*\n", "", text)
+    assert 'recipe_version: "2"' in text and "\nname:" not in text
+    (root / "recipes").mkdir(parents=True)
+    (root / "recipes" / "tiny-chat.yaml").write_text(text)
+    (root / ".sparkrun").mkdir()
+    (root / ".sparkrun" / "registry.yaml").write_text("registries:\n  - name: testbed\n    recipes: recipes\n"
+                                                      "    mods: mods\n")
+    shutil.copytree(community.parent.parent / "mods", root / "mods")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "tiny-chat as a v2 recipe"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    return root
+
+
 def chat_prompt(url: str, model: str) -> str:
     """The prompt a chat completion was given, read back from the tokens the server reports it used."""
     body = {"model": model, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2,
@@ -156,6 +175,12 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
     try:
         # The operator downloaded the model on the first node; `model pull` copies it into the others' caches.
         tiny_model.seed_hf_cache(root / "hf" / "node1")
+        # The v2 recipe's registry, added as an operator adds one (the real git, file://); not trusted: its mod
+        # runs only with --trust.
+        reg = registry_v2(root / "registry", bed.community)
+        added = bed.sc("recipe", "registry", "add", f"file://{reg}", "--name", "testreg", timeout=120)
+        assert added.returncode == 0 and "not trusted" in added.stdout, added.stdout + added.stderr
+        bed.registry_recipe = "@testreg/tiny-chat"
         pull = bed.sc("model", "pull", tiny_model.hf_id, "--from", "node1",
                       *[a for n in nodes[1:] for a in ("--node", n.name)], "--yes", timeout=300)
         assert pull.returncode == 0, pull.stdout + pull.stderr
@@ -270,18 +295,25 @@ def counter(text: str, name: str, **labels: str) -> float:
 
 @pytest.mark.timeout(1500)
 def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_clean(bed, tiny_model):
-    """The community recipe (model by Hugging Face id, a mod): the mod on both nodes before vLLM starts, the
-    model from each node's own cache, the template the mod brought in use."""
-    args = lambda *a: bed.recipe_args(*a, recipe=bed.community)      # noqa: E731
-    launch = bed.sc("recipe", "launch", *args("-T", "cluster-tp2", "--yes", "--force"))
+    """The community recipe (model by Hugging Face id, a mod), as a v2 recipe from a registry (sparkrun's format,
+    the mod from the registry's mods folder): the mod on both nodes before vLLM starts, only once confirmed
+    (--trust); the model from each node's own cache; the template the mod brought in use; the recipe's readiness
+    probe answered."""
+    args = lambda *a: bed.recipe_args(*a, recipe=bed.registry_recipe)      # noqa: E731
+    unconfirmed = bed.sc("recipe", "launch", *args("-T", "cluster-tp2", "--yes", "--force"), timeout=300)
+    assert unconfirmed.returncode == 2 and "need confirmation" in unconfirmed.stderr, unconfirmed.stderr[-2000:]
+    assert "mod: tiny-chat-template from registry testreg (not trusted)" in unconfirmed.stdout
+    assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+    launch = bed.sc("recipe", "launch", *args("-T", "cluster-tp2", "--yes", "--force", "--trust"))
     assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
     out = launch.stdout
+    assert re.search(r"node1\s+ready\s+readiness: first text after [\d.]+ s", out), out[-2000:]
     assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(0)), out), out[-2000:]
     assert re.search(r"node2\s+ready\s+worker ready", out), out[-2000:]
     for i in (0, 1):
         assert re.search(rf"node{i + 1}\s+ok\s+mod tiny-chat-template: run its run.sh", out), out[-3000:]
         assert TEMPLATE_MARK in bed.ssh(i, f"docker exec {bed.containers[i]} sh -c 'cat \"$PWD\"/tiny-chat.jinja'")
-        assert_serves_from_node_cache(bed, i)
+        assert_serves_from_node_cache(bed, i, "/cache/huggingface")          # where sparkrun mounts it
     assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(0), tiny_model.name)
     assert names_on(bed, 0) == sorted(bed.containers) and names_on(bed, 1) == sorted(bed.containers)
     head_args = bed.engine.inspect(bed.containers[0])["Args"]
@@ -311,7 +343,7 @@ def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_cl
     assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
                      status.stdout), status.stdout
     assert re.search(r"node1 +server .* running .*health ok", status.stdout), status.stdout
-    restart = bed.sc("recipe", "restart", *args("-T", "cluster-tp2", "--yes", "--force"))
+    restart = bed.sc("recipe", "restart", *args("-T", "cluster-tp2", "--yes", "--force", "--trust"))
     assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
     order = [m.group(1) for m in re.finditer(r"(node\d)\s+step\s+start vLLM (?:server|worker)", restart.stdout)]
     assert order == ["node1", "node2"], restart.stdout[-2000:]
@@ -325,10 +357,10 @@ def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_cl
     assert vllm_processes(tiny_model.hf_id) == []
 
 
-def assert_serves_from_node_cache(bed: TopologyBed, i: int) -> None:
+def assert_serves_from_node_cache(bed: TopologyBed, i: int, where: str = "/root/.cache/huggingface") -> None:
     """The container sees the node's own Hugging Face cache, and no model path of the test bed's is mounted."""
     mounts = {m["Destination"]: m["Source"] for m in bed.engine.inspect(bed.containers[i])["Mounts"]}
-    assert mounts["/root/.cache/huggingface"] == str(bed.root / "hf" / f"node{i + 1}"), mounts
+    assert mounts[where] == str(bed.root / "hf" / f"node{i + 1}"), mounts
     assert not any("models" in src for src in mounts.values()), mounts
 
 

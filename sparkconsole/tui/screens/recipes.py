@@ -3,6 +3,8 @@ node; Enter launches it (after a confirmation) with a progress line per node; r 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -57,6 +59,7 @@ class RecipesScreen(RecipeActions, Screen):
         self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
         self._pick_running = False
         self._loaded = False
+        self.registry_entries: dict = {}   # key -> recipes.catalog.Entry, read in full when chosen
 
     # --- data -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -79,6 +82,12 @@ class RecipesScreen(RecipeActions, Screen):
                 self.entries.append((key, recipe_mod.load_recipe(path), None))
             except UserError as exc:
                 self.entries.append((key, None, _one_line(exc)))
+        # The registries' recipes: listed from the catalog, each read in full only once chosen.
+        from ...recipes.catalog import catalog
+        try:
+            self.registry_entries = {e.key: e for e in catalog() if e.registry not in ("local", "bundled")}
+        except UserError:
+            self.registry_entries = {}
 
     def recipe_choices(self) -> list[tuple[str, object]]:
         self.load()
@@ -187,6 +196,14 @@ class RecipesScreen(RecipeActions, Screen):
                     line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
+        loaded = {k for k, _, _ in self.entries}
+        for key, e in self.registry_entries.items():
+            if key in loaded or (needle and not all(e.matches(w) for w in needle.split())):
+                continue
+            line = Text("· ", no_wrap=True, overflow="ellipsis")
+            line.append(key, style="bold")
+            line.append(f"  {e.model}" + ("" if e.runtime == "vllm" else f" [{e.runtime}]"), style="dim")
+            opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
         ol.set_options(opts)
         self.listed = [o.id for o in opts]
@@ -200,6 +217,12 @@ class RecipesScreen(RecipeActions, Screen):
             ol.highlighted = self.listed.index(self.selected)
 
     def _recipe(self, key: str | None):
+        if key in self.registry_entries and all(k != key for k, _, _ in self.entries):
+            from ...recipes import find_recipe
+            try:
+                self.entries.append((key, find_recipe(key), None))
+            except UserError as exc:
+                self.entries.append((key, None, _one_line(exc)))
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -327,7 +350,10 @@ class RecipesScreen(RecipeActions, Screen):
         changes = [s for s in plan.steps if s.change]
         shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
         more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
-        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
+        # What runs as root on someone else's word is said first; confirming the launch confirms it.
+        trust = "".join(f"needs confirmation: {u}\n" for u in plan.untrusted)
+        plan = replace(plan, trusted=True) if plan.untrusted else plan
+        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", trust + shown + more,
                          lambda: self._launch(r, plan), f"{len(changes)} changing steps; progress shows below the plan.")
 
     def _runner(self):
