@@ -226,3 +226,23 @@ def test_a_v2_recipes_metadata_answers_when_no_cache_has_the_model_and_the_cache
     [e] = estimate_plan(recipe, plan, {"spark1": 100 * GIB}, info=info)
     assert (e.source, e.weights_b) == ("hf-cache", WEIGHTS)
     assert e.kv_per_token_b == 2 * 64 * 2 * 1 * 4           # the cache's shape, the metadata's fp8 KV dtype
+
+
+def test_recipe_plan_and_lint_print_the_memory_fit(tmp_path):
+    """`recipe plan` (on paper: the bundled model's figures) and `recipe lint --offline` show it, one line per
+    server; a claim below the weights is refused by preflight, naming both."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: spark1, address: 10.0.0.1}\n")
+
+    def sc(*args):
+        return subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(cluster), "recipe", *args],
+                              capture_output=True, text=True, timeout=120)
+    plan = sc("plan", "llama-3.1-8b", "-T", "solo", "--offline")
+    assert plan.returncode == 0, plan.stderr
+    line = next(ln for ln in plan.stdout.splitlines() if ln.startswith("memory [spark1/server]"))
+    assert "weights 15.0 GiB" in line and "(128.0 KiB/token)" in line and ": fits" in line and "metadata" in line
+    lint = sc("lint", "llama-3.1-8b", "-T", "solo", "--offline", "--gpu-memory-utilization", "0.1")
+    assert lint.returncode == 1
+    assert "DOES NOT FIT" in lint.stdout
+    assert "REFUSE weights_over_claim: [spark1] the weights alone are 15.0 GiB on this node, over the claim 12.2 GiB" \
+        in lint.stdout
