@@ -261,7 +261,8 @@ def _confirm_trust(args: argparse.Namespace, plan: Plan) -> Plan:
 async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
     from ..launch import lint as lint_mod
     from ..launch.runner import Runner
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
 
     action = args.recipe_command
     monitor = None
@@ -355,7 +356,8 @@ async def _memory_fit(recipe: Recipe, plan: Plan, *, offline: bool) -> list[str]
 async def _running_router(cluster: ClusterConfig, plan: Plan) -> str | None:
     """The router a running 2x-solo launch has, read on its head node (None when unreachable or not running)."""
     from ..launch.rolling import router_of, running_router
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
 
     router = router_of(plan)
     if router is None:
@@ -374,7 +376,7 @@ async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
                           overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
     from ..launch.ifaces import plan_links
-    from ..nodes.transport import make_transport
+    from ..nodes.connect import make_transport
     opened: list[Transport] = []
 
     async def connect(node: NodeConfig) -> Transport:

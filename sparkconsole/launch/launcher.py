@@ -258,7 +258,7 @@ class RecipeLauncher:
             return t
         own = self._own_transports.get(node.name)
         if own is None or not own.connected:
-            from ..nodes.transport import make_transport
+            from ..nodes.connect import make_transport
             own = (self._factory or make_transport)(node, self.cluster.ssh)
             await own.connect()
             self._own_transports[node.name] = own

@@ -4,6 +4,7 @@ node; Enter launches it (after a confirmation) with a progress line per node; r 
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -17,6 +18,16 @@ from ...errors import UserError
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...nodes.launches import LaunchGroup
+    from ...recipes import Recipe
+    from ...recipes.catalog import Entry
+    from ..app import SparkConsoleApp
 
 _VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 
@@ -32,6 +43,9 @@ def verdict(findings) -> str:
 
 
 class RecipesScreen(RecipeActions, Screen):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     AUTO_FOCUS = "#recipe-list"
     BINDINGS = [
         Binding("enter", "launch", "Launch", priority=False),
@@ -46,20 +60,20 @@ class RecipesScreen(RecipeActions, Screen):
 
     def __init__(self) -> None:
         super().__init__(id="recipes")
-        self.entries: list[tuple[str, object, str | None]] = []   # (key, Recipe | None, load error)
+        self.entries: list[tuple[str, Recipe | None, str | None]] = []   # (key, recipe, load error)
         self.findings: dict[tuple[str, str], list] = {}
         self.selected: str | None = None
         self.topology: str | None = None
-        self.plan = None
-        self.running_plan = None
-        self.runner = None
+        self.plan: Plan | None = None
+        self.running_plan: Plan | None = None
+        self.runner: Runner | None = None
         self.progress: dict[str, str] = {}
         self.restarting: dict[str, str] | None = None   # service key -> its stage, while a restart runs
-        self.restart_plan = None
+        self.restart_plan: Plan | None = None
         self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
         self._pick_running = False
         self._loaded = False
-        self.registry_entries: dict = {}   # key -> recipes.catalog.Entry, read in full when chosen
+        self.registry_entries: dict[str, Entry] = {}   # key -> its catalog entry, read in full when chosen
 
     # --- data -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -89,7 +103,7 @@ class RecipesScreen(RecipeActions, Screen):
         except UserError:
             self.registry_entries = {}
 
-    def recipe_choices(self) -> list[tuple[str, object]]:
+    def recipe_choices(self) -> list[tuple[str, Recipe]]:
         self.load()
         return [(key, r) for key, r, _ in self.entries if r is not None]
 
@@ -116,7 +130,7 @@ class RecipesScreen(RecipeActions, Screen):
             self.findings[key] += self._in_the_way(recipe, topology)
         return self.findings[key]
 
-    def _make_plan(self, recipe, topology: str):
+    def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None:
         from ...launch.plan import make_plan
         try:
             return make_plan(recipe, topology, self.app.cluster, {})
@@ -170,7 +184,7 @@ class RecipesScreen(RecipeActions, Screen):
 
     def _fill_list(self, needle: str) -> None:
         opts = []
-        running = {}
+        running: dict[str | None, LaunchGroup] = {}
         for g in self.running_groups():
             running.setdefault(g.recipe, g)
         for key, r, err in self.entries:
@@ -206,7 +220,7 @@ class RecipesScreen(RecipeActions, Screen):
             opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
         ol.set_options(opts)
-        self.listed = [o.id for o in opts]
+        self.listed = [o.id for o in opts if o.id is not None]
         if self.selected not in self.listed:
             # The detail pane and Enter follow what the list shows: never a recipe the filter hid.
             self.selected = next((k for k in self.listed if self._recipe(k) is not None),
@@ -216,8 +230,8 @@ class RecipesScreen(RecipeActions, Screen):
         if self.selected in self.listed:
             ol.highlighted = self.listed.index(self.selected)
 
-    def _recipe(self, key: str | None):
-        if key in self.registry_entries and all(k != key for k, _, _ in self.entries):
+    def _recipe(self, key: str | None) -> Recipe | None:
+        if key is not None and key in self.registry_entries and all(k != key for k, _, _ in self.entries):
             from ...recipes import find_recipe
             try:
                 self.entries.append((key, find_recipe(key), None))
@@ -261,8 +275,8 @@ class RecipesScreen(RecipeActions, Screen):
             self.plan = None
             return
         topos = self.topologies(r)
-        if self.topology not in topos:
-            self.topology = topos[0]
+        topology = self.topology if self.topology in topos else topos[0]
+        self.topology = topology
         t = Text()
         t.append(r.name, style="bold")
         t.append(f"  [{r.key}]  {r.model or ''}\n", style="dim")
@@ -278,7 +292,7 @@ class RecipesScreen(RecipeActions, Screen):
                      f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
                      else "yellow")
             t.append("   (r: restart, s: stop)\n", style="dim")
-        findings = self.preflight(r, self.topology)
+        findings = self.preflight(r, topology)
         for f in findings:
             mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
             t.append(f"{mark} ", style=colour)
@@ -291,13 +305,13 @@ class RecipesScreen(RecipeActions, Screen):
         if not findings:
             t.append("✓ preflight: nothing to report\n", style="green")
         head.update(t)
-        plan_view.update(self._plan_text(r))
+        plan_view.update(self._plan_text(r, topology))
 
-    def _plan_text(self, recipe) -> Text:
+    def _plan_text(self, recipe: Recipe, topology: str) -> Text:
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, self.topology, self.app.cluster, {})
+            self.plan = make_plan(recipe, topology, self.app.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -315,7 +329,7 @@ class RecipesScreen(RecipeActions, Screen):
             text.append(f"note: {note}\n", style="yellow")
         for line in self._memory_fit(recipe):
             text.append(line + "\n", style="red" if "DOES NOT FIT" in line else "dim" if "note:" in line else "")
-        if getattr(self.plan, "endpoint", None):
+        if self.plan.endpoint:
             text.append(f"clients use {self.plan.endpoint}\n", style="cyan")
         return text
 
@@ -324,6 +338,8 @@ class RecipesScreen(RecipeActions, Screen):
         `recipe lint` reads the model from each node's own cache."""
         from ...launch.lint import memory_estimates
         from ...placement.estimate import render
+        if self.plan is None:
+            return []
         try:
             return render(memory_estimates(recipe, self.plan, self.app.node_facts()))
         except UserError as exc:
@@ -339,7 +355,7 @@ class RecipesScreen(RecipeActions, Screen):
 
     def action_launch(self) -> None:
         r = self._recipe(self.selected) if self.selected in self.listed else None
-        if r is None or self.plan is None:
+        if r is None or self.plan is None or self.topology is None:      # a plan is made for a topology
             self.notify("choose a recipe with a plan first", severity="warning")
             return
         if verdict(self.preflight(r, self.topology)) == "bad":
@@ -356,7 +372,7 @@ class RecipesScreen(RecipeActions, Screen):
         self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", trust + shown + more,
                          lambda: self._launch(r, plan), f"{len(changes)} changing steps; progress shows below the plan.")
 
-    def _runner(self):
+    def _runner(self) -> Runner:
         from ...launch.runner import Runner
         app = self.app
         transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
