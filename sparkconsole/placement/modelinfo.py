@@ -78,8 +78,8 @@ class ModelInfo:
                 changes[f.name] = getattr(other, f.name)
                 taken.append(f.name)
         source = self.source
-        if self.weights_b is None and other.weights_b is not None or source == "unknown":
-            source = other.source
+        if source == "unknown" or (self.weights_b is None and other.weights_b is not None):
+            source = other.source      # the source named is the one the weights came from
         notes = self.notes + other.notes
         if taken and source != other.source:
             notes += (f"{', '.join(taken)} from {other.source}",)
