@@ -4,6 +4,7 @@ bad inputs tried, tracebacks shown — counted by tests/faults/conftest.py durin
     .venv/bin/python benchmarks/faults.py            # everything, the 60 s link cut included (a few minutes)
     .venv/bin/python benchmarks/faults.py --fast     # without the 60 s link cut
     .venv/bin/python benchmarks/faults.py -- -k link # extra pytest arguments after --
+    .venv/bin/python benchmarks/faults.py --smoke    # seconds: every route of both listeners, once, and its figures
 
 Exit status: pytest's. The table is markdown, ready for docs/RELIABILITY.md.
 """
@@ -25,18 +26,24 @@ ROOT = Path(__file__).resolve().parents[1]
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--fast", action="store_true", help="skip the 60 s link cut")
+    ap.add_argument("--smoke", action="store_true",
+                    help="a few seconds: the listeners' every-route test only, to show the figures")
     ap.add_argument("pytest_args", nargs="*", help="extra pytest arguments (after --)")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "figures.json"
         # one process: the ledger that counts the figures lives in the pytest process (no xdist workers)
-        cmd = [sys.executable, "-m", "pytest", "tests/faults", "-q", "-p", "no:cacheprovider", "-n", "0"]
+        where = (["tests/faults/test_listener_fuzz.py", "-k", "each_route or known_bugs"] if args.smoke
+                 else ["tests/faults"])
+        cmd = [sys.executable, "-m", "pytest", *where, "-q", "-p", "no:cacheprovider", "-n", "0"]
         if args.fast:
             # The root conftest marks all of tests/faults slow (it is minutes of CPU): skip only the longest.
             cmd += ["--deselect", "tests/faults/test_link_cut.py::test_link_cut_60s"]
         cmd += args.pytest_args
         t0 = time.monotonic()
-        env = {**os.environ, "SPARKCONSOLE_FAULT_FIGURES": str(out), "SPARKCONSOLE_FUZZ": "full"}   # every example
+        env = {**os.environ, "SPARKCONSOLE_FAULT_FIGURES": str(out)}
+        if not args.smoke:
+            env["SPARKCONSOLE_FUZZ"] = "full"                                                # every example
         r = subprocess.run(cmd, cwd=ROOT, env=env)
         took = time.monotonic() - t0
         if not out.exists():
@@ -44,7 +51,7 @@ def main() -> int:
             return r.returncode or 1
         f = json.loads(out.read_text())
     print()
-    print(f"Fault suite, {'fast' if args.fast else 'full'} run, {took:.0f} s:")
+    print(f"Fault suite, {'smoke' if args.smoke else 'fast' if args.fast else 'full'} run, {took:.0f} s:")
     print()
     print("| figure | value |")
     print("|---|---|")
@@ -54,6 +61,14 @@ def main() -> int:
     print(f"| bad inputs tried | {f['bad_inputs_tried']} |")
     print(f"| tracebacks shown | {f['tracebacks_shown']} |")
     print()
+    if f.get("listeners"):
+        print()
+        print("| listener | requests sent | routes covered | 5xx | tracebacks | secrets found |")
+        print("|---|---|---|---|---|---|")
+        for name, fig in f["listeners"].items():
+            print(f"| {name} | {fig['requests']} | {fig['routes covered']} of {fig['routes']} | {fig['5xx']} | "
+                  f"{fig['tracebacks']} | {fig['secrets']} |")
+        print()
     for what, outcome in f["faults"].items():
         print(f"- {outcome}: {what}")
     for w in f["lost_where"]:
