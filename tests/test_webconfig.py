@@ -28,6 +28,10 @@ def ca(tmp_path_factory):
     return ca
 
 
+# a real bcrypt hash (cost 04): the costs above are put into it
+CHECKED_HASH = "$2b$04$" + "N9qo8uLOickgx2ZMRZoMye" + "IjZAgcfl7p92ldGxad68LJZdL17lhWy"
+
+
 def write(tmp_path, text: str, name: str = "web.yml"):
     p = tmp_path / name
     p.write_text(text)
@@ -101,6 +105,10 @@ BAD = [
     ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
      "tls_server_config.cipher_suites", "OpenSSL's default ciphers"),
     ("basic_auth_users:\n  alice: hunter2\n", "basic_auth_users.alice", "bcrypt"),
+    # bcrypt reads costs 04-31 only: these were accepted, and every login was then a 401 with nothing logged
+    *((f"basic_auth_users:\n  bob: {CHECKED_HASH[:4]}{cost}{CHECKED_HASH[6:]}\n", "basic_auth_users.bob",
+       "cost from 04 to 31") for cost in ("99", "03", "00", "32")),
+    (f"basic_auth_users:\n  carol: $2${CHECKED_HASH[4:]}\n", "basic_auth_users.carol", "bcrypt"),
     ("basic_auth_users: [alice]\n", "basic_auth_users", "alice: $2b$10$"),
     ("http_server_config:\n  headers:\n    X-Powered-By: me\n", "http_server_config.headers.X-Powered-By",
      "use one of Content-Security-Policy"),
@@ -117,6 +125,8 @@ def test_each_mistake_is_one_line_with_file_field_and_fix(ca, text, field, fix):
     line = str(e.value)
     assert "\n" not in line and line.startswith(str(cfg) + ":"), line
     assert f": {field}: " in line or not field, line
+    if "cost" in fix:                                 # the line names the user who could never log in
+        assert "user bob could never log in" in line, line
     assert "fix:" in line and fix in line.split("fix:", 1)[1], line
 
 
