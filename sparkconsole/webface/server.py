@@ -32,7 +32,7 @@ from textual_serve.app_service import AppService
 from textual_serve.server import Server
 
 from ..exporter.listen import Listen, QuietRunner, token_ok
-from ..exporter.listener import Listener, add_headers, as_listener, start_site
+from ..exporter.listener import Listener, add_headers, allowed, as_listener, start_site
 from ..tui.app import READ_ONLY_ENV
 from .spare import SpareConsole
 
@@ -129,7 +129,7 @@ class ConsoleServer(Server):
     async def _authorised(self, request: web.Request) -> bool:
         if self.token is not None and token_ok(request.cookies.get(COOKIE), self.token):
             return True
-        return await self.access.allows(request.headers.get("Authorization"))
+        return await allowed(self.access, request.headers.get("Authorization"))
 
     async def _make_app(self) -> web.Application:
         @web.middleware
