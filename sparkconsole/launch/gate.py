@@ -3,26 +3,35 @@ restart can close one of them to new requests (answered 503, which LiteLLM's wei
 server) while the requests it has finish. vllm-router takes a server out through its worker API instead.
 
 On the node the gate is one file in the node user's own cache directory (not /tmp, where another user could
-swap the code a privileged container runs), mounted read-only into the container; the container's command runs
-with that directory in front of the image's own PYTHONPATH, and vLLM loads the gate with `--middleware`. Closing
-a server is `docker exec CONTAINER touch FLAG`: nothing new listens, and only someone who can run docker on the
-node can close it. A new container starts open.
+swap the code a privileged container runs). Only that file is mounted, read-only, into an otherwise empty
+directory of the container, which goes in front of the image's own PYTHONPATH: nothing else can be imported from
+there (a `sitecustomize.py` or `.pth` left beside it on the node is not in the container, so it never runs as
+root inside it). vLLM loads the gate with `--middleware`.
+
+Its flag lives on a tmpfs of the container (FLAG_DIR), so `docker restart` opens a closed server. Closing one is
+`docker exec CONTAINER touch FLAG`, and the roll touches it again every LEASE_S / 3 to keep it closed
+(`keep_step`, not audit-logged); re-opening is `docker exec CONTAINER rm -f FLAG` (`reopen_step`, the line
+`recipe status` and the console show for a closed server). Nothing new listens, and only someone who can run
+docker on the node can close or open it. A new container starts open.
 """
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Sequence
 from pathlib import Path
 
-from .drain_gate import FLAG, MIDDLEWARE_ARGS, MODULE
+from .drain_gate import FLAG, FLAG_DIR, HEADER, LEASE_S, MIDDLEWARE_ARGS, MODULE
 from .steps import NodeExpr, Step
 
-__all__ = ["FLAG", "MIDDLEWARE_ARGS", "close_step", "mount", "wrap", "write_step"]
+__all__ = ["FLAG", "HEADER", "LEASE_S", "MIDDLEWARE_ARGS", "close_step", "keep_step", "mount", "reopen_command",
+           "reopen_step", "tmpfs", "wrap", "write_step"]
 CONTAINER_DIR = "/opt/sparkconsole-gate"
 NODE_DIR = '"$HOME"/.cache/sparkconsole/drain-gate'
 # The gate's directory goes in front of whatever PYTHONPATH the image sets; then the command runs as PID 1's child
 # would have, so the server is still the process whose exit ends the container.
 EXEC = f'export PYTHONPATH="{CONTAINER_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; exec "$@"'
+GONE = ("No such container", "is not running")
 
 
 def write_step(node: str) -> Step:
@@ -33,7 +42,13 @@ def write_step(node: str) -> Step:
 
 
 def mount() -> NodeExpr:
-    return NodeExpr(f"{NODE_DIR}:{CONTAINER_DIR}:ro")
+    """The gate's one file, not its node directory: the container's directory holds nothing else."""
+    return NodeExpr(f"{NODE_DIR}/{MODULE}.py:{CONTAINER_DIR}/{MODULE}.py:ro")
+
+
+def tmpfs() -> str:
+    """The flag's directory, a tmpfs of the container's own: Docker empties it when the container starts again."""
+    return f"{FLAG_DIR}:size=64k"
 
 
 def wrap(command: Sequence[str]) -> tuple[str, ...]:
@@ -43,3 +58,19 @@ def wrap(command: Sequence[str]) -> tuple[str, ...]:
 def close_step(node: str, container: str) -> Step:
     return Step(node, f"close {container} to new requests (drain gate: they are answered 503 and LiteLLM sends "
                       "them to another server)", ("docker", "exec", container, "touch", FLAG))
+
+
+def keep_step(node: str, container: str) -> Step:
+    """The roll still holds it closed (the flag touched again within its lease); not a change to audit."""
+    return Step(node, f"keep {container} closed", ("docker", "exec", container, "touch", FLAG), change=False,
+                tolerate=GONE)
+
+
+def reopen_step(node: str, container: str) -> Step:
+    return Step(node, f"open {container} to new requests again (drain gate)", ("docker", "exec", container, "rm",
+                                                                               "-f", FLAG), tolerate=GONE)
+
+
+def reopen_command(node: str, container: str) -> str:
+    """What an operator types to open a closed server at once."""
+    return f"docker exec {shlex.quote(container)} rm -f {FLAG} (on {node})"

@@ -20,7 +20,10 @@ database (`store_model_in_db`), and sparkconsole's LiteLLM runs without one. So 
 the drain gate (launch/gate.py): the roll closes it (new requests answered 503 before anything streams, which
 LiteLLM's weighted failover sends to another server, cooling this one down), drains it, restarts it, and waits
 until LiteLLM sends to it again (its cooldown ends) before it closes the next. vLLM 0.32 has no such mode itself:
-its SIGTERM drain answers new requests with empty aborted 200 streams, and /pause holds them.
+its SIGTERM drain answers new requests with empty aborted 200 streams, and /pause holds them. A roll never leaves
+a server closed: it holds the gate closed by touching its flag within the gate's lease until the container is
+replaced, and a roll that stops before then (it failed, it was cancelled, Ctrl-C) opens it again on its way out;
+one that cannot (a killed console) stops touching, and the gate opens by itself when its lease ends.
 
 Graceful (no router: solo, cluster, disagg): every server is drained by the same rule, then the launch restarts
 as it always has. Each restart is written to the audit log: who, when, which servers, drained or cut requests.
@@ -50,6 +53,7 @@ if TYPE_CHECKING:
 
 DRAIN_TIMEOUT_S = 120.0
 DRAIN_POLL_S = 0.5
+REOPEN_TIMEOUT_S = 30.0
 ADD_WORKER_TIMEOUT_S = 120.0
 NOT_BEHIND_ROUTER = ("router", "worker", "prefill", "decode")
 
@@ -312,6 +316,8 @@ class _Roll:
         self.action = f"rolling restart {plan.recipe} ({plan.topology})"
         self.client: httpx.AsyncClient
         self.api: WorkerApi | None = None
+        self._closed: Service | None = None          # the server whose drain gate this roll holds closed
+        self._keep: asyncio.Task[None] | None = None
 
     def fail(self, svc: Service, why: str, fix: str) -> Exception:
         from .runner import LaunchError
@@ -348,25 +354,65 @@ class _Roll:
         if why is not None:
             raise self.fail(svc, f"its drain gate did not close: {why}",
                             f"check the container: docker exec {svc.container} true (on {svc.node})")
+        self._closed = svc
+        self._keep = asyncio.ensure_future(self._keep_closed(svc))
+
+    async def _keep_closed(self, svc: Service) -> None:
+        """The flag touched again within the gate's lease while the roll holds the server closed."""
+        while True:
+            await asyncio.sleep(gate.LEASE_S / 3)
+            await self.runner.run_step(gate.keep_step(svc.node, svc.container), self.action, _quiet)
+
+    async def _let_go(self) -> None:
+        """No more touches: the container is about to be replaced (a late touch must not close the new one)."""
+        keep, self._keep = self._keep, None
+        if keep is not None:
+            keep.cancel()
+            await asyncio.gather(keep, return_exceptions=True)
+
+    async def reopen(self) -> None:
+        """The roll stopped with a server closed: open it again (bounded: the roll is on its way out)."""
+        await self._let_go()
+        svc, self._closed = self._closed, None
+        if svc is None:
+            return
+        try:
+            why = await asyncio.wait_for(self.runner.run_step(gate.reopen_step(svc.node, svc.container), self.action,
+                                                              self.emit), REOPEN_TIMEOUT_S)
+        except TimeoutError:
+            why = f"no answer in {REOPEN_TIMEOUT_S:g} s"
+        if why is None:
+            self.emit(svc.node, "info", f"{svc.container}: drain gate open again (the roll stopped)", svc.key)
+        else:
+            self.emit(svc.node, "failed", f"{svc.container} may still be closed to new requests ({why}); it opens "
+                                          f"by itself within {gate.LEASE_S:g} s, or now: "
+                                          f"{gate.reopen_command(svc.node, svc.container)}", svc.key)
 
     async def one(self, svc: Service) -> None:
         res = ServerRestart(svc.key, svc.node)
         self.report.servers.append(res)
         out_at = time.monotonic()
-        await self.take_out(svc)
-        res.drained, res.cut, res.drain_s = await drain(self.client, svc, self.drain_timeout, self.emit)
-        if res.cut:
-            self.emit(svc.node, "draining", f"drain timed out after {self.drain_timeout:g} s: stopping "
-                                            f"{svc.container} with {res.cut} request(s) cut", svc.key)
-        t_restart = time.monotonic()
-        self.emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
-        why = await restart_one(self.runner, self.plan, svc, self.emit, self.action)
-        if why is None:
-            why = await completes(self.client, svc)
-        res.restart_s = time.monotonic() - t_restart
-        if why is not None:
-            raise self.fail(svc, f"did not come back: {why}; it stays out of the router",
-                            f"read its log: docker logs {svc.container} (on {svc.node})")
+        try:
+            await self.take_out(svc)
+            res.drained, res.cut, res.drain_s = await drain(self.client, svc, self.drain_timeout, self.emit)
+            if res.cut:
+                self.emit(svc.node, "draining", f"drain timed out after {self.drain_timeout:g} s: stopping "
+                                                f"{svc.container} with {res.cut} request(s) cut", svc.key)
+            t_restart = time.monotonic()
+            self.emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
+            await self._let_go()
+            why = await restart_one(self.runner, self.plan, svc, self.emit, self.action)
+            if why is None:
+                why = await completes(self.client, svc)
+            res.restart_s = time.monotonic() - t_restart
+            if why is not None:
+                raise self.fail(svc, f"did not come back: {why}; it stays out of the router",
+                                f"read its log: docker logs {svc.container} (on {svc.node})")
+        except BaseException:
+            # failed, cancelled or Ctrl-C between closing the gate and a new container: never left closed
+            await asyncio.shield(self.reopen())
+            raise
+        self._closed = None
         if self.api is not None:
             try:
                 await self.api.add(str(svc.url))
@@ -419,6 +465,10 @@ def relaunch_steps(plan: Plan, svc: Service, router: Service | None) -> list[Ste
     def routers(st: Step) -> bool:
         return router is not None and (st.service == router.key or any(router.container in a for a in st.argv))
     return [st for st in plan.steps if st.node == svc.node and not routers(st)]
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    """An emitter that says nothing (the gate's keep-alive touches)."""
 
 
 def emit_to(emit: Callable[..., None]) -> Callable[[Any], None]:
