@@ -264,6 +264,101 @@ def test_a_closed_server_reads_closed_with_the_command_that_opens_it(tmp_path):
     assert isinstance(groups[0].members[0], Member)
 
 
+# What vLLM 0.32 serves that the gate lets through (besides GETs): sorted by hand from its routers' code. A route
+# in neither this nor the gate's GENERATING fails the test below: a new vLLM's route is sorted before it ships.
+PASSES = frozenset({
+    "/tokenize", "/detokenize", "/v1/messages/count_tokens", "/v1/chat/completions/render", "/v1/messages/render",
+    "/v1/completions/render", "/v1/responses/render", "/v1/chat/completions/derender", "/v1/completions/derender",
+    "/cohere/v2/chat/render", "/v1/responses/{response_id}/cancel", "/abort_requests",
+    "/inference/v1/abort_requests", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/ping",
+    "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/collective_rpc", "/sleep",
+    "/release_kv_cache_memory", "/wake_up", "/pause", "/resume", "/init_weight_transfer_engine",
+    "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update", "/update_weights",
+    "/finish_weight_update", "/update_weight_version", "/weight_checker", "/scale_elastic_ep",
+    "/is_scaling_elastic_ep", "/fault_tolerance/apply", "/start_profile", "/stop_profile",
+})
+
+VLLM_APP = r"""
+import json, os, sys, warnings
+warnings.simplefilter("ignore")
+from starlette.testclient import TestClient
+from starlette.websockets import WebSocketDisconnect
+from vllm.entrypoints.launchers.app import build_app
+from vllm.entrypoints.launchers.cli_args import make_arg_parser
+from vllm.utils.argparse_utils import FlexibleArgumentParser
+root, flag = sys.argv[1], os.environ["SPARKCONSOLE_DRAIN_FLAG"]
+argv = ["--model", "x", "--middleware", "sparkconsole_drain_gate.DrainGate", "--enable-fault-tolerance"]
+args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv + (["--root-path", root] if root else []))
+# every task vLLM 0.32 knows, so every router it has is in the app
+app = build_app(args, supported_tasks=("generate", "transcription", "realtime", "embed", "classify", "token_embed",
+                                       "token_classify", "render"))
+client = TestClient(app, raise_server_exceptions=False)
+out = []
+for r in app.routes:
+    methods = sorted(set(getattr(r, "methods", None) or ()) - {"HEAD", "GET"})
+    path = r.path.replace("{response_id}", "resp-1")
+    if type(r).__name__ == "APIWebSocketRoute":
+        open(flag, "w").close()
+        try:
+            with client.websocket_connect(root + path):
+                got = "accepted"
+        except WebSocketDisconnect as exc:
+            got = exc.code
+        out.append(["WEBSOCKET", r.path, got, None])
+        continue
+    for m in methods:
+        for prefix in ({root, ""} if root else {""}):
+            open(flag, "w").close()
+            closed = client.request(m, prefix + path, json={})
+            os.unlink(flag)
+            opened = client.request(m, prefix + path, json={})
+            gate = "draining for a restart"            # the gate's own 503, not a handler's
+            out.append([m, r.path, closed.status_code == 503 and gate in closed.text,
+                        closed.headers.get("x-sparkconsole-drain"), gate in opened.text,
+                        opened.headers.get("x-sparkconsole-drain")])
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("root_path", ["", "/api"])
+def test_the_gate_in_front_of_vllm_032_sorts_every_route_it_serves(vllm_env, tmp_path, root_path):
+    """The real gate, loaded by vLLM 0.32's own `--middleware` from a directory holding only its file, in front of
+    vLLM's own app (`build_app` with every task: the test bed's vLLM venv; no engine is started, so what a route
+    does past the gate is beside the point). Closed: every route of GENERATING answers 503 (under --root-path, and
+    without the prefix, as vLLM routes both) and the realtime websocket is refused; every other POST route goes
+    through marked closed. A route in neither list (a new vLLM) fails here until it is sorted."""
+    import json as _json
+    import os
+    import shutil
+    import subprocess
+
+    from sparkconsole.launch import drain_gate
+    only = tmp_path / "gate"
+    only.mkdir()
+    shutil.copy(Path(drain_gate.__file__), only / f"{drain_gate.MODULE}.py")
+    env = {**os.environ, "PYTHONPATH": str(only), "SPARKCONSOLE_DRAIN_FLAG": str(tmp_path / "closed"),
+           "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_TARGET_DEVICE": "cpu",
+           "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(vllm_env.python), "-c", VLLM_APP, root_path], env=env, capture_output=True, text=True,
+                       timeout=500)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = _json.loads(r.stdout.strip().splitlines()[-1])
+    paths = {row[1] for row in rows if row[0] != "WEBSOCKET"}
+    unsorted = sorted(paths - drain_gate.GENERATING - PASSES)
+    assert not unsorted, f"routes of vLLM the gate does not sort: {unsorted}"
+    assert {"/v1/completions", "/v1/chat/completions", "/inference/v1/generate", "/v1/load_lora_adapter"} <= paths
+    for row in rows:
+        if row[0] == "WEBSOCKET":
+            assert row[2] == 1013, row                    # refused before it is accepted
+            continue
+        method, path, refused, closed_mark, refused_open, opened_mark = row
+        assert closed_mark == "closed" and opened_mark is None and not refused_open, row
+        assert refused == (path in drain_gate.GENERATING), row
+    assert any(row[0] == "WEBSOCKET" for row in rows), "no realtime websocket in vLLM's app"
+
+
 def test_cli_plan_restart_prints_the_steps(tmp_path, monkeypatch, capsys):
     from sparkconsole.cli import main
     recipe = fake_recipe(tmp_path, "img:1", router_venv=tmp_path)
