@@ -740,9 +740,12 @@ async def test_rolling_restart_behind_litellm_drains_and_restarts_one_at_a_time(
         assert [s.ok for s in report.servers] == [True, True] and load.ok > 0
         assert load.failed == 0 and report.cut == 0, load.errors[:5]
         assert all(started_at(docker_engine, n) != before[n] for n in before)
-        # only the gate's file is in its container directory; what was planted beside it on the node never ran
-        assert docker_engine.run(["exec", "sc_run_1", "ls", "-A", gate.CONTAINER_DIR]).stdout.split() \
-            == [f"{gate.MODULE}.py"]
+        # only the gate's file is in its container directory (and Python's bytecode of it); what was planted beside
+        # it on the node never ran
+        found = docker_engine.run(["exec", "sc_run_1", "find", gate.CONTAINER_DIR, "-mindepth", "1"]).stdout.split()
+        assert f"{gate.CONTAINER_DIR}/{gate.MODULE}.py" in found, found
+        assert all(f.startswith((f"{gate.CONTAINER_DIR}/{gate.MODULE}.py", f"{gate.CONTAINER_DIR}/__pycache__"))
+                   and ("__pycache__/" not in f or f.split("/")[-1].startswith(gate.MODULE)) for f in found), found
         logs = docker_engine.run(["logs", "sc_run_1"]).stderr + docker_engine.run(["logs", "sc_run_1"]).stdout
         assert "PLANTED" not in logs, logs[-500:]
         assert await gate_state(runner, plan) == ("SERVING", "")

@@ -208,14 +208,19 @@ def test_garbage_header(recording, env, tmp_path, ledger):
     assert readable(out) == {k: counts[k] for k in ("ticks", "rollup", "events", "endpoint_samples")}
     assert integrity(out) == "ok" and not any(Path(f"{out}{x}").exists() for x in ("-wal", "-shm"))
     # the writer: set aside, every row carried over into the new file, said in one line; recording goes on
+    said, seqs = writer_meets(path)
+    assert len(said) == 1 and "readable rows" in said[0] and ".damaged-" in said[0], said
+    assert len(seqs) == TICKS + 1 and seqs[-1] == 5
+
+
+def writer_meets(path: Path) -> tuple[list[str], list[int]]:
+    """The writer opening a damaged file and recording one tick: (what it said, spark1's tick seqs after)."""
     said: list[str] = []
     store = RecorderStore(path, on_status=lambda text, sev: said.append(text))
     store.put_tick("spark1", tick(time.time(), 5))
     store.flush()
     store.close()
-    assert len(said) == 1 and "readable rows" in said[0] and ".damaged-" in said[0], said
-    seqs = [x["seq"] for x in RecorderReader(path).ticks("spark1", 0, time.time() + 5)]
-    assert len(seqs) == TICKS + 1 and seqs[-1] == 5
+    return said, [x["seq"] for x in RecorderReader(path).ticks("spark1", 0, time.time() + 5)]
 
 
 @pytest.mark.fault("a recorder file with nothing readable: repair says so without naming itself")
@@ -230,13 +235,9 @@ def test_nothing_readable_is_said_without_suggesting_the_command_just_run(tmp_pa
     assert "record repair" not in r.stderr and "fix:" in lines[0], r.stderr
     assert not any(Path(f"{out}{x}").exists() for x in ("", "-wal", "-shm"))
     # the writer meeting it: kept aside, a new file started, said in one line
-    said: list[str] = []
-    store = RecorderStore(path, on_status=lambda text, sev: said.append(text))
-    store.put_tick("spark1", tick(time.time(), 5))
-    store.flush()
-    store.close()
+    said, seqs = writer_meets(path)
     assert len(said) == 1 and "nothing in it is readable" in said[0] and ".damaged-" in said[0], said
-    assert [x["seq"] for x in RecorderReader(path).ticks("spark1", 0, time.time() + 5)] == [5]
+    assert seqs == [5]
 
 
 @pytest.mark.fault("a damaged interior b-tree page of the recorder's ticks, every leaf intact")
