@@ -17,21 +17,27 @@ docker on the node can close or open it. A new container starts open.
 
 from __future__ import annotations
 
+import asyncio
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from .drain_gate import FLAG, FLAG_DIR, HEADER, LEASE_S, MIDDLEWARE_ARGS, MODULE
 from .steps import NodeExpr, Step
 
-__all__ = ["FLAG", "HEADER", "LEASE_S", "MIDDLEWARE_ARGS", "close_step", "keep_step", "mount", "reopen_command",
-           "reopen_step", "tmpfs", "wrap", "write_step"]
+if TYPE_CHECKING:
+    from .runner import Runner
+
+__all__ = ["FLAG", "HEADER", "LEASE_S", "MIDDLEWARE_ARGS", "Held", "close_step", "keep_step", "mount",
+           "reopen_command", "reopen_step", "tmpfs", "wrap", "write_step"]
 CONTAINER_DIR = "/opt/sparkconsole-gate"
 NODE_DIR = '"$HOME"/.cache/sparkconsole/drain-gate'
 # The gate's directory goes in front of whatever PYTHONPATH the image sets; then the command runs as PID 1's child
 # would have, so the server is still the process whose exit ends the container.
 EXEC = f'export PYTHONPATH="{CONTAINER_DIR}${{PYTHONPATH:+:$PYTHONPATH}}"; exec "$@"'
 GONE = ("No such container", "is not running")
+REOPEN_TIMEOUT_S = 30.0
 
 
 def write_step(node: str) -> Step:
@@ -74,3 +80,45 @@ def reopen_step(node: str, container: str) -> Step:
 def reopen_command(node: str, container: str) -> str:
     """What an operator types to open a closed server at once."""
     return f"docker exec {shlex.quote(container)} rm -f {FLAG} (on {node})"
+
+
+class Held:
+    """A server a rolling restart has closed (launch/rolling.py): its flag touched again every LEASE_S / 3 until
+    `let_go()` (its container is about to be replaced); `reopen()` when the roll stops before that."""
+
+    def __init__(self, runner: Runner, node: str, container: str, key: str, action: str,
+                 emit: Callable[..., None]) -> None:
+        self.runner, self.node, self.container, self.key, self.action, self.emit = \
+            runner, node, container, key, action, emit
+        self._keep: asyncio.Task[None] | None = asyncio.ensure_future(self._keep_closed())
+
+    async def _keep_closed(self) -> None:
+        while True:
+            await asyncio.sleep(LEASE_S / 3)
+            await self.runner.run_step(keep_step(self.node, self.container), self.action, _quiet)
+
+    async def let_go(self) -> None:
+        """No more touches; the flag's lease runs out by itself if nothing replaces the container."""
+        keep, self._keep = self._keep, None
+        if keep is not None:
+            keep.cancel()
+            await asyncio.gather(keep, return_exceptions=True)
+
+    async def reopen(self) -> None:
+        """Open it again now (bounded: the roll is on its way out), and say so, or say how."""
+        await self.let_go()
+        try:
+            why = await asyncio.wait_for(self.runner.run_step(reopen_step(self.node, self.container), self.action,
+                                                              self.emit), REOPEN_TIMEOUT_S)
+        except TimeoutError:
+            why = f"no answer in {REOPEN_TIMEOUT_S:g} s"
+        if why is None:
+            self.emit(self.node, "info", f"{self.container}: drain gate open again (the roll stopped)", self.key)
+        else:
+            self.emit(self.node, "failed", f"{self.container} may still be closed to new requests ({why}); it opens "
+                                           f"by itself within {LEASE_S:g} s, or now: "
+                                           f"{reopen_command(self.node, self.container)}", self.key)
+
+
+def _quiet(*args: Any, **kwargs: Any) -> None:
+    """An emitter that says nothing (the keep-alive touches)."""

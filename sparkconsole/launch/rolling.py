@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 
 DRAIN_TIMEOUT_S = 120.0
 DRAIN_POLL_S = 0.5
-REOPEN_TIMEOUT_S = 30.0
 ADD_WORKER_TIMEOUT_S = 120.0
 NOT_BEHIND_ROUTER = ("router", "worker", "prefill", "decode")
 
@@ -316,8 +315,7 @@ class _Roll:
         self.action = f"rolling restart {plan.recipe} ({plan.topology})"
         self.client: httpx.AsyncClient
         self.api: WorkerApi | None = None
-        self._closed: Service | None = None          # the server whose drain gate this roll holds closed
-        self._keep: asyncio.Task[None] | None = None
+        self.held: gate.Held | None = None           # the drain gate this roll holds closed
 
     def fail(self, svc: Service, why: str, fix: str) -> Exception:
         from .runner import LaunchError
@@ -354,39 +352,7 @@ class _Roll:
         if why is not None:
             raise self.fail(svc, f"its drain gate did not close: {why}",
                             f"check the container: docker exec {svc.container} true (on {svc.node})")
-        self._closed = svc
-        self._keep = asyncio.ensure_future(self._keep_closed(svc))
-
-    async def _keep_closed(self, svc: Service) -> None:
-        """The flag touched again within the gate's lease while the roll holds the server closed."""
-        while True:
-            await asyncio.sleep(gate.LEASE_S / 3)
-            await self.runner.run_step(gate.keep_step(svc.node, svc.container), self.action, _quiet)
-
-    async def _let_go(self) -> None:
-        """No more touches: the container is about to be replaced (a late touch must not close the new one)."""
-        keep, self._keep = self._keep, None
-        if keep is not None:
-            keep.cancel()
-            await asyncio.gather(keep, return_exceptions=True)
-
-    async def reopen(self) -> None:
-        """The roll stopped with a server closed: open it again (bounded: the roll is on its way out)."""
-        await self._let_go()
-        svc, self._closed = self._closed, None
-        if svc is None:
-            return
-        try:
-            why = await asyncio.wait_for(self.runner.run_step(gate.reopen_step(svc.node, svc.container), self.action,
-                                                              self.emit), REOPEN_TIMEOUT_S)
-        except TimeoutError:
-            why = f"no answer in {REOPEN_TIMEOUT_S:g} s"
-        if why is None:
-            self.emit(svc.node, "info", f"{svc.container}: drain gate open again (the roll stopped)", svc.key)
-        else:
-            self.emit(svc.node, "failed", f"{svc.container} may still be closed to new requests ({why}); it opens "
-                                          f"by itself within {gate.LEASE_S:g} s, or now: "
-                                          f"{gate.reopen_command(svc.node, svc.container)}", svc.key)
+        self.held = gate.Held(self.runner, svc.node, svc.container, svc.key, self.action, self.emit)
 
     async def one(self, svc: Service) -> None:
         res = ServerRestart(svc.key, svc.node)
@@ -400,7 +366,8 @@ class _Roll:
                                                 f"{svc.container} with {res.cut} request(s) cut", svc.key)
             t_restart = time.monotonic()
             self.emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
-            await self._let_go()
+            if self.held is not None:
+                await self.held.let_go()          # a touch after this would close the new container
             why = await restart_one(self.runner, self.plan, svc, self.emit, self.action)
             if why is None:
                 why = await completes(self.client, svc)
@@ -410,9 +377,11 @@ class _Roll:
                                 f"read its log: docker logs {svc.container} (on {svc.node})")
         except BaseException:
             # failed, cancelled or Ctrl-C between closing the gate and a new container: never left closed
-            await asyncio.shield(self.reopen())
+            if self.held is not None:
+                await asyncio.shield(self.held.reopen())
             raise
-        self._closed = None
+        finally:
+            self.held = None
         if self.api is not None:
             try:
                 await self.api.add(str(svc.url))
@@ -465,10 +434,6 @@ def relaunch_steps(plan: Plan, svc: Service, router: Service | None) -> list[Ste
     def routers(st: Step) -> bool:
         return router is not None and (st.service == router.key or any(router.container in a for a in st.argv))
     return [st for st in plan.steps if st.node == svc.node and not routers(st)]
-
-
-def _quiet(*args: Any, **kwargs: Any) -> None:
-    """An emitter that says nothing (the gate's keep-alive touches)."""
 
 
 def emit_to(emit: Callable[..., None]) -> Callable[[Any], None]:
