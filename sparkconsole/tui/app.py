@@ -382,9 +382,13 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
         launch with a server closed by its drain gate is CLOSED, with the command that opens it."""
         from ..launch.gate import reopen_command
-        self._closed_shown = self._closed_urls()
+        closed = self._closed_urls()
+        newly, self._closed_shown = closed - self._closed_shown, closed
         groups = gates_closed(launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes
-                                            if self.node_monitor(n.name)), self._closed_shown, reopen_command)
+                                            if self.node_monitor(n.name)), closed, reopen_command)
+        for g in groups:            # the whole line once in the events pane: the launch bar may cut it short
+            if g.verdict == "CLOSED" and any(m.url in newly for m in g.members):
+                self.dashboard.events.note(f"{g.recipe} × {g.topology}: {g.reason}", "yellow")
         self.dashboard.launches.show(groups, self.restart_stages)
         shown = tuple(g.line() for g in groups)         # its members and their states too: one node reports later
         if shown != self._launches_shown:
