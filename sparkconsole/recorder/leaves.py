@@ -14,6 +14,7 @@ whose WAL was checkpointed into it first, so the newest version of each page is 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import shutil
 import sqlite3
 import struct
@@ -28,6 +29,7 @@ MAGIC = b"SQLite format 3\x00"
 TABLE_LEAF, INDEX_LEAF, INDEX_INTERIOR = 13, 10, 2
 ROW_PAGES = (TABLE_LEAF, INDEX_LEAF, INDEX_INTERIOR)      # the page types whose cells hold rows
 PAGE_SIZES = tuple(1 << n for n in range(9, 17))      # 512 … 65536
+Data = bytes | mmap.mmap                               # the file's bytes, mapped
 
 
 @dataclass
@@ -46,10 +48,18 @@ class LeafRows:
 
 
 def read_leaves(path: str | Path) -> LeafRows:
-    """Every row of the recorder's tables found on a page of `path` (with its WAL checkpointed in a copy)."""
+    """Every row of the recorder's tables found on a page of `path` (with its WAL checkpointed in a copy). The file
+    is mapped, not read into memory: a recorder file may be a gigabyte."""
     path = Path(path)
     with tempfile.TemporaryDirectory() as tmp:
-        data = _with_wal(path, Path(tmp))
+        src = _with_wal(path, Path(tmp))
+        if src.stat().st_size == 0:
+            return LeafRows()
+        with open(src, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) as data:
+            return _rows(data)
+
+
+def _rows(data: Data) -> LeafRows:
     out = LeafRows()
     size, usable = _page_size(data)
     free = _freelist(data, size)
@@ -69,12 +79,12 @@ def read_leaves(path: str | Path) -> LeafRows:
     return out
 
 
-def _with_wal(path: Path, tmp: Path) -> bytes:
-    """The file's bytes; with a WAL beside it, a copy's bytes after SQLite checkpointed the WAL into it (when the
-    copy opens at all: with a damaged header the main file is read as it is)."""
+def _with_wal(path: Path, tmp: Path) -> Path:
+    """The file; with a WAL beside it, a copy into which SQLite checkpointed the WAL (when the copy opens at all:
+    with a damaged header the main file is read as it is)."""
     wal = Path(f"{path}-wal")
     if not wal.exists() or wal.stat().st_size == 0:
-        return path.read_bytes()
+        return path
     copy = tmp / "copy.sqlite"
     shutil.copyfile(path, copy)
     shutil.copyfile(wal, f"{copy}-wal")
@@ -84,10 +94,10 @@ def _with_wal(path: Path, tmp: Path) -> bytes:
             db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
             db.close()
-    return copy.read_bytes()
+    return copy
 
 
-def _page_size(data: bytes) -> tuple[int, int]:
+def _page_size(data: Data) -> tuple[int, int]:
     """(page size, usable bytes per page) from the header; with the header gone, the size at which most pages
     read as pages with rows (a recorder file is mostly leaves)."""
     if data[:16] == MAGIC:
@@ -100,7 +110,7 @@ def _page_size(data: bytes) -> tuple[int, int]:
     return best, best
 
 
-def _freelist(data: bytes, size: int) -> set[int]:
+def _freelist(data: Data, size: int) -> set[int]:
     """The pages on the file's freelist (trunk pages and the leaves they list), as far as the chain reads."""
     if data[:16] != MAGIC:
         return set()
@@ -127,7 +137,7 @@ def _varint(buf: bytes, i: int) -> tuple[int, int]:
     return (v << 8) | buf[i + 8], i + 9
 
 
-def _cells(data: bytes, page: bytes, head: int, size: int, usable: int) -> list[tuple[int | None, list[Any]]] | None:
+def _cells(data: Data, page: bytes, head: int, size: int, usable: int) -> list[tuple[int | None, list[Any]]] | None:
     """(rowid or None, record values) of every cell of a page with rows; None when the page does not read as one."""
     kind = page[head]
     if kind not in ROW_PAGES:
@@ -156,7 +166,7 @@ def _cells(data: bytes, page: bytes, head: int, size: int, usable: int) -> list[
     return out
 
 
-def _payload(data: bytes, page: bytes, i: int, n: int, kind: int, size: int, usable: int) -> bytes | None:
+def _payload(data: Data, page: bytes, i: int, n: int, kind: int, size: int, usable: int) -> bytes | None:
     """The cell's payload: what is on the page, then its overflow pages' chain."""
     most = usable - 35 if kind == TABLE_LEAF else (usable - 12) * 64 // 255 - 23
     if n <= most:
