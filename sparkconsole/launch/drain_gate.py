@@ -60,6 +60,12 @@ def closed(flag: str | None = None) -> bool:
     return time.time() - touched < LEASE_S
 
 
+def reopen_command(node: str, container: str) -> str:
+    """What an operator types to open a closed server at once (here, beside FLAG: the console shows it without
+    importing the launch layer)."""
+    return f"docker exec {container} rm -f {FLAG} (on {node})"
+
+
 def generates(path: str, root_path: str = "") -> bool:
     """Whether a request to `path` starts work on the engine (under `--root-path` as well as without it)."""
     if root_path and path.startswith(root_path):

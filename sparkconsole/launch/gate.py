@@ -18,12 +18,11 @@ docker on the node can close or open it. A new container starts open.
 from __future__ import annotations
 
 import asyncio
-import shlex
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .drain_gate import FLAG, FLAG_DIR, HEADER, LEASE_S, MIDDLEWARE_ARGS, MODULE
+from .drain_gate import FLAG, FLAG_DIR, HEADER, LEASE_S, MIDDLEWARE_ARGS, MODULE, reopen_command
 from .steps import NodeExpr, Step
 
 if TYPE_CHECKING:
@@ -75,11 +74,6 @@ def keep_step(node: str, container: str) -> Step:
 def reopen_step(node: str, container: str) -> Step:
     return Step(node, f"open {container} to new requests again (drain gate)", ("docker", "exec", container, "rm",
                                                                                "-f", FLAG), tolerate=GONE)
-
-
-def reopen_command(node: str, container: str) -> str:
-    """What an operator types to open a closed server at once."""
-    return f"docker exec {shlex.quote(container)} rm -f {FLAG} (on {node})"
 
 
 class Held:

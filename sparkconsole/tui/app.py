@@ -381,7 +381,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
         launch with a server closed by its drain gate is CLOSED, with the command that opens it."""
-        from ..launch.gate import reopen_command
+        from ..launch.drain_gate import reopen_command  # stdlib only: no launch layer on the console's path
         closed = self._closed_urls()
         newly, self._closed_shown = closed - self._closed_shown, closed
         groups = gates_closed(launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes
