@@ -185,7 +185,7 @@ def salvage(src: str | Path, dst: str | Path) -> tuple[dict[str, int], list[Gap]
             leaves = read_leaves(src)
         from_leaves = 0
         if leaves is not None:
-            from_leaves = copy.leaves(leaves, {} if r is None else {i: n for n, i in r._ids.items()})
+            from_leaves = copy.leaves(leaves, {} if r is None else r.node_names())
             gaps = copy.settled(gaps)
             if r is None:
                 gaps.append(Gap("file", None, None, None, unopened,
