@@ -319,7 +319,8 @@ PASSES = frozenset({
     "/tokenize", "/detokenize", "/v1/messages/count_tokens", "/v1/chat/completions/render", "/v1/messages/render",
     "/v1/completions/render", "/v1/responses/render", "/v1/chat/completions/derender", "/v1/completions/derender",
     "/cohere/v2/chat/render", "/v1/responses/{response_id}/cancel", "/abort_requests",
-    "/inference/v1/abort_requests", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/ping",
+    "/inference/v1/abort_requests", "/v1/load_lora_adapter", "/v1/unload_lora_adapter", "/adapters",
+    "/adapters/{adapter_name}", "/ping",
     "/reset_prefix_cache", "/reset_mm_cache", "/reset_encoder_cache", "/collective_rpc", "/sleep",
     "/release_kv_cache_memory", "/wake_up", "/pause", "/resume", "/init_weight_transfer_engine",
     "/shutdown_weight_transfer_engine", "/start_weight_update", "/start_draft_weight_update", "/update_weights",
@@ -345,7 +346,7 @@ client = TestClient(app, raise_server_exceptions=False)
 out = []
 for r in app.routes:
     methods = sorted(set(getattr(r, "methods", None) or ()) - {"HEAD", "GET"})
-    path = r.path.replace("{response_id}", "resp-1")
+    path = r.path.replace("{response_id}", "resp-1").replace("{adapter_name}", "lora-1")
     if type(r).__name__ == "APIWebSocketRoute":
         open(flag, "w").close()
         try:
