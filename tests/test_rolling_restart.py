@@ -271,8 +271,8 @@ async def test_a_roll_cancelled_mid_drain_opens_the_server_it_closed_on_the_simu
     import os
 
     from sparkconsole.launch.plan import make_plan
-    from sparkconsole.recipes import bundled_recipes
     from sparkconsole.nodes.connect import make_transport
+    from sparkconsole.recipes import bundled_recipes
     from sparkconsole.sim.cluster import Serving, SimCluster
 
     base = f"127.{os.getpid() % 200 + 20}.77"
