@@ -412,7 +412,7 @@ def test_the_gate_in_front_of_vllm_032_sorts_every_route_it_serves(vllm_env, tmp
         method, path, refused, closed_mark, refused_open, opened_mark = row
         assert closed_mark in ("closed", "500") and opened_mark is None and not refused_open, row
         assert refused == (path in drain_gate.GENERATING), row
-    assert sum(row[3] == "closed" for row in rows) > len(rows) // 2, rows      # most answer without an engine
+    assert any(row[3] == "closed" and not row[2] for row in rows), rows       # let through, and marked
     assert any(row[0] == "WEBSOCKET" for row in rows), "no realtime websocket in vLLM's app"
 
 
