@@ -109,13 +109,14 @@ class PlanBuilder:
         self.server_args[key] = tuple(argv)
 
     def start_container(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], params: Mapping[str, Any],
-                        command: Sequence[str], svc: Service, what: str, mounts: Sequence[str] = ()) -> None:
+                        command: Sequence[str], svc: Service, what: str, mounts: Sequence[str] = (),
+                        tmpfs: Sequence[str] = ()) -> None:
         """Prepare the node, start its container (gated on the mods), apply the mods; vLLM starts at release."""
         name = self.cname(node)
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
         full_env = (*self.recipe_env(node, params).items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
-                                                                      command, mounts),
+                                                                      command, mounts, tmpfs),
                                secrets=self.recipe.secrets, service=svc.key))
         self.steps += self.container.after_start(node, name)
         self._unreleased.append((node, name))
@@ -157,7 +158,7 @@ class PlanBuilder:
             self.steps.append(gate.write_step(node.name))
         self.start_container(node, role, env, p, gate.wrap(argv) if drain_gate else argv, svc,
                              f"start {self.runtime.title} {role} ({self.container.image})",
-                             (gate.mount(),) if drain_gate else ())
+                             (gate.mount(),) if drain_gate else (), (gate.tmpfs(),) if drain_gate else ())
         self.record_server(svc.key, argv)
         if url:
             self.listen(node, port)
