@@ -18,7 +18,6 @@ PACKAGE = Path(__file__).resolve().parent.parent / "sparkconsole"
 KNOWN = {frozenset(f"sparkconsole.{m}" for m in c) for c in (
     ("collector.attach", "collector.attach_serving"),
     ("launch.lint", "launch.lint_compile", "launch.lint_container", "launch.lint_topology"),
-    ("recorder.damage", "recorder.health", "recorder.reader", "recorder.store"),
 )}
 
 

@@ -16,7 +16,8 @@ from sparkconsole.config import RecorderSettings
 from sparkconsole.errors import UserError
 from sparkconsole.nodes.samples import Tick
 from sparkconsole.recorder.reader import RecorderReader
-from sparkconsole.recorder.store import BATCH_S, ROLLUP_S, RecorderStore, connect
+from sparkconsole.recorder.schema import connect
+from sparkconsole.recorder.store import BATCH_S, ROLLUP_S, RecorderStore
 from tests.test_status import cluster_yaml
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -72,7 +72,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def repair(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from ..recorder.damage import salvage
+    from ..recorder.salvage import salvage
 
     src = Path(args.file).expanduser()
     out = Path(args.out).expanduser() if args.out else src.with_name(f"{src.stem}-repaired{src.suffix or '.sqlite'}")

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .store import TICK_COLUMNS
+from .schema import TICK_COLUMNS
 
 MAGIC = b"SQLite format 3\x00"
 TABLE_LEAF, INDEX_LEAF, INDEX_INTERIOR = 13, 10, 2

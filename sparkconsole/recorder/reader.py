@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import UserError
 from .damage import MAX_NODE_ID_PROBE, TIME_WIDTH_S, Gap, is_damage, read_ranges
-from .store import TICK_COLUMNS, connect
+from .schema import TICK_COLUMNS, connect
 
 ALL = (0.0, 1e11)            # every time a recording can hold, for a whole-table read
 _REL = re.compile(r"^-(\d+(?:\.\d+)?)\s*([smhd])$")
@@ -80,7 +80,7 @@ class RecorderReader:
         return list(dict.fromkeys(g.text() for g in self.gaps if g.overlaps(lo, hi)))
 
     def _recorded_gaps(self) -> list[Gap]:
-        """The gaps of the damaged file this one was copied from (recorder/damage.py's salvage keeps them)."""
+        """The gaps of the damaged file this one was copied from (recorder/salvage.py keeps them)."""
         try:
             r = self._rows("SELECT value FROM meta WHERE key = 'unreadable'")
             return [Gap(*g) for g in json.loads(r[0][0])] if r else []

@@ -41,36 +41,15 @@ from typing import Any
 from ..config import RecorderSettings
 from ..errors import UserError
 from ..nodes.samples import Tick
+from .schema import ROLLED, TICK_COLUMNS, connect
 
 log = logging.getLogger(__name__)
 
 BATCH_S = 0.5            # the writer commits at least this often while rows arrive (≤ 1 s lost on a kill)
 RETENTION_EVERY_S = 60.0
 ROLLUP_S = 10.0
-SCHEMA_VERSION = 1
 RETRY_S = 2.0            # a file that could not be written is tried again this often
 MAX_PENDING = 200_000   # rows held while it cannot be written (≈ 30 min of 32 nodes at 2 Hz, ≈ 60 MB)
-
-# One row per tick: the readings a post-mortem and a replay need, as plain columns (≈ 100 bytes a row;
-# the agent's JSON line is ≈ 700). GPU columns are the node's first GPU (a GB10 has one).
-TICK_COLUMNS = ("seq", "avail_kb", "total_kb", "cached_kb", "swap_free_kb", "swap_total_kb", "psi_some", "psi_full",
-                "temp_c", "slowdown_c", "power_w", "clock_mhz", "util_pct", "reasons", "cg_cur_b", "cg_max_b")
-ROLLED = TICK_COLUMNS[1:]    # what the 10-s rows summarise (seq is not a reading)
-
-_SCHEMA = f"""
-CREATE TABLE IF NOT EXISTS meta(key TEXT PRIMARY KEY, value TEXT);
-CREATE TABLE IF NOT EXISTS nodes(id INTEGER PRIMARY KEY, name TEXT UNIQUE NOT NULL);
-CREATE TABLE IF NOT EXISTS ticks(node INTEGER NOT NULL, t REAL NOT NULL,
-    {", ".join(TICK_COLUMNS)}, PRIMARY KEY(node, t)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS rollup(node INTEGER NOT NULL, t REAL NOT NULL, n INTEGER, data TEXT,
-    PRIMARY KEY(node, t)) WITHOUT ROWID;
-CREATE TABLE IF NOT EXISTS events(id INTEGER PRIMARY KEY, node TEXT NOT NULL, t REAL NOT NULL, kind TEXT NOT NULL,
-    data TEXT);
-CREATE INDEX IF NOT EXISTS events_node_t ON events(node, t);
-CREATE TABLE IF NOT EXISTS endpoint_samples(name TEXT NOT NULL, t REAL NOT NULL, data TEXT,
-    PRIMARY KEY(name, t)) WITHOUT ROWID;
-"""
-
 
 # What the writer thread is handed: (kind, node or name — or the flush's Event —, time, payload)
 Item = tuple[str, Any, float, Any]
@@ -88,40 +67,6 @@ def tick_row(tick: Tick, container: str | None) -> tuple[Any, ...]:
             g.temp_c if g else None, g.slowdown_c if g else None, g.power_w if g else None,
             g.sm_clock_mhz if g else None, g.util_pct if g else None, g.reasons_mask if g else None,
             cg.current_b if cg else None, cg.max_b if cg else None)
-
-
-def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
-    if readonly:
-        # With no WAL beside it (no writer, closed cleanly), read it as immutable: a read-only connection on a WAL
-        # file would otherwise leave -wal and -shm files behind that only a writer removes.
-        p = Path(path).resolve()
-        quiet = not any(Path(f"{p}{x}").exists() for x in ("-wal", "-shm"))
-        db = sqlite3.connect(p.as_uri() + "?mode=ro" + ("&immutable=1" if quiet else ""), uri=True, timeout=10)
-        # A file cut short (its header counts more pages than it has) is refused outright otherwise; with this
-        # the pages that are there stay readable. On a read-only connection it permits no change.
-        db.execute("PRAGMA writable_schema=ON")
-    else:
-        private(path)
-        db = sqlite3.connect(path, timeout=10, isolation_level=None)
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
-        db.execute("INSERT OR IGNORE INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
-    db.row_factory = sqlite3.Row
-    return db
-
-
-def private(path: str | Path) -> None:
-    """The file made 0600 before SQLite opens it (node names, commands: private like the audit log). SQLite gives
-    its -wal and -shm the database file's mode when it makes them, so they are 0600 too however the first write
-    goes (a disk with 12 KiB free once left a -shm at 0644: the file was made 0644 and changed after); one left
-    by an older version is made 0600 here."""
-    with contextlib.suppress(FileExistsError):
-        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
-    for suffix in ("-wal", "-shm"):
-        with contextlib.suppress(OSError):
-            os.chmod(f"{path}{suffix}", 0o600)
 
 
 class RecorderStore:
@@ -243,7 +188,7 @@ class RecorderStore:
 
     def _set_aside(self, exc: BaseException) -> sqlite3.Connection | None:
         """The damaged file moved to FILE.damaged-<time> (with its WAL), its readable rows copied into a new FILE."""
-        from .damage import salvage
+        from .salvage import salvage
         aside = self.path.with_name(f"{self.path.name}.damaged-{time.strftime('%Y%m%d-%H%M%S')}")
         try:
             for suffix in ("", "-wal", "-shm"):
