@@ -20,13 +20,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .drain_gate import FLAG, FLAG_DIR, HEADER, LEASE_S, MIDDLEWARE_ARGS, MODULE, reopen_command
 from .steps import NodeExpr, Step
-
-if TYPE_CHECKING:
-    from .runner import Runner
 
 __all__ = ["FLAG", "HEADER", "LEASE_S", "MIDDLEWARE_ARGS", "Held", "close_step", "keep_step", "mount",
            "reopen_command", "reopen_step", "tmpfs", "wrap", "write_step"]
@@ -76,11 +73,17 @@ def reopen_step(node: str, container: str) -> Step:
                                                                                "-f", FLAG), tolerate=GONE)
 
 
+class StepRunner(Protocol):
+    """What a held server's touches run through (launch/runner.Runner)."""
+
+    async def run_step(self, step: Step, action: str, emit: Callable[..., None]) -> str | None: ...
+
+
 class Held:
     """A server a rolling restart has closed (launch/rolling.py): its flag touched again every LEASE_S / 3 until
     `let_go()` (its container is about to be replaced); `reopen()` when the roll stops before that."""
 
-    def __init__(self, runner: Runner, node: str, container: str, key: str, action: str,
+    def __init__(self, runner: StepRunner, node: str, container: str, key: str, action: str,
                  emit: Callable[..., None]) -> None:
         self.runner, self.node, self.container, self.key, self.action, self.emit = \
             runner, node, container, key, action, emit
