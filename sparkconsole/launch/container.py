@@ -32,6 +32,27 @@ COMPILE_CACHES = (('"$HOME"/.cache/vllm', "/root/.cache/vllm"), ('"$HOME"/.cache
 # Always first, as the runner's DOCKER_ARGS: NCCL must not pin its threads to the cores the container was given.
 BASE_ENV = (("NCCL_IGNORE_CPU_AFFINITY", "1"),)
 NON_PRIVILEGED_SHM = "64g"          # launch-cluster.sh --shm-size-gb default
+# A router's or the gateway's container holds no model: a cap sized for the router, so a leak in it is its own
+# OOM-kill and never the unified-memory host's. vllm-router: 88 MB resident in front of two servers on the test bed;
+# LiteLLM: about 300 MB per process, and the gateway's graceful reload (launch/gateway.py) runs a second worker
+# beside the first while the old one finishes its streams.
+ROUTER_MEMORY = {"vllm-router": "512m", "litellm": "2g"}
+
+
+def service_argv(name: str, labels: Sequence[str], image: str, command: Sequence[str], *, memory: str,
+                 volumes: Sequence[str] = (), env: Sequence[tuple[str, str]] = (),
+                 secrets: Sequence[str] = ()) -> tuple[str, ...]:
+    """`docker run` of a router or the gateway: host network, an init process, a memory cap (memory-swap equal to
+    it: no swap), read-only what it mounts, secrets by reference (`-e NAME`, read from the node's environment)."""
+    argv = ["docker", "run", "-d", "--name", name, *labels, "--network", "host", "--init",
+            "--memory", memory, "--memory-swap", memory]
+    for v in volumes:
+        argv += ["-v", v]
+    for k, v in env:
+        argv += ["-e", f"{k}={v}"]
+    for s in secrets:
+        argv += ["-e", s]
+    return (*argv, "--entrypoint=", image, *command)
 
 
 @dataclass(frozen=True)
@@ -42,6 +63,7 @@ class ContainerSpec:
     privileged: bool = True
     cache_dirs: bool = True
     mods: tuple[Mod, ...] = ()
+    workload: str | None = None        # the launch's name, on every container's labels
 
     def caches(self) -> list[tuple[str, str]]:
         return [(HF_CACHE, HF_CACHE_TARGET), *(COMPILE_CACHES if self.cache_dirs else ())]
@@ -63,12 +85,14 @@ class ContainerSpec:
 
     def run_argv(self, node: NodeConfig, role: str, name: str, env: Sequence[tuple[str, str]],
                  params: Mapping[str, Any], url: str | None, command: Sequence[str],
-                 mounts: Sequence[str] = ()) -> tuple[str, ...]:
+                 mounts: Sequence[str] = (), *, model: str | None = None,
+                 claim_b: int | None = None) -> tuple[str, ...]:
         """`docker run` of one server, its command gated on the mods when there are any; `mounts`: sparkconsole's
         own (the drain gate's directory)."""
         cs = self.recipe.container_settings
-        argv: list[str] = ["docker", "run", "-d", "--name", name,
-                           *launch_labels(self.recipe, self.topology, role, node, url), "--network", "host"]
+        labels = launch_labels(self.recipe, self.topology, role, node, url, workload=self.workload,
+                               model=model if url else None, claim_b=claim_b)
+        argv: list[str] = ["docker", "run", "-d", "--name", name, *labels, "--network", "host"]
         if self.privileged:
             argv.append("--privileged")
         else:
@@ -101,6 +125,16 @@ class ContainerSpec:
             argv += ["-e", s.name]
         argv += ["--entrypoint=", self.image, *(gated(command) if self.mods else command)]
         return tuple(argv)
+
+    def router_argv(self, node: NodeConfig, name: str, router: str, url: str, model: str | None, image: str,
+                    command: Sequence[str], *, volumes: Sequence[str] = (), env: Sequence[tuple[str, str]] = (),
+                    secrets: Sequence[str] = ()) -> tuple[str, ...]:
+        """`docker run` of the router in front of this launch's servers, with the launch's labels and a cap sized
+        for the router (ROUTER_MEMORY)."""
+        labels = launch_labels(self.recipe, self.topology, "router", node, url, router, workload=self.workload,
+                               model=model)
+        memory = ROUTER_MEMORY["vllm-router" if router == "vllm-router" else "litellm"]
+        return service_argv(name, labels, image, command, memory=memory, volumes=volumes, env=env, secrets=secrets)
 
     def after_start(self, node: NodeConfig, name: str) -> list[Step]:
         return mod_steps(node.name, name, self.mods)

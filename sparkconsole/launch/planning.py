@@ -54,8 +54,29 @@ class PlanBuilder:
     def extra_args(self) -> tuple[str, ...]:
         return tuple(self.options.get("extra_args") or ())
 
+    @property
+    def workload(self) -> str:
+        """The launch's name: `--name`, else the recipe's key (plan.OPTION_KEYS `workload`)."""
+        return str(self.options.get("workload") or self.recipe.key)
+
     def cname(self, node: NodeConfig) -> str:
-        return self.recipe.container_settings.name or node.container
+        """The container's name on `node`: the one a running workload has (re-planned from its labels), else the
+        recipe's or the node's, with the workload's name added when it is not the recipe's own: two workloads of
+        one recipe, or of two recipes naming the same container, run side by side."""
+        named = (self.options.get("container_names") or {}).get(node.name)
+        if named:
+            return str(named)
+        base = self.recipe.container_settings.name or node.container
+        return base if self.workload == self.recipe.key else f"{base}_{self.workload}"
+
+    def router_port(self) -> int:
+        """The router's port: `router_port` (a second routed workload beside a first), else the recipe's."""
+        return int(self.options.get("router_port") or self.recipe.router.port)
+
+    def claim(self, node: NodeConfig) -> int | None:
+        """The memory the server on `node` claims (the launch's estimate), carried as a label for the budget."""
+        got = (self.options.get("claims") or {}).get(node.name)
+        return int(got) if got is not None else None
 
     def node_port(self, node: NodeConfig, explicit: int | None = None) -> int:
         """Where a server listens: a topology's own port (disagg's), else --port, else the recipe's port, as the
@@ -96,7 +117,8 @@ class PlanBuilder:
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
         full_env = (*self.recipe.env.items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
-                                                                      command, mounts),
+                                                                      command, mounts, model=svc.model,
+                                                                      claim_b=self.claim(node)),
                                secrets=self.recipe.secrets, service=svc.key))
         self.steps += self.container.after_start(node, name)
         self._unreleased.append((node, name))
@@ -141,4 +163,4 @@ class PlanBuilder:
                     notes=tuple(self.notes), server_env=self.server_env,
                     listens={k: tuple(v) for k, v in self.listens.items()},
                     cpu_build=dict(r.env).get("VLLM_TARGET_DEVICE") == "cpu" or r.container_settings.gpus is None,
-                    mods=tuple(m.name for m in self.container.mods))
+                    mods=tuple(m.name for m in self.container.mods), workload=self.workload)

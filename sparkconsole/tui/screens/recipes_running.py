@@ -18,18 +18,6 @@ class _Finding:
         self.severity, self.message, self.node, self.fix = severity, message, node, fix
 
 
-def running_options(group) -> dict:
-    """The plan options of a running launch, from its containers' labels: {"port": P} when every server
-    listens on P (a launch started with --port, or a demo whose preferred port was taken), and the router that
-    runs (a launch with --router: its restart closes servers behind LiteLLM, takes them out of vllm-router)."""
-    from urllib.parse import urlsplit
-    ports = {urlsplit(m.url).port for m in group.members if m.role == "server" and m.url}
-    out: dict = {"port": ports.pop()} if len(ports) == 1 and None not in ports else {}
-    if group.router:
-        out["router"] = group.router
-    return out
-
-
 class RecipeActions:
     def _monitors(self) -> list:
         mon = getattr(self.app, "monitor", None)
@@ -80,6 +68,7 @@ class RecipeActions:
             return None
         try:
             from ...launch.plan import make_plan
+            from ...launch.workloads import running_options
             return make_plan(r, g.topology, self.app.cluster, running_options(g))
         except UserError as exc:
             self.notify(f"{g.recipe} × {g.topology} runs, but cannot be planned here: {_one_line(exc)}"[:300],
