@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..runtimes import from_command, generate_command, runtime_for
+from . import runtime_cmd
 from .container import ContainerSpec
 from .mods import resolve_mods
 from .planning import PlanBuilder
@@ -94,6 +97,14 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     """Every command for every node, in order (head first). Raises UserError for what cannot be planned."""
     overrides = dict(overrides or {})
     _check_topology(recipe, topology)
+    runtime = runtime_for(getattr(recipe, "runtime", None), recipe.command, source=recipe.source)
+    notes: list[str] = []
+    if runtime.name != (getattr(recipe, "runtime", None) or "vllm") and from_command(recipe.command):
+        notes.append(f"the command starts {runtime.title}: planned as {runtime.title}")
+    if not recipe.command.strip():
+        recipe = replace(recipe, command=generate_command(runtime, recipe.model, dict(recipe.defaults),
+                                                          source=recipe.source))
+        notes.append(f"the recipe has no command: {runtime.title}'s generated from its defaults")
     options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
     workload = options.get("workload")
     if workload is not None and not WORKLOAD_RE.match(str(workload)):
@@ -122,6 +133,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     if router_choice not in ROUTER_CHOICES:
         raise UserError(f"unknown router {str(router_choice)[:30]!r}", field="--router",
                         fix=f"use one of: {', '.join(ROUTER_CHOICES)}")
+    runtime_cmd.check(runtime, topology, backend, router_choice if topology == "2x-solo" else None, recipe.source)
     master_port = int(options.get("master_port") or cluster.master_port or recipe.cluster.master_port)
     container = ContainerSpec(recipe, topology, recipe.container,
                               privileged=recipe.container_settings.privileged and not options.get("non_privileged"),
@@ -129,7 +141,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                               mods=resolve_mods(recipe.mods, recipe.source, options.get("apply_mods") or ()),
                               workload=str(workload or recipe.key))
     b = PlanBuilder(recipe, topology, cluster, nodes, params, overrides, options, container,
-                    notes=[split_note] if split_note else [])
+                    notes=[*notes, *([split_note] if split_note else [])], runtime=runtime)
     if topology == "solo":
         endpoint, router = plan_solo(b)
     elif topology == "2x-solo":

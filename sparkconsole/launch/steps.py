@@ -117,6 +117,7 @@ class Plan:
     listens: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)     # node → (address, port)
     cpu_build: bool = False                     # vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, or no --gpus)
     mods: tuple[str, ...] = ()                  # mods applied in every server's container, in order
+    runtime: str = "vllm"                       # vllm | sglang | llama-cpp (sparkconsole/runtimes.py)
     workload: str = ""                          # the workload's name (`--name`; the recipe key unless given)
 
     @property
