@@ -163,20 +163,16 @@ async def sync_gateway(cluster: ClusterConfig, transports: dict[str, Transport],
     """The gateway (when the cluster file has one) listing what serves now, `without` a workload about to stop."""
     if cluster.gateway is None:
         return
-    from ..launch.gateway import Gateway
-    from ..launch.runner import Runner
-    from ..launch.workloads import groups_of, read_nodes
+    from ..launch.gateway import keep_current
     from ..nodes.transport import make_transport
 
-    head = cluster.head.name
-    if head not in transports:
+    if cluster.head.name not in transports:
         t = make_transport(cluster.head, cluster.ssh)
         await t.connect()
-        transports[head] = t
-    read, _ = await read_nodes(cluster, transports)
-    groups = [g for g in groups_of(read) if g.name != without]
-    report = await Gateway(cluster, Runner(cluster, transports)).sync(groups)
-    print(report.line(), flush=True)
+        transports[cluster.head.name] = t
+    report = await keep_current(cluster, transports, without=without)
+    if report is not None:
+        print(report.line(), flush=True)
 
 
 def names_running(groups: Sequence[LaunchGroup]) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -213,3 +213,18 @@ class Gateway:
                    Step(self.head, f"remove the gateway {CONTAINER}", ("docker", "rm", CONTAINER),
                         tolerate=("No such container",))):
             await self._step(st)
+
+
+async def keep_current(cluster: ClusterConfig, transports: Mapping[str, Any], emit: Callable[..., None] | None = None,
+                       *, without: str | None = None) -> SyncReport | None:
+    """The gateway (when the cluster file has one) listing the workloads that serve now, read from every node's
+    Docker (launch/workloads.py), `without` one about to stop: called after a launch and before a stop."""
+    if cluster.gateway is None:
+        return None
+    from .workloads import groups_of, read_nodes
+    if cluster.head.name not in transports:
+        raise LaunchError(f"no connection to the head node {cluster.head.name} for the gateway",
+                          node=cluster.head.name, fix="check that the node is reachable (sparkconsole status)")
+    read, _ = await read_nodes(cluster, transports)
+    groups = [g for g in groups_of(read) if g.name != without]
+    return await Gateway(cluster, Runner(cluster, transports), emit).sync(groups)

@@ -27,12 +27,12 @@ def choice_lines(c: Choice) -> list[str]:
     return lines
 
 
-def node_lines(room: NodeRoom) -> list[str]:
+def node_lines(room: NodeRoom, offline: bool = False) -> list[str]:
     b = room.budget
     avail = gib(b.available_b) if b.available_b is not None else "not read"
     head = (f"{room.node}: MemTotal {gib(b.total_b)}, reserve {gib(b.reserve_b)} (headroom floor + "
             f"min_free_kbytes), MemAvailable {avail}")
-    if room.estimated:
+    if room.estimated and not offline:
         head += f" — ESTIMATE ONLY: {b.reason or 'the node was not read'}"
     lines = [head]
     for r in room.running:
@@ -53,5 +53,5 @@ def render_placement(p: Placement) -> str:
     for c in p.choices:
         lines += choice_lines(c)
     for room in p.rooms.values():
-        lines += node_lines(room)
+        lines += node_lines(room, p.offline)
     return "\n".join(lines)
