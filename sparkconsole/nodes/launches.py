@@ -171,11 +171,43 @@ def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[Endpoin
     A recipe serves on its own port (e.g. 54351), not the cluster file's `vllm_port`: a vLLM server, prefill or
     decode member moves its node's one vLLM endpoint to its URL, and anything else that serves (a router, a
     second server on a node) is added as `NODE ROLE`. Once the containers are gone, the endpoints are the
-    cluster file's again. Members whose URL is already polled change nothing."""
+    cluster file's again. Members whose URL is already polled change nothing.
+
+    A named workload (`sparkconsole.workload`: several may run on one node) is one endpoint of its own, named
+    after it, at its endpoint (its router, else its serving head), with its servers behind a router as
+    `WORKLOAD NODE`; a node's cluster-file endpoint that nothing serves at any more while workloads run there is
+    left out (it would only read DOWN)."""
+    groups = list(groups)
     configured = tuple(configured)
-    members = [m for g in groups for m in g.members if m.url]
+    named = [g for g in groups if g.workload]
     out = {ep.name: ep for ep in configured}
     polled = {ep.url for ep in configured}
+    _legacy(out, polled, [g for g in groups if not g.workload], configured)
+    serving_at = {m.url for g in named for m in g.members if m.url}
+    busy_nodes = {m.node for g in named for m in g.members if m.url}
+    for ep in configured:
+        if ep.kind == "vllm" and ep.node in busy_nodes and ep.url not in serving_at and out.get(ep.name) == ep:
+            del out[ep.name]
+    for g in named:
+        head = g.endpoint
+        for m in g.members:
+            if not m.url or (m.url in polled and m.url != head):
+                continue
+            behind = f"{g.name} {m.node}" if m.role == "server" else f"{g.name} {m.role}"
+            name = g.name if m.url == head else behind
+            kind = "router" if m.role == "router" else "vllm"
+            clash = next((k for k, ep in out.items() if ep.url == m.url), None)
+            if clash is not None:
+                del out[clash]                 # polled as the workload's, not as the node's
+            polled.add(m.url)
+            out[name] = EndpointConfig(name, m.url, kind=kind, node=m.node)
+    return tuple(out.values())
+
+
+def _legacy(out: dict[str, EndpointConfig], polled: set[str], groups: list[LaunchGroup],
+            configured: tuple[EndpointConfig, ...]) -> None:
+    """Launches from before workloads had names: the node's endpoint moved, the others added as NODE ROLE."""
+    members = [m for g in groups for m in g.members if m.url]
     # an endpoint a launch already serves at stays where it is (a disagg router on the cluster file's port),
     # as what the launch put there
     kept: set[str] = set()
@@ -197,7 +229,6 @@ def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[Endpoin
         if name in out:
             name = f"{name} {m.url.rsplit(':', 1)[-1]}"
         out[name] = EndpointConfig(name, m.url, kind="router" if m.role == "router" else "vllm", node=m.node)
-    return tuple(out.values())
 
 
 @dataclass(frozen=True)

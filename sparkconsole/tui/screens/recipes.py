@@ -1,5 +1,7 @@
 """Screen 2: bundled and user recipes with their preflight verdict; a recipe × topology shows its plan node by
-node; Enter launches it (after a confirmation) with a progress line per node; r / s restart / stop it."""
+node; Enter launches it beside what runs (after a confirmation that shows where placement puts it and why) with a
+progress line per node. Below the recipes, every running workload (nodes, port, model, state): r / s restart /
+stop the highlighted one. Above the plan, each node's memory budget bar (placement/bars.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from textual.widgets import Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...errors import UserError
+from ..widgets.budget_bar import BudgetBars
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
@@ -46,10 +49,11 @@ class RecipesScreen(RecipeActions, Screen):
         super().__init__(id="recipes")
         self.entries: list[tuple[str, object, str | None]] = []   # (key, Recipe | None, load error)
         self.findings: dict[tuple[str, str], list] = {}
+        self._placed: dict[tuple[str, str], tuple] = {}    # (recipe, topology) -> where a launch would go now
         self.selected: str | None = None
         self.topology: str | None = None
         self.plan = None
-        self.running_plan = None
+        self.running_plans: dict[str, object] = {}   # workload name -> the plan this console launched it with
         self.runner = None
         self.progress: dict[str, str] = {}
         self.restarting: dict[str, str] | None = None   # service key -> its stage, while a restart runs
@@ -104,15 +108,50 @@ class RecipesScreen(RecipeActions, Screen):
                 self.findings[key] = [_Finding("refuse", _one_line(exc))]
             except ImportError:
                 self.findings[key] = []
-            self.findings[key] += self._in_the_way(recipe, topology)
+            self.findings[key] += self._in_the_way(recipe, topology) + self._budget(recipe, topology)
         return self.findings[key]
 
     def _make_plan(self, recipe, topology: str):
+        """The plan as a launch from here would run it: placed beside what runs (its node, port and containers,
+        placement/), else as the recipe says when placement cannot say (nothing read yet, or it does not fit)."""
+        placed = self.placed(recipe, topology)
+        if placed is not None and placed[0] is not None:
+            return placed[0]
         from ...launch.plan import make_plan
         try:
-            return make_plan(recipe, topology, self.app.cluster, {})
+            return make_plan(recipe, topology, self.app.cluster, {"workload": self.new_name(recipe)})
         except UserError:
             return None      # preflight plans again and reports why
+
+    def new_name(self, recipe) -> str:
+        """A launch from here is named after its recipe; a second of one recipe gets -2, -3, …"""
+        running = {g.name for g in self.running_groups()}
+        name, i = recipe.key, 2
+        while name in running:
+            name, i = f"{recipe.key}-{i}", i + 1
+        return name
+
+    def placed(self, recipe, topology: str):
+        """(plan, placement, None) where placement puts a launch of `recipe` now, or (None, None, why) when it does
+        not fit; None when no node has been read yet."""
+        key = (recipe.key, topology)
+        if key in self._placed:
+            return self._placed[key]
+        from ...launch.beside import launch_options, place
+        from ...launch.plan import make_plan
+        from ...placement.fit import Ask
+        readings = self.readings()
+        if not readings.memory:
+            return None
+        name = self.new_name(recipe)
+        try:
+            placement = place(readings, [Ask(name, recipe, topology, {"workload": name})])
+            plan = make_plan(recipe, topology, self.app.cluster, {"workload": name, **launch_options(placement, name)})
+            got = (plan, placement, None)
+        except UserError as exc:
+            got = (None, None, exc)
+        self._placed[key] = got
+        return got
 
     # --- view -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -121,8 +160,11 @@ class RecipesScreen(RecipeActions, Screen):
             yield SimBadge()
         yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter")
         with Horizontal():
-            yield OptionList(id="recipe-list")
+            with Vertical(id="recipe-side"):
+                yield OptionList(id="recipe-list")
+                yield OptionList(id="workload-list")
             with Vertical(id="recipe-detail"):
+                yield BudgetBars(id="budget")
                 with VerticalScroll(id="head-scroll"):      # a long preflight scrolls here, the plan stays
                     yield Static("", id="recipe-head")
                 with VerticalScroll(id="plan-scroll"):
@@ -133,7 +175,11 @@ class RecipesScreen(RecipeActions, Screen):
     def on_mount(self) -> None:
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
+        self.query_one("#workload-list").border_title = "Running (r restart · s stop)"
+        self.query_one("#budget").border_title = "Memory budget"
         self.query_one("#plan-scroll").border_title = "Plan"
+        self.show_workloads()
+        self.set_interval(1.0, self.show_budget)
         self._pick_running = self.selected is None        # until the operator chooses: what runs is shown first
         self._select_running()
         self._fill_list("")
@@ -155,6 +201,9 @@ class RecipesScreen(RecipeActions, Screen):
         """A launch started, stopped or changed verdict on the nodes: running marks and preflight judged again."""
         self._select_running()
         self.findings.clear()
+        self._placed.clear()
+        if self.is_mounted:
+            self.show_workloads()
         if self.is_mounted and self.entries:
             self._fill_list(self.query_one("#recipe-filter", Input).value.strip().lower())
             self._show()
@@ -274,7 +323,7 @@ class RecipesScreen(RecipeActions, Screen):
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, self.topology, self.app.cluster, {})
+            self.plan = self._make_plan(recipe, self.topology) or make_plan(recipe, self.topology, self.app.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -311,12 +360,21 @@ class RecipesScreen(RecipeActions, Screen):
             self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
             return
         plan = self.plan
-        nodes = ", ".join(plan.nodes)
+        placed = self.placed(r, self.topology)
+        where = ""
+        if placed is not None and placed[1] is not None:
+            from ...placement.render import choice_lines, node_lines
+            placement = placed[1]
+            lines = choice_lines(placement.choice(plan.name))
+            for n in plan.nodes:
+                lines += node_lines(placement.rooms[n])
+            where = "\n".join(lines) + "\n\n"
         changes = [s for s in plan.steps if s.change]
         shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
         more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
-        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
-                         lambda: self._launch(r, plan), f"{len(changes)} changing steps; progress shows below the plan.")
+        self.app.confirm(f"Launch {plan.name} ({r.key} as {self.topology}) on {', '.join(plan.nodes)}?",
+                         where + shown + more, lambda: self._launch(r, plan),
+                         f"{len(changes)} changing steps; progress shows below the plan.")
 
     def _runner(self):
         from ...launch.runner import Runner
@@ -342,13 +400,31 @@ class RecipesScreen(RecipeActions, Screen):
         self._draw_progress()
         try:
             self.runner = self._runner()
+            await self._before_start(plan)
             await self.runner.launch(plan, self._on_progress)
-            self.running_plan = plan
-            self.app.notify(f"{recipe.key} launched", title="recipes")
+            self.running_plans[plan.name] = plan
+            from ...launch.gateway import keep_current
+            await keep_current(self.app.cluster, self.runner.transports)
+            self.app.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
             self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+
+    async def _before_start(self, plan) -> None:
+        """The node's previous launch loaded, its memory back after a stop (launch/beside.py)."""
+        from ...launch.beside import wait_loaded, wait_recovered
+        from ...paths import state_dir
+        from ...placement.recovery import StopLog
+
+        def say(line: str) -> None:
+            self.progress["launch"] = line[:160]
+            self._draw_progress()
+        await wait_loaded(self.running_groups(), plan.nodes, say, skip=plan.name)
+        log = StopLog(state_dir(), self.app.cluster.source)
+        await wait_recovered(self.app.monitor.nodes, plan.nodes, log, say)
+        for n in plan.nodes:
+            log.clear(n)
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.

@@ -68,7 +68,6 @@ class BudgetBars(Widget):
             return
         self._key = key
         self.bars = list(bars)
-        self.styles.height = len(self.bars) + 1 if self.bars else 1
         self.refresh(layout=True)
 
     def text(self, width: int) -> Text:
@@ -80,6 +79,9 @@ class BudgetBars(Widget):
         out.append("\n")
         out.append_text(legend(self.bars, colours))
         return out
+
+    def get_content_height(self, container, viewport, width: int) -> int:
+        return len(self.bars) + 1 if self.bars else 1
 
     def render(self) -> Text:
         return self.text(self.size.width or 80)
