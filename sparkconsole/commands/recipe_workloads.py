@@ -50,10 +50,11 @@ def asks_from(args: argparse.Namespace) -> list[Any]:
                         fix="name the recipes to place: sparkconsole recipe fit gpt-oss-120b llama-3.1-8b")
     topos = list(args.topologies or [])
     names = list(args.names or [])
-    for what, given in (("--topology", topos), ("--name", names)):
-        if len(given) > 1 and len(given) != len(args.recipes):
+    for what, given, one_for_all in (("--topology", topos, True), ("--name", names, False)):
+        if given and len(given) != len(args.recipes) and not (one_for_all and len(given) == 1):
             raise UserError(f"{len(given)} {what} for {len(args.recipes)} recipes", field=what,
-                            fix=f"give one {what} for all, or one per recipe in their order")
+                            fix=f"give one {what} per recipe, in their order"
+                                + (f" (or one {what} for all)" if one_for_all else ""))
     sets = overrides_from_sets(args.sets)
     asks = []
     for i, key in enumerate(args.recipes):
@@ -62,7 +63,7 @@ def asks_from(args: argparse.Namespace) -> list[Any]:
         if topo not in recipe.topologies:
             raise UserError(f"recipe {recipe.key} does not run as {topo}", file=recipe.source,
                             field="sparkconsole.topologies", fix=f"use one of: {', '.join(recipe.topologies)}")
-        name = names[i] if len(names) > 1 else (names[0] if names and len(args.recipes) == 1 else recipe.key)
+        name = names[i] if names else recipe.key
         asks.append(Ask(name, recipe, topo, {**sets, "workload": name}))
     return asks
 
