@@ -1,6 +1,7 @@
 """Root conftest: registers the real test bed's fixtures (tests/testbed/*) for every test, and routes the heavy
 modules to the `slow` marker so `pytest -m "not slow"` stays a quick check (the README's command runs them all)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,8 @@ def pytest_collection_modifyitems(config, items):
         rel = Path(str(item.path)).relative_to(root).as_posix() if str(item.path).startswith(str(root)) else ""
         if rel.startswith(HEAVY):
             item.add_marker(pytest.mark.slow)
+
+
+# The memory estimate asks the Hub only when nothing says offline (placement/modelinfo.py): never from a test,
+# nor from the commands tests start (they inherit this environment).
+os.environ["HF_HUB_OFFLINE"] = "1"

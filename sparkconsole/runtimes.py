@@ -47,6 +47,8 @@ class Runtime:
     claim_gib: tuple[str, ...] = ()        # a claim written in GiB instead of a fraction
     kv_dtype_v: tuple[str, ...] = ()
     default_claim_fraction: float | None = None   # what the server takes when the flag is absent
+    default_port: int = 8000               # where it listens when its command names no --port
+    default_host: str | None = None        # the address it binds without --host (None: every interface)
     health_path: str = "/health"
     models_path: str = "/v1/models"
     topologies: tuple[str, ...] = ("solo", "cluster-tp2", "2x-solo", "disagg")
@@ -73,14 +75,14 @@ RUNTIMES: dict[str, Runtime] = {
         name=SGLANG, title="SGLang", model=("--model-path", "--model"), served_name=("--served-model-name",),
         tp=("--tp-size", "--tensor-parallel-size", "--tp"), pp=("--pp-size", "--pipeline-parallel-size"),
         context=("--context-length",), kv_dtype=("--kv-cache-dtype",), claim_fraction=("--mem-fraction-static",),
-        dtype=("--dtype",), topologies=("solo", "cluster-tp2", "2x-solo"),
-        metrics_note="SGLang publishes /metrics only with --enable-metrics"),
+        dtype=("--dtype",), topologies=("solo", "cluster-tp2", "2x-solo"), default_port=30000,
+        default_host="127.0.0.1", metrics_note="SGLang publishes /metrics only with --enable-metrics"),
     # llama.cpp's llama-server: one node (sparkrun's RPC split is experimental); /health is 503 while the model
     # loads, 200 once it serves; it allocates weights + its context's KV and claims no share up front.
     LLAMA_CPP: Runtime(
         name=LLAMA_CPP, title="llama.cpp", model=("--model", "-m"), served_name=("--alias", "-a"), tp=(), pp=(),
         context=("--ctx-size", "-c"), kv_dtype=("--cache-type-k", "-ctk"), kv_dtype_v=("--cache-type-v", "-ctv"),
-        claim_fraction=(), topologies=("solo",),
+        claim_fraction=(), topologies=("solo",), default_port=8080, default_host="127.0.0.1",
         metrics_note="llama-server publishes /metrics only with --metrics"),
 }
 

@@ -14,12 +14,12 @@ from sparkconsole import cli
 from sparkconsole.config import ClusterConfig, NodeConfig, SshSettings
 from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.nodes.launches import LaunchGroup, Member
 from sparkconsole.placement.budget import GB10_MEMTOTAL_B, NodeBudget, offline_budget
 from sparkconsole.placement.fit import GIB, Ask, NodeRoom, Running, fit
 from sparkconsole.placement.recovery import StopLog, StopRecord, judge
 from sparkconsole.placement.slots import Taken, slots, taken_on
+from sparkconsole.recipes import find_recipe
 from tests.helpers import error_lines
 
 TWO = ClusterConfig(nodes=(NodeConfig("spark1", "192.168.100.10", role="head"), NodeConfig("spark2", "192.168.100.11")),

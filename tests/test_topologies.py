@@ -34,7 +34,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkconsole.launch.recipe import find_recipe
+from sparkconsole.recipes import find_recipe
 from tests.helpers import error_lines, free_port
 from tests.testbed.sshd import ADDRESSES, _ensure_sshd, start_sshd_nodes
 

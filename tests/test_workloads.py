@@ -13,12 +13,12 @@ from sparkconsole.config import ClusterConfig, EndpointConfig, GatewaySettings, 
 from sparkconsole.errors import UserError
 from sparkconsole.launch import gateway
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.launch.workloads import parse_inspect, plan_of, replan_options, resolve
 from sparkconsole.nodes.launches import launch_groups, served_endpoints
 from sparkconsole.placement.bars import CLAIM, FREE, HELD, OTHER, RESERVE, cells, node_bar
 from sparkconsole.placement.budget import NodeBudget
 from sparkconsole.placement.fit import GIB, Running
+from sparkconsole.recipes import find_recipe
 
 NODES = (NodeConfig("spark1", "10.0.0.1", role="head", container="vllm_a"), NodeConfig("spark2", "10.0.0.2"))
 CLUSTER = ClusterConfig(nodes=NODES, endpoints=(), source="<test>")

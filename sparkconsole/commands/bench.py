@@ -279,7 +279,7 @@ def _topologies(args: argparse.Namespace) -> list[str]:
         if launcher_factory is not None:
             return list(MATRIX_TOPOLOGIES)
         from ..launch.launcher import resolve_topology
-        from ..launch.recipe import find_recipe
+        from ..recipes import find_recipe
         supported = find_recipe(args.recipe).topologies
         return [t for t in MATRIX_TOPOLOGIES if resolve_topology(t)[0] in supported]
     topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
@@ -398,8 +398,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             probe, monitor = await _cluster_probe(args)
         else:
             from ..launch.launcher import RecipeLauncher, resolve_topology
-            from ..launch.recipe import find_recipe
             from ..nodes.monitor import ClusterMonitor
+            from ..recipes import find_recipe
             from .recipe import load_cluster_for
             find_recipe(args.recipe)                      # wrong names fail before anything starts
             for topo in topologies:

@@ -19,9 +19,9 @@ from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..config import ClusterConfig
-    from ..launch.recipe import Recipe
     from ..nodes.launches import LaunchGroup
     from ..nodes.transport import Transport
+    from ..recipes import Recipe
 
 
 def add_fit_parser(sub: Any, topologies: Any) -> None:
@@ -41,8 +41,8 @@ def add_fit_parser(sub: Any, topologies: Any) -> None:
 
 
 def asks_from(args: argparse.Namespace) -> list[Any]:
-    from ..launch.recipe import find_recipe
     from ..placement.fit import Ask
+    from ..recipes import find_recipe
     from .recipe import overrides_from_sets
 
     if not args.recipes:
@@ -114,8 +114,8 @@ async def connect_all(cluster: ClusterConfig) -> dict[str, Transport]:
 
 async def find_target(args: argparse.Namespace, cluster: ClusterConfig) -> Target:
     """Reads every node's containers and finds the workload NAME (or --name) names; see Target."""
-    from ..launch.recipe import find_recipe
     from ..launch.workloads import groups_of, not_running, read_nodes, resolve
+    from ..recipes import find_recipe
 
     transports = await connect_all(cluster)
     try:
@@ -150,7 +150,7 @@ async def find_target(args: argparse.Namespace, cluster: ClusterConfig) -> Targe
 
 
 def _recipe_of(args: argparse.Namespace, group: LaunchGroup) -> Recipe:
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
     try:
         return find_recipe(group.recipe)
     except UserError:

@@ -7,10 +7,11 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import UserError
+from ..recipes import Recipe
+from ..recipes.render import plain, render_v2
 from ..runtimes import RUNTIMES, VLLM, Runtime, model_source
 from ..runtimes import flag_value as flag_value  # re-exported: launch modules read flags from here
 from ..runtimes import has_flag as has_flag
-from .recipe import Recipe
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
 
@@ -27,13 +28,11 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     recipe.render_command(params)            # names a missing placeholder with the file and line
     # The runner writes the command into a bash script: read it as bash does (comments dropped, a line that
     # does not end in a backslash ends the command). One command → argv; several → the shell path below.
-    from .bashread import bash_command_lines
+    from ..recipes.bashread import bash_command_lines
     commands = [text for _, text in bash_command_lines(recipe.command)]
     template = "\n".join(commands)
     if len(commands) > 1:
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+        return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
     try:
         words = shlex.split(template)
     except ValueError as exc:
@@ -43,11 +42,14 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
         raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
                         fix="write the vllm serve command")
     if any(w in SHELL_OPERATORS for w in words):
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
-    values = {k: _plain(v) for k, v in params.items()}
-    argv = [w.format(**values) for w in words]
+        return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
+    if recipe.v2:
+        values = recipe.template_values(params)
+        escapes = "{{" in template
+        argv = [render_v2(w, values, recipe.source, recipe.command_line, "command", escapes=escapes) for w in words]
+    else:
+        values = {k: _plain(v) for k, v in params.items()}
+        argv = [w.format(**values) for w in words]
     if runtime != VLLM:
         return [*argv, *extra_args], False
     out: list[str] = []
@@ -62,6 +64,14 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
         out.append(a)
         i += 1
     return [*out, *extra_args], False
+
+
+def _fill_quoted(recipe: Recipe, template: str, params: Mapping[str, Any]) -> str:
+    """The template for `bash -c`, each value quoted for that shell."""
+    if recipe.v2:
+        quoted = {k: shlex.quote(str(plain(v))) for k, v in recipe.template_values(params).items()}
+        return render_v2(template, quoted, recipe.source, recipe.command_line, "command")
+    return template.format(**{k: shlex.quote(str(_plain(v))) for k, v in params.items()})
 
 
 def _plain(v: Any) -> Any:

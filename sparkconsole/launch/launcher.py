@@ -27,11 +27,11 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import Recipe, find_recipe
 from . import lint
 from .ifaces import plan_links
 from .plan import make_plan
 from .probe import probe_nodes
-from .recipe import Recipe, find_recipe
 from .runner import READY_TIMEOUT_S, Progress, Runner
 from .steps import Plan
 

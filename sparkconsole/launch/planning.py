@@ -11,11 +11,12 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import Recipe
+from ..recipes.envtemplate import render_env
 from ..runtimes import RUNTIMES, VLLM, Runtime
 from . import gate
-from .argv import command_argv, served_model
+from .argv import command_argv, has_flag, served_model
 from .container import ContainerSpec
-from .recipe import Recipe
 from .steps import Plan, Service, Step, url_host
 
 
@@ -133,7 +134,7 @@ class PlanBuilder:
         """Prepare the node, start its container (gated on the mods), apply the mods; vLLM starts at release."""
         name = self.cname(node)
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
-        full_env = (*self.recipe.env.items(), *env, *node.vllm_env)
+        full_env = (*self.recipe_env(node, params).items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
                                                                       command, mounts, model=svc.model,
                                                                       claim_b=self.claim(node)),
@@ -142,6 +143,15 @@ class PlanBuilder:
         self._unreleased.append((node, name))
         self.services.append(svc)
         self.server_env[svc.key] = tuple(full_env)
+
+    def recipe_env(self, node: NodeConfig, params: Mapping[str, Any]) -> dict[str, str]:
+        """The recipe's env on this node: a v2 recipe's {config.x} and {launch.x} filled (recipes/envtemplate.py)."""
+        if not self.recipe.v2:
+            return dict(self.recipe.env)
+        launch = {"num_nodes": len(self.nodes), "node_rank": self.nodes.index(node) if node in self.nodes else 0,
+                  "node_host": self.link_address(node), "cluster_id": f"{self.recipe.key}:{self.topology}",
+                  "model_revision": self.recipe.model_revision}
+        return render_env(self.recipe.env, self.recipe.template_values(params), launch, self.recipe.source)
 
     def start_server(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], port: int,
                      argv_extra: Sequence[str] = (), url: bool = True, drain_gate: bool = False) -> Service:
@@ -155,6 +165,10 @@ class PlanBuilder:
             argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
         else:
             argv = [*argv, *argv_extra]
+            if self.runtime.name != VLLM and not has_flag(argv, "--port"):
+                # The server listens where its runtime does by default, not where the plan would have put it.
+                port = self.runtime.default_port
+                self.note(f"the command names no --port: {self.runtime.title} listens on its default {port}")
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=self.cname(node), role=role,
                       url=f"http://{url_host(node.address)}:{port}" if url else None,
                       model=served_model(self.recipe, argv, self.runtime), drain_gate=drain_gate,
@@ -185,5 +199,6 @@ class PlanBuilder:
                     listens={k: tuple(v) for k, v in self.listens.items()},
                     cpu_build=self.runtime.name == VLLM and (dict(r.env).get("VLLM_TARGET_DEVICE") == "cpu"
                                                              or r.container_settings.gpus is None),
-                    mods=tuple(m.name for m in self.container.mods), runtime=self.runtime.name,
-                    workload=self.workload)
+                    mods=tuple(m.name for m in self.container.mods),
+                    mod_origins=tuple(m.origin for m in self.container.mods), pre_exec=len(self.container.pre_exec),
+                    runtime=self.runtime.name, workload=self.workload)

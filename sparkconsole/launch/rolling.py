@@ -38,9 +38,9 @@ import httpx
 
 from .. import audit
 from ..nodes.launches import LABEL
+from ..recipes import ROUTER_CHOICES
 from ..serving import metrics as vmetrics
 from . import gate
-from .recipe import ROUTER_CHOICES
 from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 

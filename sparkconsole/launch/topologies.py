@@ -18,10 +18,10 @@ import shlex
 
 from ..config import NodeConfig
 from ..errors import UserError
+from ..recipes import fill
 from ..runtimes import VLLM
 from .argv import has_flag, served_model
 from .planning import PlanBuilder
-from .recipe import fill
 from .routers import add_router
 from .runtime_cmd import multi_node_args
 from .steps import EXIT_MARK, RAY_JOIN_TIMEOUT_S, RAY_NODE_LINE, Service, Step, url_host

@@ -174,11 +174,12 @@ def estimate_server(runtime: Runtime, node: str, server: str, argv: Sequence[str
                           notes=(*info.notes, *notes), total_b=total, max_model_len=max_len)
 
 
-def estimate_plan(recipe: Any, plan: Plan, node_total_b: Mapping[str, int], *,
-                  info: ModelInfo | None = None) -> list[MemoryEstimate]:
+def estimate_plan(recipe: Any, plan: Plan, node_total_b: Mapping[str, int], *, info: ModelInfo | None = None,
+                  hub: ModelInfo | None = None) -> list[MemoryEstimate]:
     """Every server of the plan on its node. `info`: the model as read from a node's Hugging Face cache (None:
-    the recipe's metadata alone); `node_total_b`: each node's MemTotal (a GB10's where missing)."""
-    model = resolve(info, getattr(recipe, "metadata", None), model=getattr(recipe, "model", None))
+    the recipe's metadata alone); `hub`: as the Hub has it, used last; `node_total_b`: each node's MemTotal (a
+    GB10's where missing)."""
+    model = resolve(info, getattr(recipe, "metadata", None), hub, model=getattr(recipe, "model", None))
     runtime = runtime_for(getattr(recipe, "runtime", None), getattr(recipe, "command", "") or "")
     out = []
     head = next(iter(plan.server_args.values()), ())

@@ -31,8 +31,8 @@ from ..errors import UserError
 from .slots import Taken, check_names, hold, slots
 
 if TYPE_CHECKING:
-    from ..launch.recipe import Recipe
     from ..launch.steps import Plan
+    from ..recipes import Recipe
     from .budget import NodeBudget
     from .estimate import MemoryEstimate
 

@@ -345,3 +345,16 @@ def resolve(node_cache: ModelInfo | None, metadata: Mapping[str, Any] | None, hu
     if built_in is not None:
         info = info.fill(replace(built_in, notes=(f"sparkconsole's own figures for {model}",)))
     return info.fill(hub)
+
+
+async def read_node(transport: Any, source: str, revision: str | None = None,
+                    timeout: float = 30.0) -> tuple[ModelInfo | None, bool]:
+    """NODE_SCRIPT over a node's transport: (the model as its cache has it, whether the cache lacks it). A node that
+    cannot be read gives (None, False): the estimate falls back to the recipe's metadata."""
+    try:
+        res = await transport.run(probe_command(source, revision), timeout=timeout)
+    except Exception:  # noqa: BLE001 — an unreadable node is an unknown, not a failed plan
+        return None, False
+    if res.rc == MISSING_RC:
+        return None, True
+    return (parse_probe(res.stdout) if res.rc == 0 else None), False

@@ -1,4 +1,4 @@
-"""Thousands of malformed recipes through sparkconsole.launch.recipe (and, when one is accepted, through plan).
+"""Thousands of malformed recipes through sparkconsole.recipes (and, when one is accepted, through plan).
 
 Each document is either accepted, and then plans for every topology it lists or refuses with a one-line UserError,
 or refused with one line naming the file, the line, the field and the fix. Never another exception (a traceback),
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import Recipe, bundled_dir, load_recipe, parse_recipe
+from sparkconsole.recipes import Recipe, bundled_dir, load_recipe, parse_recipe
 from sparkconsole.yamlsrc import load_text
 from tests.faults.fuzz import fuzz
 

@@ -69,7 +69,7 @@ class RecipesScreen(RecipeActions, Screen):
             return
         self._loaded = True
         try:
-            from ...launch import recipe as recipe_mod
+            from ... import recipes as recipe_mod
         except ImportError as exc:
             self.entries = [("(launch layer missing)", None, _one_line(exc))]
             return
@@ -93,7 +93,7 @@ class RecipesScreen(RecipeActions, Screen):
             return ()
         if recipe.topologies:
             return tuple(recipe.topologies)
-        from ...launch.recipe import TOPOLOGIES
+        from ...recipes import TOPOLOGIES
         return TOPOLOGIES
 
     def preflight(self, recipe, topology: str) -> list:
