@@ -289,7 +289,7 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             from ..launch.beside import start_monitor
             from .recipe_workloads import place_beside
             monitor = await start_monitor(cluster)
-            plan, budget = place_beside(args, recipe, cluster, plan, overrides, monitor)
+            plan, budget = await place_beside(args, recipe, cluster, plan, overrides, monitor)
             facts, monitor = await gather_facts(plan, cluster, recipe, monitor=monitor)
         if action in ("lint", "launch"):
             from ..placement.estimate import render as render_fit

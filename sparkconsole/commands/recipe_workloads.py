@@ -182,12 +182,12 @@ def names_running(groups: Sequence[LaunchGroup]) -> str:
 
 # --- launch beside what runs ---------------------------------------------------------------------------------
 
-def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Any,
-                 overrides: dict[str, Any], monitor: Any) -> tuple[Any, list[Any]]:
+async def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Any,
+                       overrides: dict[str, Any], monitor: Any) -> tuple[Any, list[Any]]:
     """The plan placed where the rule puts it beside what runs (its nodes, port and names), and preflight's
     findings on the node's budget. A launch that does not fit is refused here, in one line, before anything
     starts (not overridden by --force: on a GB10 the next step is a frozen host)."""
-    from ..launch.beside import Readings, launch_options, place
+    from ..launch.beside import Readings, estimator_for, launch_options, place
     from ..launch.lint_workloads import budget_findings, refusal_finding
     from ..launch.plan import make_plan
     from ..placement.fit import Ask
@@ -195,7 +195,8 @@ def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfi
     readings = Readings(cluster, monitor.nodes)
     ask = Ask(plan.name, recipe, plan.topology, {**overrides, "workload": plan.name})
     try:
-        placement = place(readings, [ask], pack=getattr(args, "pack", False))
+        estimator = await estimator_for(recipe, plan, monitor.nodes)
+        placement = place(readings, [ask], pack=getattr(args, "pack", False), estimator=estimator)
     except UserError as err:
         if args.recipe_command == "launch":
             raise

@@ -161,3 +161,24 @@ async def start_monitor(cluster: ClusterConfig, **kwargs: Any) -> Any:
     await monitor.start()
     await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
     return monitor
+
+
+async def estimator_for(recipe: Any, plan: Any, monitors: Mapping[str, Any]) -> Estimator:
+    """The memory estimate with the model as a node's Hugging Face cache has it (the first node that has it), so a
+    recipe without metadata still has its weights counted; the recipe's metadata and built-in figures otherwise."""
+    from ..placement.estimate import estimate_plan
+    from ..placement.modelinfo import read_node
+    from .lint import plan_model
+    source = plan_model(plan)
+    info = None
+    for name in (*plan.nodes, *(n for n in monitors if n not in plan.nodes)):
+        t = getattr(monitors.get(name), "transport", None)
+        if t is None or not source:
+            continue
+        info, _ = await read_node(t, source, getattr(recipe, "model_revision", None))
+        if info is not None:
+            break
+
+    def estimate(r: Any, p: Any, totals: Mapping[str, int]) -> Sequence[Any]:
+        return estimate_plan(r, p, totals, info=info if r is recipe else None)
+    return estimate

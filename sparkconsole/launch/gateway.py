@@ -39,8 +39,6 @@ from .routers import DEFAULT_ROUTER_DIR, LITELLM_COOLDOWN_S, compromised_version
 from .runner import LaunchError, Runner
 from .steps import Step, url_host
 
-CONTAINER = "sparkconsole_gateway"
-CONFIG_PATH = f"{DEFAULT_ROUTER_DIR}/gateway.yaml"
 READY_TIMEOUT_S = 240.0          # LiteLLM under gunicorn: ~20 s to its first answer on the test bed, alone
 RELOAD_TIMEOUT_S = 120.0
 REHUP_AFTER_S = 20.0
@@ -86,6 +84,15 @@ def gateway_config(listed: Sequence[Entry]) -> str:
     return yaml.safe_dump(doc, sort_keys=False)
 
 
+def container(cluster: ClusterConfig) -> str:
+    """The gateway's container: named after the head's, so two clusters on one Docker host keep their own."""
+    return f"{cluster.head.container}_gateway"
+
+
+def config_path(cluster: ClusterConfig) -> str:
+    return f"{DEFAULT_ROUTER_DIR}/{container(cluster)}.yaml"
+
+
 def url(cluster: ClusterConfig) -> str | None:
     """Where clients reach the gateway (None: the cluster file has none)."""
     if cluster.gateway is None:
@@ -103,18 +110,18 @@ def start_argv(cluster: ClusterConfig, settings: GatewaySettings) -> tuple[str, 
               "--label", f"{LABEL}url={url(cluster)}"]
     command = [*settings.command, "--config", "/etc/litellm/config.yaml", "--host", "0.0.0.0",
                "--port", str(settings.port), "--run_gunicorn", "--num_workers", "1"]
-    return service_argv(CONTAINER, labels, settings.image, command, memory=ROUTER_MEMORY["litellm"],
-                        volumes=[f"{CONFIG_PATH}:/etc/litellm/config.yaml:ro", *settings.volumes],
+    return service_argv(container(cluster), labels, settings.image, command, memory=ROUTER_MEMORY["litellm"],
+                        volumes=[f"{config_path(cluster)}:/etc/litellm/config.yaml:ro", *settings.volumes],
                         env=[("LITELLM_LOCAL_MODEL_COST_MAP", "True")], secrets=["LITELLM_MASTER_KEY"])
 
 
-def listing_argv(port: int) -> tuple[str, ...]:
+def listing_argv(name: str, port: int) -> tuple[str, ...]:
     """The model names the gateway lists, asked inside its container (where the key is; it never leaves the node)."""
     code = ("import json,os,urllib.request as u;"
             f"r=u.Request('http://127.0.0.1:{port}/v1/models',"
             "headers={'Authorization':'Bearer '+os.environ['LITELLM_MASTER_KEY']});"
             "print(json.dumps(sorted(m['id'] for m in json.load(u.urlopen(r,timeout=5))['data'])))")
-    return ("docker", "exec", CONTAINER, "python3", "-c", code)
+    return ("docker", "exec", name, "python3", "-c", code)
 
 
 @dataclass
@@ -136,6 +143,7 @@ class Gateway:
                             fix="add 'gateway: {port: 4100}' to the cluster file")
         self.cluster, self.settings, self.runner = cluster, cluster.gateway, runner
         self.head = cluster.head.name
+        self.name, self.path = container(cluster), config_path(cluster)
         self.emit = emit or (lambda *a, **k: None)
 
     async def _run(self, argv: Sequence[str], timeout: float = 30) -> tuple[int, str]:
@@ -143,11 +151,11 @@ class Gateway:
         return res.rc, res.stdout.strip()
 
     async def running(self) -> bool:
-        rc, out = await self._run(("docker", "inspect", "-f", "{{.State.Running}}", CONTAINER))
+        rc, out = await self._run(("docker", "inspect", "-f", "{{.State.Running}}", self.name))
         return rc == 0 and out == "true"
 
     async def listed(self) -> list[str] | None:
-        rc, out = await self._run(listing_argv(self.settings.port), timeout=20)
+        rc, out = await self._run(listing_argv(self.name, self.settings.port), timeout=20)
         try:
             got = json.loads(out.splitlines()[-1]) if rc == 0 and out else None
         except ValueError:
@@ -158,23 +166,23 @@ class Gateway:
         why = await self.runner.run_step(step, "gateway", self.emit)
         if why is not None:
             raise LaunchError(f"gateway on {self.head}: {step.what}: {why}", node=self.head,
-                              fix=f"read its log: docker logs {CONTAINER} (on {self.head})")
+                              fix=f"read its log: docker logs {self.name} (on {self.head})")
 
     async def sync(self, groups: Iterable[LaunchGroup]) -> SyncReport:
         """List exactly the serving workloads of `groups`: start the gateway, reload it, or leave it as it is."""
         listed = entries(groups)
         cfg = gateway_config(listed)
-        rc, current = await self._run(("cat", CONFIG_PATH))
+        rc, current = await self._run(("cat", self.path))
         up = await self.running()
         if up and rc == 0 and current == cfg.strip():
             return SyncReport(listed, "unchanged")
-        await self._step(Step(self.head, f"write the gateway's config ({len(listed)} model(s)) to {CONFIG_PATH}",
+        await self._step(Step(self.head, f"write the gateway's config ({len(listed)} model(s)) to {self.path}",
                               ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh",
-                               CONFIG_PATH), input=cfg.encode()))
+                               self.path), input=cfg.encode()))
         want = sorted({e.model for e in listed})
         if not up:
-            await self._step(Step(self.head, f"remove a stopped leftover {CONTAINER} (refused if it is running)",
-                                  ("docker", "rm", CONTAINER), tolerate=("No such container",)))
+            await self._step(Step(self.head, f"remove a stopped leftover {self.name} (refused if it is running)",
+                                  ("docker", "rm", self.name), tolerate=("No such container",)))
             await self._step(Step(self.head, f"start the gateway (LiteLLM, {self.settings.image})",
                                   start_argv(self.cluster, self.settings), secrets=()))
             await self._until_listed(want, READY_TIMEOUT_S, hup=False)
@@ -186,7 +194,7 @@ class Gateway:
     async def _hup(self) -> None:
         await self._step(Step(self.head, "reload the gateway: a new worker reads the config, the old one finishes "
                                          "its requests (SIGHUP to gunicorn)",
-                              ("docker", "kill", "--signal", "HUP", CONTAINER)))
+                              ("docker", "kill", "--signal", "HUP", self.name)))
 
     async def _until_listed(self, want: list[str], timeout: float, *, hup: bool) -> None:
         t0 = time.monotonic()
@@ -205,12 +213,12 @@ class Gateway:
             await asyncio.sleep(1.0)
         raise LaunchError(f"the gateway on {self.head} lists {got if got is not None else 'nothing readable'}, "
                           f"not {want}, after {time.monotonic() - t0:.0f} s", node=self.head,
-                          fix=f"read its log: docker logs {CONTAINER} (on {self.head})")
+                          fix=f"read its log: docker logs {self.name} (on {self.head})")
 
     async def stop(self) -> None:
-        for st in (Step(self.head, f"stop the gateway {CONTAINER}", ("docker", "stop", "-t", "30", CONTAINER),
+        for st in (Step(self.head, f"stop the gateway {self.name}", ("docker", "stop", "-t", "30", self.name),
                         tolerate=("No such container",)),
-                   Step(self.head, f"remove the gateway {CONTAINER}", ("docker", "rm", CONTAINER),
+                   Step(self.head, f"remove the gateway {self.name}", ("docker", "rm", self.name),
                         tolerate=("No such container",))):
             await self._step(st)
 

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from .estimate import MemoryEstimate
 
 GIB = 1024 ** 3
+TIE_B = GIB                    # rooms closer than this are equal: the cluster file's order decides
 Estimator = Callable[["Recipe", "Plan", Mapping[str, int]], Sequence["MemoryEstimate"]]
 
 
@@ -303,14 +304,22 @@ class Placer:
 
         def room_of(x: tuple[str, int | None, int | None]) -> int:
             return x[1] if x[1] is not None else 0
-        order = sorted(fits, key=lambda x: (room_of(x) if self.pack else -room_of(x), self.order.index(x[0])))
-        chosen = order[:need]
-        names = [n for n, _, _ in chosen]
-        others = [x for x in order[need:]]
+        # Rooms within TIE_B of each other are one room (two agents read MemAvailable a moment apart): among them
+        # the first in the cluster file goes first, so a placement on equal nodes is the same every time.
+        left = list(fits)
+        chosen: list[tuple[str, int | None, int | None]] = []
+        while len(chosen) < need:
+            edge = (min if self.pack else max)(room_of(x) for x in left)
+            pick = next(x for x in left if abs(room_of(x) - edge) <= TIE_B)
+            chosen.append(pick)
+            left.remove(pick)
+        others = sorted(left, key=lambda x: -room_of(x))
+        # head first, as the cluster file orders them: a router, a prefill side, rank 0 go where they always went
+        names = sorted((n for n, _, _ in chosen), key=self.order.index)
         if self.pack:
-            left = ", ".join(f"{n} ({gib(r)} free)" for n, r, _ in others[:2])
+            kept = ", ".join(f"{n} ({gib(r)} free)" for n, r, _ in others[:2])
             reason = ("pack: " + ", ".join(f"{n} is the fullest node it fits ({gib(r)} free)" for n, r, _ in chosen)
-                      + (f"; {left} kept for what comes next" if left else ""))
+                      + (f"; {kept} kept for what comes next" if kept else ""))
         else:
             nxt = ", ".join(f"{n} {gib(r)}" for n, r, _ in others[:2])
             reason = ("spread: " + ", ".join(f"{n} has the most room ({gib(r)} free)" for n, r, _ in chosen)
