@@ -61,23 +61,29 @@ class Ask:
 
 @dataclass(frozen=True)
 class Take:
-    """What one workload's server takes on one node."""
+    """What one workload's server takes on one node. `cap_b`: a CPU build's container cap, which holds all of its
+    memory (no GPU memory beside it), so it bounds the take; on a GPU node the cap never does."""
     workload: str
     node: str
     estimate: MemoryEstimate | None
+    cap_b: int | None = None
 
     @property
     def take_b(self) -> int | None:
         e = self.estimate
-        if e is None:
-            return None
-        known = [v for v in (e.claim_b, e.need_b) if v is not None]
+        known = [v for v in ((e.claim_b, e.need_b) if e is not None else ()) if v is not None]
+        if self.cap_b is not None:
+            return min([*known, self.cap_b]) if known else self.cap_b
         return max(known) if known else None
 
     @property
     def basis(self) -> str:
         e = self.estimate
-        if e is None or self.take_b is None:
+        if self.take_b is None:
+            return "unknown"
+        if self.cap_b is not None and self.take_b == self.cap_b:
+            return "container cap: a CPU build holds nothing beside it"
+        if e is None:
             return "unknown"
         if e.claim_b is not None and self.take_b == e.claim_b:
             return "claim"
@@ -86,7 +92,7 @@ class Take:
     def words(self) -> str:
         e = self.estimate
         if e is None:
-            return f"{self.workload}: no estimate"
+            return f"{self.workload}: no estimate; takes {gib(self.take_b)} ({self.basis})"
         parts = [f"weights {gib(e.weights_b)}", f"KV {gib(e.kv_b)}", f"overhead {gib(e.overhead_b)}"]
         need = f"need {gib(e.need_b)} ({' + '.join(parts)})"
         claim = f"claim {gib(e.claim_b)}" if e.claim_b is not None else "no claim"
@@ -250,10 +256,11 @@ class Placer:
             plan = make_plan(ask.recipe, ask.topology, self.cluster, {**ask.overrides, "nodes": list(nodes)})
             totals = {n: self.rooms[n].total_b or 0 for n in plan.nodes}
             estimates = list(self.estimator(ask.recipe, plan, {k: v for k, v in totals.items() if v}))
+            cap = _cpu_cap(ask.recipe, plan)
             takes = []
             for n in plan.nodes:
                 mine = [e for e in estimates if e.node == n]
-                takes.append(Take(ask.name, n, _sum(mine)))
+                takes.append(Take(ask.name, n, _sum(mine), cap))
             self._takes[key] = tuple(takes)
         return self._takes[key]
 
@@ -340,6 +347,15 @@ class Placer:
                          f"({take.basis}); {where}, {gib(room)} free — {gib(short)} short",
                          field="recipe", fix="stop a workload, lower gpu_memory_utilization or max_model_len, "
                                              "or place it with --pack / --node elsewhere")
+
+
+def _cpu_cap(recipe: Recipe, plan: Plan) -> int | None:
+    """A CPU build's container cap in bytes (None on a GPU build, or with no cap)."""
+    if not plan.cpu_build:
+        return None
+    from ..launch.lint_memory import size_gib
+    cap = size_gib(recipe.container_settings.memory)
+    return int(cap * GIB) if cap is not None else None
 
 
 def _sum(estimates: Sequence[MemoryEstimate]) -> MemoryEstimate | None:
