@@ -155,12 +155,28 @@ def record_stop(log: StopLog, readings: Readings, group: LaunchGroup) -> list[St
 
 
 async def start_monitor(cluster: ClusterConfig, **kwargs: Any) -> Any:
-    """A ClusterMonitor over every node, after its first ticks (the caller stops it)."""
+    """A ClusterMonitor over every node, once each node has said what runs on it (the caller stops it)."""
     from ..nodes.monitor import ClusterMonitor
-    monitor = ClusterMonitor(cluster, history=4, **kwargs)
+    monitor = ClusterMonitor(cluster, history=8, **kwargs)
     await monitor.start()
     await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
+    await containers_read(monitor.nodes)
     return monitor
+
+
+async def containers_read(monitors: Mapping[str, Any], timeout: float = FACTS_TIMEOUT_S) -> None:
+    """Until every node that answers has sent its container list, and a tick after it (with each container's
+    memory cgroup): the agent lists containers on a thread of its own, so its first ticks carry none, and a
+    placement read then would see empty nodes."""
+    def done(nm: Any) -> bool:
+        if getattr(getattr(nm, "state", None), "value", None) == "DOWN" or getattr(nm, "transport", None) is None:
+            return True
+        ticks = list(getattr(nm, "history", ()))
+        seen = next((t.seq for t in ticks if t.containers is not None), None)
+        return seen is not None and ticks[-1].seq > seen
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not all(done(nm) for nm in monitors.values()):
+        await asyncio.sleep(0.05)
 
 
 async def estimator_for(recipe: Any, plan: Any, monitors: Mapping[str, Any]) -> Estimator:
