@@ -208,12 +208,26 @@ def sweep_during(bed, router: str, results: Path, restart_args: list[str], pace:
     """A `bench run` sweep at c4 through the router, a batch every `pace` seconds at most, the restart run while it
     goes, the sweep stopped (Ctrl-C) once the restart is over and a few more batches passed: (the restart, every
     request, the watch)."""
-    from sparkconsole.bench.results import ResultsStore
     watch = BackendWatch(router, [bed.url(0), bed.url(1)], {"Authorization": f"Bearer {bed.env['SPARKCONSOLE_API_KEY']}"})
-    bench = subprocess.Popen([sys.executable, "-m", "sparkconsole", "bench", "run", "--url", router, "--pp", "32",
-                              "--tg", "8", "-c", "4", "--runs", "2000", "--no-warmup", "--results", str(results),
-                              "--pace", str(pace),
-                              "--quiet", "--topology", "2x-solo"],
+
+    def restart() -> subprocess.CompletedProcess:
+        watch.start()
+        return bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--yes", *restart_args), timeout=1200)
+    try:
+        done, rows, took = sweep_while(bed, ["--url", router, "--topology", "2x-solo"], results, restart, pace)
+    finally:
+        watch.done.set()
+    return done, rows, watch, took
+
+
+def sweep_while(bed, target: list[str], results: Path, action, pace: float, cluster: Path | None = None):
+    """`bench run` at c4 (`target`: its --url, or --model through the cluster's gateway), `action()` run once three
+    batches are in, the sweep stopped (Ctrl-C) a few batches after it: (what action returned, every request stored,
+    the seconds action took)."""
+    from sparkconsole.bench.results import ResultsStore
+    bench = subprocess.Popen([sys.executable, "-m", "sparkconsole", *(["--cluster", str(cluster)] if cluster else []),
+                              "bench", "run", *target, "--pp", "32", "--tg", "8", "-c", "4", "--runs", "2000",
+                              "--no-warmup", "--results", str(results), "--pace", str(pace), "--quiet"],
                              env=bed.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -221,16 +235,14 @@ def sweep_during(bed, router: str, results: Path, restart_args: list[str], pace:
             assert bench.poll() is None, bench.communicate()
             assert time.monotonic() < deadline, "the sweep sent nothing in 300 s"
             time.sleep(0.5)
-        watch.start()
         t0 = time.monotonic()
-        restart = bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--yes", *restart_args), timeout=1200)
+        done = action()
         took = time.monotonic() - t0
         after = levels_batches(results)
         deadline = time.monotonic() + 120
         while levels_batches(results) < after + 3 and time.monotonic() < deadline:
-            time.sleep(0.5)                                 # a few batches on the restarted servers
+            time.sleep(0.5)                                 # a few batches after it
     finally:
-        watch.done.set()
         bench.send_signal(signal.SIGINT)
         try:
             bench.communicate(timeout=120)
@@ -239,7 +251,7 @@ def sweep_during(bed, router: str, results: Path, restart_args: list[str], pace:
             bench.communicate()
     with ResultsStore(results) as store:
         rows = [r for run in store.runs() for r in store.requests(run.run_id)]
-    return restart, rows, watch, took
+    return done, rows, took
 
 
 def levels_batches(results: Path) -> int:
@@ -418,37 +430,13 @@ def several_workloads_behind_one_gateway(bed, pair_router: str) -> None:
                                                      for c, v in sorted(shown.items())))
 
     # a sweep on tiny-llama through the gateway (bench run names the model, no URL) while tiny-b restarts and stops
-    results = bed.root / "gateway.sqlite"
-    bench = subprocess.Popen([sys.executable, "-m", "sparkconsole", "--cluster", str(gw), "bench", "run", "--model",
-                              "tiny-llama", "--pp", "32", "--tg", "8", "-c", "4", "--runs", "2000", "--no-warmup",
-                              "--results", str(results), "--pace", "1", "--quiet"],
-                             env=bed.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        deadline = time.monotonic() + 300
-        while levels_batches(results) < 3:
-            assert bench.poll() is None, bench.communicate()
-            assert time.monotonic() < deadline, "the sweep through the gateway sent nothing in 300 s"
-            time.sleep(0.5)
-        t0 = time.monotonic()
+    def restart_then_stop() -> subprocess.CompletedProcess:
         restart = sc_on(bed, gw, "recipe", "restart", *small(bed, "--name", "tiny-b", "--yes", served="tiny-b"))
         assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
-        stop = sc_on(bed, gw, "recipe", "stop", "tiny-b", "--yes")
-        assert stop.returncode == 0 and "gateway reloaded: tiny-llama" in stop.stdout, stop.stdout + stop.stderr
-        took = time.monotonic() - t0
-        after = levels_batches(results)
-        deadline = time.monotonic() + 120
-        while levels_batches(results) < after + 3 and time.monotonic() < deadline:
-            time.sleep(0.5)
-    finally:
-        bench.send_signal(signal.SIGINT)
-        try:
-            bench.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            bench.kill()
-            bench.communicate()
-    from sparkconsole.bench.results import ResultsStore
-    with ResultsStore(results) as store:
-        rows = [r for run in store.runs() for r in store.requests(run.run_id)]
+        return sc_on(bed, gw, "recipe", "stop", "tiny-b", "--yes")
+    stop, rows, took = sweep_while(bed, ["--model", "tiny-llama"], bed.root / "gateway.sqlite", restart_then_stop, 1.0,
+                                   cluster=gw)
+    assert stop.returncode == 0 and "gateway reloaded: tiny-llama" in stop.stdout, stop.stdout + stop.stderr
     failed = [r for r in rows if not r["ok"]]
     print(f"tiny-llama through the gateway while tiny-b restarted and stopped ({took:.0f} s): {len(rows)} requests, "
           f"{len(failed)} failed")
