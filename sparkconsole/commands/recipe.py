@@ -267,7 +267,7 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
     action = args.recipe_command
     monitor = None
     facts = lint_mod.Facts(headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
-    budget: list[lint_mod.Finding] = []
+    placed: Any = None
     try:
         if action == "status":
             transports = {}
@@ -289,13 +289,14 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             from ..launch.beside import start_monitor
             from .recipe_workloads import place_beside
             monitor = await start_monitor(cluster)
-            plan, budget = await place_beside(args, recipe, cluster, plan, overrides, monitor)
+            plan, placed = await place_beside(args, recipe, cluster, plan, overrides, monitor)
             facts, monitor = await gather_facts(plan, cluster, recipe, monitor=monitor)
+            facts = replace(facts, placement=placed)
         if action in ("lint", "launch"):
             from ..placement.estimate import render as render_fit
             for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts)):
                 print(line)
-            findings = [*lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan), *budget]
+            findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
             for f in findings:
                 print(f.line())
             blocking = lint_mod.refusals(findings, force=args.force)

@@ -183,12 +183,11 @@ def names_running(groups: Sequence[LaunchGroup]) -> str:
 # --- launch beside what runs ---------------------------------------------------------------------------------
 
 async def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Any,
-                       overrides: dict[str, Any], monitor: Any) -> tuple[Any, list[Any]]:
-    """The plan placed where the rule puts it beside what runs (its nodes, port and names), and preflight's
-    findings on the node's budget. A launch that does not fit is refused here, in one line, before anything
-    starts (not overridden by --force: on a GB10 the next step is a frozen host)."""
+                       overrides: dict[str, Any], monitor: Any) -> tuple[Any, Any]:
+    """The plan placed where the rule puts it beside what runs (its nodes, port and names), and the placement for
+    preflight's budget rule (lint_workloads.py). A launch that does not fit is refused here, in one line, before
+    anything starts (not overridden by --force: on a GB10 the next step is a frozen host); `lint` reports it."""
     from ..launch.beside import Readings, estimator_for, launch_options, place
-    from ..launch.lint_workloads import budget_findings, refusal_finding
     from ..launch.plan import make_plan
     from ..placement.fit import Ask
 
@@ -200,10 +199,10 @@ async def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: Cluste
     except UserError as err:
         if args.recipe_command == "launch":
             raise
-        return plan, [refusal_finding(err)]
+        return plan, err
     print(placement.render(), flush=True)
     placed = make_plan(recipe, plan.topology, cluster, {**overrides, **launch_options(placement, ask.name)})
-    return placed, budget_findings(placement)
+    return placed, placement
 
 
 async def before_start(cluster: ClusterConfig, plan: Any, monitor: Any) -> None:

@@ -102,10 +102,8 @@ class RecipeActions:
         if placed is None:
             return []
         _, placement, err = placed
-        if err is not None:
-            return [_Finding("refuse", err.problem, None, err.fix)]
-        from ...launch.lint_workloads import budget_findings
-        return budget_findings(placement)
+        from ...launch.lint_workloads import budget_notes
+        return budget_notes(err if err is not None else placement)
 
     def _chosen_launch(self):
         """The running workload r / s act on: the one highlighted in the running list, else the chosen recipe's,
