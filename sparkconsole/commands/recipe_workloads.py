@@ -69,7 +69,8 @@ def asks_from(args: argparse.Namespace) -> list[Any]:
 
 
 async def fit_main(args: argparse.Namespace, cluster: ClusterConfig) -> int:
-    from ..launch.beside import Readings, place, start_monitor
+    from ..launch.beside import Readings, estimator_for_all, place, start_monitor
+    from ..launch.plan import make_plan
     from ..placement.budget import offline_budget
     from ..placement.fit import fit
 
@@ -81,7 +82,9 @@ async def fit_main(args: argparse.Namespace, cluster: ClusterConfig) -> int:
     else:
         monitor = await start_monitor(cluster)
         try:
-            placement = place(Readings(cluster, monitor.nodes), asks, pack=args.pack)
+            planned = [(a.recipe, make_plan(a.recipe, a.topology, cluster, dict(a.overrides))) for a in asks]
+            estimator = await estimator_for_all(planned, monitor.nodes)
+            placement = place(Readings(cluster, monitor.nodes), asks, pack=args.pack, estimator=estimator)
         finally:
             await monitor.stop()
     print(placement.render())

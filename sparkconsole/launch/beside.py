@@ -182,19 +182,32 @@ async def containers_read(monitors: Mapping[str, Any], timeout: float = FACTS_TI
 async def estimator_for(recipe: Any, plan: Any, monitors: Mapping[str, Any]) -> Estimator:
     """The memory estimate with the model as a node's Hugging Face cache has it (the first node that has it), so a
     recipe without metadata still has its weights counted; the recipe's metadata and built-in figures otherwise."""
+    return await estimator_for_all([(recipe, plan)], monitors)
+
+
+async def estimator_for_all(planned: Sequence[tuple[Any, Any]], monitors: Mapping[str, Any]) -> Estimator:
+    """estimator_for of several recipes (each with a plan of it): each model read once, from the first node that
+    has it in its cache."""
     from ..placement.estimate import estimate_plan
     from ..placement.modelinfo import read_node
     from .lint import plan_model
-    source = plan_model(plan)
-    info = None
-    for name in (*plan.nodes, *(n for n in monitors if n not in plan.nodes)):
-        t = getattr(monitors.get(name), "transport", None)
-        if t is None or not source:
+    infos: dict[str, Any] = {}
+    read: dict[str, Any] = {}
+    for recipe, plan in planned:
+        source = plan_model(plan)
+        if not source:
             continue
-        info, _ = await read_node(t, source, getattr(recipe, "model_revision", None))
-        if info is not None:
-            break
+        if source not in read:
+            read[source] = None
+            for name in (*plan.nodes, *(n for n in monitors if n not in plan.nodes)):
+                t = getattr(monitors.get(name), "transport", None)
+                if t is None:
+                    continue
+                read[source], _ = await read_node(t, source, getattr(recipe, "model_revision", None))
+                if read[source] is not None:
+                    break
+        infos[recipe.key] = read[source]
 
     def estimate(r: Any, p: Any, totals: Mapping[str, int]) -> Sequence[Any]:
-        return estimate_plan(r, p, totals, info=info if r is recipe else None)
+        return estimate_plan(r, p, totals, info=infos.get(r.key))
     return estimate
