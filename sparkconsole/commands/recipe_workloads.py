@@ -12,7 +12,6 @@ reads the nodes, prints, and refuses in one line.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
@@ -177,10 +176,6 @@ async def sync_gateway(cluster: ClusterConfig, transports: dict[str, Transport],
     report = await keep_current(cluster, transports, without=without)
     if report is not None:
         print(report.line(), flush=True)
-
-
-def names_running(groups: Sequence[LaunchGroup]) -> str:
-    return ", ".join(sorted(g.name for g in groups)) or "none"
 
 
 # --- launch beside what runs ---------------------------------------------------------------------------------

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -55,7 +56,6 @@ def parse_inspect(text: str) -> list[ContainerInfo]:
 async def read_nodes(cluster: ClusterConfig, transports: Mapping[str, Any]) -> tuple[list[NodeContainers], list[str]]:
     """Each reachable node's labelled containers; and the nodes that could not be read (left out)."""
     def prefix(node: str) -> str:
-        import shlex
         return "".join(f"{k}={shlex.quote(v)} " for k, v in cluster.node(node).env)
 
     async def one(name: str) -> NodeContainers | None:
@@ -63,7 +63,7 @@ async def read_nodes(cluster: ClusterConfig, transports: Mapping[str, Any]) -> t
         if t is None:
             return None
         try:
-            res = await t.run(prefix(name) + "sh -c " + _quote(LIST_CMD), timeout=READ_TIMEOUT_S)
+            res = await t.run(prefix(name) + "sh -c " + shlex.quote(LIST_CMD), timeout=READ_TIMEOUT_S)
         except Exception:  # noqa: BLE001 — an unreadable node is named as such, it does not stop the command
             return None
         return NodeContainers(name, parse_inspect(res.stdout)) if res.rc == 0 else None
@@ -72,11 +72,6 @@ async def read_nodes(cluster: ClusterConfig, transports: Mapping[str, Any]) -> t
     read = [g for g in got if g is not None]
     missed = [n.name for n, g in zip(cluster.nodes, got, strict=True) if g is None]
     return read, missed
-
-
-def _quote(text: str) -> str:
-    import shlex
-    return shlex.quote(text)
 
 
 def replan_options(group: LaunchGroup) -> dict[str, Any]:
@@ -140,6 +135,7 @@ def not_running(name: str, groups: Sequence[LaunchGroup], missed: Sequence[str] 
 
 
 def groups_of(nodes: Sequence[NodeContainers]) -> list[LaunchGroup]:
+    """The workloads on the nodes read (nodes/launches.py groups)."""
     return launch_groups(nodes)
 
 
