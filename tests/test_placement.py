@@ -81,7 +81,10 @@ def test_fit_from_the_command_line_and_its_bad_input_in_one_line_each(tmp_path, 
     for argv, needle in ((["recipe", "fit", "--offline"], "fit needs at least one recipe"),
                          (["recipe", "fit", "tiny-testbed", "tiny-testbed", "--offline"], "two workloads named 'tiny-testbed'"),
                          (["recipe", "fit", "gpt-oss-120b", "llama-3.1-8b", "--name", "a", "--offline"],
-                          "1 --name for 2 recipes")):
+                          "1 --name for 2 recipes"),
+                         # two recipes asking for one port, packed onto one node
+                         (["recipe", "fit", "llama-3.1-8b", "qwen3-embedding-0.6b", "--set", "port=9000", "--pack",
+                           "--offline"], "port 9000 is taken on spark1 by ")):
         assert cli.main(["--cluster", str(f), *argv]) == 2
         err = error_lines(capsys.readouterr().err)
         assert len(err) == 1 and needle in err[0], err
@@ -100,6 +103,18 @@ def test_a_port_the_operator_gave_is_never_moved_and_refused_when_another_holds_
     two = slots(tiny, "2x-solo", TWO, {"workload": "pair", "router": "vllm-router"},
                 {"spark1": Taken(ports={4000: "other", 4001: "other"})})
     assert two == {"router_port": 4002}
+
+
+def test_a_container_name_the_recipe_gives_is_refused_when_another_holds_it(tmp_path):
+    from sparkconsole.recipes import load_recipe
+    text = open(find_recipe("tiny-testbed").source).read().replace("    memory: 6g\n", "    memory: 6g\n    name: shared\n")
+    (tmp_path / "named.yaml").write_text(text)
+    named = load_recipe(tmp_path / "named.yaml")
+    held = {"spark1": Taken(names={"shared": "chat"})}
+    with pytest.raises(UserError, match="container shared .* is taken on spark1 by chat"):
+        slots(named, "solo", TWO, {"nodes": ["spark1"]}, held)
+    # under a name of its own, its container is its own (shared_coder)
+    assert slots(named, "solo", TWO, {"nodes": ["spark1"], "workload": "coder"}, held) == {}
 
 
 def test_what_runs_counts_its_claim_while_it_loads_and_memavailable_caps_the_room():

@@ -6,7 +6,8 @@ container name (the recipe's or the node's, with the workload's name added when 
 another workload already holds moves it: the next port free on every node of the plan (a vllm-router also takes the
 port above its own for its metrics), the container name with the workload's name added. A port the operator gave
 (`--port`) never moves: taken, it is refused in one line naming whose it is, and so is a workload name that runs
-already or that two workloads of one set share.
+already or that two workloads of one set share, and so is a container name the recipe itself gives
+(`sparkconsole.container.name`) that another holds.
 
 Pure: what runs comes in as `Taken` per node (built from the agents' container lists and the launches' labels).
 """
@@ -91,10 +92,16 @@ def slots(recipe: Any, topology: str, cluster: ClusterConfig, overrides: Mapping
                 (opts.get("port") is not None and opts["port"] in range(rport, rport + span)):
             opts["router_port"] = _free(rport, [router.node], taken, span=span, avoid={opts.get("port")})
     names = {}
+    asked_name = recipe.container_settings.name
     for s in plan.services:
         if s.role == "router":
             continue
-        if s.container in taken.get(s.node, Taken()).names:
+        holder = taken.get(s.node, Taken()).names.get(s.container)
+        if holder is not None and s.container == asked_name:
+            raise UserError(f"container {s.container} (the recipe's sparkconsole.container.name) is taken on "
+                            f"{s.node} by {holder}", file=recipe.source, field="sparkconsole.container.name",
+                            fix="give this workload its own name (--name): its containers are named after it")
+        if holder is not None:
             names[s.node] = f"{s.container}_{plan.name}" if not s.container.endswith(f"_{plan.name}") \
                 else f"{s.container}_2"
             if names[s.node] in taken.get(s.node, Taken()).names:
