@@ -177,3 +177,15 @@ def test_what_the_nodes_hold_comes_from_their_containers_and_the_launches_labels
     taken = taken_on([Node("spark1", (ContainerInfo("vllm_node", state="running"), ContainerInfo("old", state="exited")))],
                      [g])
     assert taken["spark1"].ports == {8000: "chat"} and set(taken["spark1"].names) == {"vllm_node", "old"}
+
+
+def test_acting_on_a_workload_that_is_not_running_is_one_line_and_touches_nothing(tmp_path, capsys, monkeypatch):
+    f = tmp_path / "local.yaml"
+    f.write_text("nodes:\n  - {name: here, address: 127.0.0.1, local: true}\n")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-docker.sock")     # this node's Docker: not there
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+    for action in (["status", "coder"], ["stop", "coder", "--yes"], ["restart", "coder", "--yes"]):
+        assert cli.main(["--cluster", str(f), "recipe", *action]) == 2
+        err = error_lines(capsys.readouterr().err)
+        assert len(err) == 1 and "no workload named 'coder' is running (here not read)" in err[0], err
+    assert not (tmp_path / "state" / "audit.log").exists()

@@ -23,7 +23,7 @@ from .steps import Plan, Service
 
 READ_TIMEOUT_S = 30.0
 # every container a launch started, as `docker inspect` describes it (labels, state): one command per node
-LIST_CMD = (f"ids=$(docker ps -aq --filter label={LABEL}recipe); "
+LIST_CMD = (f"ids=$(docker ps -aq --filter label={LABEL}recipe) || exit $?; "
             'if [ -z "$ids" ]; then echo "[]"; else docker inspect $ids; fi')
 
 
