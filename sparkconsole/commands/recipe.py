@@ -267,7 +267,6 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
     action = args.recipe_command
     monitor = None
     facts = lint_mod.Facts(headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
-    placed: Any = None
     try:
         if action == "status":
             transports = {}
@@ -286,12 +285,8 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             print(health.render())
             return 0 if health.ok else 1
         if action in ("lint", "launch") and not args.offline:
-            from ..launch.beside import start_monitor
-            from .recipe_workloads import place_beside
-            monitor = await start_monitor(cluster)
-            plan, placed = await place_beside(args, recipe, cluster, plan, overrides, monitor)
-            facts, monitor = await gather_facts(plan, cluster, recipe, monitor=monitor)
-            facts = replace(facts, placement=placed)
+            from .recipe_workloads import read_beside
+            plan, facts, monitor = await read_beside(args, recipe, cluster, plan, overrides)
         if action in ("lint", "launch"):
             from ..placement.estimate import render as render_fit
             for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts)):

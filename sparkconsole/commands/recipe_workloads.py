@@ -203,6 +203,24 @@ async def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: Cluste
     return placed, placement
 
 
+async def read_beside(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Any,
+                      overrides: dict[str, Any]) -> tuple[Any, Any, Any]:
+    """`lint` and `launch` with the nodes read: every node's tick, the plan placed beside what runs, the facts
+    preflight judges (the placement among them). Returns (plan, facts, the monitor: the caller stops it)."""
+    from dataclasses import replace
+
+    from ..launch.beside import start_monitor
+    from .recipe import gather_facts
+    monitor = await start_monitor(cluster)
+    try:
+        plan, placed = await place_beside(args, recipe, cluster, plan, overrides, monitor)
+        facts, monitor = await gather_facts(plan, cluster, recipe, monitor=monitor)
+    except BaseException:
+        await monitor.stop()
+        raise
+    return plan, replace(facts, placement=placed), monitor
+
+
 async def before_start(cluster: ClusterConfig, plan: Any, monitor: Any) -> None:
     """The waits before a launch starts on its nodes: the previous launch there loaded, memory back after a stop."""
     from ..launch.beside import Readings, wait_loaded, wait_recovered
