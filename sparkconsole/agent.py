@@ -549,6 +549,78 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+# earlyoom: found through its systemd unit's cgroup (one read); a process scan (every process's comm, ~5 ms for
+# a few hundred) only for one started by hand, at most this often while it is not found.
+EARLYOOM_SCAN_S = 600.0
+EARLYOOM_UNIT = "system.slice/earlyoom.service/cgroup.procs"
+# the agent's process name (comm), so earlyoom's --avoid can name it; it still reads as a python process to ps
+AGENT_NAME = b"python3-scagent"
+CGROUP_ROOT = ["/sys/fs/cgroup"]  # --cgroup-root (main sets it)
+
+
+class EarlyOomWatch:
+    """Whether earlyoom is installed and running on the node, and its arguments (the guard judges --prefer/--avoid)."""
+
+    def __init__(self, cgroup_root: str = "/sys/fs/cgroup") -> None:
+        self.cgroup_root = cgroup_root
+        self.pid: int | None = None
+        self.args: list[str] = []
+        self._scanned = float("-inf")
+        self._installed: bool | None = None
+
+    def _found(self, proc_root: str, pid: int) -> bool:
+        if _comm(proc_root, pid) != "earlyoom":
+            return False
+        self.pid = pid
+        try:
+            with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as fh:
+                self.args = [a.decode(errors="replace") for a in fh.read().split(b"\0")[1:] if a][:32]
+        except OSError:
+            self.args = []
+        return True
+
+    def read(self, proc_root: str) -> dict[str, Any]:
+        if self.pid is not None and _comm(proc_root, self.pid) != "earlyoom":
+            self.pid, self.args = None, []
+        if self.pid is None:
+            try:
+                with open(os.path.join(self.cgroup_root, EARLYOOM_UNIT), encoding="ascii") as fh:
+                    pids = [int(x) for x in fh.read().split()[:4]]
+            except (OSError, ValueError):
+                pids = []
+            any(self._found(proc_root, pid) for pid in pids)
+        now = time.monotonic()
+        if self.pid is None and now - self._scanned >= EARLYOOM_SCAN_S:
+            self._scanned = now
+            import shutil
+            self._installed = shutil.which("earlyoom") is not None or any(
+                os.path.exists(d + "/earlyoom") for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin"))
+            any(self._found(proc_root, int(n)) for n in os.listdir(proc_root) if n.isdigit())
+        if self.pid is not None:
+            return {"installed": True, "pid": self.pid, "args": self.args}
+        return {"installed": self._installed} if self._installed is not None else {}
+
+
+def _comm(proc_root: str, pid: int) -> str | None:
+    try:
+        with open(os.path.join(proc_root, str(pid), "comm"), encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def name_self(name: bytes = AGENT_NAME) -> None:
+    """Set this process's name (comm, what ps and earlyoom see) to `name`; nothing where prctl is missing."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)     # PR_SET_NAME
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+_earlyoom: dict[str, EarlyOomWatch] = {}
+
+
 def read_guards(proc_root: str) -> dict[str, Any]:
     g: dict[str, Any] = {}
     try:
@@ -560,6 +632,9 @@ def read_guards(proc_root: str) -> dict[str, Any]:
         v = _read_int(os.path.join(proc_root, "sys", "vm", key))
         if v is not None:
             g[key] = v
+    eo = _earlyoom.setdefault(proc_root, EarlyOomWatch(CGROUP_ROOT[0])).read(proc_root)
+    if eo:
+        g["earlyoom"] = eo
     return g
 
 
@@ -914,6 +989,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     interval = max(args.interval, 0.01)
 
+    name_self()
+    CGROUP_ROOT[0] = args.cgroup_root
     pending_errors: list[str] = []   # said once, on the first tick
     source = open_gpu_source(args.gpu_source, pending_errors)
     poller = None

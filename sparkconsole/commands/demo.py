@@ -11,8 +11,9 @@ recipe plan sends. Everything lives in a temporary directory removed at exit. Ev
 simulated time; `--speed F` runs that clock F times faster than real time.
 
 `--runaway KIND[:NODE]` starts a runaway on NODE (default: spark1 for solo, else spark2) {after} seconds
-after the model serves: `memory` (the vLLM container's memory grows until the node freezes), `thermal` (cooling
-fails, the GPU heats to shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
+after the model serves: `memory` (the vLLM process's GPU memory grows, its container's cap does not see it, and
+the console's guard stops the container before the node freezes), `thermal` (cooling fails, the GPU heats to
+shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
 """
 
 from __future__ import annotations
@@ -68,9 +69,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "running until Ctrl-C or --duration")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of real time")
     p.add_argument("--runaway", metavar="KIND[:NODE]",
-                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (the node "
-                   "freezes), thermal (it shuts down) or link (it is cut off); NODE defaults to spark1 for solo, "
-                   "else spark2")
+                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (its GPU "
+                   "memory grows until the guard stops it), thermal (it shuts down) or link (it is cut off); NODE "
+                   "defaults to spark1 for solo, else spark2")
     p.add_argument("--also", metavar="RECIPE",
                    help="once the model serves, launch this recipe beside it (solo, placed against each node's "
                         "memory budget as `recipe launch` places it), e.g. llama-3.1-8b with --topology solo")
