@@ -14,6 +14,7 @@ pytest_plugins = [
     "tests.testbed.vllm",
     "tests.testbed.routers",
     "tests.testbed.benchy",
+    "tests.testbed.llamacpp",
 ]
 
 # Whole modules that start simulated clusters, tmux, or thousands of hypothesis cases: minutes of CPU on 2 cores.

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/recipes_corpus.py LOCATION [LOCATION …] [--nodes 2] [--show-refusals]
     .venv/bin/python benchmarks/recipes_corpus.py --smoke
+    .venv/bin/python benchmarks/recipes_corpus.py LOCATION … --sparkrun /path/to/venv-with-sparkrun/bin/python
 
 Each LOCATION is a registry's git repository on this machine (a clone of spark-arena/recipe-registry, of the
 community registry, …); it is added through the product's own `registry add file://…` (the real git) into a
@@ -11,6 +12,10 @@ state directory of this run's own, so nothing of the operator's is touched. Ever
 "planned", or the refusal's reason (its problem, before the file's own details). Prints one table per recipe
 version, and each refusal's line with --show-refusals. `--smoke` writes a few recipes of its own (v1, v2 with
 and without a command, SGLang, an include, an override) into a registry it makes, and runs on those.
+
+`--sparkrun PYTHON` (a Python ≥ 3.12 with sparkrun installed from PyPI) also renders each v2 vLLM recipe with
+sparkrun itself (`Recipe.load`, `build_config_chain`, `render_command`) and compares its words with our plan's
+vLLM argv (solo where the recipe allows it, else the cluster launch), printing each difference.
 """
 
 from __future__ import annotations
@@ -76,7 +81,48 @@ def reason(err: Exception) -> str:
     return text[:110]
 
 
-def run(locations: list[Path], nodes: int, show: bool) -> int:
+SPARKRUN_RENDER = r"""
+import json, logging, sys
+logging.disable(logging.CRITICAL)
+from sparkrun.core.recipe import Recipe
+out = {}
+for f in sys.argv[1:]:
+    try:
+        r = Recipe.load(f)
+        chain = r.build_config_chain({"tensor_parallel": 1} if r.max_nodes == 1 else None)
+        out[f] = {"runtime": r.runtime, "command": r.render_command(chain)}
+    except Exception as e:
+        out[f] = {"error": type(e).__name__ + ": " + str(e)[:200]}
+print(json.dumps(out))
+"""
+
+
+def compare_sparkrun(python: str, planned: dict[str, list[str]]) -> None:
+    """Our plans' vLLM argv beside sparkrun's rendered command, word for word."""
+    import json
+    import shlex
+    res = subprocess.run([python, "-c", SPARKRUN_RENDER, *planned], capture_output=True, text=True, timeout=600)
+    if res.returncode != 0:
+        print(f"sparkrun could not be run: {res.stderr.strip()[-300:]}")
+        return
+    theirs = json.loads(res.stdout)
+    same, differ = 0, []
+    for path, ours in planned.items():
+        t = theirs.get(path, {})
+        if not t.get("command") or not str(t.get("runtime", "")).startswith("vllm"):
+            continue
+        words = shlex.split(t["command"].replace("\\\n", " "))
+        if words == ours:
+            same += 1
+        else:
+            differ.append(f"{Path(path).name}: only ours {[w for w in ours if w not in words][:10]}, only "
+                          f"sparkrun's {[w for w in words if w not in ours][:10]}")
+    print(f"\nagainst sparkrun: {same} of {same + len(differ)} v2 vLLM commands word for word the same")
+    for d in differ:
+        print("  " + d[:300])
+
+
+def run(locations: list[Path], nodes: int, show: bool, sparkrun: str | None = None) -> int:
     from sparkconsole.errors import UserError
     from sparkconsole.launch.plan import make_plan
     from sparkconsole.recipes import load_recipe
@@ -95,6 +141,7 @@ def run(locations: list[Path], nodes: int, show: bool) -> int:
     tables: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
     files: collections.Counter[str] = collections.Counter()
     lines: list[str] = []
+    argvs: dict[str, list[str]] = {}
     for rr in regs.recipes():
         try:
             recipe = load_recipe(rr.path, key=rr.qualified, registry=rr.registry)
@@ -113,8 +160,10 @@ def run(locations: list[Path], nodes: int, show: bool) -> int:
             if topology not in recipe.topologies:
                 continue
             try:
-                make_plan(recipe, topology, cluster, {"eth_if": "enp1s0f0np0"})
+                plan = make_plan(recipe, topology, cluster, {"eth_if": "enp1s0f0np0"})
                 tables[version][f"planned ({topology})"] += 1
+                if recipe.v2:
+                    argvs.setdefault(str(rr.path), list(next(iter(plan.server_args.values()))))
             except UserError as err:
                 tables[version][f"refused ({topology}) {reason(err)}"] += 1
                 lines.append(f"{rr.qualified} × {topology}: {err}")
@@ -134,6 +183,8 @@ def run(locations: list[Path], nodes: int, show: bool) -> int:
         print("\nrefusals:")
         for line in lines:
             print("  " + line)
+    if sparkrun:
+        compare_sparkrun(sparkrun, argvs)
     return 0
 
 
@@ -143,13 +194,14 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=2)
     ap.add_argument("--show-refusals", action="store_true")
     ap.add_argument("--smoke", action="store_true", help="a few recipes of this script's own")
+    ap.add_argument("--sparkrun", metavar="PYTHON", help="a Python with sparkrun installed: compare its commands")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="recipes-corpus-") as tmp:
         os.environ["SPARKCONSOLE_STATE_DIR"] = str(Path(tmp) / "state")
         locations = [smoke_registry(Path(tmp))] if args.smoke else args.locations
         if not locations:
             ap.error("give registries' locations, or --smoke")
-        return run(locations, args.nodes, args.show_refusals or args.smoke)
+        return run(locations, args.nodes, args.show_refusals or args.smoke, args.sparkrun)
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ async def test_recipe_plan_launches_through_the_shims(topology, options):
     every docker command it sends is answered by the sim nodes' shims, and the endpoint serves."""
     from sparkconsole.launch.plan import make_plan
     from sparkconsole.launch.runner import Runner
-    from sparkconsole.nodes.transport import make_transport
+    from sparkconsole.nodes.connect import make_transport
     from sparkconsole.recipes import bundled_recipes
 
     # Loopback addresses of their own: the recipe's fixed router port must not meet a demo running on .2/.3.

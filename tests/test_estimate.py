@@ -184,3 +184,65 @@ def test_the_hub_is_never_asked_offline(monkeypatch):
     import asyncio
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert asyncio.run(modelinfo.read_hub("meta-llama/Llama-3.1-8B-Instruct")) is None
+
+
+def test_the_test_beds_cpu_vllm_fits_its_kv_space_and_one_too_long_for_it_does_not(tmp_path):
+    """vLLM CPU keeps its KV cache in VLLM_CPU_KVCACHE_SPACE beside its weights: the bundled tiny-testbed recipe
+    (1 GiB) fits a 2048-token sequence of the tiny model (float32 KV, --dtype float32), and a context that needs more
+    than the space does not."""
+    from sparkconsole.recipes import find_recipe
+    cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 4, "hidden_size": 128,
+           "dtype": "float32", "max_position_embeddings": 4096}
+    info = modelinfo.info_from_config(cfg, source="hf-cache", weights_b=2_886_144)
+    recipe = find_recipe("tiny-testbed")
+    [e] = estimate_plan(recipe, make_plan(recipe, "solo", CLUSTER), {}, info=info)
+    assert e.kv_per_token_b == 2 * 32 * 4 * 4 * 2 and e.kv_b == e.kv_per_token_b * 2048   # float32: 4 bytes
+    assert e.fits is True and e.claim_b == 2_886_144 + 1 * GIB + e.overhead_b
+    [e] = estimate_plan(recipe, make_plan(recipe, "solo", CLUSTER, {"max_model_len": 1_000_000}), {}, info=info)
+    assert e.fits is False
+
+
+V2_META = """recipe_version: "2"
+model: org/eight-b
+container: img
+metadata: {model_params: 8B, model_dtype: bfloat16, kv_dtype: fp8, num_layers: 32, num_kv_heads: 8, head_dim: 128}
+defaults: {port: 8000, max_model_len: 8192, gpu_memory_utilization: 0.5}
+command: vllm serve {model} --port {port} --max-model-len {max_model_len} --gpu-memory-utilization {gpu_memory_utilization}
+"""
+
+
+def test_a_v2_recipes_metadata_answers_when_no_cache_has_the_model_and_the_cache_wins_when_one_does(tmp_path):
+    (tmp_path / "m.yaml").write_text(V2_META)
+    recipe = load_recipe(tmp_path / "m.yaml")
+    plan = make_plan(recipe, "solo", CLUSTER)
+    [e] = estimate_plan(recipe, plan, {"spark1": 100 * GIB})
+    # sparkrun's keys: 8B parameters in bf16, an fp8 KV cache (the command sets no --kv-cache-dtype)
+    assert (e.source, e.weights_b) == ("metadata", 16 * 10 ** 9)
+    assert e.kv_per_token_b == 2 * 128 * 8 * 1 * 32 and e.kv_b == e.kv_per_token_b * 8192
+    assert e.claim_b == 50 * GIB and e.fits is True
+    # the node's cache holds the model: its header bytes and its config win; metadata fills nothing they know
+    hf_cache(tmp_path / "hf", "org/eight-b", LLAMA_CFG, SHARDS)
+    info = parse_probe(read_node_cache(tmp_path / "hf", "org/eight-b")[1])
+    [e] = estimate_plan(recipe, plan, {"spark1": 100 * GIB}, info=info)
+    assert (e.source, e.weights_b) == ("hf-cache", WEIGHTS)
+    assert e.kv_per_token_b == 2 * 64 * 2 * 1 * 4           # the cache's shape, the metadata's fp8 KV dtype
+
+
+def test_recipe_plan_and_lint_print_the_memory_fit(tmp_path):
+    """`recipe plan` (on paper: the bundled model's figures) and `recipe lint --offline` show it, one line per
+    server; a claim below the weights is refused by preflight, naming both."""
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("nodes:\n  - {name: spark1, address: 10.0.0.1}\n")
+
+    def sc(*args):
+        return subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(cluster), "recipe", *args],
+                              capture_output=True, text=True, timeout=120)
+    plan = sc("plan", "llama-3.1-8b", "-T", "solo", "--offline")
+    assert plan.returncode == 0, plan.stderr
+    line = next(ln for ln in plan.stdout.splitlines() if ln.startswith("memory [spark1/server]"))
+    assert "weights 15.0 GiB" in line and "(128.0 KiB/token)" in line and ": fits" in line and "metadata" in line
+    lint = sc("lint", "llama-3.1-8b", "-T", "solo", "--offline", "--gpu-memory-utilization", "0.1")
+    assert lint.returncode == 1
+    assert "DOES NOT FIT" in lint.stdout
+    assert "REFUSE weights_over_claim: [spark1] the weights alone are 15.0 GiB on this node, over the claim 12.2 GiB" \
+        in lint.stdout

@@ -9,7 +9,7 @@ import pytest
 
 from sparkconsole.errors import UserError
 from sparkconsole.launch import ifaces
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
 from tests.helpers import error_lines
 
 FIX = Path(__file__).parent / "fixtures" / "ifaces"

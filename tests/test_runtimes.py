@@ -182,13 +182,13 @@ def rules(findings):
 
 
 def test_preflight_asks_sglang_for_its_own_claim_and_leaves_vllm_rules_to_vllm(tmp_path):
-    # mem_fraction_static is SGLang's gpu_memory_utilization: 0.9 × 121.7 GiB is over the 100g cap
-    hot = recipe(tmp_path, SGLANG.replace("gpu_memory_utilization: 0.7", "gpu_memory_utilization: 0.9")
+    # mem_fraction_static is SGLang's gpu_memory_utilization: 0.95 × 121.7 GiB is over the node's budget
+    hot = recipe(tmp_path, SGLANG.replace("gpu_memory_utilization: 0.7", "gpu_memory_utilization: 0.95")
                  .replace("--enable-metrics", "--enable-metrics --cuda-graph-max-bs 8"))
     f = [x for x in preflight(hot, "solo", NODES, GB10, overrides={"tensor_parallel": 1}) if x.refuses]
     assert [x.rule for x in f if x.rule == "gpu_memory_utilization"], f
     claim = next(x for x in f if x.rule == "gpu_memory_utilization")
-    assert "mem_fraction_static 0.9" in claim.message and "gpu_memory_utilization" not in claim.message
+    assert "mem_fraction_static 0.95" in claim.message and "gpu_memory_utilization" not in claim.message
     assert "mem_fraction_static=" in (claim.fix or "")
     # vLLM's custom_ops rule reads vLLM's compilation config: an SGLang command is not asked
     ops = recipe(tmp_path, SGLANG.replace("--enable-metrics", "--enable-metrics -cc '{\"custom_ops\":[\"all\"]}'"),

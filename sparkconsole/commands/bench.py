@@ -117,6 +117,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     m.add_argument("--speed", type=float, metavar="F",
                    help=f"with --demo: simulated clock speed relative to real time (default {DEMO_SPEED:g})")
     m.add_argument("--force", action="store_true", help="launch although preflight refuses (never a blocking rule)")
+    m.add_argument("--trust", action="store_true", help="run the recipe's pre_exec and mods that `recipe plan` "
+                   "lists under 'needs confirmation'")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="recipe placeholder value for every launch, e.g. --set max_num_batched_tokens=16384")
     m.add_argument("--verbose", "-v", action="store_true", help="print every launch step, not only readiness")
@@ -428,8 +430,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             probe = _thermal_probe(monitor)
             on_progress, on_finding = _launch_printer(args, line)
             launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
-                                      poll_interval=0.5 if args.demo else 1.0, on_progress=on_progress,
-                                      on_finding=on_finding)
+                                      trust=args.trust, poll_interval=0.5 if args.demo else 1.0,
+                                      on_progress=on_progress, on_finding=on_finding)
         with ResultsStore(args.results) as store:
             out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
                                    simulated=bool(args.demo), speed=speed if args.demo else 1.0,

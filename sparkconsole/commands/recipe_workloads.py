@@ -102,7 +102,8 @@ class Target:
 
 
 async def connect_all(cluster: ClusterConfig) -> dict[str, Transport]:
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
     out = {}
     for n in cluster.nodes:
         t = make_transport(n, cluster.ssh)
@@ -167,7 +168,7 @@ async def sync_gateway(cluster: ClusterConfig, transports: dict[str, Transport],
     if cluster.gateway is None:
         return
     from ..launch.gateway import keep_current
-    from ..nodes.transport import make_transport
+    from ..nodes.connect import make_transport
 
     if cluster.head.name not in transports:
         t = make_transport(cluster.head, cluster.ssh)
@@ -275,7 +276,7 @@ async def _restart(args: argparse.Namespace, cluster: ClusterConfig, target: Tar
     from ..launch.plan import make_plan
     from ..launch.rolling import restart, restart_text
     from ..launch.workloads import replan_options
-    from .recipe import _confirm, overrides_from
+    from .recipe import _confirm, _confirm_trust, overrides_from
 
     group, recipe = target.group, target.recipe
     assert group is not None and recipe is not None
@@ -290,6 +291,7 @@ async def _restart(args: argparse.Namespace, cluster: ClusterConfig, target: Tar
     plan = make_plan(recipe, group.topology, cluster, {**overrides, **replan_options(group)})
     print(plan.render({n.name: n.address for n in cluster.nodes}))
     print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
+    plan = _confirm_trust(args, plan)           # what it runs again: mods, pre_exec
     _confirm(args, f"restart {group.name} ({group.recipe} × {group.topology}) on {', '.join(plan.nodes)}?")
     report = await restart(runner, plan, show, drain_timeout=args.drain_timeout, all_at_once=args.all_at_once)
     if report is not None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..errors import UserError
 from ..recipes import Recipe
-from ..recipes.render import plain, render_v2
+from ..recipes.render import render_v2, shell_quote
 from ..runtimes import RUNTIMES, VLLM, Runtime, model_source
 from ..runtimes import flag_value as flag_value  # re-exported: launch modules read flags from here
 from ..runtimes import has_flag as has_flag
@@ -34,7 +34,9 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     if len(commands) > 1:
         return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
     try:
-        words = shlex.split(template)
+        # v2, as sparkrun: the template filled, then split as bash splits it (a value may be several words);
+        # v1, as sparkconsole always read it: split first, each word filled (a value is one word)
+        words = shlex.split(_fill_v2(recipe, template, params) if recipe.v2 else template)
     except ValueError as exc:
         raise UserError(f"the command cannot be split into arguments ({exc})", file=recipe.source,
                         line=recipe.command_line, field="command", fix="balance the quotes in the command") from None
@@ -44,9 +46,7 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     if any(w in SHELL_OPERATORS for w in words):
         return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
     if recipe.v2:
-        values = recipe.template_values(params)
-        escapes = "{{" in template
-        argv = [render_v2(w, values, recipe.source, recipe.command_line, "command", escapes=escapes) for w in words]
+        argv = words
     else:
         values = {k: _plain(v) for k, v in params.items()}
         argv = [w.format(**values) for w in words]
@@ -66,11 +66,16 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     return [*out, *extra_args], False
 
 
+def _fill_v2(recipe: Recipe, template: str, params: Mapping[str, Any]) -> str:
+    return render_v2(template, recipe.template_values(params), recipe.source, recipe.command_line, "command")
+
+
 def _fill_quoted(recipe: Recipe, template: str, params: Mapping[str, Any]) -> str:
-    """The template for `bash -c`, each value quoted for that shell."""
+    """The template for `bash -c`, each value quoted for where it lands in that shell line (v2: inside '…' or
+    "…" as written, so a JSON value in quotes stays one literal word)."""
     if recipe.v2:
-        quoted = {k: shlex.quote(str(plain(v))) for k, v in recipe.template_values(params).items()}
-        return render_v2(template, quoted, recipe.source, recipe.command_line, "command")
+        return render_v2(template, recipe.template_values(params), recipe.source, recipe.command_line, "command",
+                         quote=shell_quote)
     return template.format(**{k: shlex.quote(str(_plain(v))) for k, v in params.items()})
 
 

@@ -210,11 +210,12 @@ def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
 
 def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     """The claims of the servers on each node, summed, judged against the node's budget (lint_memory.py): MemTotal
-    less the reserve less what the other workloads measurably hold — never the container's cap."""
+    less the reserve less what the other workloads measurably hold — never the container's cap. Each runtime's own
+    claim (SGLang's mem_fraction_static); llama.cpp claims no share up front: the memory fit judges it."""
     from ..placement.budget import node_budget, offline_budget
     runtime = runtime_of(plan)
     if not runtime.claim_fraction:
-        return []        # llama.cpp claims no share up front: the memory fit judges what it allocates
+        return []
     cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
     claims: dict[str, list[float]] = {}
     ours: dict[str, set[str]] = {}

@@ -114,7 +114,8 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
             _asked(recipe, topology, overrides), len(options["nodes"]) if options.get("nodes") else None,
             explicit=any(overrides.get(k) is not None for k in ("tensor_parallel", "pipeline_parallel")))
         _check_node_range(recipe, count)
-    recipe, applied = _for_launch(recipe, topology, count if topology == "cluster-tp2" else 1, overrides)
+    split = (tp, pp, count) if topology == "cluster-tp2" else (1, 1, 1)
+    recipe, applied = _for_launch(recipe, topology, split, overrides)
     if topology == "cluster-tp2":
         nodes = select_nodes(topology, cluster, options.get("nodes"), count)
         # a cluster runs the recipe's own split over as many nodes (cluster_split)
@@ -160,8 +161,10 @@ def _asked(recipe: Recipe, topology: str, overrides: Mapping[str, Any]) -> dict[
             **{k: v for k, v in overrides.items() if v is not None}}
 
 
-def _for_launch(recipe: Recipe, topology: str, nodes: int, overrides: Mapping[str, Any]) -> tuple[Recipe, list[str]]:
-    """The recipe with the `overrides:` entries that match this launch applied, and a note for each entry."""
+def _for_launch(recipe: Recipe, topology: str, split: tuple[int, int, int],
+                overrides: Mapping[str, Any]) -> tuple[Recipe, list[str]]:
+    """The recipe with the `overrides:` entries that match this launch applied (its tensor and pipeline split and
+    node count as planned), and a note for each entry."""
     if not recipe.overrides:
         return recipe, []
     asked = _asked(recipe, topology, overrides)
@@ -171,9 +174,8 @@ def _for_launch(recipe: Recipe, topology: str, nodes: int, overrides: Mapping[st
             shape[short] = int(asked.get(key) or 1)
         except (TypeError, ValueError):
             shape[short] = 1
-    if topology != "cluster-tp2":
-        shape.update(tp=1, pp=1)
-    return for_launch(recipe, LaunchFacts(nodes=nodes, runtime=recipe.runtime, shape=shape, config=asked))
+    shape.update(tp=split[0], pp=split[1])
+    return for_launch(recipe, LaunchFacts(nodes=split[2], runtime=recipe.runtime, shape=shape, config=asked))
 
 
 def with_runtime(recipe: Recipe) -> tuple[Recipe, Runtime, list[str]]:

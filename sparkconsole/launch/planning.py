@@ -145,13 +145,15 @@ class PlanBuilder:
         self.server_env[svc.key] = tuple(full_env)
 
     def recipe_env(self, node: NodeConfig, params: Mapping[str, Any]) -> dict[str, str]:
-        """The recipe's env on this node: a v2 recipe's {config.x} and {launch.x} filled (recipes/envtemplate.py)."""
+        """The recipe's env on this node: a v2 recipe's {config.x} and {launch.x} filled (recipes/envtemplate.py),
+        after sparkrun's NODE_IP (the node's address on the cluster link), which v2 commands read."""
         if not self.recipe.v2:
             return dict(self.recipe.env)
         launch = {"num_nodes": len(self.nodes), "node_rank": self.nodes.index(node) if node in self.nodes else 0,
                   "node_host": self.link_address(node), "cluster_id": f"{self.recipe.key}:{self.topology}",
                   "model_revision": self.recipe.model_revision}
-        return render_env(self.recipe.env, self.recipe.template_values(params), launch, self.recipe.source)
+        return {"NODE_IP": self.link_address(node),
+                **render_env(self.recipe.env, self.recipe.template_values(params), launch, self.recipe.source)}
 
     def start_server(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], port: int,
                      argv_extra: Sequence[str] = (), url: bool = True, drain_gate: bool = False) -> Service:

@@ -386,6 +386,8 @@ class _Roll:
 async def restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                   drain_timeout: float = DRAIN_TIMEOUT_S, all_at_once: bool = False) -> RestartReport | None:
     """`recipe restart`: rolling behind a router, graceful elsewhere; all at once (today's hard restart) on request."""
+    from .runner import check_trusted
+    check_trusted(plan)              # a restart runs the plan's mods and pre_exec again
     if all_at_once:
         await runner.restart(plan, on_progress)
         audit.record(f"restart {plan.recipe} ({plan.topology}) all at once", ",".join(plan.nodes),

@@ -16,7 +16,7 @@ Per server and node (bytes):
 - claim: what the server takes at start: vLLM gpu_memory_utilization (0.9 when unset) × MemTotal, or its GiB form;
   SGLang mem_fraction_static × MemTotal (None when unset: SGLang picks its own); llama.cpp claims nothing (None):
   it allocates its weights and its context's KV, which is `need`. A CPU build of vLLM (the test bed) sizes its KV
-  from VLLM_CPU_KVCACHE_SPACE: its claim is that plus its weights.
+  from VLLM_CPU_KVCACHE_SPACE: its claim is that plus its weights and overhead.
 
 `fits`: the need within the claim (or, with no claim, within the node's MemTotal). `kv_tokens_fit`: the tokens of
 KV the claim holds beside the weights and overhead. Pure: the caller reads the node's cache and MemTotal.
@@ -130,10 +130,13 @@ def kv_per_token(runtime: Runtime, argv: Sequence[str], info: ModelInfo, tp: int
 def _claim(runtime: Runtime, argv: Sequence[str], env: Mapping[str, str], weights: int | None,
            total: int) -> tuple[int | None, tuple[str, ...]]:
     if runtime.name == VLLM and (env.get("VLLM_TARGET_DEVICE") == "cpu"):
+        # The CPU build's KV cache is a space of its own beside the weights and the process: it fits when one
+        # full-length sequence's KV fits that space.
         space = float(env.get("VLLM_CPU_KVCACHE_SPACE") or 4)
         if weights is None:
             return None, ("vLLM CPU sizes its KV cache from VLLM_CPU_KVCACHE_SPACE",)
-        return weights + int(space * GIB), (f"vLLM CPU: weights + VLLM_CPU_KVCACHE_SPACE {space:g} GiB",)
+        return weights + int(space * GIB) + OVERHEAD_B[VLLM], (
+            f"vLLM CPU: weights + VLLM_CPU_KVCACHE_SPACE {space:g} GiB + overhead",)
     gib = float_flag(argv, runtime.claim_gib)
     if gib is not None:
         return int(gib * GIB), ()
@@ -194,7 +197,10 @@ def estimate_plan(recipe: Any, plan: Plan, node_total_b: Mapping[str, int], *, i
 
 
 def gib(b: int | None) -> str:
-    return "?" if b is None else f"{b / GIB:.1f} GiB"
+    """Bytes in words: GiB, or MiB below one GiB (a test model's weights)."""
+    if b is None:
+        return "?"
+    return f"{b / GIB:.1f} GiB" if b >= GIB else f"{b / 1024 ** 2:.1f} MiB"
 
 
 def render(estimates: Sequence[MemoryEstimate]) -> list[str]:

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
+from ..distribute.nodescript import HUB_PY
+
 GIB = 1024 ** 3
-CONFIG_LIMIT = 1 << 20                 # config.json read on a node: 1 MiB at most
-HEADER_LIMIT = 100 << 20               # a safetensors header above this is not one (the format allows 100 MB)
 MISSING_RC = 3                         # NODE_SCRIPT's exit status when the model is not in the node's cache
 
 # Bytes per element of the dtype names configs, recipes' metadata and runtimes' flags use.
@@ -78,8 +78,8 @@ class ModelInfo:
                 changes[f.name] = getattr(other, f.name)
                 taken.append(f.name)
         source = self.source
-        if self.weights_b is None and other.weights_b is not None or source == "unknown":
-            source = other.source
+        if source == "unknown" or (self.weights_b is None and other.weights_b is not None):
+            source = other.source      # the source named is the one the weights came from
         notes = self.notes + other.notes
         if taken and source != other.source:
             notes += (f"{', '.join(taken)} from {other.source}",)
@@ -190,15 +190,10 @@ def info_from_metadata(meta: Mapping[str, Any] | None) -> ModelInfo | None:
 
 
 # --- the node's Hugging Face cache (read on the node, stdlib only) ------------------------------------------------
+# config.json is read up to 1 MiB; a safetensors header (8 bytes of length, then JSON) over 100 MiB is not one.
 
-NODE_SCRIPT = r'''
+NODE_SCRIPT = HUB_PY + r'''
 import json, os, struct, sys
-def hub():
-    e = os.environ
-    if e.get("HF_HUB_CACHE"):
-        return e["HF_HUB_CACHE"]
-    home = e.get("HF_HOME") or os.path.join(e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
-    return os.path.join(home, "hub")
 src, rev = sys.argv[1], (sys.argv[2] if len(sys.argv) > 2 else "")
 if src.startswith("/") or src.startswith("~/"):
     d = os.path.expanduser(src)

@@ -44,9 +44,9 @@ NOT_FLAGS = frozenset({"model", "model_revision", "resolved_model_path", "distri
 
 def vllm_command(defaults: Mapping[str, Any], model_revision: str | None) -> tuple[str, list[str]]:
     """(the command template, the defaults not passed)."""
-    parts = ["vllm serve {model}"]
+    parts = ["vllm serve '{model}'"]
     if model_revision:
-        parts.append("--revision {model_revision}")
+        parts.append("--revision '{model_revision}'")
     skipped: list[str] = []
     for key, value in defaults.items():
         if key in NOT_FLAGS:
@@ -61,7 +61,8 @@ def vllm_command(defaults: Mapping[str, Any], model_revision: str | None) -> tup
             elif key in NEGATABLE:
                 parts.append("--no-" + flag[2:])
             continue
-        parts.append(f"{flag} {{{key}}}")
+        # quoted as sparkrun's shell would take it: a JSON value, or a name with spaces, stays one argument
+        parts.append(f"{flag} '{{{key}}}'")
     return " ".join(parts), skipped
 
 

@@ -59,7 +59,7 @@ def failure(res: subprocess.CompletedProcess[str], url: str, what: str) -> UserE
     text = " ".join((res.stderr or res.stdout or "").split())
     if any(m in text for m in _OFFLINE):
         host = re.sub(r"^[a-z]+://", "", url).split("/", 1)[0].split("@")[-1].split(":")[0]
-        return UserError(f"no network: cannot reach {host} to {what}", field="URL",
+        return UserError(f"no network: cannot reach {host}", field="URL",
                          fix="connect this machine to the network, then run `sparkconsole recipe registry update`")
     reason = text.replace("fatal: ", "")[:200] or f"git exited with code {res.returncode}"
     return UserError(f"git could not {what} {url[:100]}: {reason}", field="URL",

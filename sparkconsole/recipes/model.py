@@ -100,7 +100,7 @@ class SecretRef:
 @dataclass(frozen=True)
 class Readiness:
     """A v2 recipe's `readiness:` block, as sparkrun reads it: how long launch health waits for the port, for
-    /health, and for a real answer to one streamed chat request (None: the runner's own budget)."""
+    /health, and for a real answer to one streamed chat request (None: the runner's own budget; inf: no limit)."""
     port_timeout_s: float | None = None
     health_timeout_s: float | None = None
     inference: bool = True

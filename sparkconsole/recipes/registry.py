@@ -176,7 +176,8 @@ class Registries:
 
     def update(self, name: str | None = None) -> list[str]:
         """One line per registry: fetched, updated, unchanged (nothing fetched), or why not."""
-        lines = []
+        lines: list[str] = []
+        offline: dict[str, list[str]] = {}
         targets = [self.entry(name)] if name else list(self.entries)
         for e in targets:
             try:
@@ -193,8 +194,12 @@ class Registries:
             except UserError as err:
                 if name:
                     raise
-                lines.append(f"{e.name}: {err.problem}" + (f" — fix: {err.fix}" if err.fix else ""))
+                offline.setdefault(err.problem, []).append(e.name) if err.problem.startswith("no network") else \
+                    lines.append(f"{e.name}: {err.problem}" + (f" — fix: {err.fix}" if err.fix else ""))
         self.save()
+        # no network: one line, whatever the number of registries it kept from being fetched
+        lines += [f"{problem}: {', '.join(names)} not fetched — fix: connect this machine, then run "
+                  "`sparkconsole recipe registry update`" for problem, names in offline.items()]
         return lines
 
     def trust(self, name: str, trusted: bool) -> None:
@@ -237,15 +242,18 @@ class Registries:
             raise UserError(f"no registry or section named {scope[:40]!r}", field="recipe",
                             fix="see `sparkconsole recipe registry list` (a registry not fetched yet: "
                                 "`recipe registry update`)")
-        exact, by_stem = [], []
+        # Each registry on its own, as sparkrun scans them: its exact path wins over stems found in its
+        # sub-folders; then the registries' answers together.
+        exact: dict[str, list[RegistryRecipe]] = {}
+        by_stem: dict[str, list[RegistryRecipe]] = {}
         for rr in self.recipes():
             if wanted is not None and not any(rr.registry == reg and sec in (None, rr.section) for reg, sec in wanted):
                 continue
             if rr.rel == name:
-                exact.append(rr)
+                exact.setdefault(rr.registry, []).append(rr)
             elif rr.stem == name.rsplit("/", 1)[-1] and (name.count("/") == 0 or rr.rel.endswith("/" + name)):
-                by_stem.append(rr)
-        hits = exact or by_stem
+                by_stem.setdefault(rr.registry, []).append(rr)
+        hits = [h for reg in dict.fromkeys([*exact, *by_stem]) for h in (exact.get(reg) or by_stem[reg])]
         if not hits:
             return None
         if len(hits) > 1:

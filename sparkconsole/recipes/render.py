@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+import shlex
+from collections.abc import Callable, Container, Mapping
 from typing import Any
 
 from ..errors import UserError
@@ -23,9 +24,11 @@ _IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 MAX_DEPTH = 10
 
 
-def _scan(template: str, escapes: bool | None = None) -> list[tuple[str, str | None]]:
+def _scan(template: str, escapes: bool | None = None,
+          names: Container[str] = ()) -> list[tuple[str, str | None]]:
     """(literal text, None) and ("", placeholder name) pieces, braces resolved as described above. `escapes`: the
-    whole template's convention, for one word of it (None: this text's own)."""
+    whole template's convention, for one word of it (None: this text's own). `names`: values there are, which
+    make `{hf-overrides}` (a default whose name is no identifier, as sparkrun allows) a placeholder too."""
     if escapes is None:
         escapes = "{{" in template
     out: list[tuple[str, str | None]] = []
@@ -39,7 +42,8 @@ def _scan(template: str, escapes: bool | None = None) -> list[tuple[str, str | N
             continue
         if ch == "{":
             m = _SPAN.match(template, i)
-            if m and _IDENT.match(m.group(1)) and not (i > 0 and template[i - 1] == "$"):   # ${VAR}: the shell's
+            if m and (_IDENT.match(m.group(1)) or m.group(1) in names) and not (i > 0 and template[i - 1] == "$"):
+                # ${VAR} is the shell's
                 out.append(("".join(buf), None))
                 buf = []
                 out.append(("", m.group(1)))
@@ -70,11 +74,44 @@ def placeholders_v2(template: str) -> list[str]:
     return names
 
 
+def _quote_state(text: str, state: str) -> str:
+    """Where a shell stands after `text`, from `state`: outside quotes (""), inside '…' ("'") or "…" ('"')."""
+    i = 0
+    while i < len(text):
+        c = text[i]
+        if state == "'":
+            state = "" if c == "'" else state
+        elif c == "\\":
+            i += 1
+        elif state == '"':
+            state = "" if c == '"' else state
+        elif c in "'\"":
+            state = c
+        i += 1
+    return state
+
+
+def shell_quote(value: str, state: str) -> str:
+    """A value for the place in a shell line it lands: inside '…' with its ' closed and reopened, inside "…" with
+    what the shell would expand escaped, outside quoted whole."""
+    if state == "'":
+        return value.replace("'", "'\\''")
+    if state == '"':
+        return "".join("\\" + c if c in '"$`\\' else c for c in value)
+    return shlex.quote(value)
+
+
 def render_v2(template: str, values: Mapping[str, Any], file: str, line: int | None, field_: str,
-              _depth: int = 0, _chain: tuple[str, ...] = (), *, escapes: bool | None = None) -> str:
+              _depth: int = 0, _chain: tuple[str, ...] = (), *, escapes: bool | None = None,
+              quote: Callable[[str, str], str] | None = None) -> str:
+    """The template filled. `quote(value, state)`: each value as the shell reads it where it lands (for a command
+    run by `bash -c`)."""
     out: list[str] = []
-    for text, name in _scan(template, escapes):
+    state = ""
+    for text, name in _scan(template, escapes, values):
         out.append(text)
+        if quote is not None:
+            state = _quote_state(text, state)
         if name is None:
             continue
         if name not in values or values[name] is None:
@@ -86,5 +123,5 @@ def render_v2(template: str, values: Mapping[str, Any], file: str, line: int | N
                 raise UserError(f"placeholder {{{name}}} refers to itself ({' → '.join((*_chain, name))})",
                                 file=file, line=line, field=field_, fix=f"give {name} a value without {{{name}}}")
             value = render_v2(value, values, file, line, field_, _depth + 1, (*_chain, name))
-        out.append(str(value))
+        out.append(quote(str(value), state) if quote is not None else str(value))
     return "".join(out)

@@ -108,14 +108,19 @@ def read_defaults(r: Fields, data: dict[str, Any]) -> dict[str, Any]:
 
 def read_env(r: Fields, data: dict[str, Any], warnings: list[str]) -> tuple[dict[str, Any], dict[str, str]]:
     """(the document, with an empty env list read as no variables; the env). A value is taken literally."""
-    from .. import secrets as _secrets  # names whose values are never shown
-
     doc = r.doc
     if data.get("env") == []:
         # The runner exports env only `if env_vars:`, so an empty list passes there: read it as no variables.
         warnings.append(f"{doc.file}:{doc.line(('env',))}: env is an empty list; read as no variables, as the "
                         "runner does — fix: write 'env: {}'")
         data = {**data, "env": {}}
+    return data, env_values(r, data, ("1", "0"))
+
+
+def env_values(r: Fields, data: dict[str, Any], booleans: tuple[str, str]) -> dict[str, str]:
+    """`env:` as NAME → text (true/false as `booleans` says); a secret's value written there is refused unechoed."""
+    from .. import secrets as _secrets  # names whose values are never shown
+
     env_raw = r.mapping(data, (), "env", "write 'env:' with one 'NAME: value' per line")
     env: dict[str, str] = {}
     for k, v in env_raw.items():
@@ -128,8 +133,8 @@ def read_env(r: Fields, data: dict[str, Any], warnings: list[str]) -> tuple[dict
             raise r.err(("env", k), f"{k} has a value written in the recipe; secrets are passed by reference",
                         f"delete the value and list it under 'sparkconsole: secrets: {{{k}: env}}' "
                         "so it is read from the node's environment")
-        env[str(k)] = "" if v is None else (("1" if v else "0") if isinstance(v, bool) else str(v))
-    return data, env
+        env[str(k)] = "" if v is None else ((booleans[0] if v else booleans[1]) if isinstance(v, bool) else str(v))
+    return env
 
 
 def topology_flags(r: Fields, data: dict[str, Any]) -> tuple[bool, bool]:

@@ -26,12 +26,13 @@ from ..errors import UserError
 from ..yamlsrc import Located
 from .envtemplate import check_env
 from .executor import read_executor
-from .fields import ENV_RE, IMAGE_RE, NAME_RE, Fields
+from .fields import IMAGE_RE, Fields
 from .generate import generated_command
 from .include import Locate, resolve_includes
 from .model import PreExec, Readiness, Recipe
 from .overrides import read_overrides
 from .section import SECTION, read_section
+from .v1 import env_values
 
 SPARKRUN_KEYS = {"sparkrun_version", "recipe_version", "name", "description", "model", "model_revision", "runtime",
                  "runtime_version", "mode", "min_nodes", "max_nodes", "container", "containers", "defaults", "env",
@@ -55,6 +56,7 @@ _RUNTIME_HINTS = ((re.compile(r"^vllm\s+serve\b"), "vllm"),
                   (re.compile(r"^llama-server\b"), "llama-cpp"),
                   (re.compile(r"^(?:trtllm-serve|mpirun\b.*trtllm)"), "trtllm"))
 _RAY_FLAG = re.compile(r"--distributed-executor-backend[=\s]+ray\b")
+_DEFAULT_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,99}$")
 READINESS_KEYS = {"port_timeout_s", "health_timeout_s", "inference", "inference_style", "inference_timeout_s",
                   "inference_prompt"}
 
@@ -135,8 +137,8 @@ def _image(r: Fields, data: Mapping[str, Any], runtime: str) -> str:
 def read_defaults_v2(r: Fields, data: Mapping[str, Any]) -> dict[str, Any]:
     defaults = r.mapping(data, (), "defaults", "write 'defaults:' with one 'name: value' per line")
     for k in defaults:
-        if not NAME_RE.match(str(k)):
-            raise r.err(("defaults", k), f"bad placeholder name {str(k)[:40]!r}", "use letters, digits and _")
+        if not _DEFAULT_NAME.match(str(k)):        # sparkrun's names may hold '-' and '.': {hf-overrides}
+            raise r.err(("defaults", k), f"bad placeholder name {str(k)[:40]!r}", "use letters, digits, _ and -")
     return defaults
 
 
@@ -168,20 +170,8 @@ def command_stage(r: Fields, data: Mapping[str, Any], defaults: Mapping[str, Any
 
 
 def read_env_v2(r: Fields, data: Mapping[str, Any]) -> dict[str, str]:
-    from .. import secrets as _secrets  # names whose values are never shown
-
-    raw = r.mapping(data, (), "env", "write 'env:' with one 'NAME: value' per line")
-    env: dict[str, str] = {}
-    for k, v in raw.items():
-        if not ENV_RE.match(str(k)):
-            raise r.err(("env", k), f"bad variable name {str(k)[:40]!r}", "use letters, digits and _")
-        if isinstance(v, (dict, list)):
-            raise r.err(("env", k), "an environment value must be a single value", "write a number or text")
-        if _secrets.is_secret_name(str(k)) and v not in (None, ""):
-            raise r.err(("env", k), f"{k} has a value written in the recipe; secrets are passed by reference",
-                        f"delete the value and list it under 'sparkconsole: secrets: {{{k}: env}}' "
-                        "so it is read from the node's environment")
-        env[str(k)] = "" if v is None else (("true" if v else "false") if isinstance(v, bool) else str(v))
+    """As v1's, a boolean as sparkrun's str() spells it (True/False), and its templates checked."""
+    env = env_values(r, dict(data), ("True", "False"))
     check_env(env, r.doc.file, r.doc.line)
     return env
 
@@ -243,7 +233,7 @@ def read_readiness(r: Fields, data: Mapping[str, Any]) -> Readiness | None:
         if math.isnan(s) or (k == "inference_timeout_s" and (not math.isfinite(s) or s <= 0)):
             raise r.err(p + (k,), f"bad timeout {str(v)[:20]!r}", "write seconds, e.g. 600 (≤ 0: no limit, "
                         "except for the inference probe)")
-        return s if s > 0 else None
+        return s if s > 0 else math.inf
 
     style = raw.get("inference_style", "auto")
     if style not in ("auto", "openai-chat-stream-v1"):

@@ -76,6 +76,7 @@ class EndpointSnapshot:
     kv_bytes_per_transfer: float | None = None   # recent window (latency window): mean bytes per transfer
     kv_xfer_p50_s: float | None = None     # recent window: time per transfer
     kv_external_share: float | None = None  # recent window: share of prompt tokens that arrived, not computed
+    runtime: str | None = None             # vLLM | SGLang | llama.cpp, from its /metrics names (None: unknown)
 
     @property
     def state(self) -> str:
@@ -314,7 +315,7 @@ class EndpointMonitor:
                        gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
                        itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens, time_scale=scale,
                        prompt_tokens=em.prompt_tokens, kv_in_bytes=em.kv_in_bytes, kv_transfers=em.kv_transfers,
-                       **kv)
+                       runtime=em.runtime, **kv)
 
         rm = m.router_metrics(scrape)
         if rm is not None:

@@ -26,7 +26,7 @@ from sparkconsole import audit, secrets
 from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.runner import Runner
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
 from sparkconsole.recipes import find_recipe
 
 pytestmark = pytest.mark.sshd

@@ -24,9 +24,9 @@ from sparkconsole import audit, secrets
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.runner import Runner
 from sparkconsole.launch.steps import NodeExpr
+from sparkconsole.nodes.connect import make_transport
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import ContainerInfo
-from sparkconsole.nodes.transport import make_transport
 from sparkconsole.recipes import bundled_dir, parse_recipe
 from sparkconsole.yamlsrc import load_text
 

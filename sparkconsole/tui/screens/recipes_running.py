@@ -5,7 +5,22 @@ nodes). A mixin of RecipesScreen: it uses the screen's app, selection, plan and 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ...errors import UserError
+
+if TYPE_CHECKING:
+    from textual import getters
+    from textual.screen import Screen
+
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...recipes import Recipe
+    from ..app import SparkConsoleApp
+
+    _Screen = Screen[None]
+else:
+    _Screen = object
 
 RESTART_STAGES = ("draining", "restarting", "back", "failed")
 
@@ -19,7 +34,29 @@ class _Finding:
         self.severity, self.message, self.node, self.fix = severity, message, node, fix
 
 
-class RecipeActions:
+class RecipeActions(_Screen):
+    if TYPE_CHECKING:       # what RecipesScreen (screens/recipes.py) gives its actions
+        app = getters.app(SparkConsoleApp)
+        selected: str | None
+        plan: Plan | None
+        running_plans: dict[str, Plan]
+        runner: Runner | None
+        progress: dict[str, str]
+        restarting: dict[str, str] | None
+        restart_plan: Plan | None
+
+        def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None: ...
+
+        def _recipe(self, key: str | None) -> Recipe | None: ...
+
+        def _runner(self) -> Runner: ...
+
+        def _on_progress(self, ev: Any) -> None: ...
+
+        def _draw_progress(self) -> None: ...
+
+        def placed(self, recipe: Recipe, topology: str) -> tuple[Any, ...] | None: ...
+
     def _monitors(self) -> list:
         mon = getattr(self.app, "monitor", None)
         return list(mon.nodes.values()) if mon is not None else []
@@ -62,8 +99,9 @@ class RecipeActions:
     def show_workloads(self) -> None:
         """One row per running workload: name, recipe × topology, nodes, port, model, verdict."""
         from rich.text import Text
+        from textual.widgets import OptionList
         from textual.widgets.option_list import Option
-        ol = self.query_one("#workload-list")
+        ol = self.query_one("#workload-list", OptionList)
         keep = self.highlighted_workload()
         rows = []
         for g in self.running_groups():
@@ -84,7 +122,8 @@ class RecipeActions:
         self.show_budget()
 
     def highlighted_workload(self) -> str | None:
-        ol = self.query_one("#workload-list")
+        from textual.widgets import OptionList
+        ol = self.query_one("#workload-list", OptionList)
         if ol.highlighted is None or ol.option_count == 0:
             return None
         return ol.get_option_at_index(ol.highlighted).id or None
@@ -93,8 +132,9 @@ class RecipeActions:
         if not self.is_mounted or not self.is_current:
             return
         from ...placement.bars import bars
+        from ..widgets.budget_bar import BudgetBars
         r = self.readings()
-        self.query_one("#budget").show(bars([r.budgets[n.name] for n in self.app.cluster.nodes], r.running))
+        self.query_one("#budget", BudgetBars).show(bars([r.budgets[n.name] for n in self.app.cluster.nodes], r.running))
 
     def _budget(self, recipe, topology: str) -> list:
         """Preflight's word on the node's budget beside what runs (launch/lint_workloads.py)."""
@@ -159,8 +199,9 @@ class RecipeActions:
             return
         if self.runner is None:
             self.runner = self._runner()
+        runner = self.runner
         if verb == "restart":
-            self._confirm_restart(plan)
+            self._confirm_restart(plan, runner)
             return
         stops = [st for svc in [x for x in plan.services if x.role == "router"]
                  + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
@@ -171,7 +212,7 @@ class RecipeActions:
 
         async def go() -> None:
             try:
-                await self._stop_workload(plan, group)
+                await self._stop_workload(plan, group, runner)
                 self.app.notify(f"{plan.name}: stop done", title="recipes")
                 self.running_plans.pop(plan.name, None)
             except Exception as exc:
@@ -180,7 +221,7 @@ class RecipeActions:
                          "Out of the gateway first, then routers, then the servers; only this workload's containers "
                          "are removed, every other keeps serving.")
 
-    async def _stop_workload(self, plan, group) -> None:
+    async def _stop_workload(self, plan: Plan, group: Any, runner: Runner) -> None:
         """What the stop should give back recorded (the next launch waits for it), out of the gateway, stopped."""
         from ...launch.beside import record_stop
         from ...launch.gateway import keep_current
@@ -188,10 +229,10 @@ class RecipeActions:
         from ...placement.recovery import StopLog
         if group is not None:
             record_stop(StopLog(state_dir(), self.app.cluster.source), self.readings(), group)
-            await keep_current(self.app.cluster, self.runner.transports, without=group.name)
-        await self.runner.stop(plan, self._on_progress)
+            await keep_current(self.app.cluster, runner.transports, without=group.name)
+        await runner.stop(plan, self._on_progress)
 
-    def _confirm_restart(self, plan) -> None:
+    def _confirm_restart(self, plan: Plan, runner: Runner) -> None:
         """Rolling behind a router, drained everywhere else (launch/rolling.py); the modal shows its steps."""
         from ...launch import rolling
 
@@ -202,7 +243,7 @@ class RecipeActions:
         async def go() -> None:
             self.restarting, self.restart_plan = {}, plan
             try:
-                report = await rolling.restart(self.runner, plan, self._on_progress)
+                report = await rolling.restart(runner, plan, self._on_progress)
                 self.app.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
                 self.app.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
@@ -238,8 +279,8 @@ class RecipeActions:
         node lacks the model or the image (distribute/), run from here as the operator would run it."""
         if self.plan is None:
             return None
-        from ...launch.lint import model_source
-        item = (model_source(next(iter(self.plan.server_args.values()), ())) if what == "model"
+        from ...launch.lint import plan_model
+        item = (plan_model(self.plan) if what == "model"
                 else self.plan.image)
         if not item:
             return None
@@ -250,8 +291,8 @@ class RecipeActions:
         return argv
 
     def _confirm_copy(self, what: str) -> None:
-        argv = self.copy_argv(what)
-        if argv is None:
+        argv, plan = self.copy_argv(what), self.plan
+        if argv is None or plan is None:
             self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
             return
         import shlex
@@ -261,7 +302,8 @@ class RecipeActions:
             import sys
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
-            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
+            stdout = proc.stdout            # a pipe: stdout=PIPE above
+            while stdout is not None and (raw := await stdout.readline()):    # progress lines, ETA included
                 line = raw.decode(errors="replace").strip()
                 if line:
                     self.progress[what] = line[-160:]
@@ -269,7 +311,7 @@ class RecipeActions:
             ok = await proc.wait() == 0
             self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
                             title="recipes", severity="information" if ok else "error")
-        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+        self.app.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
                          "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:
