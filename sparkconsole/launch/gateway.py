@@ -103,7 +103,7 @@ def url(cluster: ClusterConfig) -> str | None:
 def start_argv(cluster: ClusterConfig, settings: GatewaySettings) -> tuple[str, ...]:
     bad = compromised_versions(RouterImpl(image=settings.image, version=settings.version), litellm=True)
     if bad:
-        raise UserError(f"the gateway's LiteLLM {bad[0]} is a compromised release (supply-chain attack, seed 001)",
+        raise UserError(f"the gateway's LiteLLM {bad[0]} is a compromised release (a supply-chain attack)",
                         file=cluster.source, field="gateway.image", fix="pin a known-good LiteLLM, e.g. 1.106.2")
     head = cluster.head
     labels = ["--label", f"{LABEL}role=gateway", "--label", f"{LABEL}node={head.name}",
