@@ -163,3 +163,14 @@ def test_a_nodes_budget_bar_shows_each_workloads_share_and_claim_then_outside_fr
     for width in (7, 40, 113):
         drawn = cells(bar, width)
         assert sum(n for n, _ in drawn) == width and all(n >= 1 for n, s in drawn if s.bytes), (width, drawn)
+
+
+def test_a_registry_recipes_key_makes_a_valid_default_name_and_keeps_the_recipes_containers():
+    from dataclasses import replace
+
+    from sparkconsole.launch.planning import default_workload
+    tiny = replace(find_recipe("tiny-testbed"), key="@testreg/tiny-chat")
+    assert default_workload(tiny) == "testreg-tiny-chat"
+    plan = make_plan(tiny, "solo", CLUSTER, {})
+    assert plan.name == "testreg-tiny-chat" and plan.services[0].container == "vllm_a"
+    assert labels_of(docker_runs(plan)[0].argv)["sparkconsole.recipe"] == "@testreg/tiny-chat"

@@ -40,6 +40,7 @@ def add_fit_parser(sub: Any, topologies: Any) -> None:
 
 
 def asks_from(args: argparse.Namespace) -> list[Any]:
+    from ..launch.planning import default_workload
     from ..placement.fit import Ask
     from ..recipes import find_recipe
     from .recipe import overrides_from_sets
@@ -62,7 +63,7 @@ def asks_from(args: argparse.Namespace) -> list[Any]:
         if topo not in recipe.topologies:
             raise UserError(f"recipe {recipe.key} does not run as {topo}", file=recipe.source,
                             field="sparkconsole.topologies", fix=f"use one of: {', '.join(recipe.topologies)}")
-        name = names[i] if names else recipe.key
+        name = names[i] if names else default_workload(recipe)
         asks.append(Ask(name, recipe, topo, {**sets, "workload": name}))
     return asks
 
@@ -142,7 +143,8 @@ async def find_target(args: argparse.Namespace, cluster: ClusterConfig) -> Targe
                 recipe = find_recipe(args.recipe)
             except UserError:
                 raise not_running(args.recipe, groups, missed) from None
-            group = resolve(groups, recipe.key, recipe_key=recipe.key, topology=args.topology)
+            from ..launch.planning import default_workload
+            group = resolve(groups, default_workload(recipe), recipe_key=recipe.key, topology=args.topology)
         elif args.recipe_command == "restart":
             recipe = _recipe_of(args, group)
         return Target(group, recipe, transports, groups, missed)

@@ -25,7 +25,7 @@ from ..runtimes import Runtime, from_command, generate_command, runtime_for
 from . import runtime_cmd
 from .container import ContainerSpec
 from .mods import load_mods
-from .planning import PlanBuilder
+from .planning import PlanBuilder, default_workload
 from .steps import Plan
 from .topologies import plan_cluster, plan_disagg, plan_solo, plan_two_solo
 
@@ -140,7 +140,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                               privileged=recipe.container_settings.privileged and not options.get("non_privileged"),
                               cache_dirs=recipe.container_settings.cache_dirs and not options.get("no_cache_dirs"),
                               mods=load_mods(refs, recipe.source), pre_exec=recipe.pre_exec,
-                              workload=str(workload or recipe.key))
+                              workload=str(workload or default_workload(recipe)))
     b = PlanBuilder(recipe, topology, cluster, nodes, params, overrides, options, container,
                     notes=[n for n in (*notes, split_note, *applied) if n], runtime=runtime)
     if topology == "solo":

@@ -4,6 +4,7 @@ launch/plan.py makes one and turns it into a Plan)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,13 @@ def _iface(value: Any, node: str) -> str | None:
         got = value.get(node)
         return str(got) if got is not None else None
     return str(value) if value is not None else None
+
+
+def default_workload(recipe: Recipe) -> str:
+    """A launch's name when none is given: its recipe's key, made a valid name (a registry's `@reg/name` becomes
+    `reg-name`: the name goes into container names and labels)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", recipe.key).strip("-_.")[:63]
+    return name or "workload"
 
 
 def node_iface(options: Mapping[str, Any], recipe: Recipe, node: NodeConfig, key: str) -> str | None:
@@ -60,7 +68,7 @@ class PlanBuilder:
     @property
     def workload(self) -> str:
         """The launch's name: `--name`, else the recipe's key (plan.OPTION_KEYS `workload`)."""
-        return str(self.options.get("workload") or self.recipe.key)
+        return str(self.options.get("workload") or default_workload(self.recipe))
 
     def cname(self, node: NodeConfig) -> str:
         """The container's name on `node`: the one a running workload has (re-planned from its labels), else the
@@ -70,7 +78,7 @@ class PlanBuilder:
         if named:
             return str(named)
         base = self.recipe.container_settings.name or node.container
-        return base if self.workload == self.recipe.key else f"{base}_{self.workload}"
+        return base if self.workload == default_workload(self.recipe) else f"{base}_{self.workload}"
 
     def router_port(self) -> int:
         """The router's port: `router_port` (a second routed workload beside a first), else the recipe's."""

@@ -148,10 +148,12 @@ class RecipesScreen(RecipeActions, Screen):
 
     def new_name(self, recipe) -> str:
         """A launch from here is named after its recipe; a second of one recipe gets -2, -3, …"""
+        from ...launch.planning import default_workload
         running = {g.name for g in self.running_groups()}
-        name, i = recipe.key, 2
+        base = default_workload(recipe)
+        name, i = base, 2
         while name in running:
-            name, i = f"{recipe.key}-{i}", i + 1
+            name, i = f"{base}-{i}", i + 1
         return name
 
     def placed(self, recipe, topology: str):
