@@ -198,6 +198,7 @@ def record_gpu_runaway(tmp_path, incident, extra=()):
     for kind, data, at in extra:
         store.put_event("spark1", kind, data, at)
     store.put_event("spark1", *incident, T0 + 121)
+    store.flush(60)             # every row committed before it is read, however loaded the machine
     store.close()
     return build(RecorderReader(path), "spark1", audit_entries=[]), n
 
