@@ -181,8 +181,10 @@ def gpu_tick(t, grown_gib):
 
 def record_gpu_runaway(tmp_path, incident, extra=()):
     from sparkconsole.recorder.workloads import WorkloadLog
+    from sparkconsole.config import RecorderSettings
     path = tmp_path / "r.sqlite"
-    store, log = RecorderStore(path), WorkloadLog()
+    # rows stamped in 2023 (T0): retention, which runs after the writer's first batch, must keep them
+    store, log = RecorderStore(path, RecorderSettings(full_rate_hours=1e6, keep_days=1e5)), WorkloadLog()
     store.put_event("spark1", "state", {"state": "LIVE"}, T0)
     store.put_event("spark1", "containers", [{"name": "vllm_node", "state": "running", "exit_code": 0}], T0)
     n = 0
@@ -198,7 +200,6 @@ def record_gpu_runaway(tmp_path, incident, extra=()):
     for kind, data, at in extra:
         store.put_event("spark1", kind, data, at)
     store.put_event("spark1", *incident, T0 + 121)
-    store.flush(60)             # every row committed before it is read, however loaded the machine
     store.close()
     return build(RecorderReader(path), "spark1", audit_entries=[]), n
 
