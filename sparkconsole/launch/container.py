@@ -9,8 +9,9 @@ As the runner:
   looks) at /root/.cache/huggingface, and the compile caches (vLLM, FlashInfer, Triton, TileLang) unless
   `--no-cache-dirs`, each made first on the node;
 - mods copied in and run before vLLM starts (launch/mods.py).
-Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
-OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
+Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a runaway of the container's CPU side
+is an OOM-kill of the container and not a frozen Spark — the cap does not hold GPU memory, which a GB10 does not
+charge to the container's cgroup (docs/RECIPES_PARITY.md, memory-cap); no `--rm`, so a dead server's log can still be read; behind
 LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the planner.
 """
 
