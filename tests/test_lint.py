@@ -10,9 +10,9 @@ import pytest
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.lint import Facts, facts_from_monitors, preflight, refusals
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import bundled_recipes, find_recipe
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import GuardInputs, HostMemory
+from sparkconsole.recipes import bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head"),
          NodeConfig(name="spark2", address="192.168.100.11"))

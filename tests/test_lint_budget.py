@@ -19,10 +19,10 @@ from sparkconsole.launch.lint import Facts, preflight
 from sparkconsole.launch.lint_compile import compile_cache_mounted
 from sparkconsole.launch.lint_memory import guards_in_place, judge, size_gib
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import GuardInputs, Tick
 from sparkconsole.placement.budget import GIB, node_budget, offline_budget
+from sparkconsole.recipes import find_recipe
 from tests.test_lint import GB10_MEM, GIB_KB, NODES, good_facts
 
 SWAP_ON = GuardInputs(swaps=("/swap.img",), overcommit_memory=0, min_free_kbytes=1572864, swappiness=60)

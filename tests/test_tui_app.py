@@ -145,7 +145,7 @@ async def test_palette_lists_every_action_and_recipe(recording):
             assert f"Logs: {node}" in titles and f"Restart vLLM on {node}" in titles and f"Stop vLLM on {node}" in titles
         for mode in ("dashboard", "recipes", "bench", "logs"):
             assert f"Show {mode}" in titles
-        from sparkconsole.launch.recipe import recipe_paths
+        from sparkconsole.recipes import recipe_paths
         for key in recipe_paths():
             assert f"Recipe: {key}" in titles
         await pilot.press("q")
@@ -276,7 +276,7 @@ async def test_quit_ends_agents_and_connections(recording):
 
 
 async def test_recipes_screen_lists_recipes_and_shows_a_plan_per_node(recording):
-    from sparkconsole.launch.recipe import recipe_paths
+    from sparkconsole.recipes import recipe_paths
     app, _, _ = make_app(recording)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")

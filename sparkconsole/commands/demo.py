@@ -91,7 +91,7 @@ def _check(args: argparse.Namespace) -> None:
 def demo_serving(topology: str = "2x-solo", router: str = "litellm-simple-shuffle") -> Serving:
     """What the demo serves: the demo recipe's model, answering to the recipe's served name as well (its plan's
     readiness check and restart look for that name)."""
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
     from ..sim.cluster import Serving
     name = find_recipe(DEMO_RECIPE).defaults.get("served_model_name")
     return Serving(topology=topology, router=router, recipe=DEMO_RECIPE, served_names=(str(name),) if name else ())

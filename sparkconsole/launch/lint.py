@@ -20,11 +20,12 @@ from typing import Any
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from ..nodes.samples import Tick
+from ..recipes import Recipe
 from . import lint_memory, lint_topology
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
+from .lint_container import container_options
 from .plan import make_plan
-from .recipe import Recipe
 from .routers import compromised_versions
 from .steps import Plan
 
@@ -152,7 +153,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
             return [*findings, Finding("plan", "refuse", str(err), "plan")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
-                 _images, _memory, _model_missing):
+                 _images, _memory, _model_missing, container_options):
         findings.extend(rule(recipe, plan, used, facts))
     for topo_rule in lint_topology.RULES:
         findings.extend(topo_rule(plan, used, facts))

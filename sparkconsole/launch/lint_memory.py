@@ -50,7 +50,7 @@ def size_gib(size: str | None) -> float | None:
     import re
     if not size:
         return None
-    m = re.match(r"^([0-9.]+)([bkmgt]?)$", size.lower())
+    m = re.match(r"^([0-9.]+) ?([bkmgt]?)i?b?$", size.lower())   # docker's spellings too: 10gb, 64GiB
     if not m:
         return None
     scale = {"": 1 / GIB, "b": 1 / GIB, "k": 1 / 1048576, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[m.group(2)]

@@ -42,13 +42,10 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .dockershim import install
 from .files import pid_alive, read_json, write_atomic
-
-if TYPE_CHECKING:
-    from .runaway import Runaway, Silence
 
 GIB = 1 << 30
 KIB = 1024
@@ -210,6 +207,25 @@ def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt
                         hw_slowdown=hw_slowdown)
 
 
+class NodeRunaway(Protocol):
+    """What a node calls of a runaway under way on it (sim/runaway.Runaway) on each update."""
+
+    @property
+    def over(self) -> bool: ...
+
+    def before(self, node: SimNode, dt_sim: float) -> None: ...
+
+    def after(self, node: SimNode) -> None: ...
+
+
+class NodeSilence(Protocol):
+    """What a node calls of its silence once it froze, powered off or lost its link (sim/runaway.Silence)."""
+
+    def tend(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
 class SimNode:
     """One simulated GB10. `start()` lays out the directory and begins updating it; `stop()` ends that."""
 
@@ -231,8 +247,8 @@ class SimNode:
         self.reserved_b = 0
         self.available_kb = 0                      # MemAvailable as last written
         self.swap_used_kb = 0                      # swap the kernel has used (only a memory runaway gets there)
-        self.runaway: Runaway | None = None        # a sim/runaway.Runaway under way on this node
-        self.silence: Silence | None = None        # a sim/runaway.Silence once it froze, powered off or lost its link
+        self.runaway: NodeRunaway | None = None    # a sim/runaway.Runaway under way on this node
+        self.silence: NodeSilence | None = None    # a sim/runaway.Silence once it froze, powered off or lost its link
         self.keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
         self._task: asyncio.Task[None] | None = None
         self._last = time.monotonic()

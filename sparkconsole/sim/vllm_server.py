@@ -17,7 +17,6 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from .profiles import GB10
 from .vllm_args import SIM_VERSION, log, profile_for
 from .vllm_http import VllmHttpApi
 from .vllm_metrics import Metrics, SimClock
+from .vllm_request import Req
 
 BLOCK = 16
 WEIGHT_LOAD_BPS = 2.0e9          # simulated weight loading from local NVMe into unified memory
@@ -45,29 +45,6 @@ MAX_LAG_WALL_S = 0.25            # beyond this much real time behind its clock, 
 # vLLM's engine core polls for work: an idle one starts its first step this long after a request arrives
 # (the same constant the headless experiment uses, so served and headless figures agree).
 ENGINE_WAKEUP_S = getattr(ProxyProfile(), "engine_wakeup_s", 0.0)
-
-
-# ---------------------------------------------------------------------------------------------------
-# requests
-
-@dataclass
-class Req:
-    rid: str
-    key: int
-    prompt_tokens: int
-    max_tokens: int          # what the client allowed
-    target: int              # what will be generated (EOS earlier unless ignore_eos)
-    arrival: float
-    cached_tokens: int = 0
-    queue: asyncio.Queue[tuple[int, bool, float]] = field(default_factory=asyncio.Queue)   # (tokens, finished, t)
-    first_at: float | None = None
-    last_at: float | None = None
-    generated: int = 0
-    done: bool = False
-
-    @property
-    def finish_reason(self) -> str:
-        return "length" if self.generated >= self.max_tokens else "stop"
 
 
 class PrefixCache:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,6 +22,13 @@ from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
+
+if TYPE_CHECKING:
+    from textual import getters
+    from textual.worker import Worker
+
+    from ...launch.steps import Plan
+    from ..app import SparkConsoleApp
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (
@@ -54,6 +62,9 @@ _STYLE_WORD = {"line": "", "reference": " (published)", "past": " (past)"}
 
 
 class BenchScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     AUTO_FOCUS = None
     BINDINGS = [
         Binding("b", "start", "Start sweep"),
@@ -64,7 +75,7 @@ class BenchScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__(id="bench")
-        self.sweep_worker = None
+        self.sweep_worker: Worker[None] | None = None
         self.colours: dict[str, tuple[str, str]] = {}
         self.legend: dict[str, str] = {}           # label -> style
         self.runs = 3
@@ -129,7 +140,7 @@ class BenchScreen(Screen):
             self.colours.pop(label, None)
         self._draw_legend()
 
-    def target(self) -> tuple[str, str, object] | None:
+    def target(self) -> tuple[str, str, Plan | None] | None:
         """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
         app = self.app
         plan = getattr(app.recipes_screen, "running_plan", None)    # launched from this console: name its topology

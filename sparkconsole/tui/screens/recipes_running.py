@@ -4,7 +4,22 @@ image to the plan's nodes). A mixin of RecipesScreen: it uses the screen's app, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ...errors import UserError
+
+if TYPE_CHECKING:
+    from textual import getters
+    from textual.screen import Screen
+
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...recipes import Recipe
+    from ..app import SparkConsoleApp
+
+    _Screen = Screen[None]
+else:
+    _Screen = object
 
 RESTART_STAGES = ("draining", "restarting", "back", "failed")
 
@@ -30,7 +45,27 @@ def running_options(group) -> dict:
     return out
 
 
-class RecipeActions:
+class RecipeActions(_Screen):
+    if TYPE_CHECKING:       # what RecipesScreen (screens/recipes.py) gives its actions
+        app = getters.app(SparkConsoleApp)
+        selected: str | None
+        plan: Plan | None
+        running_plan: Plan | None
+        runner: Runner | None
+        progress: dict[str, str]
+        restarting: dict[str, str] | None
+        restart_plan: Plan | None
+
+        def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None: ...
+
+        def _recipe(self, key: str | None) -> Recipe | None: ...
+
+        def _runner(self) -> Runner: ...
+
+        def _on_progress(self, ev: Any) -> None: ...
+
+        def _draw_progress(self) -> None: ...
+
     def _monitors(self) -> list:
         mon = getattr(self.app, "monitor", None)
         return list(mon.nodes.values()) if mon is not None else []
@@ -108,8 +143,9 @@ class RecipeActions:
             return
         if self.runner is None:
             self.runner = self._runner()
+        runner = self.runner
         if verb == "restart":
-            self._confirm_restart(plan)
+            self._confirm_restart(plan, runner)
             return
         stops = [st for svc in [x for x in plan.services if x.role == "router"]
                  + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
@@ -119,7 +155,7 @@ class RecipeActions:
 
         async def go() -> None:
             try:
-                await self.runner.stop(plan, self._on_progress)
+                await runner.stop(plan, self._on_progress)
                 self.app.notify(f"{plan.recipe}: stop done", title="recipes")
                 self.running_plan = None
             except Exception as exc:
@@ -127,7 +163,7 @@ class RecipeActions:
         self.app.confirm(f"Stop {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
                          "Routers first, then the servers; every container of the recipe is removed.")
 
-    def _confirm_restart(self, plan) -> None:
+    def _confirm_restart(self, plan: Plan, runner: Runner) -> None:
         """Rolling behind a router, drained everywhere else (launch/rolling.py); the modal shows its steps."""
         from ...launch import rolling
 
@@ -138,7 +174,7 @@ class RecipeActions:
         async def go() -> None:
             self.restarting, self.restart_plan = {}, plan
             try:
-                report = await rolling.restart(self.runner, plan, self._on_progress)
+                report = await rolling.restart(runner, plan, self._on_progress)
                 self.app.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
                 self.app.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
@@ -186,8 +222,8 @@ class RecipeActions:
         return argv
 
     def _confirm_copy(self, what: str) -> None:
-        argv = self.copy_argv(what)
-        if argv is None:
+        argv, plan = self.copy_argv(what), self.plan
+        if argv is None or plan is None:
             self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
             return
         import shlex
@@ -197,7 +233,8 @@ class RecipeActions:
             import sys
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
-            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
+            stdout = proc.stdout            # a pipe: stdout=PIPE above
+            while stdout is not None and (raw := await stdout.readline()):    # progress lines, ETA included
                 line = raw.decode(errors="replace").strip()
                 if line:
                     self.progress[what] = line[-160:]
@@ -205,7 +242,7 @@ class RecipeActions:
             ok = await proc.wait() == 0
             self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
                             title="recipes", severity="information" if ok else "error")
-        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+        self.app.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
                          "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:

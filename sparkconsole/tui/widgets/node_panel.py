@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -25,6 +26,11 @@ from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from ..app import SparkConsoleApp
+
 
 def _g(b: float | None) -> str:
     """GiB without the unit (the row says GiB once); `?` where not measured."""
@@ -36,6 +42,9 @@ _STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow",
 
 
 class NodePanel(Vertical, can_focus=True):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     BINDINGS = [
         Binding("l", "logs", "Logs"),
         Binding("r", "restart", "Restart vLLM"),
@@ -158,7 +167,7 @@ class NodePanel(Vertical, can_focus=True):
         elif not gpu.reasons:
             reasons.append("no clock-event reason active", style=grey or "green")
         else:
-            spans = reason_durations(nm.history, last)
+            spans = reason_durations(nm.history, last) if last is not None else {}
             for i, r in enumerate(sorted(gpu.reasons, key=lambda r: ("bad", "warn", "info", "dim").index(
                     REASON_SEVERITY.get(r, "info")))):
                 if i:
@@ -210,6 +219,8 @@ class NodePanel(Vertical, can_focus=True):
     def _draw_postmortem(self) -> None:
         """One row: red while the node is still out, yellow once it is back."""
         pm, live = self.postmortem, self.state == "LIVE"
+        if pm is None:
+            return
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append("Post-mortem ", style="bold")
         line.append(time.strftime("%H:%M:%S ", time.localtime(pm["time"])), style="dim")
