@@ -180,8 +180,8 @@ def gpu_tick(t, grown_gib):
 
 
 def record_gpu_runaway(tmp_path, incident, extra=()):
-    from sparkconsole.recorder.workloads import WorkloadLog
     from sparkconsole.config import RecorderSettings
+    from sparkconsole.recorder.workloads import WorkloadLog
     path = tmp_path / "r.sqlite"
     # rows stamped in 2023 (T0): retention, which runs after the writer's first batch, must keep them
     store, log = RecorderStore(path, RecorderSettings(full_rate_hours=1e6, keep_days=1e5)), WorkloadLog()
