@@ -5,8 +5,8 @@
 
 Watches every node (and endpoint) of the cluster file as the console does and keeps every tick, endpoint poll
 and state change in the cluster's recorder file (state dir; see recorder/store.py). Unattended, it also runs
-the alert rules, the memory-exhaustion warning and the guard (protect:, on by default for launched containers), sends notifications (notify:)
-and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
+the alert rules, the memory-exhaustion warning and the guard (protect:, on by default for launched containers),
+sends notifications (notify:) and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
 was queued is committed before it exits, and a SIGKILL loses at most the last batch (≤ 0.5 s).
 
 It is the cluster's collector (sparkconsole/collector/): the only writer of the recorder file (a second `record`
