@@ -165,7 +165,7 @@ async def test_the_guard_stops_the_container_that_grew_and_the_node_does_not_fre
             # what grew is named: the vLLM process's GPU memory (NVML per process, mapped to its container through
             # the node's /proc/PID/cgroup), its cgroup flat under its cap, which never fired
             assert act["grower"].startswith("vllm_node +") and "(PID " in act["grower"] and " vllm)" in act["grower"]
-            assert "cgroup +0." in act["grower"] and "of its 100.0 GiB cap" in act["grower"]
+            assert "GPU memory +" in act["grower"] and "of its 100.0 GiB cap" in act["grower"]
             assert not [a for t, a in w.raised if a.key == "exhaust:spark1:vllm_node"]
             spark1 = w.mon.nodes["spark1"]
             seen = len(spark1.history)

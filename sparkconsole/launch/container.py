@@ -11,9 +11,11 @@ As the runner:
 - mods copied in and run before vLLM starts (launch/mods.py), then a v2 recipe's pre_exec commands (and copies);
 - a v2 recipe's executor_config (recipes/executor.py): its capabilities, devices, security options, ulimits,
   user and entrypoint; its HF cache where sparkrun mounts it (/cache/huggingface, HF_HOME set there).
-Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
-OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
-LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the planner.
+Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a runaway of the container's CPU side
+is an OOM-kill of the container and not a frozen Spark — the cap does not hold GPU memory, which a GB10 does not
+charge to the container's cgroup (docs/RECIPES_PARITY.md, memory-cap); no `--rm`, so a dead server's log can still
+be read; behind LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the
+planner.
 """
 
 from __future__ import annotations
