@@ -185,7 +185,7 @@ class ConsoleStart(_App):
 
     def _start_core(self, attached: bool) -> Collector:
         """The core over the monitor: flight recorder (on its own only: attached, the collector records),
-        exhaustion warning + opt-in guard, notifications, post-mortems, endpoint following (all below the TUI)."""
+        exhaustion warning + guard, notifications, post-mortems, endpoint following (all below the TUI)."""
         from ..collector.core import Collector
         self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
                                      say=self._say, acting=not attached, replay=self.replay_at is not None,
