@@ -112,7 +112,7 @@ def test_the_cli_asks_or_takes_trust(state, registry, capsys, monkeypatch):
                "--force"])
     err = capsys.readouterr().err
     assert rc == 2 and "2 item(s) need confirmation, first: pre_exec[0]" in err and "--trust" in err
-    from sparkconsole.commands.recipe import _confirm_trust
+    from sparkconsole.commands.recipe_io import _confirm_trust
 
     class Args:
         trust = True

@@ -30,7 +30,7 @@ async def _main(args: argparse.Namespace) -> int:
     from ..clusterfile import cluster_for
     from ..launch.gateway import Gateway, keep_current, url
     from ..launch.runner import Runner
-    from .recipe import _confirm
+    from .recipe_io import _confirm
     from .recipe_workloads import connect_all
 
     cluster = cluster_for(args)

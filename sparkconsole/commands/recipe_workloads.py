@@ -43,7 +43,7 @@ def asks_from(args: argparse.Namespace) -> list[Any]:
     from ..launch.planning import default_workload
     from ..placement.fit import Ask
     from ..recipes import find_recipe
-    from .recipe import overrides_from_sets
+    from .recipe_io import overrides_from_sets
 
     if not args.recipes:
         raise UserError("fit needs at least one recipe", field="NAME",
@@ -213,7 +213,7 @@ async def read_beside(args: argparse.Namespace, recipe: Recipe, cluster: Cluster
     from dataclasses import replace
 
     from ..launch.beside import start_monitor
-    from .recipe import gather_facts
+    from .recipe_io import gather_facts
     monitor = await start_monitor(cluster)
     try:
         plan, placed = await place_beside(args, recipe, cluster, plan, overrides, monitor)
@@ -243,7 +243,7 @@ async def act_on_running(args: argparse.Namespace, cluster: ClusterConfig, targe
     """status / stop / restart of one running workload, from its containers (a restart from its recipe too)."""
     from ..launch.runner import Runner
     from ..launch.workloads import plan_of
-    from .recipe import _confirm, _print_progress
+    from .recipe_io import _confirm, _print_progress
 
     group = target.group
     assert group is not None
@@ -278,7 +278,7 @@ async def _restart(args: argparse.Namespace, cluster: ClusterConfig, target: Tar
     from ..launch.plan import make_plan
     from ..launch.rolling import restart, restart_text
     from ..launch.workloads import replan_options
-    from .recipe import _confirm, _confirm_trust, overrides_from
+    from .recipe_io import _confirm, _confirm_trust, overrides_from
 
     group, recipe = target.group, target.recipe
     assert group is not None and recipe is not None
