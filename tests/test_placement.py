@@ -18,6 +18,7 @@ from sparkconsole.nodes.launches import LaunchGroup, Member
 from sparkconsole.placement.budget import GB10_MEMTOTAL_B, NodeBudget, offline_budget
 from sparkconsole.placement.fit import GIB, Ask, NodeRoom, Running, fit
 from sparkconsole.placement.recovery import StopLog, StopRecord, judge
+from sparkconsole.placement.render import render_placement
 from sparkconsole.placement.slots import Taken, slots, taken_on
 from sparkconsole.recipes import find_recipe
 from tests.helpers import error_lines
@@ -50,7 +51,7 @@ def test_spread_puts_each_model_where_the_most_room_is_and_says_what_is_left():
     # the embedder shares spark2 with the 8B: its own port and container, said so
     emb = p.choice("qwen3-embedding-0.6b")
     assert emb.options["port"] == 8001 and emb.options["container_names"] == {"spark2": "vllm_node_qwen3-embedding-0.6b"}
-    text = p.render()
+    text = render_placement(p)
     assert "MemTotal 121.7 GiB, reserve 9.5 GiB" in text and "takes 85.2 GiB (its claim" in text
     assert "weights 60.8 GiB" in text and "free after it 27.0 GiB" in text
 
@@ -144,7 +145,7 @@ def test_a_node_whose_memory_cannot_be_read_is_placed_by_the_estimate_and_marked
     readings = asyncio.run(go())
     assert readings.budgets["here"].measured and not readings.budgets["gone"].measured
     p = place(readings, [Ask("big", find_recipe("llama-3.1-8b"), "solo", {"workload": "big", "nodes": ["gone"]})])
-    text = p.render()
+    text = render_placement(p)
     assert "gone: MemTotal 121.7 GiB" in text and "ESTIMATE ONLY: not read" in text
     here_line = next(ln for ln in text.splitlines() if ln.startswith("here:"))
     assert "ESTIMATE ONLY" not in here_line and "MemAvailable" in here_line

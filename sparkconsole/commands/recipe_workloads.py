@@ -73,6 +73,7 @@ async def fit_main(args: argparse.Namespace, cluster: ClusterConfig) -> int:
     from ..launch.plan import make_plan
     from ..placement.budget import offline_budget
     from ..placement.fit import fit
+    from ..placement.render import render_placement
 
     asks = asks_from(args)
     if args.offline:
@@ -87,7 +88,7 @@ async def fit_main(args: argparse.Namespace, cluster: ClusterConfig) -> int:
             placement = place(Readings(cluster, monitor.nodes), asks, pack=args.pack, estimator=estimator)
         finally:
             await monitor.stop()
-    print(placement.render())
+    print(render_placement(placement))
     return 0
 
 
@@ -191,6 +192,7 @@ async def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: Cluste
     from ..launch.beside import Readings, estimator_for, launch_options, place
     from ..launch.plan import make_plan
     from ..placement.fit import Ask
+    from ..placement.render import render_placement
 
     readings = Readings(cluster, monitor.nodes)
     ask = Ask(plan.name, recipe, plan.topology, {**overrides, "workload": plan.name})
@@ -201,7 +203,7 @@ async def place_beside(args: argparse.Namespace, recipe: Recipe, cluster: Cluste
         if args.recipe_command == "launch":
             raise
         return plan, err
-    print(placement.render(), flush=True)
+    print(render_placement(placement), flush=True)
     placed = make_plan(recipe, plan.topology, cluster, {**overrides, **launch_options(placement, ask.name)})
     return placed, placement
 

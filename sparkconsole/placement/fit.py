@@ -200,10 +200,6 @@ class Placement:
     def choice(self, name: str) -> Choice:
         return next(c for c in self.choices if c.ask.name == name)
 
-    def render(self) -> str:
-        from .render import render_placement
-        return render_placement(self)
-
 
 def running_on(groups: Sequence[Any], memory: Mapping[str, Mapping[str, Any]]) -> list[Running]:
     """What runs on each node (nodes/launches.py groups) with what it measurably holds there: `memory` is
