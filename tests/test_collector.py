@@ -210,6 +210,7 @@ async def test_a_viewer_shows_the_collectors_endpoint_polls_and_polls_itself_onc
     from sparkconsole.collector.attach import AttachedMonitor
     from sparkconsole.collector.core import Collector
     from sparkconsole.collector.lock import socket_path
+    from sparkconsole.collector.roles import RECORD, VIEWER
     from sparkconsole.collector.server import CollectorServer
     from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
@@ -224,14 +225,14 @@ async def test_a_viewer_shows_the_collectors_endpoint_polls_and_polls_itself_onc
         cluster = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),),
                                 endpoints=(EndpointConfig(name="vllm1", url=srv.url, node="spark1"),),
                                 source=str(tmp_path / "c.yaml"))
-        core = Collector(cluster, monitor=ClusterMonitor(cluster, transport_factory=replay))
+        core = Collector(cluster, RECORD, ClusterMonitor(cluster, transport_factory=replay))
         server = CollectorServer(core, socket_path(cluster), info={"pid": os.getpid(), "role": "record"})
         await server.start()
         await core.start()
         viewer_mon = AttachedMonitor(cluster, transport_factory=replay, retry_s=0.2)
         said: list[str] = []
         viewer_mon.subscribe_status(lambda text, sev: said.append(text))
-        viewer = Collector(cluster, monitor=viewer_mon, acting=False, serving_factory=viewer_mon.serving_for)
+        viewer = Collector(cluster, VIEWER, viewer_mon)
         try:
             await until(lambda: core.serving.endpoints["vllm1"].latest is not None, 20, "the collector's first poll")
             await viewer.start()

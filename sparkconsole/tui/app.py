@@ -63,7 +63,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     DEFAULT_MODE = "dashboard"
 
     def __init__(self, cluster: ClusterConfig, *, monitor: ClusterMonitor | None = None, simulated: bool = False,
-                 serving: ServingMonitor | None = None, alerts: AlertEngine | None = None,
+                 serving: ServingMonitor | None = None,
                  monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
                  read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
                  replay_at: float | None = None, record: bool = False, notice: str | None = None,
@@ -71,7 +71,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
         serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints.
-        attach: with neither, attach to the cluster's collector when one runs (then the collector records).
+        attach: with neither, attach to the cluster's collector when one runs (then the collector records, guards
+        and notifies; alone, this console does, and hands those duties back when a collector runs: the header says).
         notice: one line shown at start (where the cluster came from, clusterfile.py)."""
         super().__init__()
         self.cluster = cluster
@@ -79,7 +80,6 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._monitor_factory = monitor_factory
         self._serving_factory = serving_factory
         self._serving = serving
-        self.alerts = alerts
         self.attach = attach
         self.core: Collector | None = None
         self.simulated = simulated or cluster.simulated
@@ -118,8 +118,14 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     def _title(self, t: float | None = None) -> str:
         replay = f"REPLAY {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t or self.replay_at))} · " \
             if self.replay_at is not None else ""
+        duties = self.core.duties.line() if self.core is not None else ""     # whose: collector/duties.py
         return replay + ("SIMULATED · " if self.simulated else "") + ("READ-ONLY · " if self.read_only else "") \
-            + self.cluster.source
+            + self.cluster.source + (f" · {duties}" if duties else "")
+
+    @property
+    def alerts(self) -> AlertEngine | None:
+        """The core's alert engine (None until the core is up, after the first frame)."""
+        return self.core.alerts if self.core is not None else None
 
     @property
     def serving(self):
@@ -231,9 +237,6 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     async def on_mount(self) -> None:
-        if self.alerts is None:
-            from ..alerts import AlertEngine
-            self.alerts = AlertEngine(self.cluster.thresholds)
         self.add_mode("dashboard", lambda: self.dashboard)   # already started: only `1` switching back needs it
         if self.read_only:
             self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)
