@@ -89,6 +89,7 @@ class Duties:
         self._unsub: list[Callable[[], None]] = []    # the recorder's and notifier's subscriptions while held
         self._subs: Subscribers[None] = Subscribers("duties")
         self._pursuit: asyncio.Task[None] | None = None
+        self._handback: asyncio.Task[None] | None = None
         self._unsub_attached: Callable[[], None] | None = None
         self._taking = asyncio.Lock()
         self._closed = False
@@ -113,10 +114,11 @@ class Duties:
         mon = self._attaching()
         if mon is None or not self.role.duties:
             return ""
-        if mon.attached:
+        if self.held:
+            who = "this console " + ("(handing back to the collector)" if mon.attached else
+                                     "(collector gone)" if self._was_attached else "(no collector)")
+        elif mon.attached:
             who = f"the collector (pid {mon.collector.get('pid')})" if mon.collector else "the collector"
-        elif self.held:
-            who = "this console (collector gone)" if self._was_attached else "this console (no collector)"
         elif self.other is not None:
             who = describe_holder(self.other)
         else:
@@ -157,10 +159,12 @@ class Duties:
                 await self.take()
 
     async def stop_pursuing(self) -> None:
-        task, self._pursuit = self._pursuit, None
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        """At the core's stop: no more taking or handing back."""
+        for task in (self._pursuit, self._handback):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._pursuit = self._handback = None
 
     def _attached_now(self) -> bool:
         mon = self._attaching()
@@ -169,7 +173,9 @@ class Duties:
     def _attached_changed(self, attached: bool) -> None:
         if attached:
             self._was_attached = True
-            self.hand_back()
+            if self.held and (self._handback is None or self._handback.done()):
+                self._handback = asyncio.get_running_loop().create_task(self._hand_back_settled(),
+                                                                         name="collector:hand-back")
         elif not self._closed:
             self.pursue(now=True)          # the collector is gone: take them now
         self._subs.notify(None)
@@ -299,6 +305,15 @@ class Duties:
             self._unsub.append(serving.subscribe(self.recorder.on_endpoint))
 
     # --- handing them back --------------------------------------------------------------------------------------
+    async def _hand_back_settled(self) -> None:
+        """Once the post-mortems under way are written (an incident this console recorded is explained in its own
+        file; seconds), unless the collector went again meanwhile. Until then this console still holds them all."""
+        rec = self.recorder
+        if rec is not None:
+            await rec.wait_postmortems()
+        if self._attached_now():
+            self.hand_back()
+
     def hand_back(self) -> None:
         """The collector is back: recording, guard and notifications are its own again. What the recorder queued is
         committed and the file closed before the lock goes; what the notifier queued is still sent."""
