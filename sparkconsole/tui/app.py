@@ -21,6 +21,7 @@ from textual.binding import Binding
 
 from ..config import ClusterConfig
 from ..nodes.launches import launch_groups
+from .facade import ConsoleFacade
 from .heap import HeapKeeper
 from .node_actions import NodeActions
 from .palette import ConsoleCommands
@@ -114,6 +115,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._heap_started = False
         self.first_frame_at: float | None = None
         self.heap = HeapKeeper()
+        self.facade = ConsoleFacade(self)   # what the screens and widgets reach the console through (tui/facade.py)
 
     def _title(self, t: float | None = None) -> str:
         replay = f"REPLAY {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t or self.replay_at))} · " \

@@ -17,6 +17,7 @@ from textual.widgets import Header, Static
 from ...nodes.samples import THROTTLING
 from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS, DEMO_RESULTS
+from ..facade import OnConsole
 from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.key_bar import KeyBar
@@ -53,7 +54,7 @@ COLOURS = (("cyan+", "bright_cyan"), ("magenta+", "bright_magenta"), ("green+", 
 _STYLE_WORD = {"line": "", "reference": " (published)", "past": " (past)"}
 
 
-class BenchScreen(Screen):
+class BenchScreen(OnConsole, Screen):
     AUTO_FOCUS = None
     BINDINGS = [
         Binding("b", "start", "Start sweep"),
@@ -75,7 +76,7 @@ class BenchScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.app.simulated:
+        if self.facade.simulated:
             yield SimBadge()
         yield Static(Text("b starts a sweep against the router (else the first endpoint); levels appear as they "
                           "land; f overlays the published reference, p past runs", style="dim"), id="bench-status")
@@ -131,8 +132,8 @@ class BenchScreen(Screen):
 
     def target(self) -> tuple[str, str, object] | None:
         """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
-        app = self.app
-        plan = getattr(app.recipes_screen, "running_plan", None)    # launched from this console: name its topology
+        app = self.facade
+        plan = app.running_plan    # launched from this console: name its topology
         if plan is not None and plan.endpoint:
             return plan.topology, plan.endpoint, plan
         if not app.cluster.endpoints:
@@ -157,8 +158,8 @@ class BenchScreen(Screen):
             self.concurrency, self.runs = choice.concurrency, choice.runs
             self.sweep_worker = self.run_worker(self._sweep(), exit_on_error=False, group="sweep")
         label, url, _ = target
-        self.app.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.app.simulated)),
-                                              SweepChoice(self.concurrency, self.runs)), chosen)
+        self.facade.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.facade.simulated)),
+                                                 SweepChoice(self.concurrency, self.runs)), chosen)
 
     def action_stop(self) -> None:
         if self.sweep_worker is None or not self.sweep_worker.is_running:
@@ -173,7 +174,7 @@ class BenchScreen(Screen):
         except ImportError as exc:
             self.status(f"bench layer not available: {exc}", "red")
             return
-        app = self.app
+        app = self.facade
         target = self.target()
         if target is None:
             self.status("no endpoint in the cluster file to benchmark", "red")
@@ -202,7 +203,7 @@ class BenchScreen(Screen):
         self._forget("past")
         if self.show_past:
             from ...bench.results import ResultsStore
-            path = store_path(self.app.simulated)
+            path = store_path(self.facade.simulated)
             if not path.exists():
                 self.notify("no past runs yet", severity="warning")
                 return

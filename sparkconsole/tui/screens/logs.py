@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
+from ..facade import OnConsole
 from ..fmt import plural
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
@@ -25,7 +26,7 @@ def logs_command(container: str) -> str:
     return f"docker logs -f --tail 200 {shlex.quote(container)} 2>&1"
 
 
-class LogsScreen(Screen):
+class LogsScreen(OnConsole, Screen):
     AUTO_FOCUS = "#log"
     BINDINGS = [
         Binding("slash", "search", "Search"),
@@ -43,7 +44,7 @@ class LogsScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.app.simulated:
+        if self.facade.simulated:
             yield SimBadge()
         yield Static("", id="logs-status")
         yield Input(placeholder="search the log (escape clears)", id="log-search")
@@ -51,7 +52,7 @@ class LogsScreen(Screen):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        name = self.node_name or (self.app.cluster.nodes[0].name if self.app.cluster.nodes else None)
+        name = self.node_name or (self.facade.cluster.nodes[0].name if self.facade.cluster.nodes else None)
         if name:
             self._tail(name)
 
@@ -77,8 +78,8 @@ class LogsScreen(Screen):
     @work(exclusive=True, group="log-tail")
     async def _tail(self, node_name: str) -> None:
         self.node_name = node_name
-        nm = self.app.node_monitor(node_name)
-        node = self.app.cluster.node(node_name)
+        nm = self.facade.node_monitor(node_name)
+        node = self.facade.cluster.node(node_name)
         transport = getattr(nm, "transport", None) if nm else None
         if transport is None:
             self._status("no connection to the node yet; press n or l again once it is LIVE", "yellow")
@@ -137,7 +138,7 @@ class LogsScreen(Screen):
         self.query_one(RichLog).focus()
 
     def action_next_node(self) -> None:
-        names = [n.name for n in self.app.cluster.nodes]
+        names = [n.name for n in self.facade.cluster.nodes]
         if names:
             i = names.index(self.node_name) + 1 if self.node_name in names else 0
             self.node_name = None

@@ -12,6 +12,7 @@ from textual.widgets import Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
 from ...errors import UserError
+from ..facade import OnConsole
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
@@ -29,7 +30,7 @@ def verdict(findings) -> str:
     return "bad" if "bad" in levels else ("warn" if "warn" in levels else "ok")
 
 
-class RecipesScreen(RecipeActions, Screen):
+class RecipesScreen(RecipeActions, OnConsole, Screen):
     AUTO_FOCUS = "#recipe-list"
     BINDINGS = [
         Binding("enter", "launch", "Launch", priority=False),
@@ -97,7 +98,7 @@ class RecipesScreen(RecipeActions, Screen):
         if key not in self.findings:
             try:
                 from ...launch import lint
-                app = self.app
+                app = self.facade
                 self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
                                                          plan=self._make_plan(recipe, topology)))
             except UserError as exc:
@@ -110,14 +111,14 @@ class RecipesScreen(RecipeActions, Screen):
     def _make_plan(self, recipe, topology: str):
         from ...launch.plan import make_plan
         try:
-            return make_plan(recipe, topology, self.app.cluster, {})
+            return make_plan(recipe, topology, self.facade.cluster, {})
         except UserError:
             return None      # preflight plans again and reports why
 
     # --- view -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.app.simulated:
+        if self.facade.simulated:
             yield SimBadge()
         yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter")
         with Horizontal():
@@ -217,7 +218,7 @@ class RecipesScreen(RecipeActions, Screen):
     def choose(self, recipe) -> None:
         """From the command palette: show this recipe's plan on the recipes screen."""
         self.selected, self.topology = recipe.key, None
-        self.app.run_worker(self.app.action_show("recipes"))
+        self.facade.show("recipes")
         if self.is_mounted:
             self._fill_list("")
             self._show()
@@ -274,7 +275,7 @@ class RecipesScreen(RecipeActions, Screen):
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, self.topology, self.app.cluster, {})
+            self.plan = make_plan(recipe, self.topology, self.facade.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -315,12 +316,13 @@ class RecipesScreen(RecipeActions, Screen):
         changes = [s for s in plan.steps if s.change]
         shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
         more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
-        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
-                         lambda: self._launch(r, plan), f"{len(changes)} changing steps; progress shows below the plan.")
+        self.facade.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
+                            lambda: self._launch(r, plan),
+                            f"{len(changes)} changing steps; progress shows below the plan.")
 
     def _runner(self):
         from ...launch.runner import Runner
-        app = self.app
+        app = self.facade
         transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
         return Runner(app.cluster, transports)
 
@@ -344,16 +346,16 @@ class RecipesScreen(RecipeActions, Screen):
             self.runner = self._runner()
             await self.runner.launch(plan, self._on_progress)
             self.running_plan = plan
-            self.app.notify(f"{recipe.key} launched", title="recipes")
+            self.facade.notify(f"{recipe.key} launched", title="recipes")
         except Exception as exc:
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
-            self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+            self.facade.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.
         return not (action in ("restart", "stop", "launch", "copy_model", "copy_image")
-                    and (getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
+                    and (self.facade.read_only or self.facade.replay_at is not None))
 
     def action_filter(self) -> None:
         box = self.query_one("#recipe-filter", Input)

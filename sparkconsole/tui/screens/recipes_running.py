@@ -5,6 +5,7 @@ image to the plan's nodes). A mixin of RecipesScreen: it uses the screen's app, 
 from __future__ import annotations
 
 from ...errors import UserError
+from ..facade import OnConsole
 
 RESTART_STAGES = ("draining", "restarting", "back", "failed")
 
@@ -30,9 +31,9 @@ def running_options(group) -> dict:
     return out
 
 
-class RecipeActions:
+class RecipeActions(OnConsole):
     def _monitors(self) -> list:
-        mon = getattr(self.app, "monitor", None)
+        mon = self.facade.monitor
         return list(mon.nodes.values()) if mon is not None else []
 
     def running_groups(self) -> list:
@@ -80,7 +81,7 @@ class RecipeActions:
             return None
         try:
             from ...launch.plan import make_plan
-            return make_plan(r, g.topology, self.app.cluster, running_options(g))
+            return make_plan(r, g.topology, self.facade.cluster, running_options(g))
         except UserError as exc:
             self.notify(f"{g.recipe} × {g.topology} runs, but cannot be planned here: {_one_line(exc)}"[:300],
                         severity="error")
@@ -120,12 +121,12 @@ class RecipeActions:
         async def go() -> None:
             try:
                 await self.runner.stop(plan, self._on_progress)
-                self.app.notify(f"{plan.recipe}: stop done", title="recipes")
+                self.facade.notify(f"{plan.recipe}: stop done", title="recipes")
                 self.running_plan = None
             except Exception as exc:
-                self.app.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
-        self.app.confirm(f"Stop {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
-                         "Routers first, then the servers; every container of the recipe is removed.")
+                self.facade.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
+        self.facade.confirm(f"Stop {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
+                            "Routers first, then the servers; every container of the recipe is removed.")
 
     def _confirm_restart(self, plan) -> None:
         """Rolling behind a router, drained everywhere else (launch/rolling.py); the modal shows its steps."""
@@ -139,14 +140,14 @@ class RecipeActions:
             self.restarting, self.restart_plan = {}, plan
             try:
                 report = await rolling.restart(self.runner, plan, self._on_progress)
-                self.app.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
+                self.facade.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
-                self.app.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
+                self.facade.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
             finally:
                 self.restarting, self.restart_plan = None, None
-                self.app.restart_stages = {}
-        self.app.confirm(f"Restart {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
-                         rolling.restart_text(plan), go, detail)
+                self.facade.restart_stages = {}
+        self.facade.confirm(f"Restart {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
+                            rolling.restart_text(plan), go, detail)
 
     def restart_progress(self, ev) -> None:
         """A restart's stage per server (draining, restarting, back, failed): on the launch bar while it lasts,
@@ -157,15 +158,15 @@ class RecipeActions:
         svc = next((x for x in plan.services if x.key == ev.service), None)
         if svc is None:
             return
-        self.app.restart_stages = {**self.app.restart_stages, (svc.node, svc.container): ev.stage}
+        self.facade.restart_stages = {**self.facade.restart_stages, (svc.node, svc.container): ev.stage}
         if self.restarting.get(svc.key) != ev.stage:
             self.restarting[svc.key] = ev.stage
-            recorder = getattr(self.app, "recorder", None)      # kept with the readings: replay and post-mortems
+            recorder = self.facade.recorder      # kept with the readings: replay and post-mortems
             if recorder is not None:
                 recorder.note(svc.node, "restart", {"recipe": plan.recipe, "topology": plan.topology,
                                                     "container": svc.container, "stage": ev.stage,
                                                     "message": ev.message})
-            events = getattr(self.app.dashboard, "events", None)
+            events = self.facade.events
             if events is not None:
                 events.note(f"{svc.node}: {ev.message}", "red" if ev.stage == "failed" else "yellow")
 
@@ -180,7 +181,7 @@ class RecipeActions:
         if not item:
             return None
         argv = ["sparkconsole", what, "pull", item, *[a for n in self.plan.nodes for a in ("--node", n)], "--yes"]
-        source = self.app.cluster.source
+        source = self.facade.cluster.source
         if source and not source.startswith("<"):
             argv += ["--cluster", source]
         return argv
@@ -203,10 +204,10 @@ class RecipeActions:
                     self.progress[what] = line[-160:]
                     self._draw_progress()
             ok = await proc.wait() == 0
-            self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
-                            title="recipes", severity="information" if ok else "error")
-        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
-                         "Nodes that have it already are left as they are; progress shows below the plan.")
+            self.facade.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
+                               title="recipes", severity="information" if ok else "error")
+        self.facade.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+                            "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:
         self._confirm_copy("model")
