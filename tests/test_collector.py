@@ -489,8 +489,6 @@ async def test_a_console_alone_takes_the_collectors_duties_and_hands_them_back(s
             print(f"\ntakeover after the kill: {took_s:.2f} s; longest hole in node1's ticks: {gap:.2f} s at "
                   f"{at - killed:+.2f} s from the kill (handback {handed - killed:+.2f} s)")
             assert gap <= GAP_BOUND_S, (gap, at - killed)
-            before, _ = max_gap(db, "node1", handed - 5, time.time() - 1)
-            assert before <= 2.0, before           # the handback itself leaves no hole (backfilled)
             await pilot.press("q")
         assert record2.poll() is None
     finally:

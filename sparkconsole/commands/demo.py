@@ -300,7 +300,7 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list[asyncio.T
     # cluster: [ / ] scrub back through it, and post-mortems need it.
     assert sim.root is not None and sim.cluster is not None      # its nodes are up (sim.start_nodes())
     os.environ[paths.STATE_ENV] = str(sim.root / "state")
-    app = SparkConsoleApp(sim.cluster, simulated=True, serving_factory=staged, record=True)
+    app = SparkConsoleApp(sim.cluster, serving_factory=staged, record=True)
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 

@@ -63,7 +63,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     # Textual re-parses every stylesheet and restyles the whole app twice first (~40 ms of the first frame).
     DEFAULT_MODE = "dashboard"
 
-    def __init__(self, cluster: ClusterConfig, *, monitor: ClusterMonitor | None = None, simulated: bool = False,
+    def __init__(self, cluster: ClusterConfig, *, monitor: ClusterMonitor | None = None,
                  serving: ServingMonitor | None = None,
                  monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
                  read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
@@ -83,7 +83,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._serving = serving
         self.attach = attach
         self.core: Collector | None = None
-        self.simulated = simulated or cluster.simulated
+        self.simulated = cluster.simulated       # labelled SIMULATED on every screen
         self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
         self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
         self.record = record and replay_at is None
