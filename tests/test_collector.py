@@ -71,6 +71,15 @@ class Procs:
                 p.wait(10)
 
 
+def procs_for(tmp_path: Path, monkeypatch, cfg: Path) -> tuple[Procs, Path]:
+    """Processes of the cluster file `cfg` with a state dir of their own (this process's too), and the recorder
+    file they are to write."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+    return Procs(tmp_path, cfg, env), tmp_path / "rec.sqlite"
+
+
 def consecutive(seqs: list[int]) -> bool:
     return bool(seqs) and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
@@ -89,11 +98,7 @@ def metrics(port: int) -> str:
 @pytest.mark.alone
 async def test_one_collector_feeds_every_viewer_and_a_killed_one_is_taken_over(sshd_live, tmp_path, monkeypatch):
     cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
-    state = tmp_path / "state"
-    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
-    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
-    db = tmp_path / "rec.sqlite"
-    procs = Procs(tmp_path, cfg, env)
+    procs, db = procs_for(tmp_path, monkeypatch, cfg)
     nodes = list(sshd_live)
     try:
         collector = procs.spawn("record1", "record", "--file", str(db))
@@ -409,11 +414,7 @@ async def test_a_console_alone_takes_the_collectors_duties_and_hands_them_back(s
     with open(cfg, "a") as fh:
         fh.write(f"notify: {{webhook: '{rx.url}/hook/{TOKEN}', rate_limit_s: 600}}\n"
                  "protect: {stop_container_before_exhaustion_s: 45}\n")
-    state = tmp_path / "state"
-    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
-    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
-    db = tmp_path / "rec.sqlite"
-    procs = Procs(tmp_path, cfg, env)
+    procs, db = procs_for(tmp_path, monkeypatch, cfg)
     cluster = load_cluster(cfg)
     lock = collector_dir(cluster) / LOCK_NAME
     node2 = sshd_live[1]
