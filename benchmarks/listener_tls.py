@@ -1,7 +1,7 @@
 """What TLS and basic auth cost a scrape: the exporter over 2 replayed nodes (benchmarks/exporter.py's `build`),
 scraped over loopback by aiohttp's client in this process.
 
-    .venv/bin/python benchmarks/listener_tls.py [--scrapes 200]
+    .venv/bin/python benchmarks/listener_tls.py [--scrapes 200] [--smoke]
 
 1. Scrape latency, median and p95, for: plain HTTP with no auth; HTTP with a bearer token; HTTPS + basic auth on a
    kept-alive connection (the password verified once, then remembered); HTTPS + basic auth with a new connection
@@ -89,7 +89,11 @@ async def flood(url: str, ctx: ssl.SSLContext, seconds: float) -> dict[str, floa
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scrapes", type=int, default=200)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        args.scrapes = 5
+    flood_s = 0.2 if args.smoke else 5.0
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ca = TestCA(Path(tmp))
@@ -109,7 +113,7 @@ async def main() -> None:
             started[name] = ExporterServer(build(2), listener)
             await started[name].start()
         try:
-            await asyncio.sleep(2)                   # a few replayed ticks: the scrape has its full size
+            await asyncio.sleep(0.5 if args.smoke else 2)       # a few replayed ticks: the scrape has its full size
             n = args.scrapes
             out["http_no_auth"] = await timed(started["http"].url(), n, {}, False)
             out["http_bearer"] = await timed(started["http_bearer"].url(), n, {"Authorization": f"Bearer {TOKEN}"},
@@ -120,7 +124,7 @@ async def main() -> None:
             out["bcrypt_checks_during_keepalive_run"] = users.bcrypt_runs
             out["https_basic_new_connection_each"] = await timed(started["https_basic"].url(), n, basic(PASSWORD),
                                                                  client_ctx, keep_alive=False)
-            out["wrong_password_flood_5s"] = await flood(started["https_basic"].url(), client_ctx, 5.0)
+            out[f"wrong_password_flood_{flood_s:g}s"] = await flood(started["https_basic"].url(), client_ctx, flood_s)
         finally:
             for s in started.values():
                 await s.stop()

@@ -18,7 +18,7 @@ Every problem is a one-line `UserError` naming file, line, field and fix.
     ssh: {known_hosts: ~/.ssh/known_hosts, trust_on_first_use: false, connect_timeout_s: 10}
     agent: {interval_s: 0.5}
     recorder: {enabled: true, full_rate_hours: 24, keep_days: 14, max_mb: 1024}    # docs/RECORDER.md
-    protect: {stop_container_before_exhaustion_s: 0}                               # 0: off
+    protect: {stop_container_before_exhaustion_s: 15, containers: launched}        # 0: off; any: every container
     master_port: 29501                  # optional: a cluster launch's master port (the runner's MASTER_PORT)
     notify: {webhook: URL, ntfy: URL, bell: false, min_severity: warn, rate_limit_s: 60}
 """
@@ -102,11 +102,18 @@ class RecorderSettings:
     max_mb: float = 1024.0           # …or until the file passes this size (oldest dropped first)
 
 
+PROTECT_CONTAINERS = ("launched", "any")
+
+
 @dataclass(frozen=True)
 class ProtectSettings:
-    """Opt-in guard action: stop a node's vLLM container when memory is estimated to run out within this many
-    seconds (0: off, the default). See nodes/forecast.py for the estimate."""
-    stop_container_before_exhaustion_s: float = 0.0
+    """The guard action (protect.py): stop the container whose memory grew when the node's memory is estimated to
+    run out within this many seconds (nodes/forecast.py; 0: off). On by default, for the containers this project
+    launched (`containers: launched`, its `sparkconsole.*` labels): on a GB10 a runaway in GPU memory is not
+    stopped by the container's cap, and a frozen node loses every workload on it anyway, so stopping the one that
+    grew costs less than the freeze it prevents. `containers: any` lets it stop any container (one started by hand)."""
+    stop_container_before_exhaustion_s: float = 15.0
+    containers: str = "launched"
 
 
 @dataclass(frozen=True)
@@ -361,9 +368,14 @@ def _recorder(doc: Located, data: dict[str, Any]) -> RecorderSettings:
 
 
 def _protect(doc: Located, data: dict[str, Any]) -> ProtectSettings:
-    m = _section(doc, data, "protect", "{stop_container_before_exhaustion_s: 15}", {"stop_container_before_exhaustion_s"})
+    m = _section(doc, data, "protect", "{stop_container_before_exhaustion_s: 15, containers: launched}",
+                 {"stop_container_before_exhaustion_s", "containers"})
+    which = _get(doc, m, ("protect",), "containers", str, "launched", "write launched or any")
+    if which not in PROTECT_CONTAINERS:
+        raise doc.error(("protect", "containers"), f"unknown value {which!r}",
+                        "write launched (the containers this console launched) or any")
     return ProtectSettings(stop_container_before_exhaustion_s=_number(
-        doc, m, ("protect",), "stop_container_before_exhaustion_s", 0.0, 0, 600))
+        doc, m, ("protect",), "stop_container_before_exhaustion_s", 15.0, 0, 600), containers=which)
 
 
 def _notify(doc: Located, data: dict[str, Any]) -> NotifySettings:

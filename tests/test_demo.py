@@ -197,9 +197,9 @@ async def test_recipe_plan_launches_through_the_shims(topology, options):
     """The bundled gpt-oss-120b recipe, planned and run by the real launch runner over the local transport:
     every docker command it sends is answered by the sim nodes' shims, and the endpoint serves."""
     from sparkconsole.launch.plan import make_plan
-    from sparkconsole.launch.recipe import bundled_recipes
     from sparkconsole.launch.runner import Runner
-    from sparkconsole.nodes.transport import make_transport
+    from sparkconsole.nodes.connect import make_transport
+    from sparkconsole.recipes import bundled_recipes
 
     # Loopback addresses of their own: the recipe's fixed router port must not meet a demo running on .2/.3.
     base = f"127.{os.getpid() % 200 + 20}.{len(topology)}"

@@ -10,9 +10,9 @@ import pytest
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.lint import Facts, facts_from_monitors, preflight, refusals
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import bundled_recipes, find_recipe
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import GuardInputs, HostMemory
+from sparkconsole.recipes import bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head"),
          NodeConfig(name="spark2", address="192.168.100.11"))
@@ -49,13 +49,15 @@ def test_bundled_recipes_pass_with_healthy_nodes(key):
 
 
 def test_gpu_memory_utilization_rule():
-    # over the 100g container cap: 0.85 × 121.7 GiB = 103.4 GiB, an OOM-kill at load (more: test_lint_budget.py)
-    f = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.85})
+    # over the node's budget (121.7 − 9.5 GiB reserve): 0.95 × 121.7 GiB = 115.6 GiB (more: test_lint_budget.py)
+    f = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.95})
     assert rules(f) == ["gpu_memory_utilization"]
-    assert "0.85" in f[0].message and "seed 004" in f[0].source and "gpu_memory_utilization=0.78" in f[0].fix
+    assert "0.95" in f[0].message and "seed 004" in f[0].source and "gpu_memory_utilization=0.78" in f[0].fix
     assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.78})) == []
+    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.85}), refusing_only=False) == \
+        ["gpu_memory_utilization"]
     # a discrete-GPU node (not unified) is not held to the unified-memory budget
-    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.85},
+    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.95},
                        Facts(unified={"spark1": False}))) == []
 
 
@@ -264,3 +266,11 @@ def test_preflight_on_a_bigger_cluster_uses_the_nodes_a_launch_would():
     assert rules(check("gpt-oss-120b", "2x-solo", facts=Facts(guards=guards), nodes=three)) == []
     assert rules(check("gpt-oss-120b", "2x-solo", {"nodes": ["spark1", "spark3"]}, Facts(guards=guards),
                        nodes=three)) == ["oom_guards"]
+
+
+def test_earlyoom_missing_is_said_but_never_refuses():
+    from sparkconsole.nodes.samples import EarlyOom
+    no_eo = replace(GOOD_GUARDS, earlyoom=EarlyOom(installed=False))
+    facts = good_facts(guards={"spark1": evaluate_guards(no_eo, GB10_MEM, (), "vllm_node")})
+    f = [x for x in check("gpt-oss-120b", "solo", facts=facts) if x.rule == "oom_guards"]
+    assert [x.severity for x in f] == ["warn"] and "earlyoom" in f[0].message and "apt-get install" in f[0].fix

@@ -30,9 +30,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig, NodeConfig, SshPolicy
+from ..nodes.connect import make_transport
 from ..nodes.monitor import ClusterMonitor
 from ..nodes.samples import NodeState
-from ..nodes.transport import Transport, make_transport
+from ..nodes.transport import Transport
 from ..subscribers import Subscribers
 from .lock import describe_holder, socket_path
 from .seams import Json

@@ -116,6 +116,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     m.add_argument("--speed", type=float, metavar="F",
                    help=f"with --demo: simulated clock speed relative to real time (default {DEMO_SPEED:g})")
     m.add_argument("--force", action="store_true", help="launch although preflight refuses (never a blocking rule)")
+    m.add_argument("--trust", action="store_true", help="run the recipe's pre_exec and mods that `recipe plan` "
+                   "lists under 'needs confirmation'")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="recipe placeholder value for every launch, e.g. --set max_num_batched_tokens=16384")
     m.add_argument("--verbose", "-v", action="store_true", help="print every launch step, not only readiness")
@@ -262,7 +264,7 @@ def _topologies(args: argparse.Namespace) -> list[str]:
         if launcher_factory is not None:
             return list(MATRIX_TOPOLOGIES)
         from ..launch.launcher import resolve_topology
-        from ..launch.recipe import find_recipe
+        from ..recipes import find_recipe
         supported = find_recipe(args.recipe).topologies
         return [t for t in MATRIX_TOPOLOGIES if resolve_topology(t)[0] in supported]
     topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
@@ -381,8 +383,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             probe, monitor = await _cluster_probe(args)
         else:
             from ..launch.launcher import RecipeLauncher, resolve_topology
-            from ..launch.recipe import find_recipe
             from ..nodes.monitor import ClusterMonitor
+            from ..recipes import find_recipe
             from .recipe import load_cluster_for
             find_recipe(args.recipe)                      # wrong names fail before anything starts
             for topo in topologies:
@@ -411,8 +413,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             probe = _thermal_probe(monitor)
             on_progress, on_finding = _launch_printer(args, line)
             launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
-                                      poll_interval=0.5 if args.demo else 1.0, on_progress=on_progress,
-                                      on_finding=on_finding)
+                                      trust=args.trust, poll_interval=0.5 if args.demo else 1.0,
+                                      on_progress=on_progress, on_finding=on_finding)
         with ResultsStore(args.results) as store:
             out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
                                    simulated=bool(args.demo), speed=speed if args.demo else 1.0,

@@ -10,8 +10,9 @@ recipe plan sends. Everything lives in a temporary directory removed at exit. Ev
 simulated time; `--speed F` runs that clock F times faster than real time.
 
 `--runaway KIND[:NODE]` starts a runaway on NODE (default: spark1 for solo, else spark2) {after} seconds
-after the model serves: `memory` (the vLLM container's memory grows until the node freezes), `thermal` (cooling
-fails, the GPU heats to shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
+after the model serves: `memory` (the vLLM process's GPU memory grows, its container's cap does not see it, and
+the console's guard stops the container before the node freezes), `thermal` (cooling fails, the GPU heats to
+shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
 """
 
 from __future__ import annotations
@@ -67,9 +68,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "running until Ctrl-C or --duration")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of real time")
     p.add_argument("--runaway", metavar="KIND[:NODE]",
-                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (the node "
-                   "freezes), thermal (it shuts down) or link (it is cut off); NODE defaults to spark1 for solo, "
-                   "else spark2")
+                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (its GPU "
+                   "memory grows until the guard stops it), thermal (it shuts down) or link (it is cut off); NODE "
+                   "defaults to spark1 for solo, else spark2")
     p.set_defaults(func=run)
 
 
@@ -90,7 +91,7 @@ def _check(args: argparse.Namespace) -> None:
 def demo_serving(topology: str = "2x-solo", router: str = "litellm-simple-shuffle") -> Serving:
     """What the demo serves: the demo recipe's model, answering to the recipe's served name as well (its plan's
     readiness check and restart look for that name)."""
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
     from ..sim.cluster import Serving
     name = find_recipe(DEMO_RECIPE).defaults.get("served_model_name")
     return Serving(topology=topology, router=router, recipe=DEMO_RECIPE, served_names=(str(name),) if name else ())

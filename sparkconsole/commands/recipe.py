@@ -1,6 +1,7 @@
 """`sparkconsole recipe list|plan|lint|launch|status|stop|restart`: recipes headless.
 
-    sparkconsole recipe list
+    sparkconsole recipe list [WORDS] [--all]       (every registry's too; WORDS searches them all)
+    sparkconsole recipe registry add URL [--name N] | list | update [NAME] | rm NAME
     sparkconsole recipe plan gpt-oss-120b --topology 2x-solo --router simple-shuffle
     sparkconsole recipe lint deepseek-v4-flash --topology cluster-tp2
     sparkconsole recipe launch tiny-testbed --topology solo --yes [--force] [--drop-caches] [-- EXTRA VLLM ARGS]
@@ -31,13 +32,13 @@ from . import LazyChoices
 if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
     from ..config import ClusterConfig, NodeConfig
     from ..launch import lint as lint_mod
-    from ..launch.recipe import Recipe
     from ..launch.runner import Progress
     from ..launch.steps import Plan
     from ..nodes.transport import Transport
+    from ..recipes import Recipe
 
-TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")
-ROUTER_CHOICES = LazyChoices("sparkconsole.launch.recipe", "ROUTER_CHOICES")
+TOPOLOGIES = LazyChoices("sparkconsole.recipes", "TOPOLOGIES")
+ROUTER_CHOICES = LazyChoices("sparkconsole.recipes", "ROUTER_CHOICES")
 
 FACTS_TIMEOUT_S = 15.0
 
@@ -63,8 +64,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="recipe_command", metavar="ACTION", parser_class=_ExtraArgsParser)
     sub.required = True
-    ls = sub.add_parser("list", help="bundled and user recipes")
+    ls = sub.add_parser("list", help="local and bundled recipes, and every fetched registry's")
+    ls.add_argument("words", nargs="*", metavar="WORDS", help="only recipes whose name, model, description or "
+                    "registry holds every word")
+    ls.add_argument("--all", action="store_true", help="also the registries' hidden sections (e.g. experimental)")
     ls.set_defaults(func=run)
+    from .registry import register as register_registry
+    register_registry(sub)
     for name, helptext in (("plan", "show the exact per-node commands, run nothing"),
                            ("lint", "preflight checks (reads the nodes unless --offline)"),
                            ("launch", "lint, confirm, run the plan and wait until it serves"),
@@ -101,6 +107,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp.add_argument("--no-cache-dirs", action="store_true",
                         help="do not mount the node's compile caches (vLLM, FlashInfer, Triton, TileLang)")
         sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+        sp.add_argument("--trust", action="store_true", help="run the pre_exec commands and mods the plan lists "
+                        "under 'needs confirmation' without asking (a registry not marked trusted, a mod from "
+                        "outside the recipe's checkout)")
         sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
         sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
         sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
@@ -152,24 +161,22 @@ def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
     return cluster_for(args)
 
 
-def _list() -> int:
-    from ..launch.recipe import load_recipe, recipe_paths
+def _list(args: argparse.Namespace) -> int:
+    from ..recipes.catalog import catalog, search
 
-    rows = []
-    for key, path in sorted(recipe_paths().items()):
-        try:
-            r = load_recipe(path)
-            rows.append((key, ",".join(r.topologies), r.name, str(path)))
-        except UserError as err:
-            rows.append((key, "-", f"ERROR {err}", str(path)))
-    if not rows:
-        print("no recipes found")
+    entries = catalog(include_hidden=args.all)
+    if args.words:
+        entries = search(entries, " ".join(args.words))
+    if not entries:
+        print("no recipes found" + (f" for {' '.join(args.words)!r}" if args.words else ""))
         return 0
-    w = max(len(r[0]) for r in rows)
-    t = max(len(r[1]) for r in rows)
-    for key, topo, name, where in rows:
-        print(f"{key:<{w}}  {topo:<{t}}  {name}")
-        print(f"{'':<{w}}  {'':<{t}}  {where}")
+    w = max(len(e.key) for e in entries)
+    t = max(len(e.topologies) for e in entries)
+    for e in entries:
+        name = f"ERROR {e.error}" if e.error else e.name
+        runtime = "" if e.runtime == "vllm" else f" [{e.runtime}]"
+        print(f"{e.key:<{w}}  {e.topologies:<{t}}  {name}{runtime}")
+        print(f"{'':<{w}}  {'':<{t}}  {e.registry}: {e.path}")
     return 0
 
 
@@ -239,10 +246,25 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
         raise UserError("not confirmed", fix="answer y, or pass --yes")
 
 
+def _confirm_trust(args: argparse.Namespace, plan: Plan) -> Plan:
+    """What the plan runs as root on someone else's word (its 'needs confirmation' lines): --trust, or asked."""
+    if not plan.untrusted or plan.trusted:
+        return plan
+    if not args.trust:
+        if not sys.stdin.isatty():
+            raise UserError(f"{len(plan.untrusted)} item(s) need confirmation, first: {plan.untrusted[0]}",
+                            field="--trust", fix="read them in the plan above, then pass --trust to run them")
+        answer = input(f"run the {len(plan.untrusted)} item(s) above marked 'needs confirmation'? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise UserError("not confirmed", field="--trust", fix="answer y, or pass --trust")
+    return replace(plan, trusted=True)
+
+
 async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
     from ..launch import lint as lint_mod
     from ..launch.runner import Runner
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
 
     action = args.recipe_command
     monitor = None
@@ -284,6 +306,8 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         if action == "restart":
             from ..launch.rolling import restart_text
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
+        if action in ("launch", "restart"):          # what they run again: mods, pre_exec
+            plan = _confirm_trust(args, plan)
         _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
         transports = {}
         if monitor is not None:
@@ -316,7 +340,8 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
 async def _running_router(cluster: ClusterConfig, plan: Plan) -> str | None:
     """The router a running 2x-solo launch has, read on its head node (None when unreachable or not running)."""
     from ..launch.rolling import router_of, running_router
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
 
     router = router_of(plan)
     if router is None:
@@ -335,7 +360,7 @@ async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
                           overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
     from ..launch.ifaces import plan_links
-    from ..nodes.transport import make_transport
+    from ..nodes.connect import make_transport
     opened: list[Transport] = []
 
     async def connect(node: NodeConfig) -> Transport:
@@ -353,14 +378,17 @@ async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
 def run(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     """`recipe list` answers at once; every other action is one coroutine (cli.py runs it in one event loop)."""
     if args.recipe_command == "list":
-        return _list()
+        return _list(args)
+    if args.recipe_command == "registry":
+        from .registry import run as run_registry
+        return run_registry(args)
     return _main(args)
 
 
 async def _main(args: argparse.Namespace) -> int:
     from ..launch import lint as lint_mod
     from ..launch.plan import make_plan
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
 
     if getattr(args, "drain_timeout", 0) < 0:
         raise UserError(f"--drain-timeout {args.drain_timeout:g} is negative", field="--drain-timeout",

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import UserError
-from .recipe import Recipe
+from ..recipes import Recipe
+from ..recipes.render import render_v2, shell_quote
 
 SHELL_OPERATORS = {"&&", "||", ";", "|", ">", ">>", "<", "&"}
 
@@ -23,15 +24,15 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
     recipe.render_command(params)            # names a missing placeholder with the file and line
     # The runner writes the command into a bash script: read it as bash does (comments dropped, a line that
     # does not end in a backslash ends the command). One command → argv; several → the shell path below.
-    from .bashread import bash_command_lines
+    from ..recipes.bashread import bash_command_lines
     commands = [text for _, text in bash_command_lines(recipe.command)]
     template = "\n".join(commands)
     if len(commands) > 1:
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
+        return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
     try:
-        words = shlex.split(template)
+        # v2, as sparkrun: the template filled, then split as bash splits it (a value may be several words);
+        # v1, as sparkconsole always read it: split first, each word filled (a value is one word)
+        words = shlex.split(_fill_v2(recipe, template, params) if recipe.v2 else template)
     except ValueError as exc:
         raise UserError(f"the command cannot be split into arguments ({exc})", file=recipe.source,
                         line=recipe.command_line, field="command", fix="balance the quotes in the command") from None
@@ -39,11 +40,12 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
         raise UserError("the command is empty", file=recipe.source, line=recipe.command_line, field="command",
                         fix="write the vllm serve command")
     if any(w in SHELL_OPERATORS for w in words):
-        quoted = {k: shlex.quote(str(_plain(v))) for k, v in params.items()}
-        text = template.format(**quoted)
-        return ["bash", "-c", " ".join([text, *map(shlex.quote, extra_args)])], True
-    values = {k: _plain(v) for k, v in params.items()}
-    argv = [w.format(**values) for w in words]
+        return ["bash", "-c", " ".join([_fill_quoted(recipe, template, params), *map(shlex.quote, extra_args)])], True
+    if recipe.v2:
+        argv = words
+    else:
+        values = {k: _plain(v) for k, v in params.items()}
+        argv = [w.format(**values) for w in words]
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -56,6 +58,19 @@ def command_argv(recipe: Recipe, params: Mapping[str, Any], extra_args: Sequence
         out.append(a)
         i += 1
     return [*out, *extra_args], False
+
+
+def _fill_v2(recipe: Recipe, template: str, params: Mapping[str, Any]) -> str:
+    return render_v2(template, recipe.template_values(params), recipe.source, recipe.command_line, "command")
+
+
+def _fill_quoted(recipe: Recipe, template: str, params: Mapping[str, Any]) -> str:
+    """The template for `bash -c`, each value quoted for where it lands in that shell line (v2: inside '…' or
+    "…" as written, so a JSON value in quotes stays one literal word)."""
+    if recipe.v2:
+        return render_v2(template, recipe.template_values(params), recipe.source, recipe.command_line, "command",
+                         quote=shell_quote)
+    return template.format(**{k: shlex.quote(str(_plain(v))) for k, v in params.items()})
 
 
 def _plain(v: Any) -> Any:

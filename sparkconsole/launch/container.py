@@ -8,7 +8,9 @@ As the runner:
 - the node's Hugging Face cache (`${HF_HOME:-$HOME/.cache/huggingface}`, where `model pull` writes and preflight
   looks) at /root/.cache/huggingface, and the compile caches (vLLM, FlashInfer, Triton, TileLang) unless
   `--no-cache-dirs`, each made first on the node;
-- mods copied in and run before vLLM starts (launch/mods.py).
+- mods copied in and run before vLLM starts (launch/mods.py), then a v2 recipe's pre_exec commands (and copies);
+- a v2 recipe's executor_config (recipes/executor.py): its capabilities, devices, security options, ulimits,
+  user and entrypoint; its HF cache where sparkrun mounts it (/cache/huggingface, HF_HOME set there).
 Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
 OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
 LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the planner.
@@ -21,12 +23,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import NodeConfig
-from .mods import Mod, gated, mod_steps, release_step
-from .recipe import Recipe, fill
+from ..recipes import PreExec, Recipe, fill
+from .mods import Mod, gated, mod_steps, pre_exec_steps, release_step
 from .steps import NodeExpr, Step, launch_labels
 
 HF_CACHE = '"${HF_HOME:-$HOME/.cache/huggingface}"'
-HF_CACHE_TARGET = "/root/.cache/huggingface"
+HF_CACHE_TARGET = "/root/.cache/huggingface"      # where spark-vllm-docker mounts it (and HF looks by default)
 COMPILE_CACHES = (('"$HOME"/.cache/vllm', "/root/.cache/vllm"), ('"$HOME"/.cache/flashinfer', "/root/.cache/flashinfer"),
                   ('"$HOME"/.triton', "/root/.triton"), ('"$HOME"/.tilelang', "/root/.tilelang"))
 # Always first, as the runner's DOCKER_ARGS: NCCL must not pin its threads to the cores the container was given.
@@ -42,9 +44,24 @@ class ContainerSpec:
     privileged: bool = True
     cache_dirs: bool = True
     mods: tuple[Mod, ...] = ()
+    pre_exec: tuple[PreExec, ...] = ()
+
+    @property
+    def gated(self) -> bool:
+        """Something runs in the container before the server: its command waits for the release."""
+        return bool(self.mods or self.pre_exec)
 
     def caches(self) -> list[tuple[str, str]]:
-        return [(HF_CACHE, HF_CACHE_TARGET), *(COMPILE_CACHES if self.cache_dirs else ())]
+        return [(HF_CACHE, self.recipe.container_settings.hf_cache_target),
+                *(COMPILE_CACHES if self.cache_dirs else ())]
+
+    def base_env(self) -> list[tuple[str, str]]:
+        """sparkconsole's variables, before the recipe's (which may replace them)."""
+        env = list(BASE_ENV)
+        target = self.recipe.container_settings.hf_cache_target
+        if target != HF_CACHE_TARGET:
+            env.append(("HF_HOME", target))
+        return env
 
     def prepare(self, node: NodeConfig, name: str, *, drop_caches: bool = False) -> list[Step]:
         """Before a node's container starts: the page cache dropped (if asked), the cache directories made,
@@ -74,8 +91,18 @@ class ContainerSpec:
         else:
             argv += ["--cap-add", "IPC_LOCK", *(["--device", "/dev/infiniband"] if cs.rdma else []),
                      "--pids-limit", str(cs.pids_limit)]
-        if cs.nofile:
+        for cap in cs.cap_add:
+            argv += ["--cap-add", cap]
+        for dev in cs.devices:
+            argv += ["--device", dev]
+        for opt in cs.security_opt:
+            argv += ["--security-opt", opt]
+        if cs.nofile and not any(u.startswith("nofile=") for u in cs.ulimits):
             argv += ["--ulimit", f"nofile={cs.nofile}:{cs.nofile}"]
+        for u in cs.ulimits:
+            argv += ["--ulimit", u]
+        if cs.user:
+            argv += ["--user", cs.user]
         if cs.gpus:
             argv += ["--gpus", cs.gpus]
         if cs.ipc_host and self.privileged:
@@ -95,15 +122,16 @@ class ContainerSpec:
             argv += ["-v", v]
         for t in cs.tmpfs:
             argv += ["--tmpfs", t]
-        for k, v in (*BASE_ENV, *env):
+        for k, v in (*self.base_env(), *env):
             argv += ["-e", f"{k}={v}"]
         for s in self.recipe.secrets:
             argv += ["-e", s.name]
-        argv += ["--entrypoint=", self.image, *(gated(command) if self.mods else command)]
+        argv += [f"--entrypoint={cs.entrypoint or ''}", self.image, *(gated(command) if self.gated else command)]
         return tuple(argv)
 
     def after_start(self, node: NodeConfig, name: str) -> list[Step]:
-        return mod_steps(node.name, name, self.mods)
+        return [*mod_steps(node.name, name, self.mods),
+                *pre_exec_steps(node.name, name, self.pre_exec, self.recipe.source)]
 
     def release(self, node: NodeConfig, name: str) -> list[Step]:
-        return [release_step(node.name, name)] if self.mods else []
+        return [release_step(node.name, name)] if self.gated else []

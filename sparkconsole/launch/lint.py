@@ -19,11 +19,13 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
+from ..nodes.samples import Tick
+from ..recipes import Recipe
 from . import lint_memory, lint_topology
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
+from .lint_container import container_options
 from .plan import make_plan
-from .recipe import Recipe
 from .routers import compromised_versions
 from .steps import Plan
 
@@ -38,7 +40,9 @@ SRC_LEAST_BUSY = ("seed 000: least-busy over identical backends oscillates and s
                   "(c64 decode 338 t/s vs 568 t/s with simple-shuffle)")
 SRC_COMPROMISED = "seed 001: LiteLLM 1.82.7 and 1.82.8 were compromised releases (supply-chain attack)"
 SRC_GUARDS = ("seed 004: an OOM on unified memory freezes the whole host; swap off, overcommit 0, "
-              "container cap, min_free_kbytes 1.5 GiB, drop caches before the load")
+              "container cap, min_free_kbytes 1.5 GiB, drop caches before the load (the cap holds the container's "
+              "CPU side only: CUDA memory is not charged to it on a GB10, graphistry/pygraphistry PR 1671, "
+              "Blackwellboy/model-serving-minefield issue 57)")
 SRC_IMAGE = "eugr/spark-vllm-docker launch-cluster.sh: verify_cluster_image_consistency (same image ID on every node)"
 SRC_MEMORY = "gb10-facts.md: MemTotal ~121.7 GiB, an OOM wedges the host; seed 004: ~75 GiB loaded per node"
 SRC_TP = "a GB10 node has one GPU: tensor × pipeline parallel must equal the number of nodes"
@@ -97,6 +101,7 @@ class Facts:
     unreachable: Mapping[str, Sequence[tuple[str, str, str]]] = field(default_factory=dict)  # node → (peer, addr, why)
     model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
     compile_cache_mounted: bool | None = None                           # None: read from the plan's volumes
+    ticks: Mapping[str, Tick] = field(default_factory=dict)             # node → its last tick: what runs there
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -107,7 +112,7 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         evaluate_guards = evaluate
     except ImportError:          # telemetry's guard rules not present: guards stay unknown
         evaluate_guards = None
-    guards, mem, unified, boots = {}, {}, {}, {}
+    guards, mem, unified, boots, ticks = {}, {}, {}, {}, {}
     for name, nm in monitors.items():
         boot = getattr(getattr(nm, "info", None), "boot_id", None)
         if boot:
@@ -115,6 +120,7 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         last = getattr(nm, "last", None)
         if last is None:
             continue
+        ticks[name] = last
         if last.mem is not None:
             mem[name] = last.mem
         if last.gpus:
@@ -122,7 +128,8 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         if evaluate_guards is not None:
             guards[name] = list(evaluate_guards(last.guards, last.mem, getattr(nm, "containers", ()),
                                                 nm.config.container))
-    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots)
+    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots,
+                 ticks=ticks)
 
 
 def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
@@ -146,7 +153,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
             return [*findings, Finding("plan", "refuse", str(err), "plan")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
-                 _images, _memory, _model_missing):
+                 _images, _memory, _model_missing, container_options):
         findings.extend(rule(recipe, plan, used, facts))
     for topo_rule in lint_topology.RULES:
         findings.extend(topo_rule(plan, used, facts))
@@ -206,22 +213,35 @@ def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
 # --- rules ------------------------------------------------------------------------------------------------------
 
 def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    """The claim judged against the node's budget (lint_memory.py)."""
-    out = []
+    """The claims of the servers on each node, summed, judged against the node's budget (lint_memory.py): MemTotal
+    less the reserve less what the other workloads measurably hold — never the container's cap."""
+    from ..placement.budget import node_budget, offline_budget
     cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
-    cap = lint_memory.size_gib(cap_text)
-    for node, argv in _servers(plan):
+    claims: dict[str, list[float]] = {}
+    ours: dict[str, set[str]] = {}
+    for key, argv in plan.server_args.items():
+        svc = plan.service(key)
+        ours.setdefault(svc.node, set()).add(svc.container)
         v = flag_value(argv, "--gpu-memory-utilization")
         try:
             frac = float(v) if v is not None else None
         except ValueError:
             frac = None
-        if frac is None or not facts.unified.get(node, True):
-            continue
+        if frac is not None and facts.unified.get(svc.node, True):
+            claims.setdefault(svc.node, []).append(frac)
+    out = []
+    for node, fracs in claims.items():
         total_kb = getattr(facts.mem.get(node), "total_kb", None)
         total = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        got = lint_memory.judge(frac, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
-                                facts.headroom_floor_gib, bool(total_kb))
+        tick = facts.ticks.get(node)
+        if tick is not None:
+            # the plan's own containers are replaced by this launch: what they hold now is not held against it
+            budget = node_budget(node, tick, facts.headroom_floor_gib, exclude=ours.get(node, ()))
+        else:
+            budget = offline_budget(node, int(total * GIB), headroom_floor_gib=facts.headroom_floor_gib,
+                                    reason="what runs on the node was not read" if total_kb else
+                                    "the node was not read: a GB10 assumed, nothing held")
+        got = lint_memory.judge(fracs, total, budget, cap_text, bool(total_kb))
         if got:
             out.append(Finding("gpu_memory_utilization", got[0], got[1], lint_memory.SRC_BUDGET, got[2], node))
     return _dedupe(out)
@@ -288,7 +308,9 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
     out = []
     drops_cache = any("drop_caches" in " ".join(st.argv) for st in plan.steps)
     if recipe.container_settings.memory is None and recipe.container_settings.gpus is not None:
-        out.append(Finding("oom_guards", "refuse", "the recipe starts vLLM without a container memory cap",
+        out.append(Finding("oom_guards", "refuse", "the recipe starts vLLM without a container memory cap: a "
+                           "runaway of its CPU side (Python, compile workers, host buffers) would take the host's "
+                           "memory instead of the container being killed (the cap does not hold its GPU memory)",
                            SRC_GUARDS, "set sparkconsole.container.memory (e.g. 100g) in the recipe"))
     for n in nodes:
         results = facts.guards.get(n.name)
@@ -306,6 +328,11 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
             if key == "page_cache":
                 if status != "ok" and not drops_cache:
                     out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, "add --drop-caches", n.name))
+                continue
+            if key == "earlyoom":
+                # a backstop, not a setting a launch can freeze without: said with its fix, never refusing
+                if status == "warn":
+                    out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
                 continue
             if status in ("bad", "warn"):
                 out.append(Finding("oom_guards", "refuse", text, SRC_GUARDS, getattr(g, "fix", None), n.name))

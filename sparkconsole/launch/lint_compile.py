@@ -15,8 +15,8 @@ from .argv import has_flag
 
 if TYPE_CHECKING:
     from ..config import NodeConfig
+    from ..recipes import Recipe
     from .lint import Facts, Finding
-    from .recipe import Recipe
     from .steps import Plan
 
 SRC_CUSTOM_OPS = ("seed 004: custom_ops [\"all\"] made TileLang/nvcc compile fusion kernels during the load, "

@@ -11,10 +11,11 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import Recipe
+from ..recipes.envtemplate import render_env
 from . import gate
 from .argv import command_argv, served_model
 from .container import ContainerSpec
-from .recipe import Recipe
 from .steps import Plan, Service, Step, url_host
 
 
@@ -94,7 +95,7 @@ class PlanBuilder:
         """Prepare the node, start its container (gated on the mods), apply the mods; vLLM starts at release."""
         name = self.cname(node)
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
-        full_env = (*self.recipe.env.items(), *env, *node.vllm_env)
+        full_env = (*self.recipe_env(node, params).items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
                                                                       command, mounts),
                                secrets=self.recipe.secrets, service=svc.key))
@@ -102,6 +103,17 @@ class PlanBuilder:
         self._unreleased.append((node, name))
         self.services.append(svc)
         self.server_env[svc.key] = tuple(full_env)
+
+    def recipe_env(self, node: NodeConfig, params: Mapping[str, Any]) -> dict[str, str]:
+        """The recipe's env on this node: a v2 recipe's {config.x} and {launch.x} filled (recipes/envtemplate.py),
+        after sparkrun's NODE_IP (the node's address on the cluster link), which v2 commands read."""
+        if not self.recipe.v2:
+            return dict(self.recipe.env)
+        launch = {"num_nodes": len(self.nodes), "node_rank": self.nodes.index(node) if node in self.nodes else 0,
+                  "node_host": self.link_address(node), "cluster_id": f"{self.recipe.key}:{self.topology}",
+                  "model_revision": self.recipe.model_revision}
+        return {"NODE_IP": self.link_address(node),
+                **render_env(self.recipe.env, self.recipe.template_values(params), launch, self.recipe.source)}
 
     def start_server(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], port: int,
                      argv_extra: Sequence[str] = (), url: bool = True, drain_gate: bool = False) -> Service:
@@ -141,4 +153,5 @@ class PlanBuilder:
                     notes=tuple(self.notes), server_env=self.server_env,
                     listens={k: tuple(v) for k, v in self.listens.items()},
                     cpu_build=dict(r.env).get("VLLM_TARGET_DEVICE") == "cpu" or r.container_settings.gpus is None,
-                    mods=tuple(m.name for m in self.container.mods))
+                    mods=tuple(m.name for m in self.container.mods),
+                    mod_origins=tuple(m.origin for m in self.container.mods), pre_exec=len(self.container.pre_exec))

@@ -38,9 +38,9 @@ import httpx
 
 from .. import audit
 from ..nodes.launches import LABEL
+from ..recipes import ROUTER_CHOICES
 from ..serving import metrics as vmetrics
 from . import gate
-from .recipe import ROUTER_CHOICES
 from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 
@@ -386,6 +386,8 @@ class _Roll:
 async def restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                   drain_timeout: float = DRAIN_TIMEOUT_S, all_at_once: bool = False) -> RestartReport | None:
     """`recipe restart`: rolling behind a router, graceful elsewhere; all at once (today's hard restart) on request."""
+    from .runner import check_trusted
+    check_trusted(plan)              # a restart runs the plan's mods and pre_exec again
     if all_at_once:
         await runner.restart(plan, on_progress)
         audit.record(f"restart {plan.recipe} ({plan.topology}) all at once", ",".join(plan.nodes),

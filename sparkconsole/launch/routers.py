@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from ..config import NodeConfig
 from ..errors import UserError
-from .recipe import RouterImpl, SecretRef, fill
+from ..recipes import RouterImpl, SecretRef, fill
 from .steps import Service, Step, launch_labels, url_host
 
 if TYPE_CHECKING:

@@ -16,9 +16,9 @@ import shlex
 
 from ..config import NodeConfig
 from ..errors import UserError
+from ..recipes import fill
 from .argv import command_argv, has_flag, served_model
 from .planning import PlanBuilder
-from .recipe import fill
 from .routers import add_router
 from .steps import EXIT_MARK, RAY_JOIN_TIMEOUT_S, RAY_NODE_LINE, Service, Step, url_host
 

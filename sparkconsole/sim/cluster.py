@@ -383,8 +383,8 @@ class SimCluster:
     # ---- runaways -------------------------------------------------------------------------------
     def runaway(self, node: str, kind: str, *, duration_s: float | None = None,
                 say: Callable[[str], None] | None = None) -> Runaway:
-        """Start a runaway on one node while the cluster runs (sim/runaway.py): `memory` (the vLLM container's
-        memory grows until the node freezes), `thermal` (cooling fails, the GPU heats to shutdown, the node powers
+        """Start a runaway on one node while the cluster runs (sim/runaway.py): `memory` (the vLLM process's GPU
+        memory grows until the guard stops it or the node freezes), `thermal` (cooling fails, the GPU heats to shutdown, the node powers
         off) or `link` (the node is cut off). `duration_s`: simulated seconds to exhaustion / shutdown (defaults in
         sim/runaway.py). `say(line)` hears what happens. Returns the Runaway: `done`, `outcome`, `ended_at`."""
         from .runaway import KINDS, make

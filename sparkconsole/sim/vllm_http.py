@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .engine import SimEngine
     from .profiles import ModelProfile
     from .vllm_metrics import Metrics, SimClock
-    from .vllm_server import Req
+    from .vllm_request import Req
 
 
 class VllmHttpApi:

@@ -13,6 +13,7 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 from textual import events
@@ -30,10 +31,15 @@ from .screens.help import HelpScreen
 from .startup import ConsoleStart
 
 if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (tui/startup.py)
+    from textual.notifications import SeverityLevel
+
     from ..alerts import AlertEngine
     from ..collector.core import Collector
     from ..nodes.monitor import ClusterMonitor
     from ..serving.endpoint import ServingMonitor
+    from .screens.bench import BenchScreen
+    from .screens.logs import LogsScreen
+    from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
@@ -90,12 +96,12 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self.notice = notice
         self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
         self._scrub_back = 0                # minutes
-        self._scrub_unsub = None
+        self._scrub_unsub: Callable[[], None] | None = None
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
-        self._recipes_screen = None
-        self._logs_screen = None
-        self._bench_screen = None
+        self._recipes_screen: RecipesScreen | None = None
+        self._logs_screen: LogsScreen | None = None
+        self._bench_screen: BenchScreen | None = None
         for mode, make in (("recipes", lambda: self.recipes_screen), ("bench", lambda: self.bench_screen),
                            ("logs", lambda: self.logs_screen)):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
@@ -215,7 +221,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         await replayed.stop()
 
     @property
-    def recipes_screen(self):
+    def recipes_screen(self) -> RecipesScreen:
         # Built on first use, like the others but the dashboard: the first frame does not wait for them.
         if self._recipes_screen is None:
             from .screens.recipes import RecipesScreen
@@ -223,14 +229,14 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         return self._recipes_screen
 
     @property
-    def logs_screen(self):
+    def logs_screen(self) -> LogsScreen:
         if self._logs_screen is None:
             from .screens.logs import LogsScreen
             self._logs_screen = LogsScreen()
         return self._logs_screen
 
     @property
-    def bench_screen(self):
+    def bench_screen(self) -> BenchScreen:
         # Built on first use: its charts pull in plotext, which the first frame does not need.
         if self._bench_screen is None:
             from .screens.bench import BenchScreen
@@ -310,16 +316,17 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     def node_facts(self):
         """What preflight learns from the live nodes: guard results, host memory, unified memory."""
         from ..launch.lint import Facts
-        guards, mem, unified = {}, {}, {}
+        guards, mem, unified, ticks = {}, {}, {}, {}
         for name, nm in (self.monitor.nodes.items() if self.monitor else ()):
             if nm.last is None:
                 continue
+            ticks[name] = nm.last          # what runs there: the memory budget counts it (placement/budget.py)
             guards[name] = self.guards_for(nm)
             if nm.last.mem is not None:
                 mem[name] = nm.last.mem
             if nm.last.gpus:
                 unified[name] = nm.last.gpus[0].unified
-        return Facts(guards=guards, mem=mem, unified=unified,
+        return Facts(guards=guards, mem=mem, unified=unified, ticks=ticks,
                      headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
 
     def thermal_note(self):
@@ -368,10 +375,10 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
-            panel = self.dashboard.endpoint_panels.get(name)
-            if snap is None or panel is None:
+            ep_panel = self.dashboard.endpoint_panels.get(name)
+            if snap is None or ep_panel is None:
                 continue
-            panel.show(snap, now)
+            ep_panel.show(snap, now)
 
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
@@ -410,7 +417,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         for a in alerts or ():
             self.dashboard.events.add(a)
             if a.active:
-                sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
+                sev: SeverityLevel = "error" if a.severity == "bad" else "warning" if a.severity == "warn" \
+                    else "information"
                 # The toast's title names the source already: its text need not say it again.
                 self.notify(a.message.removeprefix(a.source + " "), title=a.source, severity=sev,
                             timeout=8 if a.severity == "bad" else 5)
@@ -444,7 +452,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             ("Bench: start sweep", lambda: self.bench_screen.action_start(), "b on the bench screen"),
             ("Bench: stop sweep", lambda: self.bench_screen.action_stop(), "x on the bench screen"),
         ]
-        cmds += [(f"Logs: {n.name}", lambda n=n.name: self.open_logs(n), f"docker logs -f {n.container}")
+        cmds += [(f"Logs: {n.name}", partial(self.open_logs, n.name), f"docker logs -f {n.container}")
                  for n in self.cluster.nodes]
         if self.read_only:
             return cmds
@@ -452,8 +460,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
                  ("Running recipe: stop", self.recipes_screen.action_stop, "asks first")]
         for node in self.cluster.nodes:
             n = node.name
-            cmds += [(f"Restart vLLM on {n}", lambda n=n: self.confirm_container(n, "restart"), "asks first"),
-                     (f"Stop vLLM on {n}", lambda n=n: self.confirm_container(n, "stop"), "asks first")]
+            cmds += [(f"Restart vLLM on {n}", partial(self.confirm_container, n, "restart"), "asks first"),
+                     (f"Stop vLLM on {n}", partial(self.confirm_container, n, "stop"), "asks first")]
         for label, recipe in self.recipes_screen.recipe_choices():
-            cmds.append((f"Recipe: {label}", lambda r=recipe: self.recipes_screen.choose(r), "show its plan; enter launches"))
+            cmds.append((f"Recipe: {label}", partial(self.recipes_screen.choose, recipe), "show its plan; enter launches"))
         return cmds

@@ -138,4 +138,4 @@ class OnConsole:
 
     @property
     def facade(self) -> ConsoleFacade:
-        return self.app.facade  # type: ignore[no-any-return]
+        return self.app.facade

@@ -133,7 +133,8 @@ class ConsoleServer(Server):
     # --- each tab's console ----------------------------------------------------------------------------------
     def tab_environment(self, width: int, height: int) -> dict[str, str]:
         """What textual-serve gives a tab's console: this process's environment, its web driver and size."""
-        return AppService._build_environment(self, width, height)     # (it reads .debug alone)
+        # textual-serve's own, borrowed: it reads .debug alone, which this server has as an AppService does
+        return AppService._build_environment(self, width, height)  # type: ignore[arg-type]
 
     async def _fill_spare(self, app: web.Application) -> None:
         if self.spare is not None and self.command == self.tab_command:

@@ -168,6 +168,14 @@ def ensure_venv(spec: VenvSpec) -> Venv:
         raise
 
 
+def cached_venv(spec: VenvSpec) -> Venv | None:
+    """The venv if the cache already holds it as `spec` asks, else None; never builds (benchmarks' smoke runs)."""
+    path = cache_root() / "venvs" / spec.name
+    if marker_matches(path, spec.as_marker()) and (path / "bin" / "python").exists():
+        return Venv(spec.name, path, None, dict((read_marker(path) or {}).get("versions") or {}))
+    return None
+
+
 def _ensure_venv(spec: VenvSpec) -> Venv:
     path = cache_root() / "venvs" / spec.name
     log_path = cache_root() / "logs" / f"install-{spec.name}.log"

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -22,6 +23,11 @@ from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
+
+if TYPE_CHECKING:
+    from textual.worker import Worker
+
+    from ...launch.steps import Plan
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (
@@ -65,7 +71,7 @@ class BenchScreen(OnConsole, Screen):
 
     def __init__(self) -> None:
         super().__init__(id="bench")
-        self.sweep_worker = None
+        self.sweep_worker: Worker[None] | None = None
         self.colours: dict[str, tuple[str, str]] = {}
         self.legend: dict[str, str] = {}           # label -> style
         self.runs = 3
@@ -130,7 +136,7 @@ class BenchScreen(OnConsole, Screen):
             self.colours.pop(label, None)
         self._draw_legend()
 
-    def target(self) -> tuple[str, str, object] | None:
+    def target(self) -> tuple[str, str, Plan | None] | None:
         """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
         app = self.facade
         plan = app.running_plan    # launched from this console: name its topology

@@ -3,6 +3,9 @@ node; Enter launches it (after a confirmation) with a progress line per node; r 
 
 from __future__ import annotations
 
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
 from rich.text import Text
 from textual.app import ComposeResult
 from textual.binding import Binding
@@ -16,6 +19,13 @@ from ..facade import OnConsole
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
+
+if TYPE_CHECKING:
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...nodes.launches import LaunchGroup
+    from ...recipes import Recipe
+    from ...recipes.catalog import Entry
 
 _VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 
@@ -45,19 +55,20 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
 
     def __init__(self) -> None:
         super().__init__(id="recipes")
-        self.entries: list[tuple[str, object, str | None]] = []   # (key, Recipe | None, load error)
+        self.entries: list[tuple[str, Recipe | None, str | None]] = []   # (key, recipe, load error)
         self.findings: dict[tuple[str, str], list] = {}
         self.selected: str | None = None
         self.topology: str | None = None
-        self.plan = None
-        self.running_plan = None
-        self.runner = None
+        self.plan: Plan | None = None
+        self.running_plan: Plan | None = None
+        self.runner: Runner | None = None
         self.progress: dict[str, str] = {}
         self.restarting: dict[str, str] | None = None   # service key -> its stage, while a restart runs
-        self.restart_plan = None
+        self.restart_plan: Plan | None = None
         self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
         self._pick_running = False
         self._loaded = False
+        self.registry_entries: dict[str, Entry] = {}   # key -> its catalog entry, read in full when chosen
 
     # --- data -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -66,7 +77,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             return
         self._loaded = True
         try:
-            from ...launch import recipe as recipe_mod
+            from ... import recipes as recipe_mod
         except ImportError as exc:
             self.entries = [("(launch layer missing)", None, _one_line(exc))]
             return
@@ -80,8 +91,14 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 self.entries.append((key, recipe_mod.load_recipe(path), None))
             except UserError as exc:
                 self.entries.append((key, None, _one_line(exc)))
+        # The registries' recipes: listed from the catalog, each read in full only once chosen.
+        from ...recipes.catalog import catalog
+        try:
+            self.registry_entries = {e.key: e for e in catalog() if e.registry not in ("local", "bundled")}
+        except UserError:
+            self.registry_entries = {}
 
-    def recipe_choices(self) -> list[tuple[str, object]]:
+    def recipe_choices(self) -> list[tuple[str, Recipe]]:
         self.load()
         return [(key, r) for key, r, _ in self.entries if r is not None]
 
@@ -90,7 +107,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             return ()
         if recipe.topologies:
             return tuple(recipe.topologies)
-        from ...launch.recipe import TOPOLOGIES
+        from ...recipes import TOPOLOGIES
         return TOPOLOGIES
 
     def preflight(self, recipe, topology: str) -> list:
@@ -108,7 +125,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             self.findings[key] += self._in_the_way(recipe, topology)
         return self.findings[key]
 
-    def _make_plan(self, recipe, topology: str):
+    def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None:
         from ...launch.plan import make_plan
         try:
             return make_plan(recipe, topology, self.facade.cluster, {})
@@ -162,7 +179,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
 
     def _fill_list(self, needle: str) -> None:
         opts = []
-        running = {}
+        running: dict[str | None, LaunchGroup] = {}
         for g in self.running_groups():
             running.setdefault(g.recipe, g)
         for key, r, err in self.entries:
@@ -188,9 +205,17 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                     line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
+        loaded = {k for k, _, _ in self.entries}
+        for key, e in self.registry_entries.items():
+            if key in loaded or (needle and not all(e.matches(w) for w in needle.split())):
+                continue
+            line = Text("· ", no_wrap=True, overflow="ellipsis")
+            line.append(key, style="bold")
+            line.append(f"  {e.model}" + ("" if e.runtime == "vllm" else f" [{e.runtime}]"), style="dim")
+            opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
         ol.set_options(opts)
-        self.listed = [o.id for o in opts]
+        self.listed = [o.id for o in opts if o.id is not None]
         if self.selected not in self.listed:
             # The detail pane and Enter follow what the list shows: never a recipe the filter hid.
             self.selected = next((k for k in self.listed if self._recipe(k) is not None),
@@ -200,7 +225,13 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         if self.selected in self.listed:
             ol.highlighted = self.listed.index(self.selected)
 
-    def _recipe(self, key: str | None):
+    def _recipe(self, key: str | None) -> Recipe | None:
+        if key is not None and key in self.registry_entries and all(k != key for k, _, _ in self.entries):
+            from ...recipes import find_recipe
+            try:
+                self.entries.append((key, find_recipe(key), None))
+            except UserError as exc:
+                self.entries.append((key, None, _one_line(exc)))
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -239,8 +270,8 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             self.plan = None
             return
         topos = self.topologies(r)
-        if self.topology not in topos:
-            self.topology = topos[0]
+        topology = self.topology if self.topology in topos else topos[0]
+        self.topology = topology
         t = Text()
         t.append(r.name, style="bold")
         t.append(f"  [{r.key}]  {r.model or ''}\n", style="dim")
@@ -256,7 +287,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                      f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
                      else "yellow")
             t.append("   (r: restart, s: stop)\n", style="dim")
-        findings = self.preflight(r, self.topology)
+        findings = self.preflight(r, topology)
         for f in findings:
             mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
             t.append(f"{mark} ", style=colour)
@@ -269,13 +300,13 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         if not findings:
             t.append("✓ preflight: nothing to report\n", style="green")
         head.update(t)
-        plan_view.update(self._plan_text(r))
+        plan_view.update(self._plan_text(r, topology))
 
-    def _plan_text(self, recipe) -> Text:
+    def _plan_text(self, recipe: Recipe, topology: str) -> Text:
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, self.topology, self.facade.cluster, {})
+            self.plan = make_plan(recipe, topology, self.facade.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -291,7 +322,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 text.append(f"     $ {step.shell()}\n", style="dim")
         for note in getattr(self.plan, "notes", ()):
             text.append(f"note: {note}\n", style="yellow")
-        if getattr(self.plan, "endpoint", None):
+        if self.plan.endpoint:
             text.append(f"clients use {self.plan.endpoint}\n", style="cyan")
         return text
 
@@ -305,7 +336,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
 
     def action_launch(self) -> None:
         r = self._recipe(self.selected) if self.selected in self.listed else None
-        if r is None or self.plan is None:
+        if r is None or self.plan is None or self.topology is None:      # a plan is made for a topology
             self.notify("choose a recipe with a plan first", severity="warning")
             return
         if verdict(self.preflight(r, self.topology)) == "bad":
@@ -316,14 +347,18 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         changes = [s for s in plan.steps if s.change]
         shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
         more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
-        self.facade.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
+        # What runs as root on someone else's word is said first; confirming the launch confirms it.
+        trust = "".join(f"needs confirmation: {u}\n" for u in plan.untrusted)
+        plan = replace(plan, trusted=True) if plan.untrusted else plan
+        self.facade.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", trust + shown + more,
                             lambda: self._launch(r, plan),
                             f"{len(changes)} changing steps; progress shows below the plan.")
 
-    def _runner(self):
+    def _runner(self) -> Runner:
         from ...launch.runner import Runner
         app = self.facade
-        transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
+        nodes = app.monitor.nodes if app.monitor is not None else {}      # (none before the first frame is up)
+        transports = {name: nm.transport for name, nm in nodes.items() if nm.transport is not None}
         return Runner(app.cluster, transports)
 
     def _on_progress(self, ev) -> None:

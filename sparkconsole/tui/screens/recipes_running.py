@@ -4,8 +4,21 @@ image to the plan's nodes). A mixin of RecipesScreen: it uses the screen's app, 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ...errors import UserError
 from ..facade import OnConsole
+
+if TYPE_CHECKING:
+    from textual.screen import Screen
+
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...recipes import Recipe
+
+    _Screen = Screen[None]
+else:
+    _Screen = object
 
 RESTART_STAGES = ("draining", "restarting", "back", "failed")
 
@@ -31,7 +44,26 @@ def running_options(group) -> dict:
     return out
 
 
-class RecipeActions(OnConsole):
+class RecipeActions(OnConsole, _Screen):
+    if TYPE_CHECKING:       # what RecipesScreen (screens/recipes.py) gives its actions
+        selected: str | None
+        plan: Plan | None
+        running_plan: Plan | None
+        runner: Runner | None
+        progress: dict[str, str]
+        restarting: dict[str, str] | None
+        restart_plan: Plan | None
+
+        def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None: ...
+
+        def _recipe(self, key: str | None) -> Recipe | None: ...
+
+        def _runner(self) -> Runner: ...
+
+        def _on_progress(self, ev: Any) -> None: ...
+
+        def _draw_progress(self) -> None: ...
+
     def _monitors(self) -> list:
         mon = self.facade.monitor
         return list(mon.nodes.values()) if mon is not None else []
@@ -109,8 +141,9 @@ class RecipeActions(OnConsole):
             return
         if self.runner is None:
             self.runner = self._runner()
+        runner = self.runner
         if verb == "restart":
-            self._confirm_restart(plan)
+            self._confirm_restart(plan, runner)
             return
         stops = [st for svc in [x for x in plan.services if x.role == "router"]
                  + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
@@ -120,7 +153,7 @@ class RecipeActions(OnConsole):
 
         async def go() -> None:
             try:
-                await self.runner.stop(plan, self._on_progress)
+                await runner.stop(plan, self._on_progress)
                 self.facade.notify(f"{plan.recipe}: stop done", title="recipes")
                 self.running_plan = None
             except Exception as exc:
@@ -128,7 +161,7 @@ class RecipeActions(OnConsole):
         self.facade.confirm(f"Stop {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
                             "Routers first, then the servers; every container of the recipe is removed.")
 
-    def _confirm_restart(self, plan) -> None:
+    def _confirm_restart(self, plan: Plan, runner: Runner) -> None:
         """Rolling behind a router, drained everywhere else (launch/rolling.py); the modal shows its steps."""
         from ...launch import rolling
 
@@ -139,7 +172,7 @@ class RecipeActions(OnConsole):
         async def go() -> None:
             self.restarting, self.restart_plan = {}, plan
             try:
-                report = await rolling.restart(self.runner, plan, self._on_progress)
+                report = await rolling.restart(runner, plan, self._on_progress)
                 self.facade.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
                 self.facade.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
@@ -187,8 +220,8 @@ class RecipeActions(OnConsole):
         return argv
 
     def _confirm_copy(self, what: str) -> None:
-        argv = self.copy_argv(what)
-        if argv is None:
+        argv, plan = self.copy_argv(what), self.plan
+        if argv is None or plan is None:
             self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
             return
         import shlex
@@ -198,7 +231,8 @@ class RecipeActions(OnConsole):
             import sys
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
-            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
+            stdout = proc.stdout            # a pipe: stdout=PIPE above
+            while stdout is not None and (raw := await stdout.readline()):    # progress lines, ETA included
                 line = raw.decode(errors="replace").strip()
                 if line:
                     self.progress[what] = line[-160:]
@@ -206,7 +240,7 @@ class RecipeActions(OnConsole):
             ok = await proc.wait() == 0
             self.facade.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
                                title="recipes", severity="information" if ok else "error")
-        self.facade.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+        self.facade.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
                             "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:

@@ -1,5 +1,6 @@
 """One node: temperature and its history against the slowdown line, throttle reasons with how long each has been
-active, power / SM clock / utilization, unified-memory headroom, the OOM-guard checklist and the vLLM container row.
+active, power / SM clock / utilization, unified-memory headroom, the OOM-guard checklist, the vLLM container row and
+what each workload holds (its processes' GPU memory + its cgroup, nodes/workload_memory.py).
 A STALE or DOWN node says so and keeps its last values, greyed; once the flight recorder has explained an incident
 (DOWN, a reboot, a dead container), its post-mortem's verdict stays on the panel until a newer one."""
 
@@ -18,11 +19,18 @@ from textual.widgets import Static
 from ...config import Thresholds
 from ...nodes.samples import REASON_SEVERITY, REASON_WORDS, NodeState, Tick
 from ...nodes.thermal import reason_durations
+from ...nodes.workload_memory import host_gpu_processes, workload_memory
 from ..facade import OnConsole
 from ..fmt import DASH, duration, gib, num, since_iso
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
+
+
+def _g(b: float | None) -> str:
+    """GiB without the unit (the row says GiB once); `?` where not measured."""
+    return "?" if b is None else f"{b / 2**30:.1f}"
+
 
 _SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "cyan"}
 _STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
@@ -52,7 +60,7 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         # Kept by name: show() runs for every panel in view at every redraw, and a query per row adds up.
         self._rows = {name: Static("", classes=name) for name in ("temp-line", "reasons", "power", "container",
-                                                                   "postmortem")}
+                                                                   "workloads", "postmortem")}
         self._rows["temp-line"].update(Text("waiting for the agent…", style="dim"))
         self._graph, self._bar, self._checklist = TempGraph(), MemoryBar(), GuardList()
         yield self._rows["temp-line"]
@@ -62,6 +70,7 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
         yield self._bar
         yield self._checklist
         yield self._rows["container"]
+        yield self._rows["workloads"]
         yield self._rows["postmortem"]
 
     def _put(self, row: str, text: Text, drawn: Collection | None = None) -> None:
@@ -150,7 +159,7 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
         elif not gpu.reasons:
             reasons.append("no clock-event reason active", style=grey or "green")
         else:
-            spans = reason_durations(nm.history, last)
+            spans = reason_durations(nm.history, last) if last is not None else {}
             for i, r in enumerate(sorted(gpu.reasons, key=lambda r: ("bad", "warn", "info", "dim").index(
                     REASON_SEVERITY.get(r, "info")))):
                 if i:
@@ -181,6 +190,7 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
         if drawn is None or checklist in drawn:
             checklist.set_results(guards, stale)
         self._put("container", self._container_line(nm.containers, now, grey), drawn)
+        self._put("workloads", self._workloads_line(last, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
 
@@ -201,6 +211,8 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
     def _draw_postmortem(self) -> None:
         """One row: red while the node is still out, yellow once it is back."""
         pm, live = self.postmortem, self.state == "LIVE"
+        if pm is None:
+            return
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append("Post-mortem ", style="bold")
         line.append(time.strftime("%H:%M:%S ", time.localtime(pm["time"])), style="dim")
@@ -235,6 +247,36 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
             # which launch it belongs to: a worker's row alone does not say it serves another node's endpoint
             line.append(f"  {labels.get('sparkconsole.recipe', '?')} × {labels['sparkconsole.topology']} "
                         f"{labels.get('sparkconsole.role', '')}", style=grey or "cyan")
+        return line
+
+    @staticmethod
+    def _workloads_line(last: Tick | None, grey: str | None) -> Text:
+        """What each workload holds, largest first: GPU memory of its processes (NVML) and its cgroup against its cap
+        — on a GB10 the cap holds only the cgroup part. A part not measured is `?`, and the reason is said."""
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("Memory ", style="bold")
+        works = sorted(workload_memory(last).values(), key=lambda w: -(w.total_b or 0)) if last else []
+        loose = host_gpu_processes(last) if last else ()
+        if not works and not loose:
+            line.append(DASH if last is None else "no workload", style="dim")
+            return line
+        why = None
+        for i, w in enumerate(works):
+            if i:
+                line.append(" · ", style="dim")
+            line.append(f"{w.container} ", style=grey or "")
+            if w.measured:
+                line.append(gib(w.total_b), style=grey or "bold")
+            line.append(" (" if w.measured else "(", style="dim")
+            line.append(f"GPU {_g(w.gpu_b)}", style=grey or "")
+            line.append(f" + CPU {_g(w.cgroup_b)}" + (f" of {_g(w.cap_b)} cap" if w.cap_b else ""), style=grey or "dim")
+            line.append(")", style="dim")
+            why = why or w.reason
+        for p in loose[:2]:
+            line.append(" · ", style="dim")
+            line.append(f"PID {p.pid}" + (f" {p.comm}" if p.comm else "") + f" {gib(p.used_b)}", style=grey or "yellow")
+        if why:
+            line.append(f"  {why}", style=grey or "yellow")
         return line
 
     def check_action(self, action: str, parameters) -> bool | None:
