@@ -4,7 +4,7 @@ bad inputs tried, tracebacks shown — counted by tests/faults/conftest.py durin
     .venv/bin/python benchmarks/faults.py            # everything, the 60 s link cut included (a few minutes)
     .venv/bin/python benchmarks/faults.py --fast     # without the 60 s link cut
     .venv/bin/python benchmarks/faults.py -- -k link # extra pytest arguments after --
-    .venv/bin/python benchmarks/faults.py --smoke    # two quick faults: the figures' plumbing, in seconds
+    .venv/bin/python benchmarks/faults.py --smoke    # quick faults and every route of both listeners, in seconds
 
 Exit status: pytest's. The table is markdown, ready for docs/RELIABILITY.md.
 """
@@ -22,7 +22,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SMOKE_TESTS = ("tests/faults/test_recorder_damage.py::test_garbage_header",
-               "tests/faults/test_bad_cluster_files.py::test_huge_document_refused_without_parsing")
+               "tests/faults/test_bad_cluster_files.py::test_huge_document_refused_without_parsing",
+               "tests/faults/test_listener_fuzz.py::test_each_route_of_the_router_answers_plain_requests_cleanly")
 
 
 def main() -> int:
@@ -50,7 +51,7 @@ def main() -> int:
             return r.returncode or 1
         f = json.loads(out.read_text())
     print()
-    kind = "smoke (two faults)" if args.smoke else "fast" if args.fast else "full"
+    kind = "smoke (two faults, the listeners' routes)" if args.smoke else "fast" if args.fast else "full"
     print(f"Fault suite, {kind} run, {took:.0f} s:")
     print()
     print("| figure | value |")
@@ -61,6 +62,13 @@ def main() -> int:
     print(f"| bad inputs tried | {f['bad_inputs_tried']} |")
     print(f"| tracebacks shown | {f['tracebacks_shown']} |")
     print()
+    if f.get("listeners"):
+        print("| listener | requests sent | routes covered | 5xx | tracebacks | secrets found |")
+        print("|---|---|---|---|---|---|")
+        for name, fig in f["listeners"].items():
+            print(f"| {name} | {fig['requests']} | {fig['routes covered']} of {fig['routes']} | {fig['5xx']} | "
+                  f"{fig['tracebacks']} | {fig['secrets']} |")
+        print()
     for what, outcome in f["faults"].items():
         print(f"- {outcome}: {what}")
     for w in f["lost_where"]:

@@ -121,9 +121,7 @@ def test_vllm_runtimes_and_their_backend(tmp_path, runtime, command, backend):
     assert plan.backend == backend
 
 
-@pytest.mark.parametrize("runtime, command", [("sglang", "python3 -m sglang.launch_server --model-path m"),
-                                               (None, "python3 -m sglang.launch_server --model-path m"),
-                                               (None, "llama-server -m m"), ("ds4-cuda", None)])
+@pytest.mark.parametrize("runtime, command", [("ds4-cuda", None), ("trtllm", "trtllm-serve m")])
 def test_a_runtime_we_do_not_run_is_read_and_refused_by_the_plan_naming_it(tmp_path, runtime, command):
     text = 'recipe_version: "2"\nmodel: m\ncontainer: img\n' + (f"runtime: {runtime}\n" if runtime else "") \
         + (f"command: {command}\n" if command else "")
@@ -133,6 +131,19 @@ def test_a_runtime_we_do_not_run_is_read_and_refused_by_the_plan_naming_it(tmp_p
         make_plan(r, "solo", CLUSTER)
     msg = str(ei.value)
     assert f"runtime {r.runtime!r} is not one sparkconsole runs" in msg and "fix:" in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("runtime, command, planned", [
+    ("sglang", "python3 -m sglang.launch_server --model-path m --host 0.0.0.0", "sglang"),
+    (None, "python3 -m sglang.launch_server --model-path m --host 0.0.0.0", "sglang"),
+    (None, "llama-server -m m --host 0.0.0.0", "llama-cpp")])
+def test_sglang_and_llamacpp_recipes_are_read_and_planned_as_their_runtime(tmp_path, runtime, command, planned):
+    """The runtime read from `runtime:` or from what the command starts, planned in its own words
+    (tests/test_runtimes.py has the rest)."""
+    text = 'recipe_version: "2"\nmodel: m\ncontainer: img\n' + (f"runtime: {runtime}\n" if runtime else "") \
+        + f"command: {command}\n"
+    r = load_recipe(write(tmp_path, "other", text))
+    assert r.runtime == planned and make_plan(r, "solo", CLUSTER).runtime == planned
 
 
 def test_no_command_is_built_from_defaults_for_vllm(tmp_path):

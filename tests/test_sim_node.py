@@ -187,6 +187,25 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
         await node.stop()
 
 
+async def test_the_shim_empties_a_tmpfs_when_the_container_starts_again(tmp_path):
+    """As Docker does (tests/test_rolling_restart.py checks it on the real engine): the drain gate's flag, touched
+    into its tmpfs, is gone after `docker restart`; `docker exec … rm -f` removes it too."""
+    from sparkconsole.launch import gate
+    node = SimNode("spark2", "127.0.0.3", tmp_path, speed=1, tuning=NodeTuning.hardened())
+    await node.start()
+    try:
+        assert docker(node, "run", "-d", "--name", "gated", "--tmpfs", gate.tmpfs(), "vllm-node", "sleep",
+                      "infinity").returncode == 0
+        flag = node.dir / "containers" / "gated" / "fs" / gate.FLAG.lstrip("/")
+        assert docker(node, "exec", "gated", "touch", gate.FLAG).returncode == 0 and flag.exists()
+        assert docker(node, "exec", "gated", "rm", "-f", gate.FLAG).returncode == 0 and not flag.exists()
+        assert docker(node, "exec", "gated", "touch", gate.FLAG).returncode == 0 and flag.exists()
+        assert docker(node, "restart", "-t", "1", "gated").returncode == 0 and not flag.exists()
+        docker(node, "rm", "-f", "gated")
+    finally:
+        await node.stop()
+
+
 async def test_a_reader_racing_docker_stop_keeps_the_stops_exit_code(tmp_path):
     """`docker ps`/`inspect` take no lock: one that read the record while the container ran, and looked at its pid
     after the stop had killed it, used to write back exit 137 over the stop's own 0/143 (seen in CI)."""

@@ -268,6 +268,20 @@ async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60, memb
         await monitor.stop()
 
 
+def bench_sweep(bed: TopologyBed, url: str, results: Path, *args: str) -> list:
+    """`bench run` at c1 and c2 (pp 64, tg 16, one batch each) against a launch: its levels, each request served."""
+    from sparkconsole.bench.results import ResultsStore
+    swept = bed.sc("bench", "run", "--url", url, *args, "--pp", "64", "--tg", "16", "-c", "1,2", "--runs", "1",
+                   "--results", str(results), timeout=600)
+    assert swept.returncode == 0, swept.stdout + swept.stderr[-3000:]
+    with ResultsStore(results) as store:
+        (run,) = store.runs()
+        levels = store.levels(run.run_id)
+    assert [lv.key.concurrency for lv in levels] == [1, 2]
+    assert all(lv.metrics["requests_ok"] == lv.key.concurrency for lv in levels), [lv.metrics for lv in levels]
+    return levels
+
+
 def scrape(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=30, trust_env=False).text
 
@@ -479,3 +493,102 @@ def test_pipeline_parallel_2_launches_across_the_two_nodes_and_a_dead_engine_rea
     stop = bed.sc("recipe", "stop", *args, "--yes", timeout=300)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+
+
+# --- llama.cpp: a v2 recipe with `runtime: llama-cpp`, launched, watched and swept for real ------------------------
+
+LLAMA_RECIPE = """recipe_version: "2"
+runtime: llama-cpp
+model: {gguf}
+container: sparkconsole-testbed/base:1
+defaults:
+  ctx_size: 2048
+  served_model_name: tiny-llama
+  llama_venv: {venv}
+  gguf_dir: {gguf_dir}
+command: |
+  {{llama_venv}}/bin/llama-server -m {{model}} --host {{node_address}} --port {{port}} --ctx-size {{ctx_size}} \\
+      --alias {{served_model_name}} --metrics --threads 1 --parallel 2
+sparkconsole:
+  topologies: [solo]
+  secrets: []
+  container:
+    memory: 2g
+    shm_size: 256m
+    gpus: null
+    ipc_host: false
+    init: true
+    nofile: 16384
+    privileged: false
+    rdma: false
+    volumes:
+      - /usr:/usr:ro
+      - /etc/passwd:/etc/passwd:ro
+      - /etc/group:/etc/group:ro
+      - /etc/ld.so.cache:/etc/ld.so.cache:ro
+      - "{{llama_venv}}:{{llama_venv}}:ro"
+      - "{{gguf_dir}}:{{gguf_dir}}:ro"
+"""
+
+
+async def endpoint_panel_text(url: str, needles: tuple[str, ...]) -> str:
+    """The console's dashboard polling `url` as an endpoint (the nodes' readings replayed): its endpoint panel once
+    it shows every needle."""
+    from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.replay import read_recording, replay_factory
+    from sparkconsole.tui.app import SparkConsoleApp
+    from tests.helpers import wait_for
+    from tests.screen import widget_text
+
+    recording = read_recording(Path(__file__).parent / "fixtures" / "agent-h100-idle.jsonl")
+    cfg = ClusterConfig(nodes=(NodeConfig("node2", "127.0.0.1", role="head"),),
+                        endpoints=(EndpointConfig("node2", url, kind="vllm", node="node2"),))
+    app = SparkConsoleApp(cfg, monitor=ClusterMonitor(cfg, transport_factory=replay_factory(lambda n: recording,
+                                                                                              interval=0.1)))
+    async with app.run_test(size=(160, 48)) as pilot:
+        panel = app.dashboard.endpoint_panels["node2"]
+        await wait_for(pilot, lambda: all(k in widget_text(panel) for k in needles), timeout=30,
+                       what=f"the endpoint panel showing {needles}")
+        text = widget_text(panel)
+        await pilot.press("q")
+    return text
+
+
+@pytest.mark.timeout(900)
+def test_llamacpp_v2_recipe_serves_for_real_with_its_metrics_in_the_console_and_a_bench_sweep(
+        bed, tiny_gguf, llamacpp_env, monkeypatch):
+    """One llama-server launch for every check: `recipe launch` of a v2 `runtime: llama-cpp` recipe on node2 (the
+    product's runner, over SSH, into the test bed's Docker engine), its memory fit read from the node, chat tokens,
+    its /metrics in the console's endpoint panel, `bench run` sweeping it, and `recipe stop` leaving nothing."""
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", bed.env["SPARKCONSOLE_STATE_DIR"])
+    recipe = bed.root / "tiny-llamacpp.yaml"
+    recipe.write_text(LLAMA_RECIPE.format(gguf=tiny_gguf.path, venv=llamacpp_env.path, gguf_dir=tiny_gguf.path.parent))
+    args = [str(recipe), "-T", "solo", "-n", "node2"]
+    plan = bed.sc("recipe", "plan", *args, "--offline", timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "start llama.cpp server" in plan.stdout and "--headless" not in plan.stdout and " serve " not in plan.stdout
+    launch = bed.sc("recipe", "launch", *args, "--yes", "--force")
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    try:
+        assert re.search(r"node2\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(1)), launch.stdout)
+        # the memory fit from the node itself: the GGUF's size, read there
+        size = tiny_gguf.path.stat().st_size
+        fit = next(ln for ln in launch.stdout.splitlines() if ln.startswith("memory [node2/server]"))
+        assert f"weights {size / 1024 ** 2:.1f} MiB" in fit and "(source: hf-cache)" in fit and "no claim" in fit
+        models = httpx.get(bed.url(1) + "/v1/models", timeout=30, trust_env=False).json()
+        assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+        body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12}
+        r = httpx.post(bed.url(1) + "/v1/chat/completions", json=body, timeout=120, trust_env=False)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+        assert counter(scrape(bed.url(1)), "llamacpp:tokens_predicted_total") >= 12
+
+        text = asyncio.run(endpoint_panel_text(bed.url(1), ("tiny-llama", "llama.cpp", "UP", "run 0")))
+        assert "wait 0" in text
+
+        bench_sweep(bed, bed.url(1), bed.root / "llamacpp.sqlite", "--topology", "solo", "--label", "llama.cpp")
+        assert counter(scrape(bed.url(1)), "llamacpp:tokens_predicted_total") >= 12 + 16 * 3
+    finally:
+        stop = bed.sc("recipe", "stop", *args, "--yes", timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert names_on(bed, 1) == []

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from tests.helpers import error_lines, longest_alone
-from tests.test_topologies import counter, names_on, scrape, topology_bed
+from tests.test_topologies import bench_sweep, counter, names_on, scrape, topology_bed
 from tests.testbed.spin import SpinWatch
 
 pytestmark = pytest.mark.slow
@@ -116,16 +116,8 @@ class TestDisagg:
     def test_a_sweep_records_per_level_what_crossed_the_connector(self, bed, disagg):
         """`bench matrix` reads the decode side the same way; this launch serves for both, so the matrix need not
         launch disagg again."""
-        from sparkconsole.bench.results import ResultsStore
         results = bed.root / "disagg.sqlite"
-        swept = bed.sc("bench", "run", "--url", disagg, "--kv-metrics", bed.url(1), "--topology", "disagg", "--pp",
-                       "64", "--tg", "16", "-c", "1,2", "--runs", "1", "--results", str(results), timeout=600)
-        assert swept.returncode == 0, swept.stdout + swept.stderr[-3000:]
-        with ResultsStore(results) as store:
-            (run,) = store.runs()
-            levels = store.levels(run.run_id)
-        assert [lv.key.concurrency for lv in levels] == [1, 2]
-        assert all(lv.metrics["requests_ok"] == lv.key.concurrency for lv in levels), [lv.metrics for lv in levels]
+        levels = bench_sweep(bed, disagg, results, "--kv-metrics", bed.url(1), "--topology", "disagg")
         kv = [lv.metrics["kv"] for lv in levels]
         assert all(f["read"] for f in kv) and sum(f["transfers"] for f in kv) >= 1, kv
         assert all(f["bytes_per_request"] > 0 and f["xfer_ms_mean"] > 0 for f in kv if f["transfers"]), kv

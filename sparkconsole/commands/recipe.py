@@ -194,6 +194,7 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
     from ..config import ClusterConfig
     from ..launch import lint as lint_mod
     from ..nodes.monitor import ClusterMonitor
+    from ..placement.modelinfo import read_node
 
     sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
                         thresholds=cluster.thresholds, ssh=cluster.ssh, agent_interval_s=cluster.agent_interval_s,
@@ -213,26 +214,23 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
             image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
         except Exception:  # noqa: BLE001 — an unreadable node shows up as an unknown guard, not a crash
             continue
-    # The model's config.json and weight size (memory_fit rule), and whether every node has the model at all.
-    model_config, weights, missing = None, None, []
-    source = lint_mod.model_source(next(iter(plan.server_args.values()), ()))
+    # The model as each node's Hugging Face cache has it (the memory fit), and whether every node has it at all.
+    info, missing = None, []
+    source = lint_mod.plan_model(plan)
     for name in plan.nodes:
         mon = monitor.nodes.get(name)
         if mon is None or mon.transport is None or not source:
             continue
-        try:
-            res = await mon.transport.run(lint_mod.model_probe_command(source), timeout=30)
-        except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
-            continue
-        if res.rc == 3:
+        got, absent = await read_node(mon.transport, source, getattr(recipe, "model_revision", None))
+        if absent:
             missing.append(name)
-        elif res.rc == 0 and model_config is None:
-            model_config, weights = lint_mod.parse_model_probe(res.stdout)
+        elif info is None:
+            info = got
     from ..launch.probe import probe_nodes
     busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in monitor.nodes.items()
                                                       if nm.transport is not None})
-    return replace(facts, image_ids=image_ids, model_config=model_config, weights_bytes=weights,
-                   busy_ports=busy, unreachable=unreach, model_missing=tuple(missing)), monitor
+    return replace(facts, image_ids=image_ids, model_info=info, busy_ports=busy, unreachable=unreach,
+                   model_missing=tuple(missing)), monitor
 
 
 def _confirm(args: argparse.Namespace, question: str) -> None:
@@ -289,6 +287,9 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         if action in ("lint", "launch") and not args.offline:
             facts, monitor = await gather_facts(plan, cluster, recipe)
         if action in ("lint", "launch"):
+            from ..placement.estimate import render as render_fit
+            for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts)):
+                print(line)
             findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
             for f in findings:
                 print(f.line())
@@ -335,6 +336,21 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
     finally:
         if monitor is not None:
             await monitor.stop()
+
+
+async def _memory_fit(recipe: Recipe, plan: Plan, *, offline: bool) -> list[str]:
+    """The plan's memory fit in words, on paper: the recipe's metadata (or sparkconsole's figures for a bundled
+    recipe's model), else the Hub when online and not `--offline`. `recipe lint` and `launch` read each node's own
+    Hugging Face cache first (gather_facts)."""
+    from ..launch import lint as lint_mod
+    from ..placement import modelinfo
+    from ..placement.estimate import estimate_plan, render
+
+    source = lint_mod.plan_model(plan)
+    hub = None
+    if source and not offline and all(e.weights_b is None for e in estimate_plan(recipe, plan, {})):
+        hub = await modelinfo.read_hub(source, getattr(recipe, "model_revision", None))
+    return render(estimate_plan(recipe, plan, {}, hub=hub))
 
 
 async def _running_router(cluster: ClusterConfig, plan: Plan) -> str | None:
@@ -408,6 +424,8 @@ async def _main(args: argparse.Namespace) -> int:
         for w in recipe.warnings:
             print(f"warning: {w}")
         print(plan.render({n.name: n.address for n in cluster.nodes}))
+        for line in await _memory_fit(recipe, plan, offline=args.offline):
+            print(line)
         if args.restart:
             from ..launch.rolling import restart_text
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
@@ -424,6 +442,9 @@ async def _main(args: argparse.Namespace) -> int:
             print(f"the running router is {runs}: restarting the launch as it was made (--router {runs})")
             plan = make_plan(recipe, topology, cluster, {**overrides, "router": runs})
     if args.recipe_command == "lint" and args.offline:
+        from ..placement.estimate import render as render_fit
+        for line in render_fit(lint_mod.memory_estimates(recipe, plan, lint_mod.Facts())):
+            print(line)
         findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)
         for f in findings:
             print(f.line())

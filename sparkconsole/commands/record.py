@@ -82,7 +82,7 @@ def repair(args: argparse.Namespace) -> int:
         raise UserError("the new file exists already", file=str(out), field="--out",
                         fix="give --out a path that does not exist yet")
     try:
-        counts, gaps = salvage(src, out)
+        counts, gaps, from_leaves = salvage(src, out)
     except (UserError, sqlite3.Error, OSError) as exc:
         for suffix in ("", "-wal", "-shm"):
             Path(str(out) + suffix).unlink(missing_ok=True)
@@ -93,11 +93,15 @@ def repair(args: argparse.Namespace) -> int:
     out.chmod(0o600)
     print(f"copied {sum(counts.values())} readable rows of {src} into {out}: " + ", ".join(
         f"{n} {table.replace('_', ' ')}" for table, n in counts.items()), flush=True)
+    if from_leaves:
+        print(f"{from_leaves} of them read from its pages directly: SQLite could not reach them (a damaged page "
+              "above them, or its header)",
+              flush=True)
     texts = list(dict.fromkeys(g.text() for g in gaps))
     for text in texts:
         print(f"unreadable: {text}", flush=True)
-    print(f"{len(texts)} unreadable part(s): their rows are not in {out}" if texts else "nothing was unreadable",
-          flush=True)
+    print(f"{len(texts)} unreadable part(s): the rows in them not read from leaf pages are not in {out}" if texts
+          else "nothing was unreadable", flush=True)
     return 0
 
 

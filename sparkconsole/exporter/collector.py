@@ -94,8 +94,10 @@ _MEM_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 # (family, help, snapshot attribute) for the endpoints' engine figures
 _EP_GAUGES: tuple[tuple[str, str, str], ...] = (
-    ("endpoint_requests_running", "Requests being processed (vLLM num_requests_running).", "running"),
-    ("endpoint_requests_waiting", "Requests queued (vLLM num_requests_waiting).", "waiting"),
+    ("endpoint_requests_running", "Requests being processed (vLLM num_requests_running, SGLang num_running_reqs, "
+                                  "llama.cpp requests_processing).", "running"),
+    ("endpoint_requests_waiting", "Requests queued (vLLM num_requests_waiting, SGLang num_queue_reqs, llama.cpp "
+                                  "requests_deferred).", "waiting"),
     ("endpoint_kv_cache_usage_ratio", "KV-cache usage (0..1).", "kv_usage"),
     ("endpoint_prefix_cache_hit_ratio", "Prefix-cache hit rate over the recent window (0..1).", "prefix_hit_rate"),
     ("endpoint_prompt_tokens_per_second", "Prompt (prefill) tokens per second, recent window.", "prompt_tps"),

@@ -13,7 +13,8 @@ As the runner:
   user and entrypoint; its HF cache where sparkrun mounts it (/cache/huggingface, HF_HOME set there).
 Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
 OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
-LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the planner.
+LiteLLM (2x-solo), the drain gate's file mount, its flag's tmpfs and command wrapper (launch/gate.py), passed in by
+the planner.
 """
 
 from __future__ import annotations
@@ -80,9 +81,9 @@ class ContainerSpec:
 
     def run_argv(self, node: NodeConfig, role: str, name: str, env: Sequence[tuple[str, str]],
                  params: Mapping[str, Any], url: str | None, command: Sequence[str],
-                 mounts: Sequence[str] = ()) -> tuple[str, ...]:
-        """`docker run` of one server, its command gated on the mods when there are any; `mounts`: sparkconsole's
-        own (the drain gate's directory)."""
+                 mounts: Sequence[str] = (), tmpfs: Sequence[str] = ()) -> tuple[str, ...]:
+        """`docker run` of one server, its command gated on the mods when there are any; `mounts` and `tmpfs`:
+        sparkconsole's own (the drain gate's file and its flag's directory)."""
         cs = self.recipe.container_settings
         argv: list[str] = ["docker", "run", "-d", "--name", name,
                            *launch_labels(self.recipe, self.topology, role, node, url), "--network", "host"]
@@ -120,7 +121,7 @@ class ContainerSpec:
             argv += ["-v", fill(v, params, self.recipe.source, None, "sparkconsole.container.volumes")]
         for v in mounts:
             argv += ["-v", v]
-        for t in cs.tmpfs:
+        for t in (*cs.tmpfs, *tmpfs):
             argv += ["--tmpfs", t]
         for k, v in (*self.base_env(), *env):
             argv += ["-e", f"{k}={v}"]

@@ -31,6 +31,8 @@ COMPILE_CACHES = (".cache/vllm", ".tilelang")
 
 
 def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    if plan.runtime != "vllm":
+        return []        # vLLM's compilation config; another runtime's command has none
     out = []
     cached = facts.compile_cache_mounted if facts.compile_cache_mounted is not None else compile_cache_mounted(plan)
     from . import lint  # lint.py imports this module: its Finding and helpers are read at call time
@@ -72,7 +74,7 @@ def compile_cache_mounted(plan: Plan) -> bool:
 
 
 def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    if plan.topology != "cluster-tp2":
+    if plan.topology != "cluster-tp2" or plan.runtime != "vllm":
         return []
     out = []
     from . import lint  # lint.py imports this module: its Finding and helpers are read at call time

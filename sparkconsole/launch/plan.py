@@ -20,6 +20,8 @@ from ..recipes import ROUTER_CHOICES, TOPOLOGIES, Readiness, Recipe
 from ..recipes.modrefs import locate_mods
 from ..recipes.overrides import SHAPE, LaunchFacts, for_launch
 from ..recipes.trust import untrusted_items
+from ..runtimes import Runtime, from_command, generate_command, runtime_for
+from . import runtime_cmd
 from .container import ContainerSpec
 from .mods import load_mods
 from .planning import PlanBuilder
@@ -92,8 +94,10 @@ def cluster_split(params: Mapping[str, Any], named: int | None, explicit: bool =
 def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: Mapping[str, Any] | None = None) -> Plan:
     """Every command for every node, in order (head first). Raises UserError for what cannot be planned."""
     overrides = dict(overrides or {})
+    recipe, runtime, notes = with_runtime(recipe)
+    if topology in TOPOLOGIES:       # the runtime's own limits first: they are why, whatever the recipe lists
+        runtime.refuse_topology(topology, recipe.source)
     _check_topology(recipe, topology)
-    check_runtime(recipe)
     options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
     split_note = None
     if topology == "cluster-tp2":
@@ -120,6 +124,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     if router_choice not in ROUTER_CHOICES:
         raise UserError(f"unknown router {str(router_choice)[:30]!r}", field="--router",
                         fix=f"use one of: {', '.join(ROUTER_CHOICES)}")
+    runtime_cmd.check(runtime, topology, backend, router_choice if topology == "2x-solo" else None, recipe.source)
     master_port = int(options.get("master_port") or cluster.master_port or recipe.cluster.master_port)
     refs = locate_mods(recipe, options.get("apply_mods") or ())
     container = ContainerSpec(recipe, topology, recipe.container,
@@ -127,7 +132,7 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                               cache_dirs=recipe.container_settings.cache_dirs and not options.get("no_cache_dirs"),
                               mods=load_mods(refs, recipe.source), pre_exec=recipe.pre_exec)
     b = PlanBuilder(recipe, topology, cluster, nodes, params, overrides, options, container,
-                    notes=[n for n in (split_note, *applied) if n])
+                    notes=[n for n in (*notes, split_note, *applied) if n], runtime=runtime)
     if topology == "solo":
         endpoint, router = plan_solo(b)
     elif topology == "2x-solo":
@@ -163,14 +168,19 @@ def _for_launch(recipe: Recipe, topology: str, split: tuple[int, int, int],
     return for_launch(recipe, LaunchFacts(nodes=split[2], runtime=recipe.runtime, shape=shape, config=asked))
 
 
-def check_runtime(recipe: Recipe) -> None:
-    """The plan runs vLLM; a recipe for another runtime is refused in one line naming it."""
-    if recipe.runtime != "vllm":
-        raise UserError(f"runtime {recipe.runtime[:30]!r} is not one sparkconsole runs (it runs vllm)",
-                        file=recipe.source, field="runtime", fix="choose a vLLM recipe, or run this one with sparkrun")
-    if recipe.v2 and not recipe.command:
-        raise UserError(f"recipe {recipe.key!r} has no command", file=recipe.source, field="command",
-                        fix="write the serve command under command:")
+def with_runtime(recipe: Recipe) -> tuple[Recipe, Runtime, list[str]]:
+    """The runtime the recipe runs (sparkconsole/runtimes.py; any other refused in one line naming it), and the
+    recipe with a serve command: SGLang's and llama.cpp's generated from `defaults` when it has none (vLLM's is the
+    reader's, recipes/generate.py)."""
+    runtime = runtime_for(recipe.runtime, recipe.command, source=recipe.source)
+    notes: list[str] = []
+    if runtime.name != recipe.runtime and from_command(recipe.command):
+        notes.append(f"the command starts {runtime.title}: planned as {runtime.title}")
+    if not recipe.command.strip():
+        recipe = replace(recipe, command=generate_command(runtime, recipe.model, dict(recipe.defaults),
+                                                          source=recipe.source), command_generated=True)
+        notes.append(f"the recipe has no command: {runtime.title}'s generated from its defaults")
+    return recipe, runtime, notes
 
 
 def _check_node_range(recipe: Recipe, count: int) -> None:

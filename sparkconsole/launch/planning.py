@@ -13,8 +13,9 @@ from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
 from ..recipes import Recipe
 from ..recipes.envtemplate import render_env
+from ..runtimes import RUNTIMES, VLLM, Runtime
 from . import gate
-from .argv import command_argv, served_model
+from .argv import command_argv, has_flag, served_model
 from .container import ContainerSpec
 from .steps import Plan, Service, Step, url_host
 
@@ -48,6 +49,7 @@ class PlanBuilder:
     server_env: dict[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
     listens: dict[str, list[tuple[str, int]]] = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    runtime: Runtime = RUNTIMES[VLLM]           # whose command every server runs (sparkconsole/runtimes.py)
     _unreleased: list[tuple[NodeConfig, str]] = field(default_factory=list)
 
     # --- what a node's server is called, where it listens, which link it uses --------------------------------
@@ -90,14 +92,31 @@ class PlanBuilder:
             self.listens[node.name].append(key)
 
     # --- steps --------------------------------------------------------------------------------------------
+    def add_step(self, step: Step) -> None:
+        """A step of the topology's own (waiting for the Ray cluster, a command run in a started container)."""
+        self.steps.append(step)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def server_command(self, node: NodeConfig, port: int, *, multi_node: bool = False) -> tuple[list[str], bool]:
+        """The recipe's command for a server on `node`, as argv (see argv.command_argv), in this plan's runtime."""
+        return command_argv(self.recipe, self.server_params(node, port), self.extra_args, multi_node=multi_node,
+                            runtime=self.runtime.name)
+
+    def record_server(self, key: str, argv: Sequence[str]) -> None:
+        """The argv a server runs, as preflight and the memory estimate read it (plan.server_args)."""
+        self.server_args[key] = tuple(argv)
+
     def start_container(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], params: Mapping[str, Any],
-                        command: Sequence[str], svc: Service, what: str, mounts: Sequence[str] = ()) -> None:
+                        command: Sequence[str], svc: Service, what: str, mounts: Sequence[str] = (),
+                        tmpfs: Sequence[str] = ()) -> None:
         """Prepare the node, start its container (gated on the mods), apply the mods; vLLM starts at release."""
         name = self.cname(node)
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
         full_env = (*self.recipe_env(node, params).items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
-                                                                      command, mounts),
+                                                                      command, mounts, tmpfs),
                                secrets=self.recipe.secrets, service=svc.key))
         self.steps += self.container.after_start(node, name)
         self._unreleased.append((node, name))
@@ -117,23 +136,30 @@ class PlanBuilder:
 
     def start_server(self, node: NodeConfig, role: str, env: Sequence[tuple[str, str]], port: int,
                      argv_extra: Sequence[str] = (), url: bool = True, drain_gate: bool = False) -> Service:
-        """One vLLM server; `drain_gate`: behind a router with no worker API, it carries the drain gate."""
+        """One server of the plan's runtime; `drain_gate`: behind a router with no worker API, it carries vLLM's
+        drain gate."""
         p = self.server_params(node, port)
         if drain_gate:
             argv_extra = [*argv_extra, *gate.MIDDLEWARE_ARGS]
-        argv, shell = command_argv(self.recipe, p, self.extra_args, multi_node=self.topology == "cluster-tp2")
+        argv, shell = self.server_command(node, port, multi_node=self.topology == "cluster-tp2")
         if shell:
             argv = ["bash", "-c", argv[2] + (" " + shlex.join(argv_extra) if argv_extra else "")]
         else:
             argv = [*argv, *argv_extra]
+            if self.runtime.name != VLLM and not has_flag(argv, "--port"):
+                # The server listens where its runtime does by default, not where the plan would have put it.
+                port = self.runtime.default_port
+                self.note(f"the command names no --port: {self.runtime.title} listens on its default {port}")
         svc = Service(key=f"{node.name}/{role}", node=node.name, container=self.cname(node), role=role,
                       url=f"http://{url_host(node.address)}:{port}" if url else None,
-                      model=served_model(self.recipe, argv), drain_gate=drain_gate)
+                      model=served_model(self.recipe, argv, self.runtime), drain_gate=drain_gate,
+                      health_path=self.runtime.health_path, models_path=self.runtime.models_path)
         if drain_gate:
             self.steps.append(gate.write_step(node.name))
         self.start_container(node, role, env, p, gate.wrap(argv) if drain_gate else argv, svc,
-                             f"start vLLM {role} ({self.container.image})", (gate.mount(),) if drain_gate else ())
-        self.server_args[svc.key] = tuple(argv)
+                             f"start {self.runtime.title} {role} ({self.container.image})",
+                             (gate.mount(),) if drain_gate else (), (gate.tmpfs(),) if drain_gate else ())
+        self.record_server(svc.key, argv)
         if url:
             self.listen(node, port)
         return svc
@@ -152,6 +178,8 @@ class PlanBuilder:
                     backend=backend, image=self.container.image, params=self.params, server_args=self.server_args,
                     notes=tuple(self.notes), server_env=self.server_env,
                     listens={k: tuple(v) for k, v in self.listens.items()},
-                    cpu_build=dict(r.env).get("VLLM_TARGET_DEVICE") == "cpu" or r.container_settings.gpus is None,
+                    cpu_build=self.runtime.name == VLLM and (dict(r.env).get("VLLM_TARGET_DEVICE") == "cpu"
+                                                             or r.container_settings.gpus is None),
                     mods=tuple(m.name for m in self.container.mods),
-                    mod_origins=tuple(m.origin for m in self.container.mods), pre_exec=len(self.container.pre_exec))
+                    mod_origins=tuple(m.origin for m in self.container.mods), pre_exec=len(self.container.pre_exec),
+                    runtime=self.runtime.name)

@@ -28,6 +28,7 @@ from .. import audit, secrets
 from ..config import ClusterConfig
 from ..errors import UserError
 from ..nodes.transport import CommandResult, LineStream, Transport, TransportError
+from . import gate
 from .health import LaunchHealth, MemberState, judge
 from .logread import error_line, exit_line, known_refusal_fix
 from .readiness import ProbeFailed, generates, inference_probe, ready_timeout
@@ -175,14 +176,15 @@ class Runner:
         async with httpx.AsyncClient(timeout=http_timeout, trust_env=False) as client:
             for svc in plan.services:
                 status, detail = await self.container_state(svc)
-                answers, why = None, ""
+                answers, why, closed = None, "", False
                 if svc.url and status == "running":
                     try:
                         r = await client.get(svc.url + svc.health_path)
                         answers, why = r.status_code == 200, f"HTTP {r.status_code}"
+                        closed = r.headers.get(gate.HEADER) == "closed"
                     except httpx.HTTPError as exc:
                         answers, why = False, type(exc).__name__
-                members.append(MemberState(svc, status, detail, answers, why))
+                members.append(MemberState(svc, status, detail, answers, why, closed))
         return judge(plan, members)
 
     @staticmethod

@@ -123,6 +123,7 @@ class Plan:
     untrusted: tuple[str, ...] = ()             # what runs as root on someone else's word (recipes/trust.py)…
     trusted: bool = False                       # …confirmed (--trust, or the operator's answer): the runner
                                                 # refuses a plan with untrusted items until it is
+    runtime: str = "vllm"                       # vllm | sglang | llama-cpp (sparkconsole/runtimes.py)
 
     def for_node(self, node: str) -> list[Step]:
         return [s for s in self.steps if s.node == node]

@@ -11,14 +11,14 @@ and live `docker inspect` answers; this one needs no plan, only what the agents 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import EndpointConfig
 
 LABEL = "sparkconsole."
-SERVING, STARTING, BROKEN = "SERVING", "STARTING", "BROKEN"
+SERVING, STARTING, BROKEN, CLOSED = "SERVING", "STARTING", "BROKEN", "CLOSED"
 # roles whose loss stops the whole launch from serving, per topology
 _NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
 # topologies served through a router, which a plan starts after its servers are healthy
@@ -110,6 +110,23 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
         verdict, reason = _judge(topology, members)
         out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason))
     out.sort(key=lambda g: (-len(g.members), g.key))
+    return out
+
+
+def gates_closed(groups: Iterable[LaunchGroup], closed_urls: Collection[str],
+                 reopen: Callable[[str, str], str]) -> list[LaunchGroup]:
+    """A SERVING launch with a server whose drain gate is closed (its endpoint's poll says so: launch/drain_gate.py
+    marks every answer) is CLOSED: it looks healthy and answers every generation 503. The reason names the server
+    and `reopen(node, container)`, the command that opens it."""
+    out = []
+    for g in groups:
+        shut = [m for m in g.members if m.url and m.url in closed_urls]
+        if shut and g.verdict == SERVING:
+            m = shut[0]
+            g = replace(g, verdict=CLOSED, reason=f"{m.role} {m.container} on {m.node} is closed to new requests by "
+                                                  f"its drain gate (a rolling restart's); open it: "
+                                                  f"{reopen(m.node, m.container)}")
+        out.append(g)
     return out
 
 

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
-from ..launch.drain_gate import MIDDLEWARE_ARGS
+from ..launch.drain_gate import FLAG_DIR, MIDDLEWARE_ARGS
 from .files import pid_alive, read_json, write_atomic
 from .node import NodeTuning, SimNode
 
@@ -254,14 +254,16 @@ class SimCluster:
         s = self.serving
         worker = "--headless" in extra
         url = None if worker else f"http://{self.nodes[node].address}:{self.ports[node]}"
+        gated = s.topology == "2x-solo" and s.router.startswith("litellm")
         return ["run", "-d", "--name", CONTAINER, *self._labels(node, "worker" if worker else "server", url),
                 "--gpus", "all", "--network", "host", "--ipc=host",
-                "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
+                "--memory", "100g", "--shm-size", "16g", "--restart", "no", *(("--tmpfs", FLAG_DIR) if gated else ()),
+                IMAGE,
                 "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args,
                 *(("--served-model-name", *s.served_names, s.model) if s.served_names else ()), *extra,
                 # as a plan gives a server behind LiteLLM (launch/gate.py): the simulated server honours the drain gate,
                 # so `r` in the demo closes, drains and restarts each server behind LiteLLM too
-                *(MIDDLEWARE_ARGS if s.topology == "2x-solo" and s.router.startswith("litellm") else ())]
+                *(MIDDLEWARE_ARGS if gated else ())]
 
     async def _launch(self) -> None:
         s = self.serving

@@ -21,7 +21,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from ..config import ClusterConfig
-from ..nodes.launches import launch_groups
+from ..nodes.launches import gates_closed, launch_groups
 from .facade import ConsoleFacade
 from .heap import HeapKeeper
 from .node_actions import NodeActions
@@ -108,6 +108,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._dirty: set[str] = set()
         self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
+        self._closed_shown: frozenset[str] = frozenset()
         self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
         self._alerts_due: list = []         # alerts the core raised or cleared since the last frame
         # (node, container) -> its stage while a restart from this console runs (the launch bar shows it)
@@ -372,6 +373,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         due, self._alerts_due = self._alerts_due, []
         self._take_alerts(due)
         eps, self._dirty_eps = self._dirty_eps, set()
+        if eps and self._closed_urls() != self._closed_shown:
+            self._show_launches()
         for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
@@ -380,9 +383,24 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
                 continue
             ep_panel.show(snap, now)
 
+    def _closed_urls(self) -> frozenset[str]:
+        """The endpoints whose last poll says their drain gate is closed."""
+        if self.serving is None:
+            return frozenset()
+        return frozenset(em.latest.url for em in self.serving.endpoints.values()
+                         if em.latest is not None and em.latest.drain_closed)
+
     def _show_launches(self) -> None:
-        """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
-        groups = launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes if self.node_monitor(n.name))
+        """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
+        launch with a server closed by its drain gate is CLOSED, with the command that opens it."""
+        from ..launch.drain_gate import reopen_command  # stdlib only: no launch layer on the console's path
+        closed = self._closed_urls()
+        newly, self._closed_shown = closed - self._closed_shown, closed
+        groups = gates_closed(launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes
+                                            if self.node_monitor(n.name)), closed, reopen_command)
+        for g in groups:            # the whole line once in the events pane: the launch bar may cut it short
+            if g.verdict == "CLOSED" and any(m.url in newly for m in g.members):
+                self.dashboard.events.note(f"{g.recipe} × {g.topology}: {g.reason}", "yellow")
         self.dashboard.launches.show(groups, self.restart_stages)
         shown = tuple(g.line() for g in groups)         # its members and their states too: one node reports later
         if shown != self._launches_shown:

@@ -322,9 +322,23 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 text.append(f"     $ {step.shell()}\n", style="dim")
         for note in getattr(self.plan, "notes", ()):
             text.append(f"note: {note}\n", style="yellow")
+        for line in self._memory_fit(recipe):
+            text.append(line + "\n", style="red" if "DOES NOT FIT" in line else "dim" if "note:" in line else "")
         if self.plan.endpoint:
             text.append(f"clients use {self.plan.endpoint}\n", style="cyan")
         return text
+
+    def _memory_fit(self, recipe) -> list[str]:
+        """The plan's memory fit (placement/estimate.py) from the recipe's metadata and the nodes' MemTotal now;
+        `recipe lint` reads the model from each node's own cache."""
+        from ...launch.lint import memory_estimates
+        from ...placement.estimate import render
+        if self.plan is None:
+            return []
+        try:
+            return render(memory_estimates(recipe, self.plan, self.facade.node_facts()))
+        except UserError as exc:
+            return [f"memory: {_one_line(exc)}"]
 
     # --- actions ----------------------------------------------------------------------------------------------
     def action_next_topology(self) -> None:

@@ -208,8 +208,8 @@ class RecipeActions(OnConsole, _Screen):
         node lacks the model or the image (distribute/), run from here as the operator would run it."""
         if self.plan is None:
             return None
-        from ...launch.lint import model_source
-        item = (model_source(next(iter(self.plan.server_args.values()), ())) if what == "model"
+        from ...launch.lint import plan_model
+        item = (plan_model(self.plan) if what == "model"
                 else self.plan.image)
         if not item:
             return None

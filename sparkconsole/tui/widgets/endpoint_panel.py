@@ -52,8 +52,11 @@ class EndpointPanel(Static):
         for _ in range(4):
             grid.add_column(no_wrap=True, overflow="ellipsis")
         model = Text(snap.model or DASH, style="bold")
-        if snap.version:
-            model.append(f"  vLLM {snap.version}" if snap.kind == "vllm" else f"  {snap.version}", style="dim")
+        # the runtime its /metrics names say (SGLang, llama.cpp), else vLLM for a server endpoint
+        runtime = getattr(snap, "runtime", None) or ("vLLM" if snap.kind == "vllm" and snap.version else None)
+        label = " ".join(x for x in (runtime, snap.version) if x)
+        if label:
+            model.append(f"  {label}", style="dim")
         grid.add_row(model, Text(f"run {num(snap.running)}  wait {num(snap.waiting)}",
                                  style="yellow" if (snap.waiting or 0) > 0 else ""),
                      Text(f"KV {pct(snap.kv_usage)}", style="red" if (snap.kv_usage or 0) > 0.9 else ""),
