@@ -908,31 +908,16 @@ def make_tick(seq: int, source: GpuSource, proc_root: str, errors: list[str]) ->
     return t
 
 
-def container_marker(root: str = "/") -> str | None:
-    """The file that says this process runs inside a container (Docker's /.dockerenv, Podman's
-    /run/.containerenv), or None."""
-    for name in (".dockerenv", "run/.containerenv"):
-        path = os.path.join(root, name)
-        if os.path.exists(path):
-            return path
-    return None
-
-
 class GpuProcsReader:
     """The tick's `gpu_procs`: the source's process list mapped to containers, read every PROCS_REFRESH_S and
     repeated in the ticks between (with the node time it was read)."""
 
-    def __init__(self, source: GpuSource, proc_root: str, refresh_s: float = PROCS_REFRESH_S,
-                 root: str = "/") -> None:
+    def __init__(self, source: GpuSource, proc_root: str, refresh_s: float = PROCS_REFRESH_S) -> None:
         self.source = source
+        self.proc_root = proc_root
         self.mapper = ProcessMapper(proc_root)
         self.refresh_s = refresh_s
         self.last: dict[str, Any] | None = None
-        # Inside a container the driver's PIDs are the host's and this /proc does not have them: an empty or
-        # unmappable list there is not "no GPU memory held" (MiaAI-Lab/sparkDash pull request 10).
-        marker = container_marker(root) if proc_root == "/proc" and source.name == "nvml" else None
-        self.refusal = (f"the agent runs inside a container ({marker}): NVML's PIDs are the host's, not this "
-                        "PID namespace's; run it on the host") if marker else None
         self._at = float("-inf")
         self._ids: dict[str, str] | None = None
 
@@ -941,11 +926,18 @@ class GpuProcsReader:
         # read again when due, and at once when the container list changed (a container started or stopped)
         if self.last is None or now - self._at >= self.refresh_s or ids != self._ids:
             self._at, self._ids = now, dict(ids)
-            got = self.refusal or self.source.processes(errors)
+            got = self.source.processes(errors)
+            mapped = self.mapper.map(got, ids) if not isinstance(got, str) else []
             if isinstance(got, str):
                 self.last = {"reason": got}
+            elif mapped and all(m.get("where") == "gone" for m in mapped):
+                # The driver's PIDs are the host's: an agent in another PID namespace (inside a container) finds none
+                # of them here (MiaAI-Lab/sparkDash pull request 10). Not "no GPU memory held": not measured.
+                self.last = {"reason": f"none of the {len(mapped)} PIDs NVML lists is in {self.proc_root}: the agent "
+                                       "runs in another PID namespace (a container?), or they all just ended; it "
+                                       "must run on the host"}
             else:
-                self.last = {"read_at": time.time(), "procs": self.mapper.map(got, ids)}
+                self.last = {"read_at": time.time(), "procs": mapped}
         return self.last
 
 

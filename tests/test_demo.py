@@ -264,3 +264,33 @@ def test_stale_state_dirs_of_dead_owners_are_swept(tmp_path):
     (tmp_path / "sparkconsole-sim-other").mkdir()      # not a sim state dir: no sim.json
     assert sweep_stale(tmp_path) == [dirs["dead"]]
     assert not dirs["dead"].exists() and dirs["alive"].exists() and (tmp_path / "sparkconsole-sim-other").exists()
+
+
+async def test_the_demo_shows_a_120b_and_a_small_model_beside_it_with_the_budget_bars():
+    """`demo --topology solo --also llama-3.1-8b`: the 120B on spark1 (0.70 × 121.7 GiB claimed), the 8B placed
+    beside it by the real placement on the node with the most room, launched by the real runner through the shims;
+    the bars show each node's workloads."""
+    from sparkconsole.commands.demo import demo_serving, launch_also
+    from sparkconsole.launch.beside import Readings, start_monitor
+    from sparkconsole.placement.bars import bars
+
+    base = f"127.{os.getpid() % 200 + 20}.9"
+    sim = SimCluster(speed=5, load_speedup=100, serving=demo_serving("solo"),
+                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    said: list[str] = []
+    await sim.start()
+    try:
+        await launch_also(sim, "llama-3.1-8b", said.append)
+        assert said[0].startswith("llama-3.1-8b: spread: spark2 has the most room"), said
+        assert "serves at http://" + base + ".3:" in said[-1] and said[-1].endswith("as llama-3.1-8b"), said
+        monitor = await start_monitor(sim.cluster)
+        try:
+            readings = Readings(sim.cluster, monitor.nodes)
+        finally:
+            await monitor.stop()
+        assert {g.name: g.nodes for g in readings.groups} == {"gpt-oss-120b": ("spark1",), "llama-3.1-8b": ("spark2",)}
+        drawn = {b.node: {s.label for s in b.segments if s.kind in ("held", "claim")}
+                 for b in bars(list(readings.budgets.values()), readings.running)}
+        assert drawn == {"spark1": {"gpt-oss-120b"}, "spark2": {"llama-3.1-8b"}}, drawn
+    finally:
+        await sim.stop()

@@ -180,9 +180,11 @@ def gpu_tick(t, grown_gib):
 
 
 def record_gpu_runaway(tmp_path, incident, extra=()):
+    from sparkconsole.config import RecorderSettings
     from sparkconsole.recorder.workloads import WorkloadLog
     path = tmp_path / "r.sqlite"
-    store, log = RecorderStore(path), WorkloadLog()
+    # rows stamped in 2023 (T0): retention, which runs after the writer's first batch, must keep them
+    store, log = RecorderStore(path, RecorderSettings(full_rate_hours=1e6, keep_days=1e5)), WorkloadLog()
     store.put_event("spark1", "state", {"state": "LIVE"}, T0)
     store.put_event("spark1", "containers", [{"name": "vllm_node", "state": "running", "exit_code": 0}], T0)
     n = 0
@@ -234,3 +236,15 @@ def test_a_replay_plays_each_workload_s_memory_back(tmp_path):
     assert w["vllm_node"].gpu_b > 90 * 2**30 and w["vllm_node"].cgroup_b == 5 * 2**30
     assert w["vllm_node"].cap_b == 100 * 2**30 and w["embedder"].gpu_b == 6 * 2**30
     assert w["vllm_node"].procs[0].pid == 4242 and w["vllm_node"].procs[0].comm == "python3"
+
+
+def test_what_grew_counts_a_stopped_workload_at_its_peak():
+    """The guard stopped it: the last readings no longer have the container, its peak is what it grew to."""
+    from sparkconsole.recorder.workloads import growth
+    g = 2**30
+    rows = [{"read_at": 0, "w": {"vllm_node": [40 * g, 5 * g, 100 * g]}, "p": [[4242, 40 * g, "vllm", "vllm_node"]]},
+            {"read_at": 30, "w": {"vllm_node": [90 * g, 5 * g, 100 * g]}, "p": [[4242, 90 * g, "vllm", "vllm_node"]]},
+            {"read_at": 32, "w": {}, "p": []}]
+    (top,) = growth(rows)
+    assert (top["name"], top["gpu_b"], top["cgroup_b"], top["procs"]) == ("vllm_node", 50 * g, 0,
+                                                                           [[4242, "vllm", 50 * g]])

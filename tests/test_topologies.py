@@ -82,9 +82,12 @@ class TopologyBed:
         return f"http://{self.nodes[node].address}:{self.ports[node]}"
 
     def clear(self, test: str = "") -> None:
-        """Remove every container of this bed, its log kept first where SPARKCONSOLE_TEST_KEEP_LOGS says."""
+        """Remove every container of this bed (its nodes', their routers', other workloads' and the gateway's:
+        each named after a node's container), its log kept first where SPARKCONSOLE_TEST_KEEP_LOGS says."""
         keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
-        for c in self.containers:
+        listed = self.engine.run(["ps", "-a", "--format", "{{.Names}}"], check=False).stdout.split()
+        mine = sorted({*self.containers, *(n for n in listed if n.startswith(tuple(f"{c}_" for c in self.containers)))})
+        for c in mine:
             if keep:
                 Path(keep).mkdir(parents=True, exist_ok=True)
                 r = self.engine.run(["logs", c], check=False)

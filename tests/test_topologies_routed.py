@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import error_lines, longest_alone
+from tests.helpers import error_lines, free_port, longest_alone
 from tests.test_topologies import bench_sweep, counter, names_on, scrape, topology_bed
 from tests.testbed.spin import SpinWatch
 
@@ -189,12 +189,26 @@ def sweep_during(bed, router: str, results: Path, restart_args: list[str], pace:
     """A `bench run` sweep at c4 through the router, a batch every `pace` seconds at most, the restart run while it
     goes, the sweep stopped (Ctrl-C) once the restart is over and a few more batches passed: (the restart, every
     request, the watch)."""
-    from sparkconsole.bench.results import ResultsStore
     watch = BackendWatch(router, [bed.url(0), bed.url(1)], {"Authorization": f"Bearer {bed.env['SPARKCONSOLE_API_KEY']}"})
-    bench = subprocess.Popen([sys.executable, "-m", "sparkconsole", "bench", "run", "--url", router, "--pp", "32",
-                              "--tg", "8", "-c", "4", "--runs", "2000", "--no-warmup", "--results", str(results),
-                              "--pace", str(pace),
-                              "--quiet", "--topology", "2x-solo"],
+
+    def restart() -> subprocess.CompletedProcess:
+        watch.start()
+        return bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--yes", *restart_args), timeout=1200)
+    try:
+        done, rows, took = sweep_while(bed, ["--url", router, "--topology", "2x-solo"], results, restart, pace)
+    finally:
+        watch.done.set()
+    return done, rows, watch, took
+
+
+def sweep_while(bed, target: list[str], results: Path, action, pace: float, cluster: Path | None = None):
+    """`bench run` at c4 (`target`: its --url, or --model through the cluster's gateway), `action()` run once three
+    batches are in, the sweep stopped (Ctrl-C) a few batches after it: (what action returned, every request stored,
+    the seconds action took)."""
+    from sparkconsole.bench.results import ResultsStore
+    bench = subprocess.Popen([sys.executable, "-m", "sparkconsole", *(["--cluster", str(cluster)] if cluster else []),
+                              "bench", "run", *target, "--pp", "32", "--tg", "8", "-c", "4", "--runs", "2000",
+                              "--no-warmup", "--results", str(results), "--pace", str(pace), "--quiet"],
                              env=bed.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300
@@ -202,16 +216,14 @@ def sweep_during(bed, router: str, results: Path, restart_args: list[str], pace:
             assert bench.poll() is None, bench.communicate()
             assert time.monotonic() < deadline, "the sweep sent nothing in 300 s"
             time.sleep(0.5)
-        watch.start()
         t0 = time.monotonic()
-        restart = bed.sc("recipe", "restart", *bed.recipe_args("-T", "2x-solo", "--yes", *restart_args), timeout=1200)
+        done = action()
         took = time.monotonic() - t0
         after = levels_batches(results)
         deadline = time.monotonic() + 120
         while levels_batches(results) < after + 3 and time.monotonic() < deadline:
-            time.sleep(0.5)                                 # a few batches on the restarted servers
+            time.sleep(0.5)                                 # a few batches after it
     finally:
-        watch.done.set()
         bench.send_signal(signal.SIGINT)
         try:
             bench.communicate(timeout=120)
@@ -220,7 +232,7 @@ def sweep_during(bed, router: str, results: Path, restart_args: list[str], pace:
             bench.communicate()
     with ResultsStore(results) as store:
         rows = [r for run in store.runs() for r in store.requests(run.run_id)]
-    return restart, rows, watch, took
+    return done, rows, took
 
 
 def levels_batches(results: Path) -> int:
@@ -350,6 +362,11 @@ class TestPairBehindLiteLLM:
         assert len(err) == 1 and "router is simple-shuffle, not vllm-router" in err[0], other.stderr
         assert server_ids(bed) == ids
 
+    @pytest.mark.timeout(1500)      # a third server (a vLLM start, its restart) and the gateway's LiteLLM
+    def test_a_third_server_beside_the_pair_behind_one_gateway(self, bed, pair):
+        """Issue 38 on the pair: see several_workloads_behind_one_gateway."""
+        several_workloads_behind_one_gateway(bed, pair)
+
     @pytest.mark.timeout(1500)
     def test_all_at_once_fails_requests_for_contrast(self, bed, pair):
         # back to back: the more requests meet the gap, the plainer the contrast
@@ -359,3 +376,131 @@ class TestPairBehindLiteLLM:
         print(f"simple-shuffle: all-at-once restart in {took:.0f} s under the sweep: {len(rows)} requests, "
               f"{len(failed)} failed")
         assert failed, "every server down at once, yet no request failed"
+
+
+# --- several workloads behind one gateway (issue 38) -------------------------------------------------------------
+
+GIB = 1024 ** 3
+
+
+def with_gateway(bed, name: str, extra: str = "") -> Path:
+    """The bed's cluster file with a gateway on node1: LiteLLM from the test bed's venv in the empty image, as a
+    recipe's LiteLLM router runs there; `extra`: more of the cluster file (a small budget)."""
+    py, litellm = bed.sets["python_home"], bed.sets["litellm_venv"]
+    path = bed.root / name
+    path.write_text(bed.cluster_file.read_text() + (
+        f"gateway:\n  port: {free_port(bed.nodes[0].address)}\n  image: sparkconsole-testbed/base:1\n"
+        f"  command: [{litellm}/bin/litellm]\n"
+        f"  volumes: [/usr:/usr:ro, /etc/passwd:/etc/passwd:ro, /etc/ssl:/etc/ssl:ro, {py}:{py}:ro, "
+        f"{litellm}:{litellm}:ro]\n") + extra)
+    return path
+
+
+def sc_on(bed, cluster: Path, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "sparkconsole", "--cluster", str(cluster), *args],
+                          capture_output=True, text=True, timeout=timeout, env=bed.env)
+
+
+def small(bed, *args: str, served: str) -> list[str]:
+    """The bed's recipe as another workload: its own served model name."""
+    sets = {**bed.sets, "served_model_name": served}
+    return [str(bed.recipe), *args, *[a for k, v in sets.items() for a in ("--set", f"{k}={v}")]]
+
+
+def docker_stats(bed) -> dict[str, int]:
+    """Each container's memory as `docker stats` shows it, bytes."""
+    out = bed.engine.run(["stats", "--no-stream", "--format", "{{.Name}}\t{{.MemUsage}}"]).stdout
+    units = {"B": 1, "KiB": 1024, "MiB": 1024 ** 2, "GiB": GIB}
+    got = {}
+    for line in out.splitlines():
+        name, _, usage = line.partition("\t")
+        m = re.match(r"([\d.]+)([KMG]i?B|B)", usage.split("/")[0].strip())
+        if m:
+            got[name] = int(float(m.group(1)) * units[m.group(2)])
+    return got
+
+
+def measured(cluster: Path):
+    """The console's placement readings over the cluster (one agent tick per node): what each workload holds."""
+    import asyncio
+
+    from sparkconsole.config import load_cluster
+    from sparkconsole.launch.beside import Readings, start_monitor
+
+    async def read():
+        config = load_cluster(cluster)
+        monitor = await start_monitor(config)
+        try:
+            return Readings(config, monitor.nodes)
+        finally:
+            await monitor.stop()
+    return asyncio.run(read())
+
+
+def several_workloads_behind_one_gateway(bed, pair_router: str) -> None:
+    """A third server beside the pair (its own served name, port and container, placed by the rule), the gateway
+    listing both models; each workload's memory as measured against `docker stats`; a sweep on the pair's model
+    through the gateway while the small one restarts and stops (the gateway reloaded): nothing failed on the model
+    that kept serving; a launch past a small budget refused before anything starts."""
+    key = bed.env["SPARKCONSOLE_API_KEY"]
+    auth = {"Authorization": f"Bearer {key}"}
+    gw = with_gateway(bed, "gateway.yaml")
+    launch = sc_on(bed, gw, "recipe", "launch", *small(bed, "-T", "solo", "--name", "tiny-b", "--yes", "--force",
+                                                       served="tiny-b"))
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    placed = re.search(r"tiny-b \(tiny × solo\) → (node\d): spread", launch.stdout)
+    assert placed, launch.stdout[-3000:]
+    assert re.search(r"gateway started: tiny-b → http://\S+ \(tiny-b\), tiny-llama → " + re.escape(pair_router),
+                     launch.stdout), launch.stdout[-2000:]
+    gateway = re.search(r"gateway (?:started|reloaded): .*", launch.stdout).group(0)
+    port = re.search(r"gateway:\n  port: (\d+)", gw.read_text()).group(1)
+    via = f"http://{bed.nodes[0].address}:{port}"
+    # the three servers (two served names on one node, the pair's other server on the other) behind one endpoint
+    listed = httpx.get(via + "/v1/models", headers=auth, timeout=30, trust_env=False).json()
+    assert sorted(m["id"] for m in listed["data"]) == ["tiny-b", "tiny-llama"], (listed, gateway)
+    for model in ("tiny-b", "tiny-llama"):
+        r = httpx.post(via + "/v1/completions", headers=auth, timeout=120, trust_env=False,
+                       json={"model": model, "prompt": "hi", "max_tokens": 2})
+        assert r.status_code == 200 and r.json()["model"].endswith(model), r.text
+
+    # each workload's measured memory: on the CPU bed its container's, within 5 % of `docker stats`
+    readings, stats = measured(gw), docker_stats(bed)
+    shown = {}
+    for g in readings.groups:
+        for m in g.members:
+            if m.role != "server":
+                continue
+            held = readings.memory[m.node][m.container].total_b
+            shown[m.container] = held
+            assert held and abs(held - stats[m.container]) <= 0.05 * stats[m.container], (m.container, held, stats)
+    fit = sc_on(bed, gw, "recipe", "fit", *small(bed, "--name", "probe", served="probe"))
+    assert fit.returncode == 0 and "running tiny-b" in fit.stdout and "running tiny (" in fit.stdout, fit.stdout
+    print("\nmeasured vs docker stats: " + ", ".join(f"{c} {v / GIB:.2f}/{stats[c] / GIB:.2f} GiB"
+                                                     for c, v in sorted(shown.items())))
+
+    # a sweep on tiny-llama through the gateway (bench run names the model, no URL) while tiny-b restarts and stops
+    def restart_then_stop() -> subprocess.CompletedProcess:
+        restart = sc_on(bed, gw, "recipe", "restart", *small(bed, "--name", "tiny-b", "--yes", served="tiny-b"))
+        assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
+        return sc_on(bed, gw, "recipe", "stop", "tiny-b", "--yes")
+    stop, rows, took = sweep_while(bed, ["--model", "tiny-llama"], bed.root / "gateway.sqlite", restart_then_stop, 1.0,
+                                   cluster=gw)
+    assert stop.returncode == 0 and "gateway reloaded: tiny-llama" in stop.stdout, stop.stdout + stop.stderr
+    failed = [r for r in rows if not r["ok"]]
+    print(f"tiny-llama through the gateway while tiny-b restarted and stopped ({took:.0f} s): {len(rows)} requests, "
+          f"{len(failed)} failed")
+    assert len(rows) > 0 and not failed, [r["error"] for r in failed][:3]
+    listed = httpx.get(via + "/v1/models", headers=auth, timeout=30, trust_env=False).json()
+    assert [m["id"] for m in listed["data"]] == ["tiny-llama"]
+    assert not any("tiny-b" in n for n in names_on(bed, 0))
+
+    # a node budget set small in the cluster file: the launch is refused in one line, before anything starts
+    total_gib = int(next(ln for ln in Path("/proc/meminfo").read_text().splitlines()
+                         if ln.startswith("MemTotal:")).split()[1]) / 1048576
+    tight = with_gateway(bed, "tight.yaml", f"thresholds: {{headroom_floor_gib: {total_gib:.1f}}}\n")
+    before = names_on(bed, 0)
+    refused = sc_on(bed, tight, "recipe", "launch", *small(bed, "-T", "solo", "--name", "tiny-c", "--yes", "--force",
+                                                           served="tiny-c"))
+    err = error_lines(refused.stderr)
+    assert refused.returncode == 2 and len(err) == 1 and "tiny-c (tiny) does not fit" in err[0], refused.stderr
+    assert "short" in err[0] and names_on(bed, 0) == before

@@ -487,5 +487,5 @@ async def test_node_panel_shows_what_each_workload_holds(recording):
         await wait_for(pilot, lambda: "alloc-3g" in widget_text(app.dashboard.panels["spark1"]), what="the workloads")
         text = widget_text(app.dashboard.panels["spark1"])
         # largest first; the narrow panel ends the row there
-        assert "Memory alloc-3g 3.5 GiB (GPU 3.5 + CPU 0.0 of 1.0 cap)" in text
+        assert "Workloads alloc-3g 3.5 GiB (GPU 3.5 + CPU 0.0 of 1.0" in text
         await pilot.press("q")

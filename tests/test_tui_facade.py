@@ -58,7 +58,8 @@ async def test_the_facade_answers_what_the_app_holds(recording):  # noqa: F811
         assert isinstance(f, ConsoleFacade)
         assert (f.cluster, f.simulated, f.read_only, f.replay_at) == (app.cluster, app.simulated, app.read_only, None)
         assert f.monitor is mon and f.node_monitor("spark1") is mon.nodes["spark1"]
-        assert f.recorder is None and f.running_plan is None and f.events is app.dashboard.events
+        assert f.recorder is None and f.events is app.dashboard.events
+        assert f.workloads() == [] and f.chosen_workload() is None and f.launched_plan("any") is None
         assert f.node_facts().mem == app.node_facts().mem and f.thermal_note() == app.thermal_note()
         f.restart_stages = {("spark1", "vllm_node"): "draining"}
         assert app.restart_stages == {("spark1", "vllm_node"): "draining"}

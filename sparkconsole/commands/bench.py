@@ -93,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub.required = True
 
     r = sub.add_parser("run", help="sweep one endpoint")
-    r.add_argument("--url", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    r.add_argument("--url", help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (default: the cluster "
+                                 "file's gateway, with --model naming the model it routes to)")
     r.add_argument("--topology", help="topology name to record (what reports compare by)")
     r.add_argument("--label", help="name to compare this run by (default: topology, else the URL)")
     r.add_argument("--recipe", help="recipe name or file to record as provenance")
@@ -224,6 +225,8 @@ async def _run(args: argparse.Namespace) -> int:
     from ..bench.matrix import recipe_hash
     from ..bench.results import ResultsStore
     from ..bench.sweep import check_reachable, run_sweep
+    if not args.url:
+        args.url = _gateway_url(args)
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
                  recipe_hash=recipe_hash(args.recipe) if args.recipe else None,
                  kv_metrics=tuple(_metrics_url(u) for u in args.kv_metrics))
@@ -245,6 +248,20 @@ async def _run(args: argparse.Namespace) -> int:
               "run the same command with --resume")
         return 1
     return 0
+
+
+def _gateway_url(args: argparse.Namespace) -> str:
+    """No --url: the gateway's (launch/gateway.py), where --model picks the workload."""
+    from ..clusterfile import cluster_for
+    from ..launch.gateway import url
+    via = url(cluster_for(args))
+    if via is None:
+        raise UserError("no --url, and the cluster file has no gateway", field="--url",
+                        fix="give the server: --url http://IP:PORT, or add 'gateway: {port: 4100}' to the cluster file")
+    if not args.model:
+        raise UserError("through the gateway, --model names the model to sweep", field="--model",
+                        fix="add --model NAME (one the gateway lists: sparkconsole recipe status)")
+    return via
 
 
 def _metrics_url(url: str) -> str:

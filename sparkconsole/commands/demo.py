@@ -3,6 +3,7 @@
     sparkconsole demo [--speed F] [--topology 2x-solo|solo|cluster-tp2|none] [--router NAME] [--load C]
     sparkconsole demo --headless [--duration S]      # start everything, print the endpoints as JSON
     sparkconsole demo --runaway memory|thermal|link[:NODE]   # and a runaway on one node once the model serves
+    sparkconsole demo --topology solo --also llama-3.1-8b    # two models: the 120B and a small one beside it
 
 spark1 (127.0.0.2) and spark2 (127.0.0.3) run the real agent over the local transport against simulated
 GPUs, /proc trees and docker; the model is started through each node's docker shim with the commands a
@@ -71,6 +72,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (its GPU "
                    "memory grows until the guard stops it), thermal (it shuts down) or link (it is cut off); NODE "
                    "defaults to spark1 for solo, else spark2")
+    p.add_argument("--also", metavar="RECIPE",
+                   help="once the model serves, launch this recipe beside it (solo, placed against each node's "
+                        "memory budget as `recipe launch` places it), e.g. llama-3.1-8b with --topology solo")
     p.set_defaults(func=run)
 
 
@@ -227,11 +231,45 @@ async def _bring_up(sim: SimCluster, args: argparse.Namespace, say: Say,
     if args.load and sim.cluster.endpoints:
         say(f"load: {args.load} streaming requests kept in flight", "cyan")
         jobs.append(sim.run_load(concurrency=args.load, seconds=None))
+    if getattr(args, "also", None):
+        try:
+            await launch_also(sim, args.also, lambda line: say(line, "cyan"))
+        except UserError as err:
+            say(f"{args.also} not launched: {err}", "red")
     if getattr(args, "runaway_target", None):
         kind, node = args.runaway_target
         colour: dict[str | None, str] = {None: "yellow", "averted": "green"}
         jobs.append(start_runaway(sim, kind, node, lambda line, outcome: say(line, colour.get(outcome, "red"))))
     await asyncio.gather(*jobs)
+
+
+async def launch_also(sim: SimCluster, key: str, say: Callable[[str], None]) -> None:
+    """A second workload beside what the demo serves, through the real path: placed against each simulated node's
+    budget (placement/), planned with its own port and containers, launched by the recipe runner."""
+    from ..launch.beside import Readings, estimator_for, launch_options, place, start_monitor
+    from ..launch.plan import make_plan
+    from ..launch.runner import Runner
+    from ..placement.fit import Ask
+    from ..recipes import find_recipe
+
+    assert sim.cluster is not None          # its nodes are up (sim.start_nodes())
+    recipe = find_recipe(key)
+    monitor = await start_monitor(sim.cluster)
+    try:
+        readings = Readings(sim.cluster, monitor.nodes)
+        ask = Ask(key, recipe, "solo", {"workload": key})
+        placement = place(readings, [ask], estimator=await estimator_for(recipe, make_plan(recipe, "solo", sim.cluster,
+                                                                                           {"workload": key}),
+                                                                        monitor.nodes))
+        choice = placement.choice(key)
+        say(f"{key}: {choice.reason}; free after it: "
+            + ", ".join(f"{n} {v / 2 ** 30:.1f} GiB" for n, v in choice.free_after.items() if v is not None))
+        plan = make_plan(recipe, "solo", sim.cluster, {"workload": key, **launch_options(placement, key)})
+        transports = {n: nm.transport for n, nm in monitor.nodes.items() if nm.transport is not None}
+        await Runner(sim.cluster, transports).launch(plan)
+        say(f"{key} serves at {plan.endpoint} as {plan.model}")
+    finally:
+        await monitor.stop()
 
 
 class _Notes:

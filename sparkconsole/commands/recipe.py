@@ -12,6 +12,9 @@
     sparkconsole recipe restart tiny-testbed -T 2x-solo --yes [--all-at-once] [--drain-timeout 120]
     (behind a router: one server at a time, out of the router, drained, restarted, back in; --all-at-once: together)
     sparkconsole recipe plan tiny-testbed -T 2x-solo --restart      (the restart's steps per server)
+    sparkconsole recipe fit gpt-oss-120b llama-3.1-8b [--offline] [--pack]    (where each goes, and why)
+    sparkconsole recipe launch llama-3.1-8b --name coder --yes     (beside what runs: its own port and containers)
+    sparkconsole recipe status|restart|stop coder                  (one workload by name; never another)
 
 Changes to nodes need `--yes` when there is no terminal to ask on; `--force` overrides preflight refusals
 (except compromised router releases, which are always refused).
@@ -71,6 +74,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     ls.set_defaults(func=run)
     from .registry import register as register_registry
     register_registry(sub)
+    from .recipe_workloads import add_fit_parser
+    add_fit_parser(sub, TOPOLOGIES)
+    sub.choices["fit"].set_defaults(func=run)
     for name, helptext in (("plan", "show the exact per-node commands, run nothing"),
                            ("lint", "preflight checks (reads the nodes unless --offline)"),
                            ("launch", "lint, confirm, run the plan and wait until it serves"),
@@ -80,7 +86,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp = sub.add_parser(name, help=helptext, description=helptext,
                             epilog="Arguments after -- are appended to the vLLM command verbatim, as with "
                                    "run-recipe.sh: sparkconsole recipe plan NAME -- --seed 42")
-        sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file")
+        sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file; status, restart "
+                                       "and stop also take a running workload's name")
+        sp.add_argument("--name", help="the workload's name: launch it under this name (several may run from one "
+                                       "recipe); act on the one of this name (default: the recipe's key)")
         sp.add_argument("--topology", "-T", choices=TOPOLOGIES, metavar="TOPOLOGY",
                         help="%(choices)s (default: the recipe's first topology)")
         sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
@@ -113,6 +122,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
         sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
         sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
+        if name == "launch":
+            sp.add_argument("--pack", action="store_true",
+                            help="place it on the fullest node it fits (default: the node with the most room)")
         if name in ("plan", "restart"):
             if name == "plan":
                 sp.add_argument("--restart", action="store_true",
@@ -135,13 +147,18 @@ def _value(text: str) -> Any:
     return v if isinstance(v, (str, int, float, bool)) else text
 
 
-def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+def overrides_from_sets(sets: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for item in args.sets:
+    for item in sets:
         key, sep, val = item.partition("=")
         if not sep or not key.strip().isidentifier():
             raise UserError(f"bad --set {item[:40]!r}", field="--set", fix="write --set name=value")
         out[key.strip()] = _value(val)
+    return out
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    out = overrides_from_sets(args.sets)
     for k in ("port", "host", "tensor_parallel", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens"):
         if getattr(args, k, None) is not None:
             out[k] = getattr(args, k)
@@ -150,7 +167,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
                  ("eth_if", args.eth_if), ("ib_if", args.ib_if), ("master_port", args.master_port),
                  ("drop_caches", args.drop_caches or None), ("apply_mods", getattr(args, "apply_mods", None)),
                  ("non_privileged", getattr(args, "non_privileged", None)),
-                 ("no_cache_dirs", getattr(args, "no_cache_dirs", None))):
+                 ("no_cache_dirs", getattr(args, "no_cache_dirs", None)), ("workload", getattr(args, "name", None))):
         if v:
             out[k] = v
     return out
@@ -188,23 +205,27 @@ def _print_progress(verbose: bool) -> Callable[[Progress], None]:
     return show
 
 
-async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tuple[lint_mod.Facts, Any]:
+async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe,
+                       monitor: Any = None) -> tuple[lint_mod.Facts, Any]:
     """Read the plan's nodes: one telemetry tick each (memory, guards, GPUs) and the image ID. Returns the
-    facts and the running monitor, whose connections the runner then reuses (caller stops it)."""
+    facts and the running monitor, whose connections the runner then reuses (caller stops it). `monitor`: one
+    already started over the cluster (a launch beside what runs read every node first)."""
     from ..config import ClusterConfig
     from ..launch import lint as lint_mod
     from ..nodes.monitor import ClusterMonitor
     from ..placement.modelinfo import read_node
 
-    sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
-                        thresholds=cluster.thresholds, ssh=cluster.ssh, agent_interval_s=cluster.agent_interval_s,
-                        source=cluster.source, simulated=cluster.simulated)
-    monitor = ClusterMonitor(sub, history=4)
-    await monitor.start()
-    await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
-    facts = lint_mod.facts_from_monitors(monitor.nodes, headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
+    if monitor is None:
+        sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
+                            thresholds=cluster.thresholds, ssh=cluster.ssh, agent_interval_s=cluster.agent_interval_s,
+                            source=cluster.source, simulated=cluster.simulated)
+        monitor = ClusterMonitor(sub, history=4)
+        await monitor.start()
+        await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
+    used = {n: nm for n, nm in monitor.nodes.items() if n in plan.nodes}
+    facts = lint_mod.facts_from_monitors(used, headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
     image_ids: dict[str, str | None] = {}
-    for name, nm in monitor.nodes.items():
+    for name, nm in used.items():
         if nm.transport is None:
             continue
         try:
@@ -227,7 +248,7 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
         elif info is None:
             info = got
     from ..launch.probe import probe_nodes
-    busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in monitor.nodes.items()
+    busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in used.items()
                                                       if nm.transport is not None})
     return replace(facts, image_ids=image_ids, model_info=info, busy_ports=busy, unreachable=unreach,
                    model_missing=tuple(missing)), monitor
@@ -258,7 +279,8 @@ def _confirm_trust(args: argparse.Namespace, plan: Plan) -> Plan:
     return replace(plan, trusted=True)
 
 
-async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
+async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan,
+               overrides: dict[str, Any]) -> int:
     from ..launch import lint as lint_mod
     from ..launch.runner import Runner
     from ..nodes.connect import make_transport
@@ -285,7 +307,8 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             print(health.render())
             return 0 if health.ok else 1
         if action in ("lint", "launch") and not args.offline:
-            facts, monitor = await gather_facts(plan, cluster, recipe)
+            from .recipe_workloads import read_beside
+            plan, facts, monitor = await read_beside(args, recipe, cluster, plan, overrides)
         if action in ("lint", "launch"):
             from ..placement.estimate import render as render_fit
             for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts)):
@@ -321,8 +344,13 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         runner = Runner(cluster, transports)
         show = _print_progress(args.verbose)
         if action == "launch":
+            if monitor is not None:
+                from .recipe_workloads import before_start
+                await before_start(cluster, plan, monitor)
             ready = await runner.launch(plan, show)
             print(f"ready: {plan.endpoint} ({', '.join(f'{k} {v:g} s' for k, v in ready.items())})")
+            from .recipe_workloads import sync_gateway
+            await sync_gateway(cluster, transports)
         elif action == "restart":
             from ..launch.rolling import restart
             report = await restart(runner, plan, show, drain_timeout=args.drain_timeout, all_at_once=args.all_at_once)
@@ -406,9 +434,20 @@ async def _main(args: argparse.Namespace) -> int:
     from ..launch.plan import make_plan
     from ..recipes import find_recipe
 
+    if args.recipe_command == "fit":
+        from .recipe_workloads import fit_main
+        return await fit_main(args, load_cluster_for(args))
     if getattr(args, "drain_timeout", 0) < 0:
         raise UserError(f"--drain-timeout {args.drain_timeout:g} is negative", field="--drain-timeout",
                         fix="give the seconds to wait for requests to finish (0: no drain)")
+    if args.recipe_command in ("status", "stop", "restart"):
+        from .recipe_workloads import act_on_running, find_target
+        cluster = load_cluster_for(args)
+        target = await find_target(args, cluster)
+        if target.group is not None:
+            return await act_on_running(args, cluster, target)
+        for t in target.transports.values():
+            await t.close()
     recipe = find_recipe(args.recipe)
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]
@@ -451,4 +490,4 @@ async def _main(args: argparse.Namespace) -> int:
         n = len(lint_mod.refusals(findings, force=args.force))
         print(f"preflight: {len(findings)} finding(s), {n} refusing")
         return 1 if n else 0
-    return await _act(args, recipe, cluster, plan)
+    return await _act(args, recipe, cluster, plan, overrides)

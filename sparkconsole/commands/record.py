@@ -5,8 +5,8 @@
 
 Watches every node (and endpoint) of the cluster file as the console does and keeps every tick, endpoint poll
 and state change in the cluster's recorder file (state dir; see recorder/store.py). Unattended, it also runs
-the alert rules, the memory-exhaustion warning and the opt-in guard (protect:), sends notifications (notify:)
-and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
+the alert rules, the memory-exhaustion warning and the guard (protect:, on by default for launched containers),
+sends notifications (notify:) and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
 was queued is committed before it exits, and a SIGKILL loses at most the last batch (≤ 0.5 s).
 
 It is the cluster's collector (sparkconsole/collector/): the only writer of the recorder file (a second `record`
@@ -120,7 +120,7 @@ async def run(args: argparse.Namespace) -> int:
                             fix="set 'recorder: {enabled: true}' or pass --file PATH")
         cluster = replace(cluster, recorder=replace(cluster.recorder, enabled=True))   # --file asks for it
     listeners = _listeners(args)          # bad addresses and tokens are refused before anything starts
-    # Unattended: the alert rules, the exhaustion warning, the opt-in guard, notifications and post-mortems run
+    # Unattended: the alert rules, the exhaustion warning, the guard, notifications and post-mortems run
     # here too, said on stdout (one line each), and so is every fault of the recorder file (recorder/health.py):
     # record goes on watching, alerting and guarding without it, and writes again once it can.
     def say(text: str, severity: str = "info") -> None:

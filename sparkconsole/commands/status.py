@@ -121,7 +121,7 @@ def render_table(records: list[dict[str, Any]]) -> str:
             notes.append(f"{r['name']}: container {c['name']} {c.get('state') or '?'}"
                          + (f" ({c['health']})" if c.get("health") else "") + f", {cap}"
                          + (", OOM-killed" if c.get("oom_killed") else ""))
-        for name, w in r["workloads"].items():
+        for name, w in (r.get("workloads") or {}).items():
             notes.append(f"{r['name']}: workload {name}: " + workload_words(w))
         for x in bad:
             notes.append(f"{r['name']}: {x['title']} — {x['status']}: {x['reason']}" +

@@ -11,10 +11,11 @@ As the runner:
 - mods copied in and run before vLLM starts (launch/mods.py), then a v2 recipe's pre_exec commands (and copies);
 - a v2 recipe's executor_config (recipes/executor.py): its capabilities, devices, security options, ulimits,
   user and entrypoint; its HF cache where sparkrun mounts it (/cache/huggingface, HF_HOME set there).
-Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
-OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
-LiteLLM (2x-solo), the drain gate's file mount, its flag's tmpfs and command wrapper (launch/gate.py), passed in by
-the planner.
+Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a runaway of the container's CPU side
+is an OOM-kill of the container and not a frozen Spark — the cap does not hold GPU memory, which a GB10 does not
+charge to the container's cgroup (docs/RECIPES_PARITY.md, memory-cap); no `--rm`, so a dead server's log can still
+be read; behind LiteLLM (2x-solo), the drain gate's file mount, its flag's tmpfs and command wrapper (launch/gate.py), passed in by the
+planner.
 """
 
 from __future__ import annotations
@@ -35,6 +36,27 @@ COMPILE_CACHES = (('"$HOME"/.cache/vllm', "/root/.cache/vllm"), ('"$HOME"/.cache
 # Always first, as the runner's DOCKER_ARGS: NCCL must not pin its threads to the cores the container was given.
 BASE_ENV = (("NCCL_IGNORE_CPU_AFFINITY", "1"),)
 NON_PRIVILEGED_SHM = "64g"          # launch-cluster.sh --shm-size-gb default
+# A router's or the gateway's container holds no model: a cap sized for the router, so a leak in it is its own
+# OOM-kill and never the unified-memory host's. vllm-router: 88 MB resident in front of two servers on the test bed;
+# LiteLLM: about 300 MB per process, and the gateway's graceful reload (launch/gateway.py) runs a second worker
+# beside the first while the old one finishes its streams.
+ROUTER_MEMORY = {"vllm-router": "512m", "litellm": "2g"}
+
+
+def service_argv(name: str, labels: Sequence[str], image: str, command: Sequence[str], *, memory: str,
+                 volumes: Sequence[str] = (), env: Sequence[tuple[str, str]] = (),
+                 secrets: Sequence[str] = ()) -> tuple[str, ...]:
+    """`docker run` of a router or the gateway: host network, an init process, a memory cap (memory-swap equal to
+    it: no swap), read-only what it mounts, secrets by reference (`-e NAME`, read from the node's environment)."""
+    argv = ["docker", "run", "-d", "--name", name, *labels, "--network", "host", "--init",
+            "--memory", memory, "--memory-swap", memory]
+    for v in volumes:
+        argv += ["-v", v]
+    for k, v in env:
+        argv += ["-e", f"{k}={v}"]
+    for s in secrets:
+        argv += ["-e", s]
+    return (*argv, "--entrypoint=", image, *command)
 
 
 @dataclass(frozen=True)
@@ -46,6 +68,7 @@ class ContainerSpec:
     cache_dirs: bool = True
     mods: tuple[Mod, ...] = ()
     pre_exec: tuple[PreExec, ...] = ()
+    workload: str | None = None        # the launch's name, on every container's labels
 
     @property
     def gated(self) -> bool:
@@ -81,12 +104,14 @@ class ContainerSpec:
 
     def run_argv(self, node: NodeConfig, role: str, name: str, env: Sequence[tuple[str, str]],
                  params: Mapping[str, Any], url: str | None, command: Sequence[str],
-                 mounts: Sequence[str] = (), tmpfs: Sequence[str] = ()) -> tuple[str, ...]:
+                 mounts: Sequence[str] = (), tmpfs: Sequence[str] = (), *, model: str | None = None,
+                 claim_b: int | None = None) -> tuple[str, ...]:
         """`docker run` of one server, its command gated on the mods when there are any; `mounts` and `tmpfs`:
         sparkconsole's own (the drain gate's file and its flag's directory)."""
         cs = self.recipe.container_settings
-        argv: list[str] = ["docker", "run", "-d", "--name", name,
-                           *launch_labels(self.recipe, self.topology, role, node, url), "--network", "host"]
+        labels = launch_labels(self.recipe, self.topology, role, node, url, workload=self.workload,
+                               model=model if url else None, claim_b=claim_b)
+        argv: list[str] = ["docker", "run", "-d", "--name", name, *labels, "--network", "host"]
         if self.privileged:
             argv.append("--privileged")
         else:
@@ -129,6 +154,16 @@ class ContainerSpec:
             argv += ["-e", s.name]
         argv += [f"--entrypoint={cs.entrypoint or ''}", self.image, *(gated(command) if self.gated else command)]
         return tuple(argv)
+
+    def router_argv(self, node: NodeConfig, name: str, router: str, url: str, model: str | None, image: str,
+                    command: Sequence[str], *, volumes: Sequence[str] = (), env: Sequence[tuple[str, str]] = (),
+                    secrets: Sequence[str] = ()) -> tuple[str, ...]:
+        """`docker run` of the router in front of this launch's servers, with the launch's labels and a cap sized
+        for the router (ROUTER_MEMORY)."""
+        labels = launch_labels(self.recipe, self.topology, "router", node, url, router, workload=self.workload,
+                               model=model)
+        memory = ROUTER_MEMORY["vllm-router" if router == "vllm-router" else "litellm"]
+        return service_argv(name, labels, image, command, memory=memory, volumes=volumes, env=env, secrets=secrets)
 
     def after_start(self, node: NodeConfig, name: str) -> list[Step]:
         return [*mod_steps(node.name, name, self.mods),

@@ -52,7 +52,8 @@ class LaunchHealth:
         return self.verdict == SERVING
 
     def render(self) -> str:
-        lines = [f"{self.plan.recipe} × {self.plan.topology} on {', '.join(self.plan.nodes)}"
+        named = self.plan.recipe if self.plan.name == self.plan.recipe else f"{self.plan.name} ({self.plan.recipe})"
+        lines = [f"{named} × {self.plan.topology} on {', '.join(self.plan.nodes)}"
                  + (f"  endpoint {self.plan.endpoint}" if self.plan.endpoint else "")]
         lines += [m.line() for m in self.members]
         lines.append(f"{self.verdict}: {self.reason}" + (f" — fix: {self.fix}" if self.fix else ""))

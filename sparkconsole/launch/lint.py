@@ -24,7 +24,7 @@ from ..placement.estimate import MemoryEstimate, estimate_plan, gib
 from ..placement.modelinfo import ModelInfo
 from ..recipes import Recipe
 from ..runtimes import RUNTIMES, SGLANG, VLLM, Runtime, has_flag, model_source, parallel
-from . import lint_memory, lint_topology
+from . import lint_memory, lint_topology, lint_workloads
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
 from .lint_container import container_options
@@ -86,6 +86,7 @@ class Facts:
     model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
     compile_cache_mounted: bool | None = None                           # None: read from the plan's volumes
     ticks: Mapping[str, Tick] = field(default_factory=dict)             # node → its last tick: what runs there
+    placement: Any = None          # where placement put this launch beside what runs (Placement), or why it could not
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -137,11 +138,17 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
             return [*findings, Finding("plan", "refuse", str(err), "plan")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
-                 _images, _memory, _model_missing, _metrics_off, container_options):
+                 _images, _memory, _model_missing, _metrics_off, container_options, _budget):
         findings.extend(rule(recipe, plan, used, facts))
     for topo_rule in lint_topology.RULES:
         findings.extend(topo_rule(plan, used, facts))
     return findings
+
+
+def _budget(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    """The nodes' budgets beside what runs (launch/lint_workloads.py), as placement found them."""
+    return [Finding(n.rule, n.severity, n.message, lint_workloads.SRC_BUDGET, n.fix, n.node)
+            for n in lint_workloads.budget_notes(facts.placement)]
 
 
 def refusals(findings: Iterable[Finding], *, force: bool = False) -> list[Finding]:

@@ -10,6 +10,7 @@ recipe's mods); each topology has a planner of its own (launch/topologies.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from typing import Any
@@ -24,13 +25,17 @@ from ..runtimes import Runtime, from_command, generate_command, runtime_for
 from . import runtime_cmd
 from .container import ContainerSpec
 from .mods import load_mods
-from .planning import PlanBuilder
+from .planning import PlanBuilder, default_workload
 from .steps import Plan
 from .topologies import plan_cluster, plan_disagg, plan_solo, plan_two_solo
 
 # Plan options taken out of overrides; every other override key is a placeholder value.
 OPTION_KEYS = {"nodes", "extra_args", "backend", "router", "drop_caches", "eth_if", "ib_if", "master_port",
-               "router_dir", "apply_mods", "non_privileged", "no_cache_dirs", "cluster_addresses"}
+               "router_dir", "apply_mods", "non_privileged", "no_cache_dirs", "cluster_addresses",
+               # several workloads on one cluster (placement/, launch/workloads.py): the launch's name, its
+               # containers' names and its router's port where they differ from the recipe's, each server's claim
+               "workload", "container_names", "router_port", "claims"}
+WORKLOAD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | None,
@@ -99,6 +104,10 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
         runtime.refuse_topology(topology, recipe.source)
     _check_topology(recipe, topology)
     options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
+    workload = options.get("workload")
+    if workload is not None and not WORKLOAD_RE.match(str(workload)):
+        raise UserError(f"bad workload name {str(workload)[:40]!r}", field="--name",
+                        fix="use letters, digits, '-', '_' or '.' (at most 63), e.g. --name coder")
     split_note = None
     if topology == "cluster-tp2":
         tp, pp, count, split_note = cluster_split(
@@ -130,7 +139,8 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     container = ContainerSpec(recipe, topology, recipe.container,
                               privileged=recipe.container_settings.privileged and not options.get("non_privileged"),
                               cache_dirs=recipe.container_settings.cache_dirs and not options.get("no_cache_dirs"),
-                              mods=load_mods(refs, recipe.source), pre_exec=recipe.pre_exec)
+                              mods=load_mods(refs, recipe.source), pre_exec=recipe.pre_exec,
+                              workload=str(workload or default_workload(recipe)))
     b = PlanBuilder(recipe, topology, cluster, nodes, params, overrides, options, container,
                     notes=[n for n in (*notes, split_note, *applied) if n], runtime=runtime)
     if topology == "solo":

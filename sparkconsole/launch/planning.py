@@ -4,6 +4,7 @@ launch/plan.py makes one and turns it into a Plan)."""
 
 from __future__ import annotations
 
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -25,6 +26,13 @@ def _iface(value: Any, node: str) -> str | None:
         got = value.get(node)
         return str(got) if got is not None else None
     return str(value) if value is not None else None
+
+
+def default_workload(recipe: Recipe) -> str:
+    """A launch's name when none is given: its recipe's key, made a valid name (a registry's `@reg/name` becomes
+    `reg-name`: the name goes into container names and labels)."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", recipe.key).strip("-_.")[:63]
+    return name or "workload"
 
 
 def node_iface(options: Mapping[str, Any], recipe: Recipe, node: NodeConfig, key: str) -> str | None:
@@ -57,8 +65,29 @@ class PlanBuilder:
     def extra_args(self) -> tuple[str, ...]:
         return tuple(self.options.get("extra_args") or ())
 
+    @property
+    def workload(self) -> str:
+        """The launch's name: `--name`, else the recipe's key (plan.OPTION_KEYS `workload`)."""
+        return str(self.options.get("workload") or default_workload(self.recipe))
+
     def cname(self, node: NodeConfig) -> str:
-        return self.recipe.container_settings.name or node.container
+        """The container's name on `node`: the one a running workload has (re-planned from its labels), else the
+        recipe's or the node's, with the workload's name added when it is not the recipe's own: two workloads of
+        one recipe, or of two recipes naming the same container, run side by side."""
+        named = (self.options.get("container_names") or {}).get(node.name)
+        if named:
+            return str(named)
+        base = self.recipe.container_settings.name or node.container
+        return base if self.workload == default_workload(self.recipe) else f"{base}_{self.workload}"
+
+    def router_port(self) -> int:
+        """The router's port: `router_port` (a second routed workload beside a first), else the recipe's."""
+        return int(self.options.get("router_port") or self.recipe.router.port)
+
+    def claim(self, node: NodeConfig) -> int | None:
+        """The memory the server on `node` claims (the launch's estimate), carried as a label for the budget."""
+        got = (self.options.get("claims") or {}).get(node.name)
+        return int(got) if got is not None else None
 
     def node_port(self, node: NodeConfig, explicit: int | None = None) -> int:
         """Where a server listens: a topology's own port (disagg's), else --port, else the recipe's port, as the
@@ -116,7 +145,8 @@ class PlanBuilder:
         self.steps += self.container.prepare(node, name, drop_caches=bool(self.options.get("drop_caches")))
         full_env = (*self.recipe_env(node, params).items(), *env, *node.vllm_env)
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
-                                                                      command, mounts, tmpfs),
+                                                                      command, mounts, tmpfs, model=svc.model,
+                                                                      claim_b=self.claim(node)),
                                secrets=self.recipe.secrets, service=svc.key))
         self.steps += self.container.after_start(node, name)
         self._unreleased.append((node, name))
@@ -182,4 +212,4 @@ class PlanBuilder:
                                                              or r.container_settings.gpus is None),
                     mods=tuple(m.name for m in self.container.mods),
                     mod_origins=tuple(m.origin for m in self.container.mods), pre_exec=len(self.container.pre_exec),
-                    runtime=self.runtime.name)
+                    runtime=self.runtime.name, workload=self.workload)

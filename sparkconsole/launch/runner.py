@@ -150,6 +150,10 @@ class Runner:
         return await self._transport(node).run(self.node_prefix(node) + cmd, input=input,
                                                timeout=timeout or self.step_timeout)
 
+    async def query(self, node: str, argv: Sequence[str], *, timeout: float = 30) -> CommandResult:
+        """A command that reads and changes nothing on `node` (not audited), with the node's environment."""
+        return await self._run(node, argv, timeout=timeout)
+
     async def container_state(self, svc: Service) -> tuple[str, str]:
         """(status, detail) of a service's container: running / exited / … plus exit code and OOM flag;
         "missing" when there is no such container, "unreachable" when the node or its Docker does not answer."""

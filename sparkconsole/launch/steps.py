@@ -124,6 +124,17 @@ class Plan:
     trusted: bool = False                       # …confirmed (--trust, or the operator's answer): the runner
                                                 # refuses a plan with untrusted items until it is
     runtime: str = "vllm"                       # vllm | sglang | llama-cpp (sparkconsole/runtimes.py)
+    workload: str = ""                          # the workload's name (`--name`; the recipe key unless given)
+
+    @property
+    def name(self) -> str:
+        """What `recipe status|restart|stop NAME` and the console call this launch: its workload name."""
+        return self.workload or self.recipe
+
+    @property
+    def model(self) -> str | None:
+        """The served model name clients ask for (the gateway lists the workload under it)."""
+        return next((s.model for s in self.services if s.model and s.url), None)
 
     def for_node(self, node: str) -> list[Step]:
         return [s for s in self.steps if s.node == node]
@@ -181,13 +192,23 @@ def url_host(address: str) -> str:
 
 
 def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, url: str | None,
-                  router: str | None = None) -> list[str]:
+                  router: str | None = None, *, workload: str | None = None, model: str | None = None,
+                  claim_b: int | None = None) -> list[str]:
     """`--label` arguments that let the console group one launch's containers across nodes and poll where it
     serves (nodes/launches.py), also where several "nodes" share one Docker engine, as on the test bed. The
-    router's says which router it is, so a restart or stop planned again from the labels plans the same one."""
+    router's says which router it is, so a restart or stop planned again from the labels plans the same one.
+    `workload`: the launch's name, several of which may run from one recipe; `model`: the served model name the
+    gateway lists it under; `claim_b`: the memory the server claims at start, which the node's budget counts
+    until its measured use reaches it (placement/)."""
     labels = [f"recipe={recipe.key}", f"topology={topology}", f"role={role}", f"node={node.name}"]
+    if workload:
+        labels.append(f"workload={workload}")
     if url:
         labels.append(f"url={url}")
+    if model:
+        labels.append(f"model={model}")
     if router:
         labels.append(f"router={router}")
+    if claim_b is not None:
+        labels.append(f"claim={claim_b}")
     return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]

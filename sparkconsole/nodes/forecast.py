@@ -219,7 +219,7 @@ class NodeForecaster:
             first, last = self._parts[0], self._parts[-1]
             span_pts = [x for x in self.node.points]
             used = (span_pts[0][1] - span_pts[-1][1]) if span_pts else 0.0
-            growers = self._growers()
+            growers = self._growers(self.node.points[0][0])
             if growers:
                 # each workload by name (its GPU memory and cgroup), and what none of them accounts for
                 grow = {g.name: g.total_b for g in growers}
@@ -251,12 +251,14 @@ class NodeForecaster:
         while self._reads and self._reads[0][0] < tick.time - WINDOW_S:
             self._reads.popleft()
 
-    def _growers(self) -> list[Grower]:
-        """Every workload that grew over the window, largest first: containers (GPU + cgroup) and GPU processes
-        in no container. Empty without two per-process readings (an older agent, NVML without the list)."""
-        if len(self._reads) < 2:
+    def _growers(self, since: float) -> list[Grower]:
+        """Every workload that grew since `since` (the node series' window), largest first: containers (GPU +
+        cgroup) and GPU processes in no container. Empty without two per-process readings in that span (an older
+        agent, NVML without the list)."""
+        reads = [r for r in self._reads if r[0] >= since - 2.0]    # a reading is repeated for 2 s: the one in force
+        if len(reads) < 2:
             return []
-        (_, c0, p0), (_, c1, p1) = self._reads[0], self._reads[-1]
+        (_, c0, p0), (_, c1, p1) = reads[0], reads[-1]
         grew: dict[int, tuple[str | None, float, str | None]] = {}
         for pid, (used, comm, cont) in p1.items():
             d = used - p0.get(pid, (0.0, None, None))[0]

@@ -26,7 +26,10 @@ _NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 @dataclass(frozen=True)
 class ContainerSettings:
     name: str | None = None            # None: the node's `container` from the cluster file
-    memory: str | None = "100g"        # hard cap so an OOM kills the container, not the unified-memory host (seed 004)
+    # the container's memory cap: it holds vLLM's CPU side (Python, compile workers, host buffers), so a runaway
+    # there kills the container, not the host; it does not hold GPU memory, which a GB10 does not charge to the
+    # container's cgroup (graphistry/pygraphistry PR 1671, Blackwellboy/model-serving-minefield issue 57)
+    memory: str | None = "100g"
     shm_size: str | None = "64g"       # spark-vllm-docker's launch-cluster.sh default
     gpus: str | None = "all"           # None: no --gpus (CPU test bed)
     ipc_host: bool = True

@@ -64,21 +64,35 @@ def _moved(a: dict[str, Any], b: dict[str, Any]) -> bool:
 
 
 def growth(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """From recorded `workloads` rows (oldest first), each workload that grew between the first and the last:
-    [{"name", "gpu_b", "cgroup_b", "cap_b", "procs": [[pid, comm, grew_b], …]}], largest first. A GPU process in
-    no container is its own entry, named by its PID."""
+    """From recorded `workloads` rows (oldest first), each workload that grew, from the first row it is in to its
+    largest (a workload the guard stopped is gone from the last rows: its peak counts):
+    [{"name", "gpu_b", "cgroup_b", "cap_b", "procs": [[pid, comm, grew_b], …]}], largest first. A GPU process in no
+    container is its own entry, named by its PID."""
     if len(rows) < 2:
         return []
-    first, last = rows[0], rows[-1]
-    p0 = {p[0]: p for p in first.get("p") or []}
-    grew = []
-    for p in last.get("p") or []:
-        d = (p[1] or 0) - ((p0.get(p[0]) or [0, 0])[1] or 0)
-        if d > 0:
-            grew.append((p[0], p[2], d, p[3]))
+    first_w: dict[str, list[Any]] = {}
+    peak_w: dict[str, list[Any]] = {}
+    first_p: dict[int, int] = {}
+    peak_p: dict[int, tuple[int, str, str]] = {}
+    for row in rows:
+        for name, w in (row.get("w") or {}).items():
+            if not isinstance(w, list) or len(w) != 3:
+                continue
+            first_w.setdefault(name, w)
+            top = peak_w.get(name)
+            if top is None or (w[0] or 0) + (w[1] or 0) >= (top[0] or 0) + (top[1] or 0):
+                peak_w[name] = w
+        for p in row.get("p") or []:
+            if not isinstance(p, list) or len(p) != 4:
+                continue
+            first_p.setdefault(p[0], p[1] or 0)
+            if p[0] not in peak_p or (p[1] or 0) >= peak_p[p[0]][0]:
+                peak_p[p[0]] = (p[1] or 0, p[2], p[3])
+    grew = [(pid, comm, used - first_p[pid], where) for pid, (used, comm, where) in peak_p.items()
+            if used - first_p[pid] > 0]
     out = []
-    for name, (gpu, cg, cap) in (last.get("w") or {}).items():
-        g0, c0, _ = (first.get("w") or {}).get(name, [0, 0, None])
+    for name, (gpu, cg, cap) in peak_w.items():
+        g0, c0, _ = first_w[name]
         dg = (gpu or 0) - (g0 or 0) if gpu is not None else 0
         dc = (cg or 0) - (c0 or 0) if cg is not None else 0
         out.append({"name": name, "gpu_b": dg, "cgroup_b": dc, "cap_b": cap,

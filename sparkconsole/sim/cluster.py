@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
 from ..launch.drain_gate import FLAG_DIR, MIDDLEWARE_ARGS
+from ..placement.budget import GB10_MEMTOTAL_B
 from .files import pid_alive, read_json, write_atomic
 from .node import NodeTuning, SimNode
 
@@ -245,7 +246,13 @@ class SimCluster:
             return []
         labels = [f"recipe={self.serving.recipe}", f"topology={self.serving.topology}", f"role={role}", f"node={node}"]
         if url:
-            labels.append(f"url={url}")
+            labels += [f"url={url}", f"model={self.serving.name}"]
+        if role in ("server", "worker"):
+            # what the server claims of the simulated GB10 (gpu_memory_utilization × MemTotal): the budget bars
+            args = list(self.serving.vllm_args)
+            if "--gpu-memory-utilization" in args:
+                frac = float(args[args.index("--gpu-memory-utilization") + 1])
+                labels.append(f"claim={int(frac * GB10_MEMTOTAL_B)}")
         if role == "router":
             labels.append(f"router={self.serving.router.removeprefix('litellm-')}")
         return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]

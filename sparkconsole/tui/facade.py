@@ -13,7 +13,7 @@ Textual's own App API that a widget needs as a widget (a key's display, the bell
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from ..launch.lint import Facts
     from ..launch.steps import Plan
     from ..nodes.guard import GuardResult
+    from ..nodes.launches import LaunchGroup
     from ..nodes.monitor import ClusterMonitor, NodeMonitor
     from ..recorder.feed import Recorder
     from .app import SparkConsoleApp
@@ -61,6 +62,11 @@ class ConsoleFacade:
         """The node monitors drawn now (a replay's while scrubbed back); None before the first frame is up."""
         return self._app.monitor
 
+    def nodes(self) -> Mapping[str, NodeMonitor]:
+        """Each node's monitor drawn now; none before the first frame is up."""
+        mon = self._app.monitor
+        return mon.nodes if mon is not None else {}
+
     def node_monitor(self, name: str) -> NodeMonitor | None:
         return self._app.node_monitor(name)
 
@@ -81,11 +87,17 @@ class ConsoleFacade:
         """The dashboard's events pane."""
         return self._app.dashboard.events
 
-    @property
-    def running_plan(self) -> Plan | None:
-        """The plan launched from this console's recipes screen, if it was opened and launched one."""
-        screen = self._app._recipes_screen
-        return getattr(screen, "running_plan", None) if screen is not None else None
+    def workloads(self) -> list[LaunchGroup]:
+        """The workloads running on the nodes now (their containers' labels), wherever they were started from."""
+        return self._app.recipes_screen.running_groups()
+
+    def chosen_workload(self) -> LaunchGroup | None:
+        """The running workload the recipes screen's r / s act on (highlighted, the chosen recipe's, or the only one)."""
+        return self._app.recipes_screen._chosen_launch()
+
+    def launched_plan(self, workload: str) -> Plan | None:
+        """The plan this console launched `workload` with, if it did."""
+        return self._app.recipes_screen.running_plans.get(workload)
 
     @property
     def restart_stages(self) -> dict[tuple[str, str], str]:

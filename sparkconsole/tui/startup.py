@@ -182,10 +182,10 @@ class ConsoleStart(_App):
         self.set_interval(TICK_S, self.heap.tick)
 
     def _start_core(self) -> Collector:
-        """The core over the monitor: flight recorder, exhaustion warning + opt-in guard, notifications,
-        post-mortems, endpoint following (all below the TUI). Its duties (recording, the guard's action,
-        notifications) are the collector's while one runs, and this console's while it is alone
-        (collector/duties.py); the header says whose they are."""
+        """The core over the monitor: flight recorder, exhaustion warning + guard, notifications, post-mortems,
+        endpoint following (all below the TUI). Its duties (recording, the guard's action, notifications) are the
+        collector's while one runs, and this console's while it is alone (collector/duties.py); the header says
+        whose they are."""
         from ..collector.core import Collector
         from ..collector.roles import console_role
         role = console_role(record=self.record, replay=self.replay_at is not None)

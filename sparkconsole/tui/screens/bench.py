@@ -79,6 +79,7 @@ class BenchScreen(OnConsole, Screen):
         self.levels: list = []
         self.show_past = False
         self.show_reference = False
+        self.model: str | None = None              # through the gateway: the model the sweep asks for
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -139,13 +140,24 @@ class BenchScreen(OnConsole, Screen):
     def target(self) -> tuple[str, str, Plan | None] | None:
         """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
         app = self.facade
-        plan = app.running_plan    # launched from this console: name its topology
+        from ...launch import gateway
+        via = gateway.url(app.cluster)
+        if via is not None and self.models():
+            return "gateway", via, None                  # one endpoint for every model: the sweep names its model
+        g = app.chosen_workload()
+        plan = app.launched_plan(g.name) if g is not None else None   # launched from this console: its topology
         if plan is not None and plan.endpoint:
             return plan.topology, plan.endpoint, plan
+        if g is not None and g.endpoint:
+            return g.name, g.endpoint, None
         if not app.cluster.endpoints:
             return None
         ep = next((e for e in app.cluster.endpoints if e.kind == "router"), app.cluster.endpoints[0])
         return ep.name, ep.url, None
+
+    def models(self) -> list[str]:
+        """The served model names of the workloads that serve now (what the gateway lists)."""
+        return sorted({g.model for g in self.facade.workloads() if g.model and g.verdict == "SERVING"})
 
     def action_start(self) -> None:
         if self.sweep_worker is not None and self.sweep_worker.is_running:
@@ -161,11 +173,14 @@ class BenchScreen(OnConsole, Screen):
             if choice is None:
                 self.notify("sweep cancelled: nothing was sent", timeout=3)
                 return
-            self.concurrency, self.runs = choice.concurrency, choice.runs
+            self.concurrency, self.runs, self.model = choice.concurrency, choice.runs, choice.model
             self.sweep_worker = self.run_worker(self._sweep(), exit_on_error=False, group="sweep")
         label, url, _ = target
+        models = tuple(self.models()) if label == "gateway" else ()
+        g = self.facade.chosen_workload()
+        model = (g.model if g is not None and g.model in models else None) or (models[0] if models else None)
         self.facade.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.facade.simulated)),
-                                                 SweepChoice(self.concurrency, self.runs)), chosen)
+                                                 SweepChoice(self.concurrency, self.runs, model), models), chosen)
 
     def action_stop(self) -> None:
         if self.sweep_worker is None or not self.sweep_worker.is_running:
@@ -189,7 +204,9 @@ class BenchScreen(OnConsole, Screen):
         from ...bench.results import ResultsStore
         path = store_path(app.simulated)
         try:
-            spec = sweep_mod.SweepSpec(url=url, label=label, runs=self.runs,
+            model = self.model if label == "gateway" else None
+            label = f"{model} via the gateway" if model else label
+            spec = sweep_mod.SweepSpec(url=url, label=label, runs=self.runs, model=model,
                                        topology=plan.topology if plan is not None else None,
                                        concurrency=self.concurrency,
                                        recipe=plan.recipe if plan is not None else None)

@@ -1,10 +1,12 @@
 """Screen 2: bundled and user recipes with their preflight verdict; a recipe × topology shows its plan node by
-node; Enter launches it (after a confirmation) with a progress line per node; r / s restart / stop it."""
+node; Enter launches it beside what runs (after a confirmation that shows where placement puts it and why) with a
+progress line per node. Below the recipes, every running workload (nodes, port, model, state): r / s restart /
+stop the highlighted one. Above the plan, each node's memory budget bar (placement/bars.py)."""
 
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -16,6 +18,7 @@ from textual.widgets.option_list import Option
 
 from ...errors import UserError
 from ..facade import OnConsole
+from ..widgets.budget_bar import BudgetBars
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
@@ -57,10 +60,11 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         super().__init__(id="recipes")
         self.entries: list[tuple[str, Recipe | None, str | None]] = []   # (key, recipe, load error)
         self.findings: dict[tuple[str, str], list] = {}
+        self._placed: dict[tuple[str, str], tuple] = {}    # (recipe, topology) -> where a launch would go now
         self.selected: str | None = None
         self.topology: str | None = None
         self.plan: Plan | None = None
-        self.running_plan: Plan | None = None
+        self.running_plans: dict[str, Plan] = {}   # workload name -> the plan this console launched it with
         self.runner: Runner | None = None
         self.progress: dict[str, str] = {}
         self.restarting: dict[str, str] | None = None   # service key -> its stage, while a restart runs
@@ -122,15 +126,53 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 self.findings[key] = [_Finding("refuse", _one_line(exc))]
             except ImportError:
                 self.findings[key] = []
-            self.findings[key] += self._in_the_way(recipe, topology)
+            self.findings[key] += self._in_the_way(recipe, topology) + self._budget(recipe, topology)
         return self.findings[key]
 
     def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None:
+        """The plan as a launch from here would run it: placed beside what runs (its node, port and containers,
+        placement/), else as the recipe says when placement cannot say (nothing read yet, or it does not fit)."""
+        placed = self.placed(recipe, topology)
+        if placed is not None and placed[0] is not None:
+            return placed[0]
         from ...launch.plan import make_plan
         try:
-            return make_plan(recipe, topology, self.facade.cluster, {})
+            return make_plan(recipe, topology, self.facade.cluster, {"workload": self.new_name(recipe)})
         except UserError:
             return None      # preflight plans again and reports why
+
+    def new_name(self, recipe) -> str:
+        """A launch from here is named after its recipe; a second of one recipe gets -2, -3, …"""
+        from ...launch.planning import default_workload
+        running = {g.name for g in self.running_groups()}
+        base = default_workload(recipe)
+        name, i = base, 2
+        while name in running:
+            name, i = f"{base}-{i}", i + 1
+        return name
+
+    def placed(self, recipe, topology: str):
+        """(plan, placement, None) where placement puts a launch of `recipe` now, or (None, None, why) when it does
+        not fit; None when no node has been read yet."""
+        key = (recipe.key, topology)
+        if key in self._placed:
+            return self._placed[key]
+        from ...launch.beside import launch_options, place
+        from ...launch.plan import make_plan
+        from ...placement.fit import Ask
+        readings = self.readings()
+        if not readings.memory:
+            return None
+        name = self.new_name(recipe)
+        got: tuple[Any, Any, Any]
+        try:
+            placement = place(readings, [Ask(name, recipe, topology, {"workload": name})])
+            plan = make_plan(recipe, topology, self.facade.cluster, {"workload": name, **launch_options(placement, name)})
+            got = (plan, placement, None)
+        except UserError as exc:
+            got = (None, None, exc)
+        self._placed[key] = got
+        return got
 
     # --- view -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -139,8 +181,11 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             yield SimBadge()
         yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter")
         with Horizontal():
-            yield OptionList(id="recipe-list")
+            with Vertical(id="recipe-side"):
+                yield OptionList(id="recipe-list")
+                yield OptionList(id="workload-list")
             with Vertical(id="recipe-detail"):
+                yield BudgetBars(id="budget")
                 with VerticalScroll(id="head-scroll"):      # a long preflight scrolls here, the plan stays
                     yield Static("", id="recipe-head")
                 with VerticalScroll(id="plan-scroll"):
@@ -151,7 +196,11 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
     def on_mount(self) -> None:
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
+        self.query_one("#workload-list").border_title = "Running (r restart · s stop)"
+        self.query_one("#budget").border_title = "Memory budget"
         self.query_one("#plan-scroll").border_title = "Plan"
+        self.show_workloads()
+        self.set_interval(1.0, self.show_budget)
         self._pick_running = self.selected is None        # until the operator chooses: what runs is shown first
         self._select_running()
         self._fill_list("")
@@ -173,6 +222,9 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         """A launch started, stopped or changed verdict on the nodes: running marks and preflight judged again."""
         self._select_running()
         self.findings.clear()
+        self._placed.clear()
+        if self.is_mounted:
+            self.show_workloads()
         if self.is_mounted and self.entries:
             self._fill_list(self.query_one("#recipe-filter", Input).value.strip().lower())
             self._show()
@@ -306,7 +358,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, topology, self.facade.cluster, {})
+            self.plan = self._make_plan(recipe, topology) or make_plan(recipe, topology, self.facade.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -357,22 +409,29 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
             return
         plan = self.plan
-        nodes = ", ".join(plan.nodes)
+        placed = self.placed(r, self.topology)
+        where = ""
+        if placed is not None and placed[1] is not None:
+            from ...placement.render import choice_lines, node_lines
+            placement = placed[1]
+            lines = choice_lines(placement.choice(plan.name))
+            for n in plan.nodes:
+                lines += node_lines(placement.rooms[n])
+            where = "\n".join(lines) + "\n\n"
         changes = [s for s in plan.steps if s.change]
         shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
         more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
         # What runs as root on someone else's word is said first; confirming the launch confirms it.
         trust = "".join(f"needs confirmation: {u}\n" for u in plan.untrusted)
         plan = replace(plan, trusted=True) if plan.untrusted else plan
-        self.facade.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", trust + shown + more,
-                            lambda: self._launch(r, plan),
+        self.facade.confirm(f"Launch {plan.name} ({r.key} as {self.topology}) on {', '.join(plan.nodes)}?",
+                            trust + where + shown + more, lambda: self._launch(r, plan),
                             f"{len(changes)} changing steps; progress shows below the plan.")
 
     def _runner(self) -> Runner:
         from ...launch.runner import Runner
         app = self.facade
-        nodes = app.monitor.nodes if app.monitor is not None else {}      # (none before the first frame is up)
-        transports = {name: nm.transport for name, nm in nodes.items() if nm.transport is not None}
+        transports = {name: nm.transport for name, nm in app.nodes().items() if nm.transport is not None}
         return Runner(app.cluster, transports)
 
     def _on_progress(self, ev) -> None:
@@ -393,13 +452,31 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         self._draw_progress()
         try:
             self.runner = self._runner()
+            await self._before_start(plan)
             await self.runner.launch(plan, self._on_progress)
-            self.running_plan = plan
-            self.facade.notify(f"{recipe.key} launched", title="recipes")
+            self.running_plans[plan.name] = plan
+            from ...launch.gateway import keep_current
+            await keep_current(self.facade.cluster, self.runner.transports)
+            self.facade.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
             self.facade.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+
+    async def _before_start(self, plan) -> None:
+        """The node's previous launch loaded, its memory back after a stop (launch/beside.py)."""
+        from ...launch.beside import wait_loaded, wait_recovered
+        from ...paths import state_dir
+        from ...placement.recovery import StopLog
+
+        def say(line: str) -> None:
+            self.progress["launch"] = line[:160]
+            self._draw_progress()
+        await wait_loaded(self.running_groups(), plan.nodes, say, skip=plan.name)
+        log = StopLog(state_dir(), self.facade.cluster.source)
+        await wait_recovered(self.facade.nodes(), plan.nodes, log, say)
+        for n in plan.nodes:
+            log.clear(n)
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.

@@ -254,11 +254,11 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
         """What each workload holds, largest first: GPU memory of its processes (NVML) and its cgroup against its cap
         — on a GB10 the cap holds only the cgroup part. A part not measured is `?`, and the reason is said."""
         line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("Memory ", style="bold")
+        line.append("Workloads ", style="bold")
         works = sorted(workload_memory(last).values(), key=lambda w: -(w.total_b or 0)) if last else []
         loose = host_gpu_processes(last) if last else ()
         if not works and not loose:
-            line.append(DASH if last is None else "no workload", style="dim")
+            line.append(DASH if last is None else "none running", style="dim")
             return line
         why = None
         for i, w in enumerate(works):
