@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header
 
+from ..facade import OnConsole
 from ..widgets.alert_log import AlertLog
 from ..widgets.endpoint_panel import EndpointPanel
 from ..widgets.guard_list import GuardList
@@ -22,16 +23,11 @@ from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
 
 if TYPE_CHECKING:
-    from textual import getters
     from textual.widgets import Input, Static
 
-    from ..app import SparkConsoleApp
 
 
-class DashboardScreen(Screen):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class DashboardScreen(OnConsole, Screen):
     AUTO_FOCUS = "NodePanel"
     BINDINGS = [Binding("slash", "filter", "Filter nodes"), Binding("escape", "clear_filter", "Clear filter", show=False)]
 
@@ -41,7 +37,7 @@ class DashboardScreen(Screen):
         self.endpoint_panels: dict[str, EndpointPanel] = {}
 
     def compose(self) -> ComposeResult:
-        app = self.app
+        app = self.facade
         yield Header()
         if app.simulated:
             yield SimBadge()
@@ -61,7 +57,7 @@ class DashboardScreen(Screen):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        self.query_one("#nodes").border_title = f"Nodes · {self.app.cluster.source}"
+        self.query_one("#nodes").border_title = f"Nodes · {self.facade.cluster.source}"
         if self.panels:
             next(iter(self.panels.values())).focus()
 
@@ -138,7 +134,7 @@ class DashboardScreen(Screen):
     def on_guard_list_fix_requested(self, event: GuardList.FixRequested) -> None:
         panel = next((p for p in event.guard_list.ancestors if isinstance(p, NodePanel)), None)
         if panel is not None:
-            self.app.confirm_guard_fix(panel.node_name, event.result)
+            self.facade.confirm_guard_fix(panel.node_name, event.result)
 
     def drawn(self) -> Collection[Widget]:
         """The widgets worth updating now: those the last frame drew, at least in part (the compositor's cached
@@ -148,10 +144,10 @@ class DashboardScreen(Screen):
         return self._compositor.visible_widgets.keys() if self.is_current else ()
 
     def on_screen_resume(self) -> None:
-        self.app.mark_all_dirty()
+        self.facade.mark_all_dirty()
 
     def on_descendant_focus(self) -> None:
-        self.app.mark_all_dirty()     # focus may scroll other panels into view
+        self.facade.mark_all_dirty()     # focus may scroll other panels into view
 
     def complete(self) -> bool:
         """Composed, with the focused panel's keys on the key bar."""

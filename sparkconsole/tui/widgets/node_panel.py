@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,15 +20,11 @@ from ...config import Thresholds
 from ...nodes.samples import REASON_SEVERITY, REASON_WORDS, NodeState, Tick
 from ...nodes.thermal import reason_durations
 from ...nodes.workload_memory import host_gpu_processes, workload_memory
+from ..facade import OnConsole
 from ..fmt import DASH, duration, gib, num, since_iso
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
-
-if TYPE_CHECKING:
-    from textual import getters
-
-    from ..app import SparkConsoleApp
 
 
 def _g(b: float | None) -> str:
@@ -41,10 +36,7 @@ _SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "c
 _STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
 
 
-class NodePanel(Vertical, can_focus=True):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class NodePanel(OnConsole, Vertical, can_focus=True):
     BINDINGS = [
         Binding("l", "logs", "Logs"),
         Binding("r", "restart", "Restart vLLM"),
@@ -110,7 +102,7 @@ class NodePanel(Vertical, can_focus=True):
         last: Tick | None = nm.last
         info = nm.info
         sub = Text()
-        if state == "LIVE" and getattr(self.app, "replay_at", None) is not None:
+        if state == "LIVE" and self.facade.replay_at is not None:
             sub.append("REPLAY", style="bold magenta")     # a recorded moment plays: nothing here is live
         else:
             sub.append(state, style=_STATE_STYLE.get(state, ""))
@@ -290,7 +282,7 @@ class NodePanel(Vertical, can_focus=True):
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console, or a recorded moment (REPLAY): nothing to act on, so the keys are hidden too.
         return not (action in ("restart", "stop", "launch", "fix") and (
-            getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
+            self.facade.read_only or self.facade.replay_at is not None))
 
     def action_fix(self) -> None:
         """f / Enter: the fix of the first guard that is not ok (what Enter on its row in the checklist asks)."""
@@ -298,16 +290,16 @@ class NodePanel(Vertical, can_focus=True):
         wanted = next((r for r in results if r.status in ("bad", "warn") and r.fix), None) \
             or next((r for r in results if r.status != "ok"), None)
         if wanted is None:
-            self.app.notify(f"{self.node_name}: every guard is ok" if results
+            self.facade.notify(f"{self.node_name}: every guard is ok" if results
                             else f"{self.node_name}: no guard reading yet", title="guards")
             return
-        self.app.confirm_guard_fix(self.node_name, wanted)
+        self.facade.confirm_guard_fix(self.node_name, wanted)
 
     def action_logs(self) -> None:
-        self.app.open_logs(self.node_name)
+        self.facade.open_logs(self.node_name)
 
     def action_restart(self) -> None:
-        self.app.confirm_container(self.node_name, "restart")
+        self.facade.confirm_container(self.node_name, "restart")
 
     def action_stop(self) -> None:
-        self.app.confirm_container(self.node_name, "stop")
+        self.facade.confirm_container(self.node_name, "stop")
