@@ -30,18 +30,19 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ..subscribers import Subscribers
 from .lock import LockHeld, WriterLock, describe_holder
-from .roles import Duty
-from .seams import Attaching, EndpointsWatch, Json
+from .roles import Duty, Role
+from .seams import Attaching, ClusterWatch, EndpointsWatch, Json
 
 if TYPE_CHECKING:
-    from ..alerts import Alert
+    from ..alerts import Alert, AlertEngine
+    from ..config import ClusterConfig
     from ..notify.notifier import Notifier
+    from ..protect import Guardian
     from ..recorder.feed import Recorder
-    from .core import Collector
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,7 @@ ANNOUNCED_SINCE_S = 86400.0   # the recorder file's alerts older than this are n
 
 def recorded_alerts(path: Path, since: float) -> set[str]:
     """The keys of the alerts whose last event in the recorder file (since `since`) is a raise."""
-    from ..recorder.store import connect
+    from ..recorder.schema import connect
     active: dict[str, bool] = {}
     try:
         db = connect(path, readonly=True)
@@ -71,8 +72,29 @@ def recorded_alerts(path: Path, since: float) -> set[str]:
     return {key for key, on in active.items() if on}
 
 
+class DutyHost(Protocol):
+    """What the duties read of the core they serve (collector/core.py's Collector)."""
+
+    @property
+    def cluster(self) -> ClusterConfig: ...
+    @property
+    def role(self) -> Role: ...
+    @property
+    def monitor(self) -> ClusterWatch: ...
+    @property
+    def alerts(self) -> AlertEngine: ...
+    @property
+    def serving(self) -> EndpointsWatch | None: ...
+    @property
+    def guardian(self) -> Guardian | None: ...
+    @property
+    def bell(self) -> Callable[[], None] | None: ...
+    @property
+    def say(self) -> Callable[[str, str], None]: ...
+
+
 class Duties:
-    def __init__(self, core: Collector) -> None:
+    def __init__(self, core: DutyHost) -> None:
         self.core = core
         self.role = core.role
         self.path: str | Path | None = None          # where to record (Collector.records_to)
