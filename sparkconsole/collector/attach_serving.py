@@ -8,22 +8,28 @@ HTTP stack under serving/endpoint.py.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..config import ClusterConfig, EndpointConfig
 from ..serving.endpoint import ServingMonitor
 from .seams import Json
 from .wire import snapshot_from
 
-if TYPE_CHECKING:
-    from .attach import AttachedMonitor
+
+class ServingHost(Protocol):
+    """What an AttachedServing reads of the monitor that built it (collector/attach.py's AttachedMonitor)."""
+
+    attached: bool
+    endpoint_msgs: dict[str, Json]
+    _local: bool
+    _servings: list[AttachedServing]
 
 
 class AttachedServing(ServingMonitor):
     """A viewer's endpoints: while its monitor is attached, no poll of its own, the collector's polls published as
     if they were; on its own, polled as ever."""
 
-    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, *, interval: float = 1.0) -> None:
+    def __init__(self, config: ClusterConfig, monitor: ServingHost, *, interval: float = 1.0) -> None:
         super().__init__(config, interval)
         self.monitor = monitor
         monitor._servings.append(self)
