@@ -55,9 +55,10 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         await wait_for(pilot, lambda: scr.selected == "tiny-testbed", what="tiny-testbed chosen")
         await pilot.pause(0.2)
         head = widget_text(scr.query_one("#recipe-head"))
-        # the launch would fail on the container's name: preflight says so, naming the recipe that runs
-        assert "container vllm_node is running (gpt-oss-120b × 2x-solo)" in head, head
-        assert "stop gpt-oss-120b first" in head
+        # a second workload beside the one that runs: containers of its own name, nothing in its way
+        assert "is running (gpt-oss-120b × 2x-solo)" not in head, head
+        names = {s.argv[s.argv.index("--name") + 1] for s in scr.plan.steps if s.argv[:2] == ("docker", "run")}
+        assert names == {"vllm_node_tiny-testbed"}, names
         await pilot.press("slash", "ctrl+u", *"gpt", "enter")
         await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", what="gpt-oss-120b chosen")
         await pilot.press("r")
@@ -123,7 +124,8 @@ async def test_r_in_the_demo_rolls_behind_its_router_and_drops_nothing(demo_behi
             await pilot.press("y")
 
             def panel() -> str | None:
-                em = app.serving.endpoints.get("router") if app.serving else None
+                # the workload's one endpoint: its router, polled under the workload's name
+                em = app.serving.endpoints.get(sim.serving.recipe) if app.serving else None
                 snap = em.latest if em is not None else None
                 if snap is not None and snap.backends_total:
                     backends.append(f"{snap.backends_up}/{snap.backends_total}")

@@ -453,12 +453,13 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         try:
             self.runner = self._runner()
             await self._before_start(plan)
+            self.running_plans[plan.name] = plan     # s stops it while it starts, before the nodes list it
             await self.runner.launch(plan, self._on_progress)
-            self.running_plans[plan.name] = plan
             from ...launch.gateway import keep_current
             await keep_current(self.facade.cluster, self.runner.transports)
             self.facade.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
+            self.running_plans.pop(plan.name, None)  # the runner cleaned up what it started
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
             self.facade.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)

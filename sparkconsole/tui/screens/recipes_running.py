@@ -156,7 +156,8 @@ class RecipeActions(OnConsole, _Screen):
         its recipe and labels (nodes, port, router, containers); a stop needs no recipe (its containers alone)."""
         g = self._chosen_launch()
         if g is None:
-            return None
+            # a launch this console is starting, whose containers the nodes do not list yet
+            return self.running_plans.get(self.plan.name) if self.plan is not None else None
         if g.name in self.running_plans:
             return self.running_plans[g.name]
         from ...launch.workloads import plan_of, running_options
