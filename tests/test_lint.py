@@ -96,9 +96,13 @@ def test_cluster_needs_eager_or_piecewise():
     assert rules(check("llama-3.1-8b", "solo")) == []
 
 
-def test_mxfp4_lm_head_with_tp2_rule():
+def test_mxfp4_lm_head_with_tp2_is_a_warning():
+    # The upstream recipe keeps lm_head in MXFP4 for solo only; that is not a freeze, so a recipe whose author set
+    # TP 2 on purpose is warned, not refused (issue 39).
     f = check("gpt-oss-120b", "cluster-tp2", {"mxfp4_layers": "moe,qkv,o,lm_head"})
-    assert rules(f) == ["mxfp4_lm_head_tp"] and "spark-vllm-docker" in f[0].source
+    assert rules(f) == [] and rules(f, refusing_only=False) == ["mxfp4_lm_head_tp"]
+    assert {x.severity for x in f if x.rule == "mxfp4_lm_head_tp"} == {"warn"}
+    assert "spark-vllm-docker" in f[0].source and "not a known freeze" in f[0].message
     assert rules(check("gpt-oss-120b", "cluster-tp2")) == []                   # moe,qkv,o for TP=2
     assert rules(check("gpt-oss-120b", "solo", {"mxfp4_layers": "moe,qkv,o,lm_head"})) == []
 
@@ -196,6 +200,47 @@ def test_parallel_size_must_match_nodes():
 def test_unplannable_recipe_is_one_refusing_finding():
     f = check("deepseek-v4-flash", "solo")
     assert [x.rule for x in f] == ["plan"] and "requires cluster mode" in f[0].message
+    # the recipe's own words: it says cluster_only, not why (issue 39: "the model is too large for one node")
+    assert "cluster_only: true" in f[0].message and "too large" not in f[0].message
+
+
+FORK_DISAGG = """\
+recipe_version: "1"
+name: fork disagg
+model: org/m
+container: vllm-node
+defaults: {{port: 8000, host: 0.0.0.0, tensor_parallel: 1, pipeline_parallel: 1}}
+command: |
+  vllm serve org/m --host {{host}} --port {{port}} {parallel}
+sparkconsole:
+  topologies: [solo, 2x-solo, disagg]
+"""
+
+
+@pytest.mark.parametrize("parallel, sets", [
+    ("--tensor-parallel-size 2", None),                                   # a number written in the command
+    ("-tp {tensor_parallel} -pp {pipeline_parallel}", {"pipeline_parallel": 2}),   # PP is the wrong one
+    ("--tensor-parallel-size {tensor_parallel}", {"extra_args": ["-tp", "2"]}),    # the arguments after -- win
+    ("--tensor-parallel-size {tensor_parallel}", {"tensor_parallel": 2}),
+])
+def test_a_parallel_size_fix_changes_the_plan(tmp_path, parallel, sets):
+    # Issue 39: a disagg recipe was told `--set tensor_parallel=…`, which changed nothing. A `--set` fix must clear
+    # the refusal once applied; any other fix names where the size really comes from.
+    from sparkconsole.launch.recipe import load_recipe
+    path = tmp_path / "fork.yaml"
+    path.write_text(FORK_DISAGG.format(parallel=parallel))
+    r = load_recipe(path)
+    for topology in ("solo", "disagg"):
+        found = [f for f in check("fork", topology, sets, recipe=r) if f.rule == "parallel_size"]
+        assert found, topology
+        for f in found:
+            if f.fix.startswith("--set"):
+                key, _, value = f.fix.removeprefix("--set ").partition("=")
+                again = check("fork", topology, {**(sets or {}), key: int(value)}, recipe=r)
+                assert "parallel_size" not in rules(again), (f.fix, [x.line() for x in again])
+            else:
+                assert ("writes --tensor-parallel-size 2 itself" in f.fix if "{" not in parallel
+                        else "the arguments after -- give --tensor-parallel-size 2" in f.fix), f.fix
 
 
 def test_finding_line_cites_source_and_fix():

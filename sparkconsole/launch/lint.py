@@ -228,13 +228,50 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
 
 
 def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    """A warning, not a refusal: the upstream recipe keeps lm_head in MXFP4 for solo only ("Only solo now"), which
+    says it was not made to work with TP > 1, not that it freezes a node. A recipe whose author set TP 2 on purpose
+    is theirs to run."""
     out = []
     for node, argv in _servers(plan):
         layers = flag_value(argv, "--mxfp4-layers") or ""
         if "lm_head" in [x.strip() for x in layers.split(",")] and _tp(argv) > 1:
-            out.append(Finding("mxfp4_lm_head_tp", "refuse", f"MXFP4 lm_head with tensor parallel {_tp(argv)}",
+            out.append(Finding("mxfp4_lm_head_tp", "warn",
+                               f"MXFP4 lm_head with tensor parallel {_tp(argv)}: the upstream recipe runs it on one "
+                               "node only; with TP > 1 it may fail to load or give wrong output (not a known freeze)",
                                SRC_MXFP4, "drop lm_head from --mxfp4-layers (e.g. moe,qkv,o) for TP>1", node))
     return _dedupe(out)
+
+
+_PARALLEL_FLAGS = {"tensor_parallel": ("--tensor-parallel-size", "-tp"), "pipeline_parallel": ("--pipeline-parallel-size", "-pp")}
+
+
+def _parallel_fix(recipe: Recipe, plan: Plan, argv: Sequence[str], want: int) -> str:
+    """A fix that changes the plan: `--set KEY=N` only for the size that is wrong and only where the recipe's
+    command takes it from that placeholder; else where the size really comes from (a number written in the
+    command, or the arguments after --)."""
+    tp, pp = _tp(argv), _pp(argv)
+    if (plan.topology != "cluster-tp2" and tp * pp == len(plan.nodes) and "cluster-tp2" in recipe.topologies
+            and not recipe.solo_only):
+        # a recipe written for parallelism over the nodes, asked for one-node servers: the topology is wrong
+        return "use --topology cluster-tp2 (the recipe's parallelism spans the nodes)"
+    target = {"tensor_parallel": want // pp, "pipeline_parallel": pp} if want % pp == 0 else \
+        {"tensor_parallel": want, "pipeline_parallel": 1}
+    have = {"tensor_parallel": tp, "pipeline_parallel": pp}
+    fixes = []
+    for key, value in target.items():
+        if have[key] == value:
+            continue
+        flag = _PARALLEL_FLAGS[key][0]
+        from_placeholder = "{" + key + "}" in recipe.command and str(have[key]) == str(plan.params.get(key, 1))
+        written = re.search(rf"(^|\s)({'|'.join(map(re.escape, _PARALLEL_FLAGS[key]))})(\s+|=)\d", recipe.command)
+        if from_placeholder:
+            fixes.append(f"--set {key}={value}")
+        elif written and "{" + key + "}" not in recipe.command:
+            fixes.append(f"the recipe's command writes {flag} {have[key]} itself, which --set cannot change: "
+                         f"write {{{key}}} there instead of the number")
+        else:       # the arguments after -- come last and win
+            fixes.append(f"the arguments after -- give {flag} {have[key]}: drop it, or give {value}")
+    return "; ".join(fixes)
 
 
 def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
@@ -244,7 +281,8 @@ def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts)
         if _tp(argv) * _pp(argv) != want:
             out.append(Finding("parallel_size", "refuse",
                                f"tensor parallel {_tp(argv)} × pipeline parallel {_pp(argv)} ≠ {want} GPU(s) for "
-                               f"{plan.topology}", SRC_TP, f"--set tensor_parallel={want}", plan.service(key).node))
+                               f"{plan.topology}", SRC_TP, _parallel_fix(recipe, plan, argv, want),
+                               plan.service(key).node))
     return _dedupe(out)
 
 
