@@ -119,3 +119,23 @@ def test_with_the_compile_caches_mounted_it_is_said_when_the_compiled_path_is_sa
     assert [f.severity for f in custom_ops(half)] == ["refuse"]
     # the fact, when the caller knows it, wins over the plan's volumes
     assert [f.severity for f in custom_ops(r, Facts(compile_cache_mounted=True))] == ["warn"]
+
+
+def test_a_claim_in_gib_is_judged_like_a_fraction():
+    # Issue 39: `--gpu-memory-utilization-gb 108` (newer vLLM, used by published recipes) passed preflight, over the
+    # same 100g cap that refuses 0.85. It is an exact GiB target, which wins over the fraction.
+    r = find_recipe("gpt-oss-120b")
+
+    def mem(extra, facts=None):
+        return [f for f in preflight(r, "solo", NODES, facts or good_facts(), overrides={"extra_args": extra})
+                if f.rule in ("gpu_memory_utilization", "memory_fit")]
+    [f] = mem(["--gpu-memory-utilization-gb", "108"])
+    assert f.severity == "refuse" and "--gpu-memory-utilization-gb 108 = 108.0 GiB, over the container's 100g cap" \
+        in f.message
+    assert f.fix.startswith("--gpu-memory-utilization-gb 95 ")           # 100 GiB − the 5 GiB vLLM itself needs
+    [f] = mem(["--gpu-memory-utilization-gb=97"])                        # 3 GiB left under the cap
+    assert f.severity == "warn" and "leaves 3.0 GiB" in f.message
+    assert mem(["--gpu-memory-utilization-gb", "95"]) == []
+    # the GiB figure is the budget the model must fit in, not the default fraction
+    [f] = mem(["--gpu-memory-utilization-gb", "40"])
+    assert f.rule == "memory_fit" and "--gpu-memory-utilization-gb 40 = 40.0 GiB" in f.message

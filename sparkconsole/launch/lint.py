@@ -211,16 +211,14 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
     cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
     cap = lint_memory.size_gib(cap_text)
     for node, argv in _servers(plan):
-        v = flag_value(argv, "--gpu-memory-utilization")
-        try:
-            frac = float(v) if v is not None else None
-        except ValueError:
-            frac = None
-        if frac is None or not facts.unified.get(node, True):
+        if not facts.unified.get(node, True):
             continue
         total_kb = getattr(facts.mem.get(node), "total_kb", None)
         total = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        got = lint_memory.judge(frac, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
+        claim = lint_memory.claim_of(argv, total, bool(total_kb))
+        if claim is None:
+            continue
+        got = lint_memory.judge(claim, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
                                 facts.headroom_floor_gib, bool(total_kb))
         if got:
             out.append(Finding("gpu_memory_utilization", got[0], got[1], lint_memory.SRC_BUDGET, got[2], node))
@@ -437,7 +435,6 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
     out = []
     for node, argv in _servers(plan):
         try:
-            frac = float(flag_value(argv, "--gpu-memory-utilization") or 0.9)
             max_len = int(flag_value(argv, "--max-model-len") or 0)
         except ValueError:
             continue
@@ -445,7 +442,10 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
         mem = facts.mem.get(node)
         total_kb = getattr(mem, "total_kb", None)
         total_gib = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        budget = frac * total_gib
+        claim = lint_memory.claim_of(argv, total_gib, bool(total_kb), default=0.9)     # vLLM's default: 0.9
+        if claim is None:
+            continue
+        budget = claim.gib
         if size and size.weights_gib is not None:
             kv_dtype = (flag_value(argv, "--kv-cache-dtype") or "auto").lower()
             kv_tok = (size.kv_bytes_per_token or 0) / (2 if kv_dtype.startswith("fp8") else 1)
@@ -453,7 +453,7 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
             if need > budget:
                 out.append(Finding("memory_fit", "refuse",
                                    f"weights + KV for one {max_len}-token sequence ≈ {need:.1f} GiB per node, "
-                                   f"but gpu_memory_utilization {frac:g} × {total_gib:.1f} GiB = {budget:.1f} GiB "
+                                   f"but {claim.text} "
                                    f"({size.source})", SRC_MEMORY,
                                    "lower max_model_len, use more nodes, or a smaller model", node))
         avail_kb = getattr(mem, "available_kb", None)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 GIB = 1024 ** 3
@@ -61,14 +62,60 @@ def _fraction(value: float) -> str:
     return f"{math.floor(value * 100) / 100:.2f}"
 
 
-def judge(frac: float, total_gib: float, cap_gib: float | None, cap_text: str | None,
-          guards: bool | None, headroom_floor_gib: float, total_known: bool) -> tuple[str, str, str] | None:
-    """(severity, message, fix) for one node's claim, or None when it fits."""
+@dataclass(frozen=True)
+class Claim:
+    """What one server claims of the node's memory, as its command says it: a fraction of the GPU's total
+    (`--gpu-memory-utilization`), or a size in GiB (`--gpu-memory-utilization-gb`, newer vLLM: an exact GiB
+    target, which wins over a fraction)."""
+    gib: float
+    text: str                   # how the message says it
+    fraction: float | None      # None: given in GiB
+
+    def fix(self, safe_gib: float, total_gib: float) -> str:
+        if self.fraction is None:
+            return f"--gpu-memory-utilization-gb {math.floor(safe_gib)}"
+        return f"--set gpu_memory_utilization={_fraction(safe_gib / total_gib)}"
+
+
+GB_FLAG = "--gpu-memory-utilization-gb"
+
+
+def claim_of(argv: Sequence[str], total_gib: float, total_known: bool = True, *,
+             default: float | None = None) -> Claim | None:
+    """The server's claim from its argv; `default`: the fraction vLLM takes when neither flag is given (None: no
+    claim judged)."""
+    from .argv import flag_value
+    gb = flag_value(argv, GB_FLAG)
+    if gb is not None:
+        try:
+            gib = float(gb)
+        except ValueError:
+            gib = -1.0
+        if gib > 0:
+            return Claim(gib, f"{GB_FLAG} {gib:g} = {gib:.1f} GiB", None)
+    raw = flag_value(argv, "--gpu-memory-utilization")
+    try:
+        frac = float(raw) if raw is not None else default
+    except ValueError:
+        frac = default
+    if frac is None:
+        return None
     claim = frac * total_gib
-    of = f"gpu_memory_utilization {frac:g} × {total_gib:.1f} GiB{'' if total_known else ' (a GB10)'} = {claim:.1f} GiB"
+    return Claim(claim, f"gpu_memory_utilization {frac:g} × {total_gib:.1f} GiB{'' if total_known else ' (a GB10)'} "
+                        f"= {claim:.1f} GiB", frac)
+
+
+def judge(claimed: float | Claim, total_gib: float, cap_gib: float | None, cap_text: str | None,
+          guards: bool | None, headroom_floor_gib: float, total_known: bool) -> tuple[str, str, str] | None:
+    """(severity, message, fix) for one node's claim (a Claim, or a gpu_memory_utilization fraction), or None
+    when it fits."""
+    c = claimed if isinstance(claimed, Claim) else \
+        Claim(claimed * total_gib, f"gpu_memory_utilization {claimed:g} × {total_gib:.1f} GiB"
+                                   f"{'' if total_known else ' (a GB10)'} = {claimed * total_gib:.1f} GiB", claimed)
+    claim, of = c.gib, c.text
     if cap_gib is not None:
-        safe = _fraction((cap_gib - CPU_SIDE_GIB) / total_gib)
-        fix = f"--set gpu_memory_utilization={safe} (or raise sparkconsole.container.memory, below the host's total)"
+        fix = (f"{c.fix(cap_gib - CPU_SIDE_GIB, total_gib)} (or raise sparkconsole.container.memory, below the "
+               "host's total)")
         if claim > cap_gib:
             return ("refuse", f"{of}, over the container's {cap_text} cap: the container is OOM-killed while the "
                               "model loads", fix)
@@ -86,6 +133,5 @@ def judge(frac: float, total_gib: float, cap_gib: float | None, cap_text: str | 
         return ("refuse", f"{of} leaves {total_gib - claim:.1f} GiB for the OS and page cache with no container cap "
                           f"(needed: the {headroom_floor_gib:g} GiB headroom floor + the {MIN_FREE_RESERVE_GIB} GiB "
                           "min_free_kbytes reserve): an OOM here wedges the host",
-                f"--set gpu_memory_utilization={_fraction((total_gib - need) / total_gib)}, and set "
-                "sparkconsole.container.memory (e.g. 100g)")
+                f"{c.fix(total_gib - need, total_gib)}, and set sparkconsole.container.memory (e.g. 100g)")
     return None
