@@ -59,6 +59,20 @@ def checkout_env(directory: Path) -> Path | None:
     return None
 
 
+def checkout_gap(directory: Path) -> str | None:
+    """What keeps `directory` from being read as a spark-vllm-docker checkout when half of one is there: a `.env`
+    with no runner beside it, or a runner with no `.env`. None when neither is there (or both are)."""
+    env = (directory / ".env").is_file()
+    runner = next((f for f in RUNNER_FILES if (directory / f).is_file()), None)
+    if env and runner is None:
+        return (f"./.env is not read: none of {', '.join(RUNNER_FILES)} is beside it, so this is not a "
+                "spark-vllm-docker checkout (run sparkconsole in the checkout's own directory)")
+    if runner is not None and not env:
+        return (f"./{runner} is here but no .env beside it: the runner finds the nodes by its autodiscovery, which "
+                "sparkconsole does not run (its `--discover` writes the .env, with CLUSTER_NODES)")
+    return None
+
+
 def read_dotenv(path: Path) -> dict[str, tuple[str, int]]:
     """NAME → (value, line), parsed by python-dotenv (quotes, `export`, comments); the runner's refusals kept."""
     from dotenv.parser import parse_stream

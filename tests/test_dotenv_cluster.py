@@ -144,6 +144,22 @@ def test_origin_lines(tmp_path, home, monkeypatch):
         resolve(str(tmp_path / "missing.yaml"))
 
 
+def test_half_a_checkout_is_named(tmp_path):
+    # Issue 39: a .env with no runner beside it was ignored with only "no sparkconsole.yaml found"; the line now
+    # names what is missing, and so does a runner with no .env.
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / ".env").write_text(EXAMPLE)
+    got = resolve(cwd=lone)
+    assert got.cluster.nodes[0].local
+    assert "./.env is not read: none of launch-cluster.sh, run-recipe.py, run-recipe.sh is beside it" in got.origin
+    assert got.origin.endswith("watching this machine — write one with `sparkconsole init`")
+    runner = tmp_path / "runner"
+    runner.mkdir()
+    (runner / "run-recipe.py").write_text("")
+    assert "./run-recipe.py is here but no .env beside it" in resolve(cwd=runner).origin
+
+
 def test_master_port_in_the_cluster_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("nodes:\n  - {name: a, address: 10.0.0.5}\nmaster_port: 29600\n")
