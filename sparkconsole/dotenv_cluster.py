@@ -27,6 +27,7 @@ from typing import Any
 from . import secrets
 from .config import (
     CONTAINER_RE,
+    HF_HOME_RE,
     IFACE_RE,
     NAME_RE,
     ClusterConfig,
@@ -34,6 +35,7 @@ from .config import (
     SshPolicy,
     check_address,
     default_endpoints,
+    hf_home_env,
 )
 from .errors import UserError
 from .yamlsrc import read_user_file
@@ -143,7 +145,13 @@ def cluster_from_dotenv(path: Path, ssh_config: Path | None = None) -> DotenvClu
             notes.append(f"{key} not passed by value (a plan holds no secret): each node's own {name} is passed")
             continue
         vllm_env.append((name, v))
-    settings: dict[str, Any] = dict(container=container, vllm_env=tuple(vllm_env), **ifaces)
+    hf_home = value("HF_HOME")
+    if hf_home is not None and not HF_HOME_RE.match(hf_home):
+        # the runner expands it once, on the head; a node's shell here takes it literally
+        raise bad("HF_HOME", f"{hf_home[:60]!r} is not an absolute path",
+                  "write the Hugging Face cache's absolute path, e.g. HF_HOME=/data/huggingface")
+    settings: dict[str, Any] = dict(container=container, vllm_env=tuple(vllm_env), hf_home=hf_home,
+                                    env=hf_home_env(hf_home), **ifaces)
 
     nodes: list[NodeConfig] = []
     known_hosts: str | None = None

@@ -89,7 +89,8 @@ def test_guard_state_and_sizes():
 
 
 CUSTOM_ALL = ["--compilation-config", '{"cudagraph_mode":"PIECEWISE","custom_ops":["all"]}']
-CACHES = ("/srv/caches/vllm:/workspace/.cache/vllm", "/srv/caches/tilelang:/workspace/.tilelang")   # node:container
+CACHES = ("/srv/caches/vllm:/workspace/.cache/vllm", "/srv/caches/tilelang:/workspace/.tilelang",   # node:container
+          "/srv/caches/b12x:/workspace/.cache/b12x")
 
 
 def custom_ops(recipe, facts=None, caches=False):
@@ -114,7 +115,7 @@ def test_with_the_compile_caches_mounted_it_is_said_when_the_compiled_path_is_sa
     # the launch's own mounts of the node's caches (the runner's, on by default) count the same
     assert compile_cache_mounted(make_plan(r, "solo", ClusterConfig(nodes=NODES, endpoints=()), {}))
     assert [f.severity for f in custom_ops(r, caches=True)] == ["warn"]
-    # one cache of the two is not enough (TileLang's kernels compile during the load)
+    # one cache of the three is not enough (TileLang's kernels compile during the load)
     half = replace(r, container_settings=replace(r.container_settings, volumes=CACHES[:1]))
     assert [f.severity for f in custom_ops(half)] == ["refuse"]
     # the fact, when the caller knows it, wins over the plan's volumes

@@ -139,6 +139,8 @@ def render(cluster: ClusterConfig, made_from: str) -> str:
                 d[k] = getattr(n, k)
         if n.vllm_env:
             d["vllm_env"] = dict(n.vllm_env)
+        if n.hf_home:
+            d["hf_home"] = n.hf_home
         nodes.append(d)
     data: dict[str, Any] = {"nodes": nodes}
     if cluster.ssh.known_hosts:

@@ -214,7 +214,9 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
         if mon is None or mon.transport is None or not source:
             continue
         try:
-            res = await mon.transport.run(lint_mod.model_probe_command(source), timeout=30)
+            env = "".join(f"{k}={shlex.quote(v)} " for k, v in mon.config.env)     # hf_home: where its cache is
+            res = await mon.transport.run(env + "sh -c " + shlex.quote(lint_mod.model_probe_command(source)),
+                                          timeout=30)
         except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
             continue
         if res.rc == 3:

@@ -6,11 +6,12 @@ As the runner:
   narrower set: `--cap-add IPC_LOCK --device /dev/infiniband`, a shm size and a pids limit;
 - `--ulimit nofile=N:N` (1048576) and `-e NCCL_IGNORE_CPU_AFFINITY=1`;
 - the node's Hugging Face cache (`${HF_HOME:-$HOME/.cache/huggingface}`, where `model pull` writes and preflight
-  looks) at /root/.cache/huggingface, and the compile caches (vLLM, FlashInfer, Triton, TileLang) unless
+  looks) at /root/.cache/huggingface, and the compile caches (vLLM, FlashInfer, Triton, TileLang, B12X) unless
   `--no-cache-dirs`, each made first on the node;
-- mods copied in and run before vLLM starts (launch/mods.py).
+- mods copied in and run before vLLM starts (launch/mods.py), without the recipe's own env.
 Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a unified-memory runaway is an
-OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; behind
+OOM-kill of the container and not a frozen Spark; no `--rm`, so a dead server's log can still be read; no
+`--restart` policy (docs/RECIPES_PARITY.md: an OOM-killed server would come back for the same memory); behind
 LiteLLM (2x-solo), the drain gate's mount and command wrapper (launch/gate.py), passed in by the planner.
 """
 
@@ -28,7 +29,9 @@ from .steps import NodeExpr, Step, launch_labels
 HF_CACHE = '"${HF_HOME:-$HOME/.cache/huggingface}"'
 HF_CACHE_TARGET = "/root/.cache/huggingface"
 COMPILE_CACHES = (('"$HOME"/.cache/vllm', "/root/.cache/vllm"), ('"$HOME"/.cache/flashinfer', "/root/.cache/flashinfer"),
-                  ('"$HOME"/.triton', "/root/.triton"), ('"$HOME"/.tilelang', "/root/.tilelang"))
+                  ('"$HOME"/.triton', "/root/.triton"), ('"$HOME"/.tilelang', "/root/.tilelang"),
+                  # the B12X image family's CuTeDSL kernels: without it they compile again on every launch
+                  ('"$HOME"/.cache/b12x', "/root/.cache/b12x"))
 # Always first, as the runner's DOCKER_ARGS: NCCL must not pin its threads to the cores the container was given.
 BASE_ENV = (("NCCL_IGNORE_CPU_AFFINITY", "1"),)
 NON_PRIVILEGED_SHM = "64g"          # launch-cluster.sh --shm-size-gb default
@@ -102,8 +105,11 @@ class ContainerSpec:
         argv += ["--entrypoint=", self.image, *(gated(command) if self.mods else command)]
         return tuple(argv)
 
-    def after_start(self, node: NodeConfig, name: str) -> list[Step]:
-        return mod_steps(node.name, name, self.mods)
+    def after_start(self, node: NodeConfig, name: str, env: Sequence[tuple[str, str]] = ()) -> list[Step]:
+        """The mods, run without the recipe's own `env:` (the runners export it after the mods); a name the
+        topology or the node also sets (`env`, as the runner's `-e`) stays."""
+        kept = {k for k, _ in (*BASE_ENV, *env, *node.vllm_env)}
+        return mod_steps(node.name, name, self.mods, [k for k in self.recipe.env if k not in kept])
 
     def release(self, node: NodeConfig, name: str) -> list[Step]:
         return [release_step(node.name, name)] if self.mods else []

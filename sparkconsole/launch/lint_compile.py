@@ -25,9 +25,10 @@ SRC_CUSTOM_OPS = ("seed 004: custom_ops [\"all\"] made TileLang/nvcc compile fus
 SRC_EAGER = ("seed 004: the TP=2 lockup when CUDA graphs were enabled was custom_ops [\"all\"] compiling during "
              "the load (refused by custom_ops_all); PIECEWISE graphs then ran safely; seed 000/002 ran the cluster "
              "with --enforce-eager")
-# Container paths of the compile caches the runner mounts from the node (vLLM's torch.compile cache, TileLang's
-# kernels: seed 004's compiler): both must persist for custom_ops ["all"] to skip compiling during the load.
-COMPILE_CACHES = (".cache/vllm", ".tilelang")
+# Container paths of the compile caches mounted from the node (vLLM's torch.compile cache, TileLang's kernels: the
+# compiler of the published freeze; the B12X image family's CuTeDSL kernels): all must persist for custom_ops
+# ["all"] to skip compiling during the load.
+COMPILE_CACHES = (".cache/vllm", ".tilelang", ".cache/b12x")
 
 
 def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:

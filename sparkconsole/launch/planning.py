@@ -98,7 +98,7 @@ class PlanBuilder:
         self.steps.append(Step(node.name, what, self.container.run_argv(node, role, name, full_env, params, svc.url,
                                                                       command, mounts),
                                secrets=self.recipe.secrets, service=svc.key))
-        self.steps += self.container.after_start(node, name)
+        self.steps += self.container.after_start(node, name, env)
         self._unreleased.append((node, name))
         self.services.append(svc)
         self.server_env[svc.key] = tuple(full_env)
