@@ -36,7 +36,7 @@ def test_a_claim_over_the_container_cap_is_refused_as_an_oom_kill_at_load(frac):
     assert f.severity == "refuse" and f"{frac * 121.7:.1f} GiB, over the container's 100g cap" in f.message
     assert "OOM-killed while the model loads" in f.message
     assert f.fix.startswith("--set gpu_memory_utilization=0.78")       # (100 − 5) / 121.7, rounded down
-    assert "gb10-facts.md" in f.source and "seed 004" in f.source
+    assert "leptonai/gpud#1170" in f.source and "Running DeepSeek V4 Flash" in f.source
 
 
 @pytest.mark.parametrize("frac", [0.80, 0.82])

@@ -54,7 +54,7 @@ class ContainerSpec:
         and a stopped leftover of the same name removed."""
         steps = []
         if drop_caches:
-            steps.append(Step(node.name, "drop the page cache before the model load (seed 004)",
+            steps.append(Step(node.name, "drop the page cache before the model load (an OOM guard)",
                               ("sh", "-c", 'sync; if [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; '
                                            'else sudo -n sh -c "echo 3 > /proc/sys/vm/drop_caches"; fi')))
         steps.append(Step(node.name, "make the node's model and compile cache directories (mounted below)",

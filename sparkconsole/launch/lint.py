@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import severity
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from . import lint_memory, lint_topology
@@ -31,16 +32,25 @@ GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = lint_memory.GB10_MEMTOTAL_GIB
 ACTIVATION_OVERHEAD_GIB = 1.0      # activations/graphs besides weights and KV: a rough floor
 
+# Each rule's section, which a user can open (a heading per rule name: GitHub's anchor is the name itself).
+PREFLIGHT_DOC = "docs/PREFLIGHT.md"
+# Published material a user can find by its title or number (the evidence `recipe lint --explain` prints).
+SRC_DEEPSEEK = "the published run 'Two-Node DGX Spark Cluster: Running DeepSeek V4 Flash'"
 SRC_MXFP4 = ("eugr/spark-vllm-docker recipes/openai-gpt-oss-120b.yaml: --mxfp4-layers moe,qkv,o,lm_head is "
              "solo_only (\"Only solo now\")")
-SRC_MDNS = "seed 000/002: mDNS (.local) names caused hard crashes at c64 and do not resolve inside containers"
-SRC_LEAST_BUSY = ("seed 000: least-busy over identical backends oscillates and starves one backend "
-                  "(c64 decode 338 t/s vs 568 t/s with simple-shuffle)")
-SRC_COMPROMISED = "seed 001: LiteLLM 1.82.7 and 1.82.8 were compromised releases (supply-chain attack)"
-SRC_GUARDS = ("seed 004: an OOM on unified memory freezes the whole host; swap off, overcommit 0, "
+SRC_MDNS = ("the published two-Spark topology runs ('Solo vs Cluster: Where Two Sparks Beat One', 'GPT-OSS-120B: "
+            "Topology Benchmark on DGX Spark'): mDNS (.local) names crashed runs at c64, and they do not resolve "
+            "inside containers")
+SRC_LEAST_BUSY = ("'Solo vs Cluster: Where Two Sparks Beat One': least-busy over identical backends oscillates "
+                  "and starves one backend (c64 decode 338 t/s vs 568 t/s with simple-shuffle)")
+SRC_COMPROMISED = ("LiteLLM 1.82.7 and 1.82.8 were compromised releases (a supply-chain attack through LiteLLM's "
+                   "CI, disclosed by LiteLLM)")
+SRC_GUARDS = ("an OOM on a GB10's unified memory freezes the whole host (NVIDIA/open-gpu-kernel-modules#1358; "
+              f"{SRC_DEEPSEEK}); the mitigations published with it: swap off, overcommit 0, "
               "container cap, min_free_kbytes 1.5 GiB, drop caches before the load")
 SRC_IMAGE = "eugr/spark-vllm-docker launch-cluster.sh: verify_cluster_image_consistency (same image ID on every node)"
-SRC_MEMORY = "gb10-facts.md: MemTotal ~121.7 GiB, an OOM wedges the host; seed 004: ~75 GiB loaded per node"
+SRC_MEMORY = ("a GB10 reports MemTotal ~121.7 GiB (leptonai/gpud#1170, Syllo/nvtop#449) and an OOM wedges it "
+              f"(NVIDIA/open-gpu-kernel-modules#1358); {SRC_DEEPSEEK}: ~75 GiB loaded per node")
 SRC_TP = "a GB10 node has one GPU: tensor × pipeline parallel must equal the number of nodes"
 
 
@@ -55,14 +65,21 @@ class Finding:
 
     @property
     def refuses(self) -> bool:
-        return self.severity in ("refuse", "block")
+        return severity.of_finding(self).refuses
 
-    def line(self) -> str:
+    def line(self, *, explain: bool = False) -> str:
+        """One line: severity, rule, node, message, fix, and the page that says why (docs/PREFLIGHT.md, one
+        section per rule). `explain`: the evidence under it (published runs and public threads, by name)."""
         where = f"[{self.node}] " if self.node else ""
         text = f"{self.severity.upper()} {self.rule}: {where}{self.message}"
         if self.fix:
             text += f" — fix: {self.fix}"
-        return text + f" (source: {self.source})"
+        text += f" (why: {self.why})"
+        return text + (f"\n    evidence: {self.source}" if explain and self.source else "")
+
+    @property
+    def why(self) -> str:
+        return f"{PREFLIGHT_DOC}#{self.rule}"
 
 
 @dataclass(frozen=True)
@@ -77,7 +94,7 @@ PROFILES: dict[str, ModelSize] = {
     "openai/gpt-oss-120b": ModelSize(60.8, 2 * 36 * 8 * 64 * 2, "model card: 117B params, MXFP4 checkpoint ~65 GB; "
                                      "36 layers, 8 KV heads × 64"),
     "meta-llama/Llama-3.1-8B-Instruct": ModelSize(14.96, 2 * 32 * 8 * 128 * 2, "8.03B params bf16; 32 layers, 8 KV heads × 128"),
-    "deepseek-ai/DeepSeek-V4-Flash": ModelSize(136.0, 2 * 6144, "seed 004: ~75 GiB loaded per node at TP=2; "
+    "deepseek-ai/DeepSeek-V4-Flash": ModelSize(136.0, 2 * 6144, f"{SRC_DEEPSEEK}: ~75 GiB loaded per node at TP=2; "
                                                "~865K KV tokens in ~5 GiB (fp8)"),
 }
 
@@ -133,7 +150,8 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
     if facts is not None and not isinstance(facts, Facts):
         facts = facts_from_monitors(facts)
     facts = facts or Facts()
-    findings: list[Finding] = [Finding("recipe", "warn", w, "recipe loader") for w in recipe.warnings]
+    # the reader's and the planner's own words: no evidence beyond the line itself
+    findings: list[Finding] = [Finding("recipe", "warn", w, "") for w in recipe.warnings]
     findings += _compromised(recipe)
     if plan is None:
         cluster = ClusterConfig(nodes=tuple(nodes), endpoints=(), source="<preflight>")
@@ -143,7 +161,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
         except UserError as err:
             if any(f.rule == "router_compromised" for f in findings):
                 return findings          # the plan refused for the same reason
-            return [*findings, Finding("plan", "refuse", str(err), "plan")]
+            return [*findings, Finding("plan", "refuse", str(err), "")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
                  _images, _memory, _model_missing):
@@ -334,19 +352,16 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                                    SRC_GUARDS, None, n.name))
             continue
         for g in results:
-            key, status = getattr(g, "key", ""), getattr(g, "status", "unknown")
+            key = getattr(g, "key", "")
             text = f"{getattr(g, 'title', key)}: {getattr(g, 'reason', '')}".strip()
-            if key == "container_cap":
-                # Before a launch the container does not exist yet: the plan's own --memory is what counts.
+            if key == "container_cap" or (key == "page_cache" and drops_cache):
+                # Before a launch the container does not exist yet: the plan's own --memory is what counts. A plan
+                # that drops the page cache before the load fixes that guard itself.
                 continue
-            if key == "page_cache":
-                if status != "ok" and not drops_cache:
-                    out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, "add --drop-caches", n.name))
-                continue
-            if status in ("bad", "warn"):
-                out.append(Finding("oom_guards", "refuse", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
-            elif status == "unknown":
-                out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, None, n.name))
+            # The guard's own severity, as the dashboard and `status` draw it (severity.py): one judgement.
+            sev = severity.preflight_of_guard(g)
+            if sev is not None:
+                out.append(Finding("oom_guards", sev, text, SRC_GUARDS, severity.guard_fix(g), n.name))
         mem = facts.mem.get(n.name)
         cap = lint_memory.size_gib(recipe.container_settings.memory)
         total = getattr(mem, "total_kb", None)

@@ -30,8 +30,9 @@ CPU_SIDE_GIB = 5.0                 # what vLLM's process needs under the cap bes
 MIN_FREE_RESERVE_GIB = 1.5         # vm.min_free_kbytes=1572864 (seed 004)
 GUARD_KEYS = ("swap", "overcommit", "min_free")     # nodes/guard.py keys
 
-SRC_BUDGET = ("gb10-facts.md: a GB10's GPU memory is the host's ~121.7 GiB MemTotal, an OOM wedges the host; "
-              "seed 004: Docker --memory=100G turns it into a container OOM-kill, 0.78 (5.1 GiB left under the cap) "
+SRC_BUDGET = ("a GB10's GPU memory is the host's ~121.7 GiB MemTotal (leptonai/gpud#1170) and an OOM wedges the host "
+              "(NVIDIA/open-gpu-kernel-modules#1358); the published run 'Two-Node DGX Spark Cluster: Running DeepSeek "
+              "V4 Flash': Docker --memory=100G turns it into a container OOM-kill, 0.78 (5.1 GiB left under the cap) "
               "ran stable, 0.82 (0.2 GiB left) hit OOM")
 
 
@@ -126,7 +127,7 @@ def judge(claimed: float | Claim, total_gib: float, cap_gib: float | None, cap_t
                     None: "the node's OOM guards were not read"}[guards]
             return ("refuse" if guards is False else "warn",
                     f"{of} leaves {left:.1f} GiB of the container's {cap_text} cap for vLLM's own process "
-                    f"(seed 004 needed more than 0.2 GiB, ran with 5.1); {said}", fix)
+                    f"(a published run needed more than 0.2 GiB, and ran with 5.1); {said}", fix)
         return None
     need = headroom_floor_gib + MIN_FREE_RESERVE_GIB
     if claim > total_gib - need:
