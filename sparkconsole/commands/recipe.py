@@ -155,7 +155,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
-    demo = getattr(args, "demo_cluster", None)
+    demo: ClusterConfig | None = getattr(args, "demo_cluster", None)
     if demo is not None:
         return demo
     from ..clusterfile import cluster_for
