@@ -36,9 +36,9 @@ class Severity:
         return self.rank >= REFUSE.rank
 
     @property
-    def word(self) -> str:
-        """How text output says it (lint prints it upper-case, as its lines always have)."""
-        return self.name
+    def says(self) -> str:
+        """What it means, in the words `status` writes beside a guard."""
+        return _SAYS[self.name]
 
 
 OK = Severity("ok", "✓", "green", 0)
@@ -47,6 +47,8 @@ WARN = Severity("warn", "!", "yellow", 2)
 REFUSE = Severity("refuse", "✗", "red", 3)
 BLOCK = Severity("block", "✗", "bold red", 4)
 _BY_NAME = {s.name: s for s in (OK, UNKNOWN, WARN, REFUSE, BLOCK)}
+_SAYS = {"ok": "ok", "unknown": "not read", "warn": "a warning", "refuse": "refuses a launch",
+         "block": "blocks a launch"}
 
 # A guard check's state → its severity.
 _GUARD = {"ok": OK, "unknown": UNKNOWN, "warn": WARN, "bad": REFUSE}

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import datetime as _dt
-
 DASH = "—"
 
 
@@ -49,22 +47,6 @@ def duration(seconds: float | None) -> str:
     if s < 86400:
         return f"{s // 3600}h{s % 3600 // 60:02d}m"
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
-
-
-def since_iso(stamp: str | None, now: float) -> float | None:
-    """Seconds since a Docker timestamp (RFC 3339 with nanoseconds), or None when unreadable."""
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    s = stamp.rstrip("Z")
-    if "." in s:
-        head, frac = s.split(".", 1)
-        digits = "".join(ch for ch in frac if ch.isdigit())[:6]
-        s = f"{head}.{digits}" if digits else head
-    try:
-        t = _dt.datetime.fromisoformat(s).replace(tzinfo=_dt.UTC)
-    except ValueError:
-        return None
-    return now - t.timestamp()
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

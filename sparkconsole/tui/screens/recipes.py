@@ -11,22 +11,16 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from ... import severity
 from ...errors import UserError
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .recipes_running import RecipeActions, _Finding, _one_line
 
-_VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 
-
-def finding_level(f) -> str:
-    """lint severities (refuse | block | warn) as the screen's verdict colours."""
-    return {"refuse": "bad", "block": "bad", "warn": "warn"}.get(f.severity, "warn")
-
-
-def verdict(findings) -> str:
-    levels = {finding_level(f) for f in findings}
-    return "bad" if "bad" in levels else ("warn" if "warn" in levels else "ok")
+def verdict(findings) -> severity.Severity:
+    """The recipe's mark in the list: its worst finding's (severity.py), ✓ when there is none."""
+    return severity.worst(severity.of_finding(f) for f in findings)
 
 
 class RecipesScreen(RecipeActions, Screen):
@@ -182,8 +176,8 @@ class RecipesScreen(RecipeActions, Screen):
                     line.append(f"  {g.topology} {g.verdict.lower()}", style=colour)
                 else:
                     topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
-                    mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
-                    line.append(f"{mark} ", style=colour)
+                    v = verdict(self.preflight(r, topo))
+                    line.append(f"{v.mark} ", style=v.colour)
                     line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
@@ -257,8 +251,8 @@ class RecipesScreen(RecipeActions, Screen):
             t.append("   (r: restart, s: stop)\n", style="dim")
         findings = self.preflight(r, self.topology)
         for f in findings:
-            mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
-            t.append(f"{mark} ", style=colour)
+            sev = severity.of_finding(f)
+            t.append(f"{sev.mark} ", style=sev.colour)
             if getattr(f, "node", None):
                 t.append(f"{f.node}: ", style="bold")
             t.append(" ".join(f.message.split())[:220])
@@ -307,7 +301,7 @@ class RecipesScreen(RecipeActions, Screen):
         if r is None or self.plan is None:
             self.notify("choose a recipe with a plan first", severity="warning")
             return
-        if verdict(self.preflight(r, self.topology)) == "bad":
+        if verdict(self.preflight(r, self.topology)).refuses:
             self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
             return
         plan = self.plan

@@ -1,4 +1,5 @@
-"""The OOM-guard checklist of one node: ✓ / ✗ with the one-line reason; Enter on a row asks to run its fix."""
+"""The OOM-guard checklist of one node: each guard's mark (severity.py: ✓ ? ! ✗) with the one-line reason; Enter on
+a row asks to run its fix."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from textual.message import Message
 from textual.widgets import OptionList
 from textual.widgets.option_list import Option
 
-_MARK = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "unknown": ("?", "grey50")}
+from ... import severity
 
 
 class GuardList(OptionList):
@@ -34,9 +35,9 @@ class GuardList(OptionList):
         width = max(self.size.width - 2, 20)
         options = []
         for r in self.results:
-            mark, colour = _MARK.get(r.status, ("?", "grey50"))
+            sev = severity.of_guard(r)          # the one mark every view draws (severity.py)
             line = Text(no_wrap=True, overflow="ellipsis")
-            line.append(f"{mark} ", style="grey50" if stale else colour)
+            line.append(f"{sev.mark} ", style="grey50" if stale else sev.colour)
             line.append(f"{r.title}: ", style="grey50" if stale else "bold")
             tail = "  ⏎ fix" if r.fix else ""
             room = width - len(line) - len(tail)

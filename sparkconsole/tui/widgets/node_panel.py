@@ -16,15 +16,12 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ...config import Thresholds
-from ...nodes.samples import REASON_SEVERITY, REASON_WORDS, NodeState, Tick
-from ...nodes.thermal import reason_durations
-from ..fmt import DASH, duration, gib, num, since_iso
+from ...nodes.samples import NodeState
+from ...nodes.view import NodeView, fix_wanted, node_view
+from ..fmt import DASH, duration, gib, num
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
-
-_SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "cyan"}
-_STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
 
 
 class NodePanel(Vertical, can_focus=True):
@@ -79,99 +76,31 @@ class NodePanel(Vertical, can_focus=True):
 
     def show(self, nm, guards: Sequence, now: float | None = None, thresholds: Thresholds | None = None,
              drawn: Collection | None = None) -> None:
-        """Draw a NodeMonitor's latest state (nothing here blocks; cheap enough for 32 nodes at a few Hz).
-        `drawn`: the widgets on screen (DashboardScreen.drawn); the panel's rows outside it are left as they are
-        (a panel cut off by the bottom edge). None draws every row."""
+        """Draw a NodeMonitor's latest state as nodes/view.py judges it (nothing here blocks; cheap enough for 32
+        nodes at a few Hz). `drawn`: the widgets on screen (DashboardScreen.drawn); the panel's rows outside it are
+        left as they are (a panel cut off by the bottom edge). None draws every row."""
         now = time.time() if now is None else now
         thresholds = thresholds or Thresholds()
-        state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
-        self.state = state
-        stale = state in ("STALE", "DOWN")
+        v = node_view(nm, guards, now, thresholds, replay=getattr(self.app, "replay_at", None) is not None)
+        self.state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
+        stale = v.state.stale
         self.set_class(stale, "-stale")
-        self.set_class(state == "DOWN", "-down")
-        last: Tick | None = nm.last
-        info = nm.info
-        sub = Text()
-        if state == "LIVE" and getattr(self.app, "replay_at", None) is not None:
-            sub.append("REPLAY", style="bold magenta")     # a recorded moment plays: nothing here is live
-        else:
-            sub.append(state, style=_STATE_STYLE.get(state, ""))
-        if state != "LIVE":
-            sub.append(f" {duration(now - nm.since)}")
-            if nm.last_error and state == "DOWN":
-                sub.append(f" · {nm.last_error[:60]}", style="red")
-        if last is not None and state != "LIVE":
-            # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
-            sub.append(f" · last tick {duration(now - last.received)} ago", style="dim")
-        self._set_border("border_subtitle", sub)
-        gname = info.gpu_names[0] if info and info.gpu_names else None
+        self.set_class(v.state.label == "DOWN", "-down")
+        self._set_border("border_subtitle", self._subtitle(v))
         title = Text(self.node_name, style="bold")
-        if gname:
-            title.append(f" · {gname}", style="dim")
-        if info and info.simulated:
+        if v.gpu_name:
+            title.append(f" · {v.gpu_name}", style="dim")
+        if v.simulated:
             title.append(" · sim", style="magenta")
         self._set_border("border_title", title)
-
         grey = "grey50" if stale else None
-        gpu = last.gpus[0] if last and last.gpus else None
-        temp_line = Text(no_wrap=True, overflow="ellipsis")
-        if gpu is None:
-            temp_line.append("GPU ", style="bold")
-            if last is None:
-                temp_line.append("waiting for the agent…", style="dim")
-            else:
-                source = info.gpu_source if info and info.gpu_source else "?"
-                temp_line.append(f"{DASH} no GPU readings (source: {source})", style="dim")
-                if last.errors:
-                    temp_line.append(f"  {last.errors[0][:80]}", style="red")
-        else:
-            margin = gpu.slowdown_margin_c
-            t_style = grey or ("bold red" if margin is not None and margin <= thresholds.temp_margin_c else "bold")
-            temp_line.append("GPU ", style="bold")
-            temp_line.append(num(gpu.temp_c, "°C"), style=t_style)
-            temp_line.append(f"  slowdown {num(gpu.slowdown_c, '°C')}", style=grey or "")
-            if margin is not None:
-                temp_line.append(f" ({margin:.0f}° margin)", style=grey or "dim")
-            if gpu.shutdown_c is not None:
-                temp_line.append(f"  shutdown {num(gpu.shutdown_c, '°C')}", style=grey or "dim")
-            if last and len(last.gpus) > 1:
-                temp_line.append(f"  GPU 0 of {len(last.gpus)}", style="dim")
-        self._put("temp-line", temp_line, drawn)
-
+        self._put("temp-line", self._temp_line(v, grey), drawn)
         graph = self._graph
         if drawn is None or graph in drawn:
-            graph.set_data(self._recent_temps(nm.history, graph.wanted), gpu.slowdown_c if gpu else None, stale)
-
-        reasons = Text(no_wrap=True, overflow="ellipsis")
-        reasons.append("Clocks ", style="bold")
-        if gpu is None or gpu.reasons_mask is None and not gpu.reasons:
-            reasons.append(DASH, style="dim")
-        elif not gpu.reasons:
-            reasons.append("no clock-event reason active", style=grey or "green")
-        else:
-            spans = reason_durations(nm.history, last)
-            for i, r in enumerate(sorted(gpu.reasons, key=lambda r: ("bad", "warn", "info", "dim").index(
-                    REASON_SEVERITY.get(r, "info")))):
-                if i:
-                    reasons.append(" · ", style="dim")
-                reasons.append(REASON_WORDS.get(r, r), style=grey or _SEVERITY_STYLE.get(REASON_SEVERITY.get(r, ""), ""))
-                reasons.append(f" {duration(spans.get(r))}", style="dim")
-        self._put("reasons", reasons, drawn)
-
-        power = Text(no_wrap=True, overflow="ellipsis")
-        if gpu is not None:
-            power.append("Power ", style="bold")
-            power.append(num(gpu.power_w, " W"), style=grey or "")
-            if gpu.power_limit_w is not None:
-                power.append(f" / {gpu.power_limit_w:.0f} W", style="dim")
-            power.append("  SM ", style="bold")
-            power.append(num(gpu.sm_clock_mhz, " MHz"), style=grey or "")
-            if gpu.sm_clock_max_mhz is not None:
-                power.append(f" / {gpu.sm_clock_max_mhz:.0f}", style="dim")
-            power.append("  Util ", style="bold")
-            power.append(num(gpu.util_pct, "%"), style=grey or "")
-        self._put("power", power, drawn)
-
+            graph.set_data(self._recent_temps(nm.history, graph.wanted), v.gpu.slowdown_c if v.gpu else None, stale)
+        self._put("reasons", self._reasons_line(v, grey), drawn)
+        self._put("power", self._power_line(v, grey), drawn)
+        last = nm.last
         bar = self._bar
         if drawn is None or bar in drawn:
             bar.floor_gib = thresholds.headroom_floor_gib
@@ -179,9 +108,75 @@ class NodePanel(Vertical, can_focus=True):
         checklist = self._checklist
         if drawn is None or checklist in drawn:
             checklist.set_results(guards, stale)
-        self._put("container", self._container_line(nm.containers, now, grey), drawn)
+        self._put("container", self._container_line(v, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
+
+    @staticmethod
+    def _subtitle(v: NodeView) -> Text:
+        sub = Text()
+        sub.append(v.state.label, style=v.state.colour)
+        if v.state.for_s is not None:
+            sub.append(f" {duration(v.state.for_s)}")
+        if v.state.error:
+            sub.append(f" · {v.state.error[:60]}", style="red")
+        if v.state.last_tick_age_s is not None:
+            # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
+            sub.append(f" · last tick {duration(v.state.last_tick_age_s)} ago", style="dim")
+        return sub
+
+    @staticmethod
+    def _temp_line(v: NodeView, grey: str | None) -> Text:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("GPU ", style="bold")
+        g = v.gpu
+        if g is None:
+            line.append(v.no_gpu if v.no_gpu == "waiting for the agent…" else f"{DASH} {v.no_gpu}", style="dim")
+            if v.gpu_error:
+                line.append(f"  {v.gpu_error}", style="red")
+            return line
+        line.append(num(g.temp_c, "°C"), style=grey or ("bold red" if g.temp_bad else "bold"))
+        line.append(f"  slowdown {num(g.slowdown_c, '°C')}", style=grey or "")
+        if g.margin_c is not None:
+            line.append(f" ({g.margin_c:.0f}° margin)", style=grey or "dim")
+        if g.shutdown_c is not None:
+            line.append(f"  shutdown {num(g.shutdown_c, '°C')}", style=grey or "dim")
+        if g.count > 1:
+            line.append(f"  GPU 0 of {g.count}", style="dim")
+        return line
+
+    @staticmethod
+    def _reasons_line(v: NodeView, grey: str | None) -> Text:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        line.append("Clocks ", style="bold")
+        if v.gpu is None or v.gpu.reasons is None:
+            line.append(DASH, style="dim")
+        elif not v.gpu.reasons:
+            line.append("no clock-event reason active", style=grey or "green")
+        for i, r in enumerate(v.gpu.reasons or () if v.gpu else ()):
+            if i:
+                line.append(" · ", style="dim")
+            line.append(r.word, style=grey or r.colour)
+            line.append(f" {duration(r.active_s)}", style="dim")
+        return line
+
+    @staticmethod
+    def _power_line(v: NodeView, grey: str | None) -> Text:
+        line = Text(no_wrap=True, overflow="ellipsis")
+        g = v.gpu
+        if g is None:
+            return line
+        line.append("Power ", style="bold")
+        line.append(num(g.power_w, " W"), style=grey or "")
+        if g.power_limit_w is not None:
+            line.append(f" / {g.power_limit_w:.0f} W", style="dim")
+        line.append("  SM ", style="bold")
+        line.append(num(g.sm_mhz, " MHz"), style=grey or "")
+        if g.sm_max_mhz is not None:
+            line.append(f" / {g.sm_max_mhz:.0f}", style="dim")
+        line.append("  Util ", style="bold")
+        line.append(num(g.util_pct, "%"), style=grey or "")
+        return line
 
     @staticmethod
     def _recent_temps(history, wanted: int) -> list[float]:
@@ -208,32 +203,29 @@ class NodePanel(Vertical, can_focus=True):
             line.append(f" — {pm['evidence'][0]}")
         self._put("postmortem", line)
 
-    def _container_line(self, containers, now: float, grey: str | None) -> Text:
+    @staticmethod
+    def _container_line(v: NodeView, grey: str | None) -> Text:
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append("vLLM ", style="bold")
-        c = next((c for c in containers if c.name == self.container_name), None)
+        c = v.container
         if c is None:
-            line.append(f"{self.container_name}: not reported", style="dim")
+            line.append(f"{v.container_name}: not reported", style="dim")
             return line
-        state_style = grey or ("green" if c.state == "running" else "red")
         line.append(f"{c.name} ", style=grey or "")
-        line.append(c.state or DASH, style=state_style)
+        line.append(c.state or DASH, style=grey or c.state_colour)
         if c.health:
-            line.append(f" {c.health}", style=grey or {"healthy": "green", "unhealthy": "red"}.get(c.health, "yellow"))
-        if c.state == "running":
-            line.append(f"  up {duration(since_iso(c.started_at, now))}", style=grey or "")
-        line.append(f"  restarts {num(c.restart_count)}", style=grey or ("yellow" if c.restart_count else ""))
-        line.append(f"  cap {gib(c.memory_limit_b) if c.memory_limit_b else 'none'}",
-                    style=grey or ("" if c.memory_limit_b else "yellow"))
+            line.append(f" {c.health}", style=grey or c.health_colour)
+        if c.up_s is not None:
+            line.append(f"  up {duration(c.up_s)}", style=grey or "")
+        line.append(f"  restarts {num(c.restarts)}", style=grey or ("yellow" if c.restarts else ""))
+        line.append(f"  cap {gib(c.cap_b) if c.cap_b else 'none'}", style=grey or ("" if c.cap_b else "yellow"))
         if c.oom_killed:
             line.append("  OOMKilled", style="bold red")
         elif c.state == "exited":
             line.append(f"  exit {num(c.exit_code)}", style=grey or "red")
-        labels = dict(c.labels)
-        if labels.get("sparkconsole.topology"):
+        if c.launch:
             # which launch it belongs to: a worker's row alone does not say it serves another node's endpoint
-            line.append(f"  {labels.get('sparkconsole.recipe', '?')} × {labels['sparkconsole.topology']} "
-                        f"{labels.get('sparkconsole.role', '')}", style=grey or "cyan")
+            line.append(f"  {c.launch}", style=grey or "cyan")
         return line
 
     def check_action(self, action: str, parameters) -> bool | None:
@@ -242,10 +234,9 @@ class NodePanel(Vertical, can_focus=True):
             getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
 
     def action_fix(self) -> None:
-        """f / Enter: the fix of the first guard that is not ok (what Enter on its row in the checklist asks)."""
+        """f / Enter: the fix of the worst guard that has one (what Enter on its row in the checklist asks)."""
         results = self._checklist.results
-        wanted = next((r for r in results if r.status in ("bad", "warn") and r.fix), None) \
-            or next((r for r in results if r.status != "ok"), None)
+        wanted = fix_wanted(results)
         if wanted is None:
             self.app.notify(f"{self.node_name}: every guard is ok" if results
                             else f"{self.node_name}: no guard reading yet", title="guards")
