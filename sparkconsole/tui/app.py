@@ -50,6 +50,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         Binding("2", "show('recipes')", "Recipes"),
         Binding("3", "show('bench')", "Bench"),
         Binding("4", "show('logs')", "Logs"),
+        Binding("e", "events", "Events"),
         Binding("question_mark", "help", "Help"),
         Binding("colon", "command_palette", "Commands", show=False),   # not priority: ':' still types in inputs
         Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True),
@@ -67,12 +68,14 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
                  monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
                  read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
                  replay_at: float | None = None, record: bool = False, notice: str | None = None,
-                 attach: bool = False) -> None:
+                 attach: bool = False, recording: str | None = None) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
         serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints.
         attach: with neither, attach to the cluster's collector when one runs (then the collector records).
-        notice: one line shown at start (where the cluster came from, clusterfile.py)."""
+        notice: one line shown at start (where the cluster came from, clusterfile.py).
+        recording: the recorder file: the one a replay (`replay_at`, console --at) plays, whose endpoint polls are
+        shown too; or, with `record`, the one this console records into (the demo's, kept in the state dir)."""
         super().__init__()
         self.cluster = cluster
         self.monitor = monitor
@@ -90,6 +93,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
         self._scrub_back = 0                # minutes
         self._scrub_unsub = None
+        self._recording = recording
+        self._ep_replay = None              # recorder/replay.EndpointReplay while a recorded moment plays
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
         self._recipes_screen = None
@@ -178,9 +183,12 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         await self._end_scrub()
         self._scrub_back = back
         if mon is not None:
+            from ..recorder.replay import EndpointReplay
             self._live_monitor = self.monitor
             self._scrub_unsub = mon.subscribe(self._node_changed)
             self.monitor, self.replay_at = mon, at
+            # the endpoint panels go back with the nodes: the recorded polls of that moment, not the live ones
+            self._ep_replay = await asyncio.to_thread(EndpointReplay, path, at)
             self._say_notes(mon)
             await mon.start()
         self.sub_title = self._title()
@@ -204,6 +212,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         if self._scrub_unsub is not None:
             self._scrub_unsub()
         self.replay_at = None
+        self._ep_replay = None
+        self._dirty_eps.update(self.dashboard.endpoint_panels)     # live again: the last live polls
         await replayed.stop()
 
     @property
@@ -344,6 +354,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             shown = [nm.last.time for nm in self.monitor.nodes.values() if nm.last is not None]
             if shown:
                 self.sub_title = self._title(max(shown))
+            self._show_replayed_endpoints(max(shown, default=self.replay_at))
         # Drawing only for panels in view (the rest on scroll or resume).
         drawn = self.dashboard.drawn() if dirty else ()
         # In the cluster file's order, not the set's (which hash seeds shuffle): events and toasts read the same
@@ -360,6 +371,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         due, self._alerts_due = self._alerts_due, []
         self._take_alerts(due)
         eps, self._dirty_eps = self._dirty_eps, set()
+        if self.replay_at is not None:
+            eps = set()                         # a recorded moment: the panels show its polls, not the live ones
         for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
@@ -367,6 +380,28 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             if snap is None or panel is None:
                 continue
             panel.show(snap, now)
+
+    def _show_replayed_endpoints(self, t: float) -> None:
+        """The endpoint panels at the replayed time t: each endpoint's recorded poll then (console --at reads its
+        file's polls once, on the first frame that needs them)."""
+        if self._ep_replay is None:
+            if not self._recording:
+                return
+            from ..recorder.replay import EndpointReplay
+            try:
+                self._ep_replay = EndpointReplay(self._recording, self.replay_at or t)
+            except Exception as exc:        # an unreadable file: the nodes still replay; say why the panels do not
+                self._recording = None
+                self.notify(f"recorded endpoint polls unreadable: {' '.join(str(exc).split())[:160]}",
+                            severity="warning")
+                return
+        snaps = self._ep_replay.at(t)
+        for name, panel in self.dashboard.endpoint_panels.items():
+            snap = snaps.get(name)
+            if snap is not None:
+                panel.show(snap, t, replayed=True)
+            else:
+                panel.show_unrecorded(t)
 
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
@@ -417,6 +452,15 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         if self.current_mode != mode:
             await self.switch_mode(mode)
 
+    async def action_events(self) -> None:
+        """e: the Events pane (alerts, restart progress, collector messages) over the whole dashboard, whatever the
+        terminal's size; e or escape brings the nodes back. From another screen: the dashboard's Events."""
+        if self.current_mode != "dashboard":
+            await self.switch_mode("dashboard")
+            self.dashboard.show_events(True)
+            return
+        self.dashboard.show_events(not self.dashboard.events_only)
+
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
             if not self.is_screen_installed("help"):
@@ -427,28 +471,14 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self.logs_screen.follow(node_name)
         self.run_worker(self.action_show("logs"))
 
-    # --- the command palette's list --------------------------------------------------------------------------
-    def palette_commands(self) -> list[tuple[str, Callable[[], object], str]]:
-        cmds: list[tuple[str, Callable[[], object], str]] = [
-            ("Show dashboard", lambda: self.action_show("dashboard"), "1"),
-            ("Show recipes", lambda: self.action_show("recipes"), "2"),
-            ("Show bench", lambda: self.action_show("bench"), "3"),
-            ("Show logs", lambda: self.action_show("logs"), "4"),
-            ("Help: keys", self.action_help, "?"),
-            ("Quit", self.action_quit, "q: agents end, connections close"),
-            ("Bench: start sweep", lambda: self.bench_screen.action_start(), "b on the bench screen"),
-            ("Bench: stop sweep", lambda: self.bench_screen.action_stop(), "x on the bench screen"),
-        ]
-        cmds += [(f"Logs: {n.name}", lambda n=n.name: self.open_logs(n), f"docker logs -f {n.container}")
-                 for n in self.cluster.nodes]
-        if self.read_only:
-            return cmds
-        cmds += [("Running recipe: restart", self.recipes_screen.action_restart, "asks first"),
-                 ("Running recipe: stop", self.recipes_screen.action_stop, "asks first")]
-        for node in self.cluster.nodes:
-            n = node.name
-            cmds += [(f"Restart vLLM on {n}", lambda n=n: self.confirm_container(n, "restart"), "asks first"),
-                     (f"Stop vLLM on {n}", lambda n=n: self.confirm_container(n, "stop"), "asks first")]
-        for label, recipe in self.recipes_screen.recipe_choices():
-            cmds.append((f"Recipe: {label}", lambda r=recipe: self.recipes_screen.choose(r), "show its plan; enter launches"))
-        return cmds
+    # --- the command palette ------------------------------------------------------------------------------
+    def palette_commands(self) -> list:
+        """Every action, by its key's words (tui/palette.py)."""
+        from .palette import console_commands
+        return console_commands(self)
+
+    def get_system_commands(self, screen):
+        """Textual's own palette entries but Quit and Keys: the console's Quit and Help stand for them, once each."""
+        for cmd in super().get_system_commands(screen):
+            if cmd.title not in ("Quit", "Keys"):
+                yield cmd

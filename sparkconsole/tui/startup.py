@@ -139,9 +139,11 @@ class ConsoleStart:
                                      bell=self.bell)
         if self.record and not attached:
             from ..recorder.postmortem import one_line
+            # the demo's post-mortems are read with --demo: its recording is not the cluster file's
+            whole = "sparkconsole postmortem {node}" + (" --demo" if self.simulated else "")
             try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
-                core.open_recorder(role="console", on_postmortem=lambda pm: (
-                    self._say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad"),
+                core.open_recorder(self._recording, role="console", on_postmortem=lambda pm: (
+                    self._say(f"{one_line(pm)} · the whole of it: {whole.format(node=pm['node'])}", "bad"),
                     self._show_postmortem(pm)))
             except Exception as exc:    # a disk problem must not take the console down: say it, run without
                 self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")

@@ -15,7 +15,8 @@ from ... import severity
 from ...errors import UserError
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
-from .recipes_running import RecipeActions, _Finding, _one_line
+from .dashboard import NARROW_COLS
+from .recipes_running import RecipeActions, _Finding, _one_line, running_options
 
 
 def verdict(findings) -> severity.Severity:
@@ -92,8 +93,13 @@ class RecipesScreen(RecipeActions, Screen):
             try:
                 from ...launch import lint
                 app = self.app
-                self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
-                                                         plan=self._make_plan(recipe, topology)))
+                found = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
+                                            plan=self._make_plan(recipe, topology)))
+                if self._runs_as(recipe, topology) is not None:
+                    # It runs: judged against itself, its own memory in use would read as a refusal. What r does
+                    # (a restart frees it first) is what matters; the line under "running as" says so.
+                    found = [f for f in found if f.rule != "memory_headroom"]
+                self.findings[key] = found
             except UserError as exc:
                 self.findings[key] = [_Finding("refuse", _one_line(exc))]
             except ImportError:
@@ -101,10 +107,21 @@ class RecipesScreen(RecipeActions, Screen):
             self.findings[key] += self._in_the_way(recipe, topology)
         return self.findings[key]
 
+    def _runs_as(self, recipe, topology: str | None):
+        """The running launch of this recipe in this topology, if there is one."""
+        g = self.running_of(recipe.key)
+        return g if g is not None and g.topology == topology else None
+
+    def plan_options(self, recipe, topology: str) -> dict:
+        """The plan options of what runs (its router, its port) when this recipe runs in this topology: the plan
+        shown is the one running, not the recipe's defaults."""
+        g = self._runs_as(recipe, topology)
+        return running_options(g) if g is not None else {}
+
     def _make_plan(self, recipe, topology: str):
         from ...launch.plan import make_plan
         try:
-            return make_plan(recipe, topology, self.app.cluster, {})
+            return make_plan(recipe, topology, self.app.cluster, self.plan_options(recipe, topology))
         except UserError:
             return None      # preflight plans again and reports why
 
@@ -124,7 +141,11 @@ class RecipesScreen(RecipeActions, Screen):
                 yield Static("", id="launch-progress")
         yield KeyBar()
 
+    def on_resize(self, event) -> None:         # events.Resize: a narrow terminal gives the plan the room
+        self.set_class(event.size.width < NARROW_COLS, "-narrow")
+
     def on_mount(self) -> None:
+        self.set_class(self.app.size.width < NARROW_COLS, "-narrow")
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
         self.query_one("#plan-scroll").border_title = "Plan"
@@ -209,10 +230,14 @@ class RecipesScreen(RecipeActions, Screen):
         self.action_launch()
 
     def choose(self, recipe) -> None:
-        """From the command palette: show this recipe's plan on the recipes screen."""
+        """From the command palette: show this recipe's plan on the recipes screen. The operator chose: what runs
+        no longer takes the selection back (issue 39: a recipe entry opened the running gpt-oss-120b)."""
+        self._pick_running = False
         self.selected, self.topology = recipe.key, None
         self.app.run_worker(self.app.action_show("recipes"))
         if self.is_mounted:
+            box = self.query_one("#recipe-filter", Input)
+            box.value, box.display = "", False          # a filter hiding it would choose another
             self._fill_list("")
             self._show()
 
@@ -249,6 +274,9 @@ class RecipesScreen(RecipeActions, Screen):
                      f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
                      else "yellow")
             t.append("   (r: restart, s: stop)\n", style="dim")
+            if g.topology == self.topology:
+                t.append("  preflight below judges a relaunch, leaving out the memory this launch holds itself; the "
+                         "plan is the running one" + (f" (router {g.router})" if g.router else "") + "\n", style="dim")
         findings = self.preflight(r, self.topology)
         for f in findings:
             sev = severity.of_finding(f)
@@ -268,7 +296,7 @@ class RecipesScreen(RecipeActions, Screen):
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, self.topology, self.app.cluster, {})
+            self.plan = make_plan(recipe, self.topology, self.app.cluster, self.plan_options(recipe, self.topology))
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")

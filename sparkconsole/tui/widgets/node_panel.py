@@ -18,7 +18,7 @@ from textual.widgets import Static
 from ...config import Thresholds
 from ...nodes.samples import NodeState
 from ...nodes.view import NodeView, fix_wanted, node_view
-from ..fmt import DASH, duration, gib, num
+from ..fmt import DASH, duration, fit, gib, num
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
@@ -107,7 +107,7 @@ class NodePanel(Vertical, can_focus=True):
             bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
         checklist = self._checklist
         if drawn is None or checklist in drawn:
-            checklist.set_results(guards, stale)
+            checklist.set_results(guards, stale, compact=getattr(self.screen, "short", False))
         self._put("container", self._container_line(v, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
@@ -125,58 +125,51 @@ class NodePanel(Vertical, can_focus=True):
             sub.append(f" · last tick {duration(v.state.last_tick_age_s)} ago", style="dim")
         return sub
 
-    @staticmethod
-    def _temp_line(v: NodeView, grey: str | None) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("GPU ", style="bold")
+    def _width(self, row: str) -> int | None:
+        """The cells a one-row line has (None before the first layout: the whole row is kept)."""
+        return self._rows[row].size.width or None
+
+    def _temp_line(self, v: NodeView, grey: str | None) -> Text:
         g = v.gpu
         if g is None:
-            line.append(v.no_gpu if v.no_gpu == "waiting for the agent…" else f"{DASH} {v.no_gpu}", style="dim")
+            parts = [("GPU ", "bold", 0),
+                     (v.no_gpu if v.no_gpu == "waiting for the agent…" else f"{DASH} {v.no_gpu}", "dim", 0)]
             if v.gpu_error:
-                line.append(f"  {v.gpu_error}", style="red")
-            return line
-        line.append(num(g.temp_c, "°C"), style=grey or ("bold red" if g.temp_bad else "bold"))
-        line.append(f"  slowdown {num(g.slowdown_c, '°C')}", style=grey or "")
+                parts.append((f"  {v.gpu_error}", "red", 1))
+            return fit(parts, self._width("temp-line"))
+        parts = [("GPU ", "bold", 0), (num(g.temp_c, "°C"), grey or ("bold red" if g.temp_bad else "bold"), 0),
+                 (f"  slowdown {num(g.slowdown_c, '°C')}", grey or "", 1)]
         if g.margin_c is not None:
-            line.append(f" ({g.margin_c:.0f}° margin)", style=grey or "dim")
+            parts.append((f" ({g.margin_c:.0f}° margin)", grey or "dim", 2))
         if g.shutdown_c is not None:
-            line.append(f"  shutdown {num(g.shutdown_c, '°C')}", style=grey or "dim")
+            parts.append((f"  shutdown {num(g.shutdown_c, '°C')}", grey or "dim", 3))
         if g.count > 1:
-            line.append(f"  GPU 0 of {g.count}", style="dim")
-        return line
+            parts.append((f"  GPU 0 of {g.count}", "dim", 4))
+        return fit(parts, self._width("temp-line"))
 
-    @staticmethod
-    def _reasons_line(v: NodeView, grey: str | None) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("Clocks ", style="bold")
+    def _reasons_line(self, v: NodeView, grey: str | None) -> Text:
+        parts = [("Clocks ", "bold", 0)]
         if v.gpu is None or v.gpu.reasons is None:
-            line.append(DASH, style="dim")
+            parts.append((DASH, "dim", 0))
         elif not v.gpu.reasons:
-            line.append("no clock-event reason active", style=grey or "green")
+            parts.append(("no clock-event reason active", grey or "green", 0))
         for i, r in enumerate(v.gpu.reasons or () if v.gpu else ()):
-            if i:
-                line.append(" · ", style="dim")
-            line.append(r.word, style=grey or r.colour)
-            line.append(f" {duration(r.active_s)}", style="dim")
-        return line
+            # the worst first; a reason that does not fit is left out whole, with its time
+            parts += [(" · " if i else "", "dim", i), (r.word, grey or r.colour, i), (f" {duration(r.active_s)}", "dim", i)]
+        return fit(parts, self._width("reasons"))
 
-    @staticmethod
-    def _power_line(v: NodeView, grey: str | None) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
+    def _power_line(self, v: NodeView, grey: str | None) -> Text:
         g = v.gpu
         if g is None:
-            return line
-        line.append("Power ", style="bold")
-        line.append(num(g.power_w, " W"), style=grey or "")
+            return Text()
+        parts = [("Power ", "bold", 0), (num(g.power_w, " W"), grey or "", 0)]
         if g.power_limit_w is not None:
-            line.append(f" / {g.power_limit_w:.0f} W", style="dim")
-        line.append("  SM ", style="bold")
-        line.append(num(g.sm_mhz, " MHz"), style=grey or "")
+            parts.append((f" / {g.power_limit_w:.0f} W", "dim", 3))
+        parts += [("  SM ", "bold", 2), (num(g.sm_mhz, " MHz"), grey or "", 2)]
         if g.sm_max_mhz is not None:
-            line.append(f" / {g.sm_max_mhz:.0f}", style="dim")
-        line.append("  Util ", style="bold")
-        line.append(num(g.util_pct, "%"), style=grey or "")
-        return line
+            parts.append((f" / {g.sm_max_mhz:.0f}", "dim", 4))
+        parts += [("  Util ", "bold", 1), (num(g.util_pct, "%"), grey or "", 1)]
+        return fit(parts, self._width("power"))
 
     @staticmethod
     def _recent_temps(history, wanted: int) -> list[float]:
@@ -203,30 +196,27 @@ class NodePanel(Vertical, can_focus=True):
             line.append(f" — {pm['evidence'][0]}")
         self._put("postmortem", line)
 
-    @staticmethod
-    def _container_line(v: NodeView, grey: str | None) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("vLLM ", style="bold")
+    def _container_line(self, v: NodeView, grey: str | None) -> Text:
         c = v.container
         if c is None:
-            line.append(f"{v.container_name}: not reported", style="dim")
-            return line
-        line.append(f"{c.name} ", style=grey or "")
-        line.append(c.state or DASH, style=grey or c.state_colour)
+            return fit([("vLLM ", "bold", 0), (f"{v.container_name}: not reported", "dim", 0)],
+                       self._width("container"))
+        parts = [("vLLM ", "bold", 0), (f"{c.name} ", grey or "", 5), (c.state or DASH, grey or c.state_colour, 0)]
         if c.health:
-            line.append(f" {c.health}", style=grey or c.health_colour)
+            parts.append((f" {c.health}", grey or c.health_colour, 1))
         if c.up_s is not None:
-            line.append(f"  up {duration(c.up_s)}", style=grey or "")
-        line.append(f"  restarts {num(c.restarts)}", style=grey or ("yellow" if c.restarts else ""))
-        line.append(f"  cap {gib(c.cap_b) if c.cap_b else 'none'}", style=grey or ("" if c.cap_b else "yellow"))
+            parts.append((f"  up {duration(c.up_s)}", grey or "", 2))
+        parts.append((f"  restarts {num(c.restarts)}", grey or ("yellow" if c.restarts else ""), 3 if not c.restarts else 1))
+        parts.append((f"  cap {gib(c.cap_b) if c.cap_b else 'none'}", grey or ("" if c.cap_b else "yellow"),
+                      4 if c.cap_b else 1))
         if c.oom_killed:
-            line.append("  OOMKilled", style="bold red")
+            parts.append(("  OOMKilled", "bold red", 0))
         elif c.state == "exited":
-            line.append(f"  exit {num(c.exit_code)}", style=grey or "red")
+            parts.append((f"  exit {num(c.exit_code)}", grey or "red", 0))
         if c.launch:
             # which launch it belongs to: a worker's row alone does not say it serves another node's endpoint
-            line.append(f"  {c.launch}", style=grey or "cyan")
-        return line
+            parts.append((f"  {c.launch}", grey or "cyan", 6))
+        return fit(parts, self._width("container"))
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console, or a recorded moment (REPLAY): nothing to act on, so the keys are hidden too.
