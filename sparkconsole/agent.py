@@ -9,7 +9,7 @@ Readings a source cannot give are left out, never reported as 0.
 
     python3 agent.py [--interval 0.5] [--container-interval 5] [--count N]
         [--gpu-source auto|nvml|nvidia-smi|none|replay:FILE|sim:FILE] [--proc-root /proc]
-        [--containers docker|none] [--docker-host URL] [--watch-stdin]
+        [--containers docker|none] [--docker-host URL] [--cgroup-root /sys/fs/cgroup] [--watch-stdin]
 
 --watch-stdin: end when stdin reaches end-of-file (the console left); the bootstrap sets it.
 """
@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 
         def sample(self, errors: list[str]) -> list[dict[str, Any]] | None: ...
 
+        def processes(self, errors: list[str]) -> list[dict[str, Any]] | str: ...
+
 # Imported where used (the nvidia-smi fallback, the container poller, the hello): a node pays for starting the
 # agent on every connection, and most of the standard library is not needed for a tick.
 
@@ -55,6 +57,10 @@ REASON_COUNTER_IDS = [fid for _, fid in REASON_COUNTER_FIELDS]
 POWER_LIMIT_REFRESH_S = 10.0
 REASON_COUNTERS_REFRESH_S = 2.0
 GUARDS_REFRESH_S = 1.0
+# The GPU process list (one nvmlDeviceGetComputeRunningProcesses per GPU, then /proc/PID/cgroup for a PID not seen
+# before): read at most this often, repeated between. Measured on an H200 (benchmarks/telemetry.py procs): see
+# docs/PERFORMANCE.md; a runaway's growth is judged over a minute, so a reading every 2 s loses nothing.
+PROCS_REFRESH_S = 2.0
 
 # The nvidia-smi fallback's query: one CSV row per GPU, parsed by field name (parse_smi_csv).
 SMI_FIELDS = (
@@ -62,6 +68,7 @@ SMI_FIELDS = (
     "utilization.gpu", "utilization.memory", "memory.total", "memory.used", "clocks_event_reasons.active",
 )
 SMI_HELLO_FIELDS = ("index", "uuid", "name", "driver_version")
+_NVML_NOT_AVAILABLE = (1 << 64) - 1        # NVML_VALUE_NOT_AVAILABLE for an unsigned long long (no figure)
 _SMI_MISSING = {"", "n/a", "[n/a]", "not supported", "[not supported]", "unknown", "[unknown error]", "err!", "[err!]"}
 
 
@@ -131,6 +138,9 @@ class NoGpu:
     def sample(self, errors: list[str]) -> list[dict[str, Any]] | None:
         return None
 
+    def processes(self, errors: list[str]) -> list[dict[str, Any]] | str:
+        return "no GPU source on this node"
+
 
 def import_pynvml() -> Any:
     """The node's pynvml, else the copy the console sent along (compiled only now, when NVML is wanted)."""
@@ -173,6 +183,7 @@ class NvmlSource:
         self._limits: list[Any] | None = None
         self._limits_at = 0.0
         self._counters: dict[int, tuple[float, object, dict[str, int] | None]] = {}   # gpu -> (read at, mask then, µs)
+        self._procs_fn: list[Callable[..., Any]] | None = None   # the process-list calls still to try, newest first
 
     def _try(self, fn: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -290,6 +301,42 @@ class NvmlSource:
             out.append(g)
         return out
 
+    def processes(self, errors: list[str]) -> list[dict[str, Any]] | str:
+        """[{"gpu", "pid", "used_b"}] of every compute process on every GPU (used_b left out where NVML has no
+        figure), or why there is no list. A GB10 answers it although it has no memory info (Syllo/nvtop pull
+        request 511); PIDs are the host's, so the agent must run in the host's PID namespace (it does, over SSH)."""
+        nv = self.nv
+        if self._procs_fn is None:
+            names = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetComputeRunningProcesses_v2")
+            self._procs_fn = [f for f in (getattr(nv, n, None) for n in names) if f is not None]
+        out: list[dict[str, Any]] = []
+        for i, h in enumerate(self.handles):
+            while True:
+                if not self._procs_fn:
+                    return "this NVML has no per-process memory call (nvmlDeviceGetComputeRunningProcesses)"
+                try:
+                    procs = self._procs_fn[0](h)
+                    break
+                except nv.NVMLError as exc:
+                    code = getattr(exc, "value", None)
+                    if code == nv.NVML_ERROR_FUNCTION_NOT_FOUND:
+                        self._procs_fn.pop(0)           # an older driver: the older version of the call
+                        continue
+                    if code == nv.NVML_ERROR_NOT_SUPPORTED:
+                        return f"NVML gives no per-process memory on GPU {i} (NOT_SUPPORTED)"
+                    errors.append(f"nvml gpu{i} processes: {exc}")
+                    return f"NVML's process list failed on GPU {i}: {str(exc)[:80]}"
+            for pr in procs:
+                pid = getattr(pr, "pid", None)
+                if not isinstance(pid, int) or pid <= 0:
+                    continue
+                d: dict[str, Any] = {"gpu": i, "pid": pid}
+                used = getattr(pr, "usedGpuMemory", None)
+                if isinstance(used, int) and 0 <= used < _NVML_NOT_AVAILABLE:
+                    d["used_b"] = used
+                out.append(d)
+        return out
+
 
 class SmiSource:
     """`nvidia-smi --query-gpu` per tick: the fallback where NVML bindings cannot load."""
@@ -328,6 +375,9 @@ class SmiSource:
             errors.append(f"nvidia-smi: {str(exc).splitlines()[0][:160]}")
             return None
 
+    def processes(self, errors: list[str]) -> list[dict[str, Any]] | str:
+        return "per-process GPU memory is read through NVML only (this node's agent uses nvidia-smi)"
+
 
 class ReplaySource:
     """Replays the `gpus` of recorded agent ticks (JSON lines), in order, looping: tests and demos on real data."""
@@ -336,6 +386,7 @@ class ReplaySource:
 
     def __init__(self, path: str) -> None:
         self.frames: list[list[Any]] = []
+        self.procs: list[Any] = []            # each frame's recorded gpu_procs (None where it had none)
         self.recorded_hello: dict[str, Any] = {}
         with open(path, encoding="utf-8") as fh:
             for line in fh:
@@ -347,6 +398,9 @@ class ReplaySource:
                     self.recorded_hello = d
                 elif d.get("type") == "tick" and isinstance(d.get("gpus"), list):
                     self.frames.append(d["gpus"])
+                    self.procs.append(d.get("gpu_procs"))
+        if not any(isinstance(x, dict) for x in self.procs):
+            self.procs = []
         if not self.frames:
             raise RuntimeError(f"no ticks with gpus in {path}")
         self.pos = 0
@@ -360,6 +414,17 @@ class ReplaySource:
         frame = self.frames[self.pos % len(self.frames)]
         self.pos += 1
         return frame
+
+    def processes(self, errors: list[str]) -> list[dict[str, Any]] | str:
+        """The recorded tick's process list as the node mapped it (its PIDs are another machine's)."""
+        rec = self.procs[(self.pos - 1) % len(self.procs)] if self.procs else None
+        if not isinstance(rec, dict):
+            return "the recording has no per-process GPU reading"
+        if rec.get("reason"):
+            return str(rec["reason"])
+        procs = rec.get("procs")
+        return [{**p, "where": p.get("where") or ("host" if not p.get("container") else None)}
+                for p in procs if isinstance(p, dict)] if isinstance(procs, list) else "no process list recorded"
 
 
 class SimSource:
@@ -392,6 +457,14 @@ class SimSource:
             self.last = d
         gpus = self.last.get("gpus")
         return gpus if isinstance(gpus, list) else None
+
+    def processes(self, errors: list[str]) -> list[dict[str, Any]] | str:
+        """The simulated node's process list ({"gpu", "pid", "used_b"} of its simulated servers' real PIDs),
+        mapped to containers by the agent as a real one is (the node's /proc/PID/cgroup under --proc-root)."""
+        procs = self.last.get("procs")
+        if not isinstance(procs, list):
+            return "the simulated node publishes no process list"
+        return [{k: p[k] for k in ("gpu", "pid", "used_b") if k in p} for p in procs if isinstance(p, dict)]
 
 
 def _text(v: object) -> str | None:
@@ -499,36 +572,113 @@ _INSPECT_FORMAT = "{{json .}}"
 _NO_LIMIT = 1 << 60
 
 
-def cgroup_memory_files(pid: int, proc_root: str = "/proc",
-                        cgroup_root: str = "/sys/fs/cgroup") -> tuple[str, str] | None:
-    """(usage file, limit file) of the memory cgroup that process `pid` (a container's init) lives in.
+def find_cgroup_memory(pid: int, proc_root: str = "/proc",
+                       cgroup_root: str = "/sys/fs/cgroup") -> tuple[tuple[str, str] | None, str | None]:
+    """((usage file, limit file), None) of the memory cgroup that process `pid` (a container's init) lives in, or
+    (None, why not).
 
     cgroup v2 (DGX OS 7): <root>/<path>/memory.current and memory.max; v1 (older hosts, this test bed):
-    <root>/memory/<path>/memory.usage_in_bytes and memory.limit_in_bytes. None when neither can be read."""
+    <root>/memory/<path>/memory.usage_in_bytes and memory.limit_in_bytes."""
     try:
         with open(os.path.join(proc_root, str(pid), "cgroup"), encoding="utf-8", errors="replace") as fh:
             lines = fh.read().splitlines()
     except OSError:
-        return None
+        return None, f"its process {pid} has no readable /proc/{pid}/cgroup"
+    v1 = False
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) == 3 and "memory" in parts[1].split(","):
+            v1 = True
             d = os.path.join(cgroup_root, "memory", parts[2].lstrip("/"))
             if os.path.exists(os.path.join(d, "memory.usage_in_bytes")):
-                return os.path.join(d, "memory.usage_in_bytes"), os.path.join(d, "memory.limit_in_bytes")
+                return (os.path.join(d, "memory.usage_in_bytes"), os.path.join(d, "memory.limit_in_bytes")), None
     for line in lines:
         parts = line.split(":", 2)
         if len(parts) == 3 and parts[0] == "0" and parts[1] == "":
             d = os.path.join(cgroup_root, parts[2].lstrip("/"))
             if os.path.exists(os.path.join(d, "memory.current")):
-                return os.path.join(d, "memory.current"), os.path.join(d, "memory.max")
+                return (os.path.join(d, "memory.current"), os.path.join(d, "memory.max")), None
+    if v1:
+        return None, "its memory cgroup's usage file is not under " + os.path.join(cgroup_root, "memory")
+    return None, "no memory cgroup file (a cgroup v1 host without the memory controller)"
+
+
+def cgroup_memory_files(pid: int, proc_root: str = "/proc",
+                        cgroup_root: str = "/sys/fs/cgroup") -> tuple[str, str] | None:
+    """find_cgroup_memory's files alone: None when they cannot be read."""
+    return find_cgroup_memory(pid, proc_root, cgroup_root)[0]
+
+
+def container_id_in_cgroup(text: str) -> str | None:
+    """The Docker container id a /proc/PID/cgroup names, in any of Docker's layouts: cgroup v2 or v1 under
+    systemd (`…/system.slice/docker-<id>.scope`) or cgroupfs (`…/docker/<id>`, nested too). None: in no container."""
+    for marker in ("docker-", "/docker/"):
+        at = text.find(marker)
+        while at >= 0:
+            cid = text[at + len(marker):at + len(marker) + 64]
+            if len(cid) == 64 and all(ch in "0123456789abcdef" for ch in cid):
+                return cid
+            at = text.find(marker, at + 1)
     return None
 
 
-def read_cgroup_memory(files: dict[str, tuple[str, str]]) -> list[dict[str, Any]]:
+class ProcessMapper:
+    """GPU process PIDs → the container each runs in (/proc/PID/cgroup → a container id → its name), remembered per
+    PID while the container list stays the same: a process is mapped once, not every read."""
+
+    def __init__(self, proc_root: str) -> None:
+        self.proc_root = proc_root
+        self._ids: dict[str, str] | None = None
+        self._known: dict[int, dict[str, Any]] = {}      # pid -> {"comm", "container" | "where"}
+
+    def map(self, procs: list[dict[str, Any]], ids: dict[str, str]) -> list[dict[str, Any]]:
+        """`procs` as a source gives them ({"gpu", "pid", "used_b"}), each with the container it runs in or where
+        it is instead: "host" (in no container), "gone" (no /proc entry: it ended, or lives in another PID
+        namespace), "unlisted" (a container cgroup the docker poll does not list yet)."""
+        if ids != self._ids:          # a container came or went: map every PID again
+            self._ids, self._known = dict(ids), {}
+        keep: dict[int, dict[str, Any]] = {}
+        out = []
+        for p in procs:
+            if "container" in p or "where" in p:      # mapped already (a replayed recording)
+                out.append({k: v for k, v in p.items() if v is not None})
+                continue
+            pid = p["pid"]
+            m = self._known.get(pid) or self._map(pid, ids)
+            if m.get("where") != "gone":
+                keep[pid] = m
+            out.append({**p, **m})
+        self._known = keep
+        return out
+
+    def _map(self, pid: int, ids: dict[str, str]) -> dict[str, Any]:
+        base = os.path.join(self.proc_root, str(pid))
+        try:
+            with open(os.path.join(base, "cgroup"), encoding="utf-8", errors="replace") as fh:
+                text = fh.read()
+        except OSError:
+            return {"where": "gone"}
+        m: dict[str, Any] = {}
+        try:
+            with open(os.path.join(base, "comm"), encoding="utf-8", errors="replace") as fh:
+                m["comm"] = fh.read().strip()[:32]
+        except OSError:
+            pass
+        cid = container_id_in_cgroup(text)
+        if cid is None:
+            m["where"] = "host"
+        elif cid in ids:
+            m["container"] = ids[cid]
+        else:
+            m["where"] = "unlisted"
+        return m
+
+
+def read_cgroup_memory(files: dict[str, tuple[str, str]], missing: dict[str, str] | None = None) -> list[dict[str, Any]]:
     """[{"name", "current_b", "max_b"}] for each running container's cgroup ({name: (usage, limit)});
-    max_b is left out when the cgroup has no limit. Read every tick: two small files per container."""
-    out = []
+    max_b is left out when the cgroup has no limit; [{"name", "reason"}] for each in `missing` (no file to read).
+    Read every tick: two small files per container."""
+    out: list[dict[str, Any]] = [{"name": n, "reason": why} for n, why in (missing or {}).items()]
     for name, (usage, limit) in files.items():
         cur = _read_int(usage)
         if cur is None:
@@ -565,10 +715,12 @@ def container_from_inspect(d: dict[str, Any]) -> dict[str, Any]:
 class ContainerPoller:
     """Reads containers from the docker CLI in a thread, so a slow daemon never delays a tick."""
 
-    def __init__(self, interval: float) -> None:
+    def __init__(self, interval: float, proc_root: str = "/proc", cgroup_root: str = "/sys/fs/cgroup") -> None:
         import shutil
 
         self.interval = interval
+        self.proc_root = proc_root
+        self.cgroup_root = cgroup_root
         self.exe = shutil.which("docker")
         self.result: list[dict[str, Any]] | None = None
         self.error: str | None = None
@@ -576,8 +728,11 @@ class ContainerPoller:
 
         self.lock = threading.Lock()
         self.wake = threading.Event()
-        # running container name -> (usage file, limit file); replaced whole
+        # running container name -> (usage file, limit file), or why it has none; container id -> name. Each is
+        # replaced whole by the poller's thread: the tick loop reads whichever dict is current.
         self.cgroup_files: dict[str, tuple[str, str]] = {}
+        self.cgroup_missing: dict[str, str] = {}
+        self.ids: dict[str, str] = {}
         if self.exe:
             threading.Thread(target=self._loop, name="containers", daemon=True).start()
 
@@ -593,8 +748,8 @@ class ContainerPoller:
         out = subprocess.run([self.exe, "inspect", "--format", _INSPECT_FORMAT, *ids], capture_output=True,
                              text=True, timeout=20).stdout
         conts = []
-        files = {}
-        own = cgroup_memory_files(os.getpid())
+        files, missing, names = {}, {}, {}
+        own = cgroup_memory_files(os.getpid(), self.proc_root, self.cgroup_root)
         for line in out.splitlines():
             try:
                 d = json.loads(line)
@@ -602,13 +757,19 @@ class ContainerPoller:
             except (ValueError, AttributeError):
                 continue   # a container removed between ps and inspect
             conts.append(c)
+            if isinstance(d.get("Id"), str):
+                names[d["Id"]] = c["name"]
             pid = (d.get("State") or {}).get("Pid")
-            if c.get("state") == "running" and isinstance(pid, int) and pid > 0 and not d.get("Simulated"):
-                f = cgroup_memory_files(pid)
+            if c.get("state") == "running" and isinstance(pid, int) and pid > 0:
+                f, why = find_cgroup_memory(pid, self.proc_root, self.cgroup_root)
                 # a process in the agent's own memory cgroup has no cgroup of its own: that would be the host's
-                if f and f != own:
+                if f and f == own:
+                    f, why = None, "it shares the agent's own memory cgroup"
+                if f:
                     files[c["name"]] = f
-        self.cgroup_files = files      # one assignment: the tick loop reads whichever dict is current
+                else:
+                    missing[c["name"]] = why or "no memory cgroup file"
+        self.cgroup_files, self.cgroup_missing, self.ids = files, missing, names
         return conts
 
     def _loop(self) -> None:
@@ -672,6 +833,47 @@ def make_tick(seq: int, source: GpuSource, proc_root: str, errors: list[str]) ->
     return t
 
 
+def container_marker(root: str = "/") -> str | None:
+    """The file that says this process runs inside a container (Docker's /.dockerenv, Podman's
+    /run/.containerenv), or None."""
+    for name in (".dockerenv", "run/.containerenv"):
+        path = os.path.join(root, name)
+        if os.path.exists(path):
+            return path
+    return None
+
+
+class GpuProcsReader:
+    """The tick's `gpu_procs`: the source's process list mapped to containers, read every PROCS_REFRESH_S and
+    repeated in the ticks between (with the node time it was read)."""
+
+    def __init__(self, source: GpuSource, proc_root: str, refresh_s: float = PROCS_REFRESH_S,
+                 root: str = "/") -> None:
+        self.source = source
+        self.mapper = ProcessMapper(proc_root)
+        self.refresh_s = refresh_s
+        self.last: dict[str, Any] | None = None
+        # Inside a container the driver's PIDs are the host's and this /proc does not have them: an empty or
+        # unmappable list there is not "no GPU memory held" (MiaAI-Lab/sparkDash pull request 10).
+        marker = container_marker(root) if proc_root == "/proc" and source.name == "nvml" else None
+        self.refusal = (f"the agent runs inside a container ({marker}): NVML's PIDs are the host's, not this "
+                        "PID namespace's; run it on the host") if marker else None
+        self._at = float("-inf")
+        self._ids: dict[str, str] | None = None
+
+    def reading(self, ids: dict[str, str], errors: list[str]) -> dict[str, Any]:
+        now = time.monotonic()
+        # read again when due, and at once when the container list changed (a container started or stopped)
+        if self.last is None or now - self._at >= self.refresh_s or ids != self._ids:
+            self._at, self._ids = now, dict(ids)
+            got = self.refusal or self.source.processes(errors)
+            if isinstance(got, str):
+                self.last = {"reason": got}
+            else:
+                self.last = {"read_at": time.time(), "procs": self.mapper.map(got, ids)}
+        return self.last
+
+
 _guards_cache: dict[str, tuple[float, dict[str, Any]]] = {}
 
 
@@ -707,6 +909,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--proc-root", default="/proc")
     ap.add_argument("--containers", choices=("docker", "none"), default="docker")
     ap.add_argument("--docker-host", default=None, help="DOCKER_HOST for the container poller (a non-default engine)")
+    ap.add_argument("--cgroup-root", default="/sys/fs/cgroup", help="where the node's cgroup tree is mounted")
     ap.add_argument("--watch-stdin", action="store_true")
     args = ap.parse_args(argv)
     interval = max(args.interval, 0.01)
@@ -717,10 +920,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.docker_host:
         os.environ["DOCKER_HOST"] = args.docker_host
     if args.containers == "docker":
-        poller = ContainerPoller(args.container_interval)
+        poller = ContainerPoller(args.container_interval, args.proc_root, args.cgroup_root)
         if not poller.exe:
             pending_errors.append("docker: not found on PATH")
             poller = None
+    # NVML's list is read every PROCS_REFRESH_S; a replay or a simulated node's list costs nothing more than the
+    # file the tick already read, and follows it tick by tick
+    procs = GpuProcsReader(source, args.proc_root, PROCS_REFRESH_S if source.name == "nvml" else 0.0)
+    no_ids: dict[str, str] = {}
     out = sys.stdout
     last_container_error = None
     try:
@@ -733,7 +940,7 @@ def main(argv: list[str] | None = None) -> int:
             errors, pending_errors = pending_errors, []
             tick = make_tick(seq, source, args.proc_root, errors)
             if poller is not None:
-                cg = read_cgroup_memory(poller.cgroup_files)
+                cg = read_cgroup_memory(poller.cgroup_files, poller.cgroup_missing)
                 if cg:
                     tick["cgroups"] = cg
                 conts, cerr = poller.take()
@@ -742,6 +949,7 @@ def main(argv: list[str] | None = None) -> int:
                 if cerr and cerr != last_container_error:
                     errors.append(cerr)
                 last_container_error = cerr if (conts is not None or cerr) else last_container_error
+            tick["gpu_procs"] = procs.reading(poller.ids if poller is not None else no_ids, errors)
             if errors:
                 tick["errors"] = errors
             out.write(json.dumps(tick, separators=(",", ":")) + "\n")

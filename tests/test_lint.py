@@ -49,13 +49,15 @@ def test_bundled_recipes_pass_with_healthy_nodes(key):
 
 
 def test_gpu_memory_utilization_rule():
-    # over the 100g container cap: 0.85 × 121.7 GiB = 103.4 GiB, an OOM-kill at load (more: test_lint_budget.py)
-    f = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.85})
+    # over the node's budget (121.7 − 9.5 GiB reserve): 0.95 × 121.7 GiB = 115.6 GiB (more: test_lint_budget.py)
+    f = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.95})
     assert rules(f) == ["gpu_memory_utilization"]
-    assert "0.85" in f[0].message and "DeepSeek V4 Flash" in f[0].source and "gpu_memory_utilization=0.78" in f[0].fix
+    assert "0.95" in f[0].message and "DeepSeek V4 Flash" in f[0].source and "gpu_memory_utilization=0.78" in f[0].fix
     assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.78})) == []
+    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.85}), refusing_only=False) == \
+        ["gpu_memory_utilization"]
     # a discrete-GPU node (not unified) is not held to the unified-memory budget
-    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.85},
+    assert rules(check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.95},
                        Facts(unified={"spark1": False}))) == []
 
 

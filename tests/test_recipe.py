@@ -329,9 +329,9 @@ def test_cli_errors_are_one_line(cluster_file, capsys):
 def test_cli_launch_headless_needs_yes_and_respects_preflight(cluster_file, capsys, monkeypatch):
     import io
     monkeypatch.setattr("sys.stdin", io.StringIO(""))
-    # preflight refuses before anything is asked or run
+    # preflight refuses before anything is asked or run (0.95 × a GB10's 121.7 GiB: over the node's budget)
     assert cli("--cluster", cluster_file, "recipe", "launch", "gpt-oss-120b", "-T", "solo", "--offline",
-               "--gpu-mem", "0.9") == 2
+               "--gpu-mem", "0.95") == 2
     err = capsys.readouterr().err
     assert "preflight refuses the launch: gpu_memory_utilization" in err and "--force" in err
     # preflight clean, but no terminal to confirm on and no --yes

@@ -20,6 +20,7 @@ from typing import Any
 from .. import severity
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
+from ..nodes.samples import Tick
 from . import lint_memory, lint_topology
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
@@ -47,7 +48,9 @@ SRC_COMPROMISED = ("LiteLLM 1.82.7 and 1.82.8 were compromised releases (a suppl
                    "CI, disclosed by LiteLLM)")
 SRC_GUARDS = ("an OOM on a GB10's unified memory freezes the whole host (NVIDIA/open-gpu-kernel-modules#1358; "
               f"{SRC_DEEPSEEK}); the mitigations published with it: swap off, overcommit 0, "
-              "container cap, min_free_kbytes 1.5 GiB, drop caches before the load")
+              "container cap, min_free_kbytes 1.5 GiB, drop caches before the load (the cap holds the container's "
+              "CPU side only: CUDA memory is not charged to it on a GB10, graphistry/pygraphistry PR 1671, "
+              "Blackwellboy/model-serving-minefield issue 57)")
 SRC_IMAGE = "eugr/spark-vllm-docker launch-cluster.sh: verify_cluster_image_consistency (same image ID on every node)"
 SRC_MEMORY = ("a GB10 reports MemTotal ~121.7 GiB (leptonai/gpud#1170, Syllo/nvtop#449) and an OOM wedges it "
               f"(NVIDIA/open-gpu-kernel-modules#1358); {SRC_DEEPSEEK}: ~75 GiB loaded per node")
@@ -114,6 +117,7 @@ class Facts:
     unreachable: Mapping[str, Sequence[tuple[str, str, str]]] = field(default_factory=dict)  # node → (peer, addr, why)
     model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
     compile_cache_mounted: bool | None = None                           # None: read from the plan's volumes
+    ticks: Mapping[str, Tick] = field(default_factory=dict)             # node → its last tick: what runs there
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -124,7 +128,7 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         evaluate_guards = evaluate
     except ImportError:          # telemetry's guard rules not present: guards stay unknown
         evaluate_guards = None
-    guards, mem, unified, boots = {}, {}, {}, {}
+    guards, mem, unified, boots, ticks = {}, {}, {}, {}, {}
     for name, nm in monitors.items():
         boot = getattr(getattr(nm, "info", None), "boot_id", None)
         if boot:
@@ -132,6 +136,7 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         last = getattr(nm, "last", None)
         if last is None:
             continue
+        ticks[name] = last
         if last.mem is not None:
             mem[name] = last.mem
         if last.gpus:
@@ -139,7 +144,8 @@ def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: floa
         if evaluate_guards is not None:
             guards[name] = list(evaluate_guards(last.guards, last.mem, getattr(nm, "containers", ()),
                                                 nm.config.container))
-    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots)
+    return Facts(guards=guards, mem=mem, unified=unified, headroom_floor_gib=headroom_floor_gib, boot_ids=boots,
+                 ticks=ticks)
 
 
 def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
@@ -224,20 +230,35 @@ def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
 # --- rules ------------------------------------------------------------------------------------------------------
 
 def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    """The claim judged against the node's budget (lint_memory.py)."""
-    out = []
+    """The claims of the servers on each node, summed, judged against the node's budget (lint_memory.py): MemTotal
+    less the reserve less what the other workloads measurably hold — never the container's cap."""
+    from ..placement.budget import node_budget, offline_budget
     cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
-    cap = lint_memory.size_gib(cap_text)
-    for node, argv in _servers(plan):
-        if not facts.unified.get(node, True):
+    claims: dict[str, list[lint_memory.Claim]] = {}
+    ours: dict[str, set[str]] = {}
+    for key, argv in plan.server_args.items():
+        svc = plan.service(key)
+        ours.setdefault(svc.node, set()).add(svc.container)
+        if not facts.unified.get(svc.node, True):
             continue
+        total_kb = getattr(facts.mem.get(svc.node), "total_kb", None)
+        # a fraction of the total, or --gpu-memory-utilization-gb: GiB, which wins over a fraction
+        claim = lint_memory.claim_of(argv, total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB)
+        if claim is not None:
+            claims.setdefault(svc.node, []).append(claim)
+    out = []
+    for node, cs in claims.items():
         total_kb = getattr(facts.mem.get(node), "total_kb", None)
         total = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        claim = lint_memory.claim_of(argv, total, bool(total_kb))
-        if claim is None:
-            continue
-        got = lint_memory.judge(claim, total, cap, cap_text, lint_memory.guards_in_place(facts.guards.get(node)),
-                                facts.headroom_floor_gib, bool(total_kb))
+        tick = facts.ticks.get(node)
+        if tick is not None:
+            # the plan's own containers are replaced by this launch: what they hold now is not held against it
+            budget = node_budget(node, tick, facts.headroom_floor_gib, exclude=ours.get(node, ()))
+        else:
+            budget = offline_budget(node, int(total * GIB), headroom_floor_gib=facts.headroom_floor_gib,
+                                    reason="what runs on the node was not read" if total_kb else
+                                    "the node was not read: a GB10 assumed, nothing held")
+        got = lint_memory.judge(cs, total, budget, cap_text, bool(total_kb))
         if got:
             out.append(Finding("gpu_memory_utilization", got[0], got[1], lint_memory.SRC_BUDGET, got[2], node))
     return _dedupe(out)
@@ -342,7 +363,9 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
     out = []
     drops_cache = any("drop_caches" in " ".join(st.argv) for st in plan.steps)
     if recipe.container_settings.memory is None and recipe.container_settings.gpus is not None:
-        out.append(Finding("oom_guards", "refuse", "the recipe starts vLLM without a container memory cap",
+        out.append(Finding("oom_guards", "refuse", "the recipe starts vLLM without a container memory cap: a "
+                           "runaway of its CPU side (Python, compile workers, host buffers) would take the host's "
+                           "memory instead of the container being killed (the cap does not hold its GPU memory)",
                            SRC_GUARDS, "set sparkconsole.container.memory (e.g. 100g) in the recipe"))
     for n in nodes:
         results = facts.guards.get(n.name)
@@ -457,7 +480,7 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
         mem = facts.mem.get(node)
         total_kb = getattr(mem, "total_kb", None)
         total_gib = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        claim = lint_memory.claim_of(argv, total_gib, bool(total_kb), default=0.9)     # vLLM's default: 0.9
+        claim = lint_memory.claim_of(argv, total_gib, default=0.9)     # vLLM's default: 0.9
         if claim is None:
             continue
         budget = claim.gib
@@ -468,7 +491,7 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
             if need > budget:
                 out.append(Finding("memory_fit", "refuse",
                                    f"weights + KV for one {max_len}-token sequence ≈ {need:.1f} GiB per node, "
-                                   f"but {claim.text} "
+                                   f"but {lint_memory.claim_words([claim], total_gib, bool(total_kb))} "
                                    f"({size.source})", SRC_MEMORY,
                                    "lower max_model_len, use more nodes, or a smaller model", node))
         avail_kb = getattr(mem, "available_kb", None)

@@ -1,18 +1,22 @@
-"""Preflight's judgement of gpu_memory_utilization on a unified-memory node (GB10), from the node's own budget.
+"""Preflight's judgement of gpu_memory_utilization on a unified-memory node (GB10), against the node's budget.
 
 vLLM claims gpu_memory_utilization × the GPU's total memory; on a GB10 that total is the host's unified memory
-(MemTotal ~121.7 GiB, gb10-facts.md). The claim is made inside the container, under its memory cap
-(sparkconsole.container.memory, 100g unless the recipe says otherwise), which turns an out-of-memory into a
-container OOM-kill instead of a wedged host (seed 004). Judged per node:
+(MemTotal ~121.7 GiB, gb10-facts.md). The container's memory cap does not contain that claim: CUDA allocations are
+not charged to the container's cgroup there. Public measurements on DGX Spark: a container reached 8 GB under a
+4 GB `docker --memory` cap (graphistry/pygraphistry pull request 1671); 12 GiB of CUDA memory allocated inside a
+cgroup v2 scope with MemoryMax=8G moved memory.current from 5.7 MB to 409 MB and nothing was killed, while a plain
+malloc in the same scope was killed between 7 and 8 GiB (Blackwellboy/model-serving-minefield issue 57). This
+project has no GB10 to test on: those measurements are the best knowledge, and they are what the findings cite.
 
-- the claim alone is over the cap: the container is OOM-killed while the model loads. Refused.
-- the claim leaves less than CPU_SIDE_GIB under the cap for vLLM's own process (Python, CUDA context, compile
-  workers, a speculative drafter): seed 004 ran 0.78 (94.9 GiB, 5.1 GiB left under its 100 GiB cap) for days and
-  saw 0.82 (99.8 GiB, 0.2 GiB left, MTP drafter) OOM. A warning while the node's OOM guards are in place (the
-  OOM stays inside the container); refused where they are not (swap on, overcommit, too small a min_free_kbytes
-  reserve: the same OOM can take the host down).
-- with no cap, the claim against what the host itself needs: the console's headroom floor for the OS and page
-  cache, plus the min_free_kbytes reserve the seed set (1.5 GiB). Past that an OOM wedges the host. Refused.
+So the claim is judged against the node (placement/budget.py): MemTotal, less the reserve (the console's headroom
+floor and the vm.min_free_kbytes the kernel keeps), less what the other workloads on the node measurably hold (their
+processes' GPU memory from NVML plus their cgroups' usage). Judged per node, the claims of every server the plan
+puts there summed:
+
+- the claims are over the budget: the node runs out of memory while the model loads, and a GB10 freezes. Refused.
+- the claims plus vLLM's own CPU side (CPU_SIDE_GIB: Python, compile workers, host buffers — what the cap does
+  hold) are over it, or a claim is above SEED_STABLE_FRACTION (seed 004: 0.78 ran stable for days, 0.82 hit OOM on
+  its nodes, with an MTP drafter): a warning that says which.
 
 A discrete-GPU node (unified false) is not judged here: its claim is on its own memory. Pure: facts come in.
 """
@@ -24,16 +28,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..placement.budget import GIB as GIB_B
+from ..placement.budget import HOST_PROCESSES, NodeBudget
+
 GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = 121.7          # what a GB10 reports as MemTotal (gb10-facts.md)
-CPU_SIDE_GIB = 5.0                 # what vLLM's process needs under the cap besides its claim (seed 004, above)
+CPU_SIDE_GIB = 5.0                 # vLLM's process beside its claim: seed 004 ran with 5.1 GiB beside 0.78's claim
+SEED_STABLE_FRACTION = 0.78        # seed 004: stable at 0.78, OOM at 0.82 (an MTP drafter on the head node)
 MIN_FREE_RESERVE_GIB = 1.5         # vm.min_free_kbytes=1572864 (seed 004)
 GUARD_KEYS = ("swap", "overcommit", "min_free")     # nodes/guard.py keys
 
-SRC_BUDGET = ("a GB10's GPU memory is the host's ~121.7 GiB MemTotal (leptonai/gpud#1170) and an OOM wedges the host "
-              "(NVIDIA/open-gpu-kernel-modules#1358); the published run 'Two-Node DGX Spark Cluster: Running DeepSeek "
-              "V4 Flash': Docker --memory=100G turns it into a container OOM-kill, 0.78 (5.1 GiB left under the cap) "
-              "ran stable, 0.82 (0.2 GiB left) hit OOM")
+CAP_CONTAINS = ("the container's memory cap holds vLLM's CPU side (Python, compile workers, host buffers), not "
+                "its GPU claim: CUDA memory is not charged to the container's cgroup on a GB10")
+SRC_BUDGET = ("a GB10's GPU memory is the host's ~121.7 GiB MemTotal (leptonai/gpud#1170) and an OOM freezes the host "
+              "(NVIDIA/open-gpu-kernel-modules#1358); graphistry/pygraphistry PR 1671: a container reached 8 GB under "
+              "a 4 GB docker --memory cap; Blackwellboy/model-serving-minefield issue 57: 12 GiB of CUDA memory in a "
+              "MemoryMax=8G scope moved memory.current 5.7 → 409 MB, no OOM kill; the published run 'Two-Node DGX "
+              "Spark Cluster: Running DeepSeek V4 Flash': 0.78 ran stable, 0.82 hit OOM")
 
 
 def size_gib(size: str | None) -> float | None:
@@ -60,7 +71,7 @@ def guards_in_place(results: Sequence[Any] | None) -> bool | None:
 
 
 def _fraction(value: float) -> str:
-    return f"{math.floor(value * 100) / 100:.2f}"
+    return f"{max(math.floor(value * 100) / 100, 0.0):.2f}"
 
 
 @dataclass(frozen=True)
@@ -69,20 +80,13 @@ class Claim:
     (`--gpu-memory-utilization`), or a size in GiB (`--gpu-memory-utilization-gb`, newer vLLM: an exact GiB
     target, which wins over a fraction)."""
     gib: float
-    text: str                   # how the message says it
     fraction: float | None      # None: given in GiB
-
-    def fix(self, safe_gib: float, total_gib: float) -> str:
-        if self.fraction is None:
-            return f"--gpu-memory-utilization-gb {math.floor(safe_gib)}"
-        return f"--set gpu_memory_utilization={_fraction(safe_gib / total_gib)}"
 
 
 GB_FLAG = "--gpu-memory-utilization-gb"
 
 
-def claim_of(argv: Sequence[str], total_gib: float, total_known: bool = True, *,
-             default: float | None = None) -> Claim | None:
+def claim_of(argv: Sequence[str], total_gib: float, *, default: float | None = None) -> Claim | None:
     """The server's claim from its argv; `default`: the fraction vLLM takes when neither flag is given (None: no
     claim judged)."""
     from .argv import flag_value
@@ -93,46 +97,77 @@ def claim_of(argv: Sequence[str], total_gib: float, total_known: bool = True, *,
         except ValueError:
             gib = -1.0
         if gib > 0:
-            return Claim(gib, f"{GB_FLAG} {gib:g} = {gib:.1f} GiB", None)
+            return Claim(gib, None)
     raw = flag_value(argv, "--gpu-memory-utilization")
     try:
         frac = float(raw) if raw is not None else default
     except ValueError:
         frac = default
-    if frac is None:
-        return None
-    claim = frac * total_gib
-    return Claim(claim, f"gpu_memory_utilization {frac:g} × {total_gib:.1f} GiB{'' if total_known else ' (a GB10)'} "
-                        f"= {claim:.1f} GiB", frac)
+    return None if frac is None else Claim(frac * total_gib, frac)
 
 
-def judge(claimed: float | Claim, total_gib: float, cap_gib: float | None, cap_text: str | None,
-          guards: bool | None, headroom_floor_gib: float, total_known: bool) -> tuple[str, str, str] | None:
-    """(severity, message, fix) for one node's claim (a Claim, or a gpu_memory_utilization fraction), or None
-    when it fits."""
-    c = claimed if isinstance(claimed, Claim) else \
-        Claim(claimed * total_gib, f"gpu_memory_utilization {claimed:g} × {total_gib:.1f} GiB"
-                                   f"{'' if total_known else ' (a GB10)'} = {claimed * total_gib:.1f} GiB", claimed)
-    claim, of = c.gib, c.text
-    if cap_gib is not None:
-        fix = (f"{c.fix(cap_gib - CPU_SIDE_GIB, total_gib)} (or raise sparkconsole.container.memory, below the "
-               "host's total)")
-        if claim > cap_gib:
-            return ("refuse", f"{of}, over the container's {cap_text} cap: the container is OOM-killed while the "
-                              "model loads", fix)
-        left = cap_gib - claim
-        if left < CPU_SIDE_GIB:
-            said = {True: "the OOM guards are in place, so an OOM kills the container, not the host",
-                    False: "the node's OOM guards are not in place, so that OOM can take the host down",
-                    None: "the node's OOM guards were not read"}[guards]
-            return ("refuse" if guards is False else "warn",
-                    f"{of} leaves {left:.1f} GiB of the container's {cap_text} cap for vLLM's own process "
-                    f"(a published run needed more than 0.2 GiB, and ran with 5.1); {said}", fix)
-        return None
-    need = headroom_floor_gib + MIN_FREE_RESERVE_GIB
-    if claim > total_gib - need:
-        return ("refuse", f"{of} leaves {total_gib - claim:.1f} GiB for the OS and page cache with no container cap "
-                          f"(needed: the {headroom_floor_gib:g} GiB headroom floor + the {MIN_FREE_RESERVE_GIB} GiB "
-                          "min_free_kbytes reserve): an OOM here wedges the host",
-                f"{c.fix(total_gib - need, total_gib)}, and set sparkconsole.container.memory (e.g. 100g)")
+def claim_words(claims: Sequence[Claim], total_gib: float, total_known: bool = True) -> str:
+    """How a message says the claims: the fractions × the total (as before), or the GiB each asks for."""
+    total = sum(c.gib for c in claims)
+    many = f" for {len(claims)} servers" if len(claims) > 1 else ""
+    if all(c.fraction is not None for c in claims):
+        each = " + ".join(f"{c.fraction:g}" for c in claims)
+        return (f"gpu_memory_utilization {each} × {total_gib:.1f} GiB{'' if total_known else ' (a GB10)'} = "
+                f"{total:.1f} GiB{many}")
+    each = " + ".join(f"{GB_FLAG} {c.gib:g}" if c.fraction is None else
+                      f"gpu_memory_utilization {c.fraction:g} × {total_gib:.1f} GiB" for c in claims)
+    return f"{each} = {total:.1f} GiB{many}"
+
+
+def _g(b: float) -> str:
+    return f"{b / GIB_B:.1f}"
+
+
+def _budget_words(b: NodeBudget, total_gib: float) -> str:
+    """How the budget is made: total − reserve − what is held, each workload named."""
+    text = f"MemTotal {total_gib:.1f} − {_g(b.reserve_b)} reserve (headroom floor + vm.min_free_kbytes)"
+    held = [w for w in b.held if (w.total_b or 0) > 0]
+    if held:
+        names = ", ".join(f"{'GPU processes in no container' if w.container == HOST_PROCESSES else w.container} "
+                          f"{_g(w.total_b or 0)}" for w in held[:4]) + (" …" if len(held) > 4 else "")
+        text += f" − {_g(b.held_b)} held by other workloads ({names})"
+    if not b.measured:
+        text += f"; {b.reason}" if b.reason else "; the node's memory was not read"
+    elif b.unmeasured:
+        w = b.unmeasured[0]
+        text += f"; not all of {w.container}'s memory is measured ({w.reason})"
+    return text
+
+
+def judge(claims: Sequence[float | Claim], total_gib: float, budget: NodeBudget, cap_text: str | None,
+          total_known: bool) -> tuple[str, str, str] | None:
+    """(severity, message, fix) for the claims the plan puts on one node (Claims, or gpu_memory_utilization
+    fractions), or None when they fit."""
+    cs = [c if isinstance(c, Claim) else Claim(c * total_gib, c) for c in claims]
+    claim_b = sum(c.gib for c in cs) * GIB_B
+    free = budget.free_b if budget.free_b is not None else 0
+    of = claim_words(cs, total_gib, total_known)
+    where = f"the node's budget of {_g(free)} GiB ({_budget_words(budget, total_gib)})"
+    cap = (f"; the container's {cap_text} cap would not stop it (it holds vLLM's CPU side, not CUDA memory)"
+           if cap_text else "")
+    best = (free - CPU_SIDE_GIB * GIB_B) / len(cs) / (total_gib * GIB_B)
+    safe = min(best, SEED_STABLE_FRACTION)
+    fix = (f"--set gpu_memory_utilization={_fraction(safe)}" if all(c.fraction is not None for c in cs) else
+           f"{GB_FLAG} {max(math.floor(safe * total_gib), 0)}")
+    if any((w.total_b or 0) > 0 for w in budget.held):
+        fix += ", or stop what holds the memory"
+    if claim_b > free:
+        return ("refuse", f"{of}, over {where}: the node runs out of memory while the model loads and a GB10 "
+                          f"freezes{cap}", fix)
+    said = []
+    if claim_b + CPU_SIDE_GIB * GIB_B > free:
+        said.append(f"with vLLM's own CPU side (~{CPU_SIDE_GIB:g} GiB) it is {_g(claim_b + CPU_SIDE_GIB * GIB_B)} "
+                    f"GiB, over {where}")
+    high = [c for c in cs if c.gib > SEED_STABLE_FRACTION * total_gib + 1e-9]
+    if high:
+        said.append(f"above {SEED_STABLE_FRACTION} of the memory, where a published two-node run saw OOM on its "
+                    "nodes (0.82 with an MTP drafter; 0.78 ran stable)")
+    if said:
+        room = "" if claim_b + CPU_SIDE_GIB * GIB_B > free else f"; the budget has room ({_g(free)} GiB)"
+        return "warn", f"{of}: " + "; ".join(said) + room + cap, fix
     return None

@@ -21,8 +21,16 @@ Wire format (one JSON object per line on the agent's stdout; see agent.py):
    "containers": [{"name": "vllm_node", "image": "vllm-node", "state": "running", "health": "healthy",
                    "started_at": "2026-…Z", "restart_count": 0, "memory_limit_b": 107374182400,
                    "oom_killed": false, "exit_code": 0}],               # only on container ticks (slower cadence)
-   "cgroups": [{"name": "vllm_node", "current_b": 5368709120, "max_b": 107374182400}],  # running containers'
-                                                                       # memory cgroup, every tick; max_b absent: no cap
+   "cgroups": [{"name": "vllm_node", "current_b": 5368709120, "max_b": 107374182400},  # running containers'
+               {"name": "other", "reason": "no memory cgroup file"}],  # memory cgroup, every tick; max_b absent: no
+                                                                       # cap; reason instead of current_b: not read
+   "gpu_procs": {"read_at": 1763830005.6,                              # node time of the process list (read every
+                 "procs": [{"pid": 4242, "gpu": 0, "used_b": 95864520704, "comm": "python3",   # few ticks, repeated
+                            "container": "vllm_node"},                 # between); container: mapped through
+                           {"pid": 901, "gpu": 0, "used_b": 524288000, "where": "host"}]},   # /proc/PID/cgroup;
+                                                                       # where: host | gone | unlisted; used_b absent:
+                                                                       # NVML gave none. {"reason": …} instead of
+                                                                       # read_at/procs: per-process memory not measured
    "errors": ["nvml: …"]}                                              # optional, one short text per failing source
 
 Readings a source cannot give are ABSENT (None here), never zero.
@@ -223,14 +231,58 @@ class ContainerInfo:
 
 @dataclass(frozen=True, slots=True)
 class CgroupMemory:
-    """A running container's memory cgroup: usage (memory.current / usage_in_bytes) against its cap."""
+    """A running container's memory cgroup: usage (memory.current / usage_in_bytes) against its cap. On a GB10 the
+    usage holds the container's CPU side only: CUDA allocations are not charged to it (docs/RECORDER.md)."""
     name: str
     current_b: int | None = None
     max_b: int | None = None          # None: no cap
+    reason: str | None = None         # why current_b is absent (no memory cgroup file for it, …)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CgroupMemory:
-        return cls(name=_s(d, "name") or "?", current_b=_i(d, "current_b"), max_b=_i(d, "max_b"))
+        reason = _s(d, "reason")
+        return cls(name=_s(d, "name") or "?", current_b=_i(d, "current_b"), max_b=_i(d, "max_b"),
+                   reason=reason[:160] if reason else None)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess:
+    """One process holding GPU memory, as NVML lists it (nvmlDeviceGetComputeRunningProcesses), and the container
+    the agent found it in (/proc/PID/cgroup). used_b None: NVML gave no figure for it."""
+    pid: int
+    gpu: int = 0
+    used_b: int | None = None
+    comm: str | None = None
+    container: str | None = None
+    where: str | None = None          # no container: "host" (not in one), "gone" (ended before it was mapped),
+                                      # "unlisted" (a container cgroup the agent's docker poll does not list)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuProcess:
+        comm, cont, where = _s(d, "comm"), _s(d, "container"), _s(d, "where")
+        return cls(pid=_i(d, "pid") or 0, gpu=_i(d, "gpu") or 0, used_b=_i(d, "used_b"),
+                   comm=comm[:32] if comm else None, container=cont[:128] if cont else None,
+                   where=where[:16] if where else None)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcesses:
+    """The node's per-process GPU memory reading: the processes, or why there is none (reason)."""
+    read_at: float | None = None      # node clock when the list was read (ticks between reads repeat it)
+    procs: tuple[GpuProcess, ...] = ()
+    reason: str | None = None         # not measured: NVML without per-process support, no GPU source, …
+
+    @property
+    def measured(self) -> bool:
+        return self.reason is None and self.read_at is not None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> GpuProcesses:
+        reason = _s(d, "reason")
+        procs = d.get("procs")
+        return cls(read_at=_f(d, "read_at"), reason=reason[:200] if reason else None,
+                   procs=tuple(GpuProcess.from_json(p) for p in procs[:256] if isinstance(p, dict))
+                   if isinstance(procs, list) else ())
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,6 +321,7 @@ class Tick:
     containers: tuple[ContainerInfo, ...] | None = None   # None: not sampled on this tick (keep the last)
     errors: tuple[str, ...] = ()
     cgroups: tuple[CgroupMemory, ...] = ()                 # agents before 0.2 never send it
+    gpu_procs: GpuProcesses | None = None                  # None: the agent sent no per-process reading (older)
 
     @classmethod
     def from_json(cls, d: dict[str, Any], received: float) -> Tick:
@@ -292,4 +345,5 @@ class Tick:
             errors=tuple(str(e)[:200] for e in errs[:16]) if isinstance(errs, list) else (),
             cgroups=tuple(CgroupMemory.from_json(c) for c in d["cgroups"][:64] if isinstance(c, dict))
             if isinstance(d.get("cgroups"), list) else (),
+            gpu_procs=GpuProcesses.from_json(d["gpu_procs"]) if isinstance(d.get("gpu_procs"), dict) else None,
         )

@@ -315,16 +315,17 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     def node_facts(self):
         """What preflight learns from the live nodes: guard results, host memory, unified memory."""
         from ..launch.lint import Facts
-        guards, mem, unified = {}, {}, {}
+        guards, mem, unified, ticks = {}, {}, {}, {}
         for name, nm in (self.monitor.nodes.items() if self.monitor else ()):
             if nm.last is None:
                 continue
+            ticks[name] = nm.last          # what runs there: the memory budget counts it (placement/budget.py)
             guards[name] = self.guards_for(nm)
             if nm.last.mem is not None:
                 mem[name] = nm.last.mem
             if nm.last.gpus:
                 unified[name] = nm.last.gpus[0].unified
-        return Facts(guards=guards, mem=mem, unified=unified,
+        return Facts(guards=guards, mem=mem, unified=unified, ticks=ticks,
                      headroom_floor_gib=self.cluster.thresholds.headroom_floor_gib)
 
     def thermal_note(self):
