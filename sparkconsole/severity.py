@@ -6,7 +6,7 @@ fixing command); here that state is given its one meaning for a launch and its o
 
     ✓ ok       nothing to do
     ? unknown  could not be read: preflight warns that it was not checked
-    ! warn     said, and a launch goes ahead (it still counts against a tight memory claim: launch/lint_memory.py)
+    ! warn     said, and a launch goes ahead
     ✗ refuse   a launch is refused (unless --force): a guard whose state is bad
     ✗ block    refused even with --force (a compromised router release; findings only)
 
