@@ -101,7 +101,7 @@ class RecipesScreen(RecipeActions, Screen):
                     found = [f for f in found if f.rule != "memory_headroom"]
                 self.findings[key] = found
             except UserError as exc:
-                self.findings[key] = [_Finding("refuse", _one_line(exc))]
+                self.findings[key] = [_Finding("refuse", _one_line(exc), rule="plan")]
             except ImportError:
                 self.findings[key] = []
             self.findings[key] += self._in_the_way(recipe, topology)
