@@ -51,6 +51,8 @@ def console_commands(app: Any) -> list[Command]:
         Command("Bench: Reference (the published table)", lambda: _on(app, "bench", "reference"),
                 "f on the bench screen", "bench.reference"),
         Command("Logs: Search the log", lambda: _on(app, "logs", "search"), "/ on the logs screen", "logs.search"),
+        Command("Logs: Clear search", lambda: _on(app, "logs", "clear_search"), "escape on the logs screen",
+                "logs.clear_search"),
         Command("Logs: Next node", lambda: _on(app, "logs", "next_node"), "n on the logs screen", "logs.next_node"),
         Command("Logs: Follow the end, or stop", lambda: _on(app, "logs", "toggle_follow"), "f on the logs screen",
                 "logs.toggle_follow"),
