@@ -30,6 +30,8 @@ async def test_what_each_size_shows(recording, size):
     app, _, mon = make_app(recording)
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: all(len(nm.history) >= 3 for nm in mon.nodes.values()), what="readings")
+        # the BAD guards' alerts raised, their toasts up (two of them covered spark2's panel at 80×24)
+        await wait_for(pilot, lambda: app.dashboard.events.count >= 2, what="the alerts")
         await pilot.pause(0.6)
         lines = screen_lines(app)
         text = grid(lines)

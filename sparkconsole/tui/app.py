@@ -35,6 +35,7 @@ if TYPE_CHECKING:        # imported for real off the event loop, once the first 
     from ..serving.endpoint import ServingMonitor
 
 REDRAW_HZ = 4.0
+TOAST_SHORT = 48        # a toast's words on a small terminal (the rest: the Events pane)
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
 # Read-only (`sparkconsole serve --read-only`, which starts this app in a child process and says so here): every
 # node-changing action (restart, stop, launch, guard fixes) is hidden, and refused should one be reached anyway.
@@ -143,7 +144,16 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             return
         self.dashboard.events.note(text, {"bad": "red", "warn": "yellow"}.get(sev, "cyan"))
         if sev in ("warn", "bad"):
-            self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
+            self.notify(self._toast_text(text), severity="error" if sev == "bad" else "warning", timeout=10)
+
+    def _toast_text(self, text: str) -> str:
+        """A toast on a small terminal says the gist and where the rest is: whole, two of them covered a node's
+        panel at 80×24 (its BAD guard under them). The Events pane (`e`) keeps every word."""
+        from .fmt import clip_words
+        from .screens.dashboard import NARROW_COLS, SHORT_ROWS
+        if self.size.height >= SHORT_ROWS and self.size.width >= NARROW_COLS:
+            return text
+        return clip_words(text, TOAST_SHORT) + (" (e: Events)" if len(text) > TOAST_SHORT else "")
 
     def _say_notes(self, mon) -> None:
         """A replay's notes (recorder/replay.py: the unreadable parts of a damaged recorder file), said on screen."""
@@ -443,7 +453,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             if a.active:
                 sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
                 # The toast's title names the source already: its text need not say it again.
-                self.notify(a.message.removeprefix(a.source + " "), title=a.source, severity=sev,
+                self.notify(self._toast_text(a.message.removeprefix(a.source + " ")), title=a.source, severity=sev,
                             timeout=8 if a.severity == "bad" else 5)
                 if a.severity == "bad":
                     self.bell()

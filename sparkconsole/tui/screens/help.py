@@ -11,10 +11,12 @@ from textual.widgets import Static
 
 KEYS = [
     ("everywhere", [("1 2 3 4", "dashboard · recipes · bench · logs"), (": or ctrl+p", "command palette: every action, every recipe"),
+                    ("e", "the Events pane (alerts, restart progress, collector messages) over the dashboard, at any "
+                          "terminal size; e or escape brings the nodes back"),
                     ("?", "this help"), ("[ / ]", "back / forward 5 min through the flight recorder (REPLAY; ] to live)"), ("/", "filter (nodes, recipes) or search (logs)"), ("tab", "next pane"), ("q", "quit: agents end, connections close")]),
     ("node panel", [("l", "tail the node's vLLM container log"), ("r", "restart the vLLM container (asks first)"),
                     ("s", "stop the vLLM container (asks first)"),
-                    ("f or enter", "fix the first guard that is not ok: shows the command, runs it after a confirmation"),
+                    ("f or enter", "fix the worst guard that is not ok: shows the command, runs it after a confirmation"),
                     ("enter on a guard", "that guard's fix, the same way")]),
     ("recipes", [("enter", "launch the chosen recipe on the chosen topology (asks first)"), ("t", "next topology"),
                  ("r / s", "restart / stop the running recipe (asks first)"),
