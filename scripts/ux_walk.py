@@ -1,8 +1,8 @@
 """The newcomer walk of docs/UX.md, repeatable: the demo (gpt-oss-120b as 2x solo behind the router) in the console,
-driven through Textual's Pilot at 100×30, 160×48 and 220×60, one SVG per view and size into screenshots/, and the
-text of every view printed, to be read as a first-time operator reads it.
+driven through Textual's Pilot at 80×24, 100×30, 160×48 and 220×60, one SVG per view and size into screenshots/,
+and the text of every view printed, to be read as a first-time operator reads it.
 
-    .venv/bin/python scripts/ux_walk.py [--out screenshots] [--sizes 100x30,160x48,220x60]
+    .venv/bin/python scripts/ux_walk.py [--out screenshots] [--sizes 80x24,100x30,160x48,220x60]
 """
 
 from __future__ import annotations
@@ -21,7 +21,9 @@ sys.path.insert(0, str(ROOT))
 # (name, keys from the dashboard): what a newcomer tries first
 VIEWS = (
     ("dashboard", ()),
+    ("events", ("e",)),
     ("filter-no-match", ("slash", "z", "z", "z")),
+    ("palette-swap", ("ctrl+p", "s", "w", "a", "p")),
     ("recipes", ("2",)),
     ("bench-setup", ("3", "b")),
     ("replay", ("left_square_bracket",)),
@@ -54,7 +56,7 @@ async def walk(out: Path, sizes: list[tuple[int, int]]) -> None:
                     await app.action_show("dashboard")
                     if app._scrub_back:
                         await app.action_scrub(app._scrub_back)      # back to live
-                    app.dashboard.action_clear_filter()
+                    app.dashboard.action_clear_filter()      # the Events pane closed too
                     await pilot.pause(0.3)
                     await pilot.press(*keys)
                     await pilot.pause(1.5)
@@ -73,7 +75,7 @@ async def walk(out: Path, sizes: list[tuple[int, int]]) -> None:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--out", default=str(ROOT / "screenshots"))
-    ap.add_argument("--sizes", default="100x30,160x48,220x60")
+    ap.add_argument("--sizes", default="80x24,100x30,160x48,220x60")
     args = ap.parse_args()
     sizes = [tuple(int(x) for x in s.split("x")) for s in args.sizes.split(",")]
     out = Path(args.out).resolve()

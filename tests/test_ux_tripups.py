@@ -131,3 +131,17 @@ def test_a_recorded_moment_is_judged_at_its_own_time():
     past = node_view(nm, [], now=1_700_009_000.0, thresholds=Thresholds(), replay=True)
     assert live.container.up_s == pytest.approx(9000.0) and past.container.up_s == pytest.approx(100.0)
     assert past.state.label == "REPLAY" and live.state.label == "LIVE"
+
+
+async def test_the_events_pane_wraps_again_at_a_new_width(recording):
+    # The walk at 80×24: a line written at 100 columns kept that wrap, its URL cut at the pane's edge.
+    app, _, mon = make_app(recording)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await wait_for(pilot, lambda: all(nm.last for nm in mon.nodes.values()), what="readings")
+        app.dashboard.events.note("sim: router litellm-simple-shuffle starting at http://127.0.0.2:4000 " + "x" * 60)
+        await pilot.resize_terminal(80, 24)
+        await pilot.press("e")
+        await pilot.pause(0.5)
+        text = screen_text(app)
+        assert "http://127.0.0.2:4000" in text, text
+        await pilot.press("q")

@@ -152,7 +152,9 @@ class NodePanel(Vertical, can_focus=True):
         if v.gpu is None or v.gpu.reasons is None:
             parts.append((DASH, "dim", 0))
         elif not v.gpu.reasons:
-            parts.append(("no clock-event reason active", grey or "green", 0))
+            width = self._width("reasons")
+            parts.append(("no clock-event reason active" if not width or width >= 36 else "none active",
+                          grey or "green", 0))
         for i, r in enumerate(v.gpu.reasons or () if v.gpu else ()):
             # the worst first; a reason that does not fit is left out whole, with its time
             parts += [(" · " if i else "", "dim", i), (r.word, grey or r.colour, i), (f" {duration(r.active_s)}", "dim", i)]
