@@ -143,15 +143,18 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         if not self._drawing() or self._not_yet(self._say, text, sev):
             return
         self.dashboard.events.note(text, {"bad": "red", "warn": "yellow"}.get(sev, "cyan"))
-        if sev in ("warn", "bad"):
+        if sev == "bad" or (sev == "warn" and not self._small()):
             self.notify(self._toast_text(text), severity="error" if sev == "bad" else "warning", timeout=10)
 
-    def _toast_text(self, text: str) -> str:
-        """A toast on a small terminal says the gist and where the rest is: whole, two of them covered a node's
-        panel at 80×24 (its BAD guard under them). The Events pane (`e`) keeps every word."""
-        from .fmt import clip_words
+    def _small(self) -> bool:
         from .screens.dashboard import NARROW_COLS, SHORT_ROWS
-        if self.size.height >= SHORT_ROWS and self.size.width >= NARROW_COLS:
+        return self.size.height < SHORT_ROWS or self.size.width < NARROW_COLS
+
+    def _toast_text(self, text: str) -> str:
+        """A toast on a small terminal says the gist and where the rest is: whole, three of them covered a node's
+        panel at 80×24 (its guards under them). The Events pane (`e`) keeps every word."""
+        from .fmt import clip_words
+        if not self._small():
             return text
         return clip_words(text, TOAST_SHORT) + (" (e: Events)" if len(text) > TOAST_SHORT else "")
 
@@ -450,7 +453,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         # The engine returns changes only (raised, severity changed, cleared): each one is news.
         for a in alerts or ():
             self.dashboard.events.add(a)
-            if a.active:
+            if a.active and (a.severity == "bad" or not self._small()):
+                # a small terminal toasts only what is BAD: the rest is in the Events pane (`e`), the panels say it
                 sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
                 # The toast's title names the source already: its text need not say it again.
                 self.notify(self._toast_text(a.message.removeprefix(a.source + " ")), title=a.source, severity=sev,

@@ -132,8 +132,10 @@ class NodePanel(Vertical, can_focus=True):
     def _temp_line(self, v: NodeView, grey: str | None) -> Text:
         g = v.gpu
         if g is None:
-            parts = [("GPU ", "bold", 0),
-                     (v.no_gpu if v.no_gpu == "waiting for the agent…" else f"{DASH} {v.no_gpu}", "dim", 0)]
+            said, _, source = (v.no_gpu or "").partition(" (source: ")
+            parts = [("GPU ", "bold", 0), (said if said == "waiting for the agent…" else f"{DASH} {said}", "dim", 0)]
+            if source:
+                parts.append((f" (source: {source}", "dim", 2))
             if v.gpu_error:
                 parts.append((f"  {v.gpu_error}", "red", 1))
             return fit(parts, self._width("temp-line"))
