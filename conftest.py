@@ -1,6 +1,7 @@
 """Root conftest: registers the real test bed's fixtures (tests/testbed/*) for every test, and routes the heavy
 modules to the `slow` marker so `pytest -m "not slow"` stays a quick check (the README's command runs them all)."""
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ pytest_plugins = [
     "tests.testbed.vllm",
     "tests.testbed.routers",
     "tests.testbed.benchy",
+    "tests.testbed.llamacpp",
 ]
 
 # Whole modules that start simulated clusters, tmux, or thousands of hypothesis cases: minutes of CPU on 2 cores.
@@ -28,3 +30,8 @@ def pytest_collection_modifyitems(config, items):
         rel = Path(str(item.path)).relative_to(root).as_posix() if str(item.path).startswith(str(root)) else ""
         if rel.startswith(HEAVY):
             item.add_marker(pytest.mark.slow)
+
+
+# The memory estimate asks the Hub only when nothing says offline (placement/modelinfo.py): never from a test,
+# nor from the commands tests start (they inherit this environment).
+os.environ["HF_HUB_OFFLINE"] = "1"

@@ -1,6 +1,6 @@
 """How many requests and token events per second the bench client sustains on one core, beside llama-benchy.
 
-    .venv/bin/python benchmarks/bench_client.py [--benchy-python PATH] [--concurrency 64,256] [--duration 4]
+    .venv/bin/python benchmarks/bench_client.py [--benchy-python PATH] [--concurrency 64,256] [--duration 4] [--smoke]
 
 A raw-asyncio OpenAI-compatible streaming server (one token per SSE event, each event its own HTTP chunk, as
 vLLM sends them, with token_ids and a final usage chunk) runs in its own process pinned to one core and answers
@@ -217,7 +217,11 @@ def main() -> int:
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--serve", type=int, help=argparse.SUPPRESS)
     ap.add_argument("--url", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        args.concurrency, args.duration, args.tokens, args.repeat = "4", 0.5, 64, 1
 
     if args.serve is not None:
         asyncio.run(_serve(args.serve, args.paced))

@@ -1,7 +1,7 @@
 """CLI start-up: how long `sparkconsole …` takes to answer, as a ratio to a bare interpreter start measured in the
 same run (the floor: `python -c pass` from the same venv).
 
-    .venv/bin/python benchmarks/cli_start.py [--runs 15] [--src DIR]
+    .venv/bin/python benchmarks/cli_start.py [--runs 15] [--src DIR] [--smoke]
 
 Cases (each run once per round, rounds interleaved so a busy neighbour hits all of them alike):
   --version, --help, argument errors of `status` and `recipe plan`   target: within 4x of the floor
@@ -11,7 +11,7 @@ rest of the time goes.
 
 `--src DIR` (repeatable) runs the sparkconsole found in DIR (a checkout of another commit: `git archive REV
 sparkconsole | tar -x -C /tmp/old`), for before/after figures from one venv, rounds interleaved. Prints one JSON
-object.
+object. `--smoke`: one run of each case, no warming pass.
 """
 
 from __future__ import annotations
@@ -53,7 +53,11 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--src", type=Path, action="append", help="directory holding the sparkconsole package to time "
                     "(repeat to compare checkouts: rounds interleave them; default: this checkout)")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     a = ap.parse_args()
+    if a.smoke:
+        a.runs = 1
     srcs = [p.resolve() for p in (a.src or [ROOT])]
     py = sys.executable
     with tempfile.TemporaryDirectory() as tmp:
@@ -73,7 +77,7 @@ def main() -> int:
             "bench report (empty results)": [*sc, "bench", "report", "--results", str(results)],
         }
         envs = {src: {**os.environ, "PYTHONPATH": str(src)} for src in srcs}
-        for src in srcs:
+        for src in srcs if not a.smoke else ():
             for cmd in cases.values():          # warm the page cache and the .pyc files once
                 _time(cmd, src, envs[src])
         times = {src: {k: [] for k in cases} for src in srcs}

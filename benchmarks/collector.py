@@ -2,12 +2,13 @@
 each on its own (as before the collector) against 1 collector + N attached viewers; the collector's and a viewer's
 CPU and memory at 2 and 32 nodes × 2 Hz.
 
-    .venv/bin/python benchmarks/collector.py [--viewers 3] [--seconds 15] [--nodes 2,32]
+    .venv/bin/python benchmarks/collector.py [--viewers 3] [--seconds 15] [--nodes 2,32] [--smoke]
 
 Real processes over two real sshd nodes on loopback (tests/testbed/sshd.py); 32 nodes are 16 SSH connections
 to each of the two servers (one agent each, GPU-less readings of this machine: a tick line is ~40 % of a GB10's).
 Viewers are `status --watch --json` processes; the collector is `record`. CPU is each process's user+system time
 over the window, as a share of one core; memory is RSS at the end. Prints one JSON object; no assertion.
+`--smoke`: 2 nodes, 1 viewer, a 1-s window, shorter settling.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ sys.path.insert(0, str(ROOT))
 from sparkconsole.recorder.reader import RecorderReader  # noqa: E402
 from tests.test_collector import agents as agents_on  # noqa: E402
 from tests.testbed.sshd import start_sshd_nodes  # noqa: E402
+
+SETTLE_S = 3.0        # after every agent is up: each connection ticking
+ATTACH_S = 5.0        # after the viewers start: attached and reading
 
 
 def cluster_file(path: Path, sshd, n: int, interval: float) -> Path:
@@ -71,7 +75,7 @@ def settle(sshd, want: int, timeout: float = 90) -> None:
     deadline = time.monotonic() + timeout
     while agents(sshd) < want and time.monotonic() < deadline:
         time.sleep(0.5)
-    time.sleep(3)             # every connection up and ticking
+    time.sleep(SETTLE_S)
 
 
 def ticks_per_s(db: Path, t0: float, t1: float) -> float:
@@ -116,7 +120,7 @@ def attached(sshd, root: Path, cfg: Path, n_nodes: int, viewers: int, seconds: f
     try:
         settle(sshd, n_nodes)
         procs += [spawn(cfg, env, "status", "--watch", "--json", "--timeout", "60") for _ in range(viewers)]
-        time.sleep(5)
+        time.sleep(ATTACH_S)
         c0 = [cpu_s(p) for p in procs]
         t0 = time.time()
         time.sleep(seconds)
@@ -141,7 +145,12 @@ def main() -> int:
     ap.add_argument("--interval", type=float, default=0.5)
     ap.add_argument("--alone-max-nodes", type=int, default=2, help="viewers on their own only up to this many nodes "
                     "(N viewers × 32 nodes of agents is more than a 2-core machine runs)")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        global SETTLE_S, ATTACH_S
+        args.viewers, args.seconds, args.nodes, SETTLE_S, ATTACH_S = 1, 1.0, "2", 0.5, 1.0
     root = Path(tempfile.mkdtemp(prefix="sc-bench-coll-"))
     sshd = start_sshd_nodes(root / "nodes")
     try:

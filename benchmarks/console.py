@@ -1,6 +1,6 @@
 """Console figures, measured on the real `sparkconsole console` in a real terminal (tmux, 200x60).
 
-    .venv/bin/python benchmarks/console.py [--runs 5] [--seconds 15] [--nodes 2,8,32]
+    .venv/bin/python benchmarks/console.py [--runs 5] [--seconds 15] [--nodes 2,8,32] [--smoke]
 
 1. Launch to first full frame: from spawning the command until the terminal shows the whole dashboard (the nodes
    box and the footer), and until the first node reads LIVE. Floor, same run, same terminal: a minimal Textual app
@@ -23,6 +23,7 @@
 4. Import cost: `python -c "import sparkconsole.tui.app"` wall time, the floor under the first frame.
 
 Prints one JSON object of figures. The machine is shared: figures are medians of several runs taken in one go.
+`--smoke`: one launch, 2 nodes, a 1-s window, one key in the terminal and three in-process.
 """
 
 from __future__ import annotations
@@ -321,7 +322,11 @@ def main() -> int:
                     help="seconds of streaming before the in-process presses (default 4; 70 passes a heap settle)")
     ap.add_argument("--only", choices=("keys", "frame"),
                     help="keys: only the in-process key figures; frame: only the first frame against its floor")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.seconds, args.nodes, args.keys, args.in_process_keys, args.warm = 1, 1.0, "2", 1, 3, 0.5
     if not SPARKCONSOLE.exists():
         print(f"no {SPARKCONSOLE}: install the project first (scripts/test)", file=sys.stderr)
         return 2

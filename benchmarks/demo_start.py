@@ -1,6 +1,6 @@
 """`sparkconsole demo` start-up, as a new user sees it in a real terminal (tmux, 200x60).
 
-    .venv/bin/python benchmarks/demo_start.py [--runs 3] [--src DIR]
+    .venv/bin/python benchmarks/demo_start.py [--runs 3] [--src DIR] [--smoke]
 
 From spawning the command until the terminal shows:
   first_frame        the whole dashboard (nodes box and footer)
@@ -16,6 +16,8 @@ figures from one venv, runs interleaved. Prints one JSON object; medians of --ru
 `--script` times the README's own command instead: `scripts/demo` in a fresh export of this checkout (`git
 archive HEAD`, no .venv), its first call (the venv made and the package installed) and then --runs more calls
 (installed: nothing to install), each to its first temperature on screen.
+
+`--smoke`: one run of each, no warming start; `--script` is skipped there (its first call installs a venv).
 """
 
 from __future__ import annotations
@@ -132,7 +134,14 @@ def main() -> int:
     ap.add_argument("--src", type=Path, action="append", help="directory holding the sparkconsole package to time "
                     "(repeat to compare checkouts: their runs are interleaved; default: this checkout)")
     ap.add_argument("--script", action="store_true", help="time scripts/demo itself, first and later calls")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     a = ap.parse_args()
+    if a.smoke:
+        a.runs = 1
+        if a.script:
+            print("skipped: --script (its first call makes a venv and installs the project: minutes)")
+            a.script = False
     if a.script:
         print(json.dumps({"cpus": os.cpu_count(), "load_avg_1m": round(os.getloadavg()[0], 2),
                           "scripts_demo_first_temperature": script_starts(a.runs)}, indent=1))
@@ -144,7 +153,7 @@ def main() -> int:
     load = []
     with tempfile.TemporaryDirectory(prefix="sc-demo-bench-") as d:
         tmp = Path(d)
-        for src in srcs:
+        for src in srcs if not a.smoke else ():
             one_headless(py, src, {**os.environ, "PYTHONPATH": str(src)})    # warm the page cache and .pyc files
         for _ in range(a.runs):
             for src in srcs:

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/exporter.py [--nodes 2,32] [--scrapes 200] [--seconds 20]
     .venv/bin/python benchmarks/exporter.py --load [--clients 20] [--seconds 20] [--nodes 2]
+    .venv/bin/python benchmarks/exporter.py --smoke       # both, a few seconds each
 
 Every node replays a real agent recording (tests/fixtures/agent-h100-load.jsonl, with the vLLM container added on
 every fourth tick as the agent sends it) through the real ClusterMonitor and its line parsing, at 2 Hz; one
@@ -47,7 +48,7 @@ from sparkconsole.exporter.server import ExporterServer  # noqa: E402
 from sparkconsole.nodes.monitor import ClusterMonitor  # noqa: E402
 from sparkconsole.nodes.recording import read_recording  # noqa: E402
 from sparkconsole.nodes.replay import replay_factory  # noqa: E402
-from sparkconsole.serving.endpoint import EndpointSnapshot  # noqa: E402
+from sparkconsole.serving.endpoint import EndpointSnapshot, ServingMonitor  # noqa: E402
 
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
 CONTAINER = {"name": "vllm_node", "image": "vllm-node", "state": "running", "health": "healthy",
@@ -65,30 +66,22 @@ def lines_with_containers() -> list[str]:
     return out
 
 
-class FixedServing:
-    """Endpoint monitors reduced to what the collector reads (`.endpoints[name].latest`)."""
+class FixedServing(ServingMonitor):
+    """The real ServingMonitor over the endpoints, each endpoint's `latest` a fixed snapshot and nothing polled:
+    the collector reads whatever it reads from the monitors it runs with, so no stand-in falls behind it."""
 
-    class _Mon:
-        def __init__(self, snap):
-            self.latest = snap
-
-    def __init__(self, endpoints):
+    def __init__(self, cluster: ClusterConfig) -> None:
+        super().__init__(cluster)
         now = time.time()
-        self.endpoints = {e.name: self._Mon(EndpointSnapshot(
-            name=e.name, url=e.url, kind="vllm", time=now, healthy=True, model="openai/gpt-oss-120b",
-            version="0.11.0", running=4, waiting=0, kv_usage=0.12, prefix_hit_rate=0.4, prompt_tps=420.0,
-            gen_tps=61.0, ttft_p50_s=0.3, ttft_p95_s=0.9, itl_p50_s=0.019, itl_p95_s=0.04, error=None,
-            max_model_len=131072, generation_tokens=123456.0, prompt_tokens=654321.0, health_latency_s=0.002))
-            for e in endpoints}
+        for e in cluster.endpoints:
+            self.endpoints[e.name].latest = EndpointSnapshot(
+                name=e.name, url=e.url, kind="vllm", time=now, healthy=True, model="openai/gpt-oss-120b",
+                version="0.11.0", running=4, waiting=0, kv_usage=0.12, prefix_hit_rate=0.4, prompt_tps=420.0,
+                gen_tps=61.0, ttft_p50_s=0.3, ttft_p95_s=0.9, itl_p50_s=0.019, itl_p95_s=0.04, error=None,
+                max_model_len=131072, generation_tokens=123456.0, prompt_tokens=654321.0, health_latency_s=0.002)
 
-    def subscribe(self, cb):
-        return lambda: None
-
-    async def start(self):
-        pass
-
-    async def stop(self):
-        pass
+    async def start(self) -> None:
+        pass            # no polling: the snapshots stay as set
 
 
 def build(n: int) -> Readings:
@@ -98,7 +91,7 @@ def build(n: int) -> Readings:
     cluster = ClusterConfig(nodes=nodes, endpoints=eps, agent_interval_s=0.5, source="<benchmark>")
     lines = lines_with_containers()
     mon = ClusterMonitor(cluster, transport_factory=replay_factory(lambda node: lines, interval=0.5), history=16)
-    return Readings(cluster, monitor=mon, serving=FixedServing(eps))
+    return Readings(cluster, monitor=mon, serving=FixedServing(cluster))
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -106,13 +99,13 @@ def pct(xs: list[float], q: float) -> float:
     return xs[min(len(xs) - 1, int(q * len(xs)))]
 
 
-async def measure(n: int, scrapes: int, cpu_seconds: float | None) -> dict:
+async def measure(n: int, scrapes: int, cpu_seconds: float | None, *, settle_s: float = 2.5) -> dict:
     readings = build(n)
     server = ExporterServer(readings, Listen("127.0.0.1", 0), None)
     await server.start()
     try:
         await readings.monitor.wait_first_ticks(30)
-        await asyncio.sleep(2.5)             # a container tick and a few ticks per node
+        await asyncio.sleep(settle_s)        # a container tick and a few ticks per node
         url = f"http://127.0.0.1:{server.port}/metrics"
 
         def scrape() -> tuple[float, int]:
@@ -171,7 +164,8 @@ def rss_mib(pid: int) -> float:
     return float("nan")
 
 
-async def load(n: int, clients: int, seconds: float) -> dict:
+async def load(n: int, clients: int, seconds: float, *, quiet_scrapes: int = 10, slow_conns: int = 100,
+               every_s: float = 1.0) -> dict:
     import aiohttp
     child = await asyncio.create_subprocess_exec(sys.executable, __file__, "--serve-child", str(n),
                                                  stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE)
@@ -203,7 +197,7 @@ async def load(n: int, clients: int, seconds: float) -> dict:
             async with session.get(url) as r:
                 await r.read()
             out.append((time.perf_counter() - t0) * 1e3)
-            await asyncio.sleep(1.0)
+            await asyncio.sleep(every_s)
         return out
 
     async def slow(stop: asyncio.Event) -> None:
@@ -230,18 +224,18 @@ async def load(n: int, clients: int, seconds: float) -> dict:
             await asyncio.gather(halfway(), *(client(session, until) for _ in range(clients)))
             wall = time.monotonic() - t0
             rss["after"] = rss_mib(child.pid)
-            quiet = await one_a_second(session, 10)
+            quiet = await one_a_second(session, quiet_scrapes)
             stop = asyncio.Event()
-            slows = [asyncio.create_task(slow(stop)) for _ in range(100)]
-            await asyncio.sleep(2)
-            loris = await one_a_second(session, 10)
+            slows = [asyncio.create_task(slow(stop)) for _ in range(slow_conns)]
+            await asyncio.sleep(2 * every_s)           # the slow connections are open
+            loris = await one_a_second(session, quiet_scrapes)
             stop.set()
             await asyncio.gather(*slows)
         ms = [x * 1e3 for x in lat]
         return {"nodes": n, "clients": clients, "seconds": round(wall, 1), "scrapes": len(lat),
                 "scrapes_per_s": round(len(lat) / wall, 1), "latency_ms_median": round(statistics.median(ms), 2),
                 "latency_ms_p95": round(pct(ms, 0.95), 2), "latency_ms_max": round(max(ms), 2), **bad,
-                "rss_mib": rss, "slowloris_100_conns_scrape_ms": {"median": round(statistics.median(loris), 2),
+                "rss_mib": rss, f"slowloris_{slow_conns}_conns_scrape_ms": {"median": round(statistics.median(loris), 2),
                                                                   "max": round(max(loris), 2)},
                 "quiet_scrape_ms": {"median": round(statistics.median(quiet), 2), "max": round(max(quiet), 2)}}
     finally:
@@ -257,9 +251,15 @@ async def main() -> None:
     ap.add_argument("--load", action="store_true", help="concurrent clients and slowloris against a child exporter")
     ap.add_argument("--clients", type=int, default=20)
     ap.add_argument("--serve-child", type=int, metavar="N", help=argparse.SUPPRESS)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs every benchmark so)")
     args = ap.parse_args()
     if args.serve_child:
         await serve_child(args.serve_child)
+        return
+    if args.smoke:
+        results = [await measure(2, 5, 1.0, settle_s=1.0)]
+        out = await load(2, 2, 1.0, quiet_scrapes=2, slow_conns=5, every_s=0.25)
+        print(json.dumps({"exporter": results, "load": out, "smoke": True}, indent=1))
         return
     if args.load:
         out = await load(int(args.nodes.split(",")[0]) if args.nodes != "2,32" else 2, args.clients, args.seconds)

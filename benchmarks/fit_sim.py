@@ -1,12 +1,12 @@
 """Fit the simulator's few constants to the published gpt-oss-120b topology sweep (least squares).
 
-    .venv/bin/python benchmarks/fit_sim.py [--stage engine|router|all] [--runs N]
+    .venv/bin/python benchmarks/fit_sim.py [--stage engine|router|all] [--runs N] [--smoke]
 
 Stage "engine" fits the hardware efficiencies and the MoE routing exponent on the single-engine rows
 (solo and cluster-tp2, c1-c32, where no router or proxy limit is involved) by minimising the sum of
 squared log errors with Nelder-Mead. Stage "router" then grid-searches the proxy's per-backend limit and
 LiteLLM least-busy's update lags on all 84 points. Prints the constants to paste into profiles.py,
-experiment.py and routing.py, and the scorecard. Pure Python (no numpy/scipy): ~1-3 minutes.
+experiment.py and routing.py, and the scorecard. Pure Python (no numpy/scipy): ~1-3 minutes. `--smoke`: every stage, one step of each search, on c1 and c2.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ ARGS = EngineArgs(max_num_batched_tokens=32768, gpu_memory_utilization=0.70, max
                   kv_cache_dtype="fp8")
 TABLE = load_topology_study()
 LEVELS = TABLE.concurrency
+SMOKE = False              # --smoke: one step of each search, c1 and c2 only
 
 # (name, where, initial, low, high)
 ENGINE_PARAMS = [
@@ -99,6 +100,7 @@ def fit_engine(runs: int, proxy=LITELLM, start=None):
     model = MODELS["gpt-oss-120b"]
     topologies = ["solo", "cluster-tp2"]
     levels = [c for c in LEVELS if c <= 32]
+    iters = (1, 1) if SMOKE else (250, 250)
 
     # search in a unit box per parameter (log scale for the wide ones)
     def decode(u):
@@ -126,8 +128,8 @@ def fit_engine(runs: int, proxy=LITELLM, start=None):
         return sq_log_error(sim, topologies, levels)
 
     x0 = encode(start or [p[2] for p in ENGINE_PARAMS])
-    best, err = nelder_mead(f, x0, [0.15] * len(x0))
-    best, err = nelder_mead(f, best, [0.05] * len(x0))
+    best, err = nelder_mead(f, x0, [0.15] * len(x0), iters[0])
+    best, err = nelder_mead(f, best, [0.05] * len(x0), iters[1])
     return decode(best), err
 
 
@@ -146,9 +148,9 @@ def fit_router(hw, model, proxy, runs):
         return sq_log_error(simulate(hw, model, px, TABLE.topologies, LEVELS, runs), TABLE.topologies, LEVELS)
 
     best = f(proxy)
-    for _ in range(2):
+    for _ in range(1 if SMOKE else 2):
         for name, values in ROUTER_GRID:
-            for v in values:
+            for v in values[:1] if SMOKE else values:
                 cand = replace(proxy, **{name: v})
                 err = f(cand)
                 if err < best:
@@ -169,7 +171,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--stage", choices=["engine", "router", "all", "score"], default="all")
     ap.add_argument("--runs", type=int, default=1)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     ns = ap.parse_args(argv)
+    global SMOKE, LEVELS, TABLE
+    if ns.smoke:
+        SMOKE, LEVELS = True, LEVELS[:2]
+        TABLE = replace(TABLE, points=tuple(p for p in TABLE.points if p.concurrency in LEVELS))
     t0 = time.time()
     hw, model, proxy = GB10, MODELS["gpt-oss-120b"], LITELLM
     if ns.stage in ("engine", "all"):
@@ -181,7 +189,7 @@ def main(argv=None) -> int:
             print(f"  proxy.{name} = {getattr(proxy, name)}")
     if ns.stage == "all":
         hw, model = engine_stage("engine refit", ns.runs, hw, model, proxy, base_hw=GB10, t0=t0)
-    sim = simulate(hw, model, proxy, TABLE.topologies, LEVELS, max(ns.runs, 10))
+    sim = simulate(hw, model, proxy, TABLE.topologies, LEVELS, ns.runs if SMOKE else max(ns.runs, 10))
     card = score(sim, TABLE)
     print(f"{'topology':24} {'c':>3} | {'decode sim/pub':>15} | {'prefill sim/pub':>15} | {'ttft ms sim/pub':>15}")
     for topo in TABLE.topologies:

@@ -1,15 +1,16 @@
 """What TLS and basic auth cost a scrape: the exporter over 2 replayed nodes (benchmarks/exporter.py's `build`),
 scraped over loopback by aiohttp's client in this process.
 
-    .venv/bin/python benchmarks/listener_tls.py [--scrapes 200]
+    .venv/bin/python benchmarks/listener_tls.py [--scrapes 200] [--smoke]
 
 1. Scrape latency, median and p95, for: plain HTTP with no auth; HTTP with a bearer token; HTTPS + basic auth on a
    kept-alive connection (the password verified once, then remembered); HTTPS + basic auth with a new connection
    (a TLS handshake) per scrape, as a scraper without keep-alive would.
 2. One bcrypt check at cost 10 (what the first scrape, or a wrong password, costs), and how many bcrypt checks the
    keep-alive run above did (1: the cache at work).
-3. A flood of wrong passwords (20 in flight at a time, for 5 s) while a scraper with the right one scrapes every
-   0.1 s: its latency (the checks run in worker threads, two at a time, so the event loop keeps answering).
+3. A flood of wrong passwords (20 in flight at a time, each a new one, for 5 s) while a scraper with the right one
+   scrapes every 0.1 s: its latency (the checks run in worker threads, two at a time, so the event loop keeps
+   answering; past the checks allowed to wait, a wrong password is answered 429 at once, and its client waits 10 ms).
 
 Prints one JSON object. The machine is shared: figures are medians taken in one run.
 """
@@ -60,14 +61,17 @@ async def timed(url: str, n: int, headers: dict[str, str], ssl_ctx: ssl.SSLConte
 
 async def flood(url: str, ctx: ssl.SSLContext, seconds: float) -> dict[str, float]:
     stop = time.monotonic() + seconds
-    wrong = 0
+    wrong = busy = 0
 
     async def attacker(s: aiohttp.ClientSession) -> None:
-        nonlocal wrong
+        nonlocal wrong, busy
         while time.monotonic() < stop:
-            async with s.get(url, headers=basic(f"wrong-{wrong}"), ssl=ctx) as r:
+            async with s.get(url, headers=basic(f"wrong-{wrong}-{busy}"), ssl=ctx) as r:
                 await r.read()
                 wrong += r.status == 401
+                busy += r.status == 429
+            if r.status == 429:
+                await asyncio.sleep(0.01)
 
     async def scraper(s: aiohttp.ClientSession) -> list[float]:
         times = []
@@ -82,14 +86,18 @@ async def flood(url: str, ctx: ssl.SSLContext, seconds: float) -> dict[str, floa
     async with aiohttp.ClientSession() as s:
         got = await asyncio.gather(scraper(s), *(attacker(s) for _ in range(20)))
     times = got[0]
-    return {"wrong_passwords_refused": wrong, "right_scrape_median_ms": round(pct(times, 0.5), 2),
+    return {"wrong_passwords_refused": wrong, "answered_429_at_once": busy, "right_scrape_median_ms": round(pct(times, 0.5), 2),
             "right_scrape_p95_ms": round(pct(times, 0.95), 2), "right_scrape_max_ms": round(max(times), 2)}
 
 
 async def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--scrapes", type=int, default=200)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        args.scrapes = 5
+    flood_s = 0.2 if args.smoke else 5.0
     out: dict[str, object] = {}
     with tempfile.TemporaryDirectory() as tmp:
         ca = TestCA(Path(tmp))
@@ -109,7 +117,7 @@ async def main() -> None:
             started[name] = ExporterServer(build(2), listener)
             await started[name].start()
         try:
-            await asyncio.sleep(2)                   # a few replayed ticks: the scrape has its full size
+            await asyncio.sleep(0.5 if args.smoke else 2)       # a few replayed ticks: the scrape has its full size
             n = args.scrapes
             out["http_no_auth"] = await timed(started["http"].url(), n, {}, False)
             out["http_bearer"] = await timed(started["http_bearer"].url(), n, {"Authorization": f"Bearer {TOKEN}"},
@@ -120,7 +128,7 @@ async def main() -> None:
             out["bcrypt_checks_during_keepalive_run"] = users.bcrypt_runs
             out["https_basic_new_connection_each"] = await timed(started["https_basic"].url(), n, basic(PASSWORD),
                                                                  client_ctx, keep_alive=False)
-            out["wrong_password_flood_5s"] = await flood(started["https_basic"].url(), client_ctx, 5.0)
+            out[f"wrong_password_flood_{flood_s:g}s"] = await flood(started["https_basic"].url(), client_ctx, flood_s)
         finally:
             for s in started.values():
                 await s.stop()

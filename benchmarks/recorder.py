@@ -1,6 +1,6 @@
 """The flight recorder's cost: bytes per node-hour on disk, and the console's extra CPU at 2 and 32 nodes × 2 Hz.
 
-    .venv/bin/python benchmarks/recorder.py [--seconds 600]
+    .venv/bin/python benchmarks/recorder.py [--seconds 600] [--smoke]
 
 Ticks are the GB10 recording's (tests/fixtures/agent-gb10-replay.jsonl), re-timed to 2 Hz per node with
 MemAvailable wandering by a few MiB (so rows are not identical). They go through exactly what the console runs
@@ -77,7 +77,10 @@ def run(nodes: int, seconds: float, tmp: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--seconds", type=float, default=600.0)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        args.seconds = 2.0
     with tempfile.TemporaryDirectory() as d:
         import os
         os.environ["SPARKCONSOLE_STATE_DIR"] = d

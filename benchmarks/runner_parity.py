@@ -3,6 +3,9 @@ recipe by recipe, on mirrored public forks (issue 18's closing figures).
 
     .venv/bin/python benchmarks/runner_parity.py --mirror PATH/TO/FORK \\
         [--mirror DIR …] [--json OUT.json] [--verbose]
+    .venv/bin/python benchmarks/runner_parity.py --smoke
+        sparkconsole's side only, on a bundled recipe (solo and cluster): its plan read as the comparison reads
+        it, and its steps run with the container stand-ins. The runner's side needs a fork (--mirror).
 
 Each --mirror is a bare git dir (or a plain checkout) of a spark-vllm-docker fork. Its `run-recipe.py` and
 `recipes/` are exported (git archive) into a temporary directory; nothing is copied into this repository. For
@@ -630,9 +633,32 @@ def report(results: Sequence[Result], forks: Sequence[str], skipped: dict[str, s
     return "\n".join(out)
 
 
+def smoke(sc_cmd: Sequence[str], recipe_name: str = "gpt-oss-120b") -> None:
+    from sparkconsole.recipes import find_recipe
+    recipe = Path(find_recipe(recipe_name).source)
+    with tempfile.TemporaryDirectory(prefix="runner-parity-smoke-") as tmp:
+        root = Path(tmp)
+        sb = Sandbox(root / "sandbox")
+        for mode in ("solo", "cluster"):
+            work = root / "work" / mode
+            work.mkdir(parents=True)
+            ours = run_sparkconsole(sc_cmd, recipe, mode, cluster_file(root, 1 if mode == "solo" else 2), sb, work)
+            if ours.argv is None:
+                print(f"{recipe_name} {mode}: refused: {ours.refused}")
+                continue
+            print(f"{recipe_name} {mode}: {len(normalise(ours.argv, mode != 'solo').flags)} vLLM flags, "
+                  f"{len(ours.env)} -e variables, {len(ours.notes)} notes")
+            calls, skipped = cp.run_plan(sb.launch, cp.plan_steps(ours.raw), work / "container")
+            for node, view in cp.node_views(calls, lambda n: n).items():
+                aspects = cp.run_aspects(view.run or [])
+                print(f"  {node}: docker run x{view.runs}, {len(aspects)} aspects, mods {view.mods or 'none'}, "
+                      f"server at call {view.start_at}; steps not run: {len(skipped)}")
+    print("skipped: the runner's side and the comparison (they need a spark-vllm-docker fork: --mirror)")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--mirror", action="append", required=True, type=Path,
+    ap.add_argument("--mirror", action="append", type=Path,
                     help="a spark-vllm-docker fork: bare git dir or checkout (repeat)")
     ap.add_argument("--sparkconsole", default=f"{sys.executable} -m sparkconsole",
                     help="how to run sparkconsole (default: this interpreter's -m sparkconsole)")
@@ -653,7 +679,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                     help="launch both without the compile caches mounted (both sides' --no-cache-dirs)")
     ap.add_argument("--json", type=Path, help="write every result as JSON here")
     ap.add_argument("--verbose", "-v", action="store_true", help="also list the recipes planned the same")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args(argv)
+    if args.smoke:
+        smoke(shlex.split(args.sparkconsole))
+        return 0
+    if not args.mirror:
+        ap.error("--mirror is required (a spark-vllm-docker fork), or --smoke")
     modes = args.mode or list(MODES)
     extra = shlex.split(args.extra)
     sc_cmd = shlex.split(args.sparkconsole)

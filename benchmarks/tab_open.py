@@ -2,6 +2,7 @@
 and starts its agents) against `record --serve` (the tab's console attaches to the collector's current state).
 
     .venv/bin/python benchmarks/tab_open.py [--runs 5] [--rounds 2] [--modes attached] [--src DIR ...] [--child-runs 3]
+    .venv/bin/python benchmarks/tab_open.py --smoke      # one tab per mode, one start without a browser
 
 Two real sshd nodes on loopback (tests/testbed/sshd.py), Debian's chromium driven by Playwright (as
 tests/test_serve.py). Timed from page.goto to the first node reading in the terminal's frames: a temperature
@@ -270,7 +271,11 @@ def main() -> int:
                     "round")
     ap.add_argument("--importtime", action="store_true", help="attached: the slowest imports of one console start")
     ap.add_argument("--source", action="store_true", help="leave the checkouts' bytecode as it is")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        args.runs, args.rounds, args.pause, args.child_runs = 1, 1, 1.0, 1
     print(json.dumps(asyncio.run(main_async(args)), indent=1))
     return 0
 

@@ -18,6 +18,9 @@
         console receive time - node sample time per tick, p50/p99 (target: p99 within 50 ms), and the console's
         parse cost per line against the budget of 32 nodes at 2 Hz.
 
+    python benchmarks/telemetry.py --smoke
+        A few seconds: agent-cost and ssh at their smallest (device needs an NVIDIA GPU and says it skipped).
+
 Prints one JSON object of figures (also written to DIR/bench-*.json when --out is given).
 """
 
@@ -376,7 +379,7 @@ async def ssh_staleness(seconds: float, interval: float, n_nodes: int = 2) -> di
             "staleness_ms_p99": round(pct(lat, 0.99), 2), "staleness_ms_max": round(max(lat), 2)}
 
 
-def parse_cost() -> dict:
+def parse_cost(n: int = 20000) -> dict:
     sys.path.insert(0, str(ROOT))
     from sparkconsole.config import NodeConfig
     from sparkconsole.nodes.monitor import NodeMonitor
@@ -385,7 +388,6 @@ def parse_cost() -> dict:
     if not lines:
         return {"skipped": "no recorded ticks"}
     nm = NodeMonitor(NodeConfig(name="n", address="127.0.0.1"), None, interval=0.5, history=600)
-    n = 20000
     t0 = time.process_time()
     for i in range(n):
         nm.handle_line(lines[i % len(lines)])
@@ -397,13 +399,23 @@ def parse_cost() -> dict:
 def ssh(args) -> dict:
     import asyncio
     figs = asyncio.run(ssh_staleness(args.seconds, args.interval, args.nodes))
-    figs["parse"] = parse_cost()
+    figs["parse"] = parse_cost(getattr(args, "parse_lines", 20000))
+    return figs
+
+
+def smoke() -> dict:
+    """Each mode at its smallest, where it can run here."""
+    figs: dict = {"device": {"skipped": "needs an NVIDIA GPU and its NVML (run it on a GPU machine)"}}
+    figs["agent-cost"] = agent_cost(argparse.Namespace(agent=None, n=50, ticks=5, ticks_2hz=0))
+    figs["ssh"] = ssh(argparse.Namespace(seconds=1.0, interval=0.1, nodes=2, parse_lines=500))
     return figs
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="mode", required=True)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
+    sub = ap.add_subparsers(dest="mode")
     d = sub.add_parser("device")
     d.add_argument("--out", required=True)
     d.add_argument("--n", type=int, default=500)
@@ -422,6 +434,11 @@ def main() -> int:
     s.add_argument("--nodes", type=int, default=2, help="console-side nodes over the two sshd servers")
     s.add_argument("--out")
     args = ap.parse_args()
+    if args.smoke:
+        print(json.dumps(smoke(), indent=1, default=str))
+        return 0
+    if args.mode is None:
+        ap.error("a mode is needed: device, agent-cost or ssh (or --smoke)")
     figs = {"device": device, "agent-cost": agent_cost, "ssh": ssh}[args.mode](args)
     text = json.dumps(figs, indent=1, default=str)
     print(text)

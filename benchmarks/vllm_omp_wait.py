@@ -1,6 +1,6 @@
 """What OpenMP's wait policy costs the test bed's vLLM CPU server: CPU seconds and wall time for a fixed load.
 
-    .venv/bin/python benchmarks/vllm_omp_wait.py [--rounds 2] [--busy]
+    .venv/bin/python benchmarks/vllm_omp_wait.py [--rounds 2] [--busy] [--smoke]
 
 The CPU build runs the model's layers as OpenMP parallel regions. Between two regions OpenMP's threads spin by
 default, and a tiny model is mostly gaps between regions. On cores shared with other processes (the test suite's
@@ -11,6 +11,8 @@ sleep instead.
 Each round starts one server per policy (alternated, so both meet the same stretches of a noisy machine), then sends
 48 completions of 32 tokens, 4 at a time. `--busy` keeps one core busy with a shell loop meanwhile, as the suite's
 other tests do. CPU is the server's process group's own (user + system). Figures: docs/TESTBED.md.
+`--smoke` starts no vLLM: it measures the CPU of this process's own group (what a round reads of a server's)
+while a busy loop runs, and says what it skipped.
 """
 
 from __future__ import annotations
@@ -61,7 +63,20 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--busy", action="store_true", help="keep one core busy meanwhile")
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        busy = subprocess.Popen(["sh", "-c", "while :; do :; done"], start_new_session=True)
+        try:
+            before = testbed_vllm.group_cpu_seconds(busy.pid)
+            time.sleep(0.2)
+            print(f"a busy loop's process group: {testbed_vllm.group_cpu_seconds(busy.pid) - before:.2f} CPU s in 0.2 s")
+        finally:
+            busy.kill()
+            busy.wait()
+        print(f"skipped: {len(POLICIES)} vLLM starts and {REQUESTS} completions each (run without --smoke)")
+        return
     venv = testbed_vllm.ensure_vllm_venv()
     model = ensure_tiny_model(venv)
     busy = subprocess.Popen(["sh", "-c", "while :; do :; done"]) if args.busy else None

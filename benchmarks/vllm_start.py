@@ -1,6 +1,6 @@
 """What one start of the test bed's vLLM server costs: seconds to /health 200 and the machine's CPU seconds for it.
 
-    .venv/bin/python benchmarks/vllm_start.py [--rounds 3]
+    .venv/bin/python benchmarks/vllm_start.py [--rounds 3] [--smoke]
 
 Alternates the two process layouts of vLLM CPU 0.32 on one GPU-less "GPU", so both meet the same stretches of a noisy
 machine:
@@ -9,6 +9,8 @@ machine:
 - `uni`: VLLM_ENABLE_V1_MULTIPROCESSING=0, which the CPU platform reads as leave `uni` alone: the model runs inside
   the engine core; one process fewer. The test bed sets this (tests/testbed/vllm.py, recipes/tiny-testbed.yaml).
 CPU is read from /proc/stat (all processes), so run it on a quiet machine. Figures: docs/TESTBED.md.
+`--smoke` starts no vLLM (a start is most of a minute of a core): it prints each layout's command and environment
+and the machine's busy CPU over a second, and says what it skipped.
 """
 
 from __future__ import annotations
@@ -51,10 +53,28 @@ def one_start(layout: str, venv, model) -> tuple[float, float, int, float]:
     return wall, cpu, len(procs), rss
 
 
+def smoke() -> None:
+    model = testbed_vllm.TinyModel(Path("tiny-llama"))
+    for layout in ("mp", "uni"):
+        env = {**testbed_vllm.vllm_env_vars(), "VLLM_ENABLE_V1_MULTIPROCESSING": "1" if layout == "mp" else "0"}
+        argv = testbed_vllm.serve_argv("python", model, 8000)
+        print(f"{layout:3}: {' '.join(argv[1:])} with VLLM_ENABLE_V1_MULTIPROCESSING="
+              f"{env['VLLM_ENABLE_V1_MULTIPROCESSING']}")
+    c0, t0 = busy_seconds(), time.monotonic()
+    time.sleep(1.0)
+    print(f"machine busy: {busy_seconds() - c0:.2f} CPU s in {time.monotonic() - t0:.2f} s")
+    print("skipped: the vLLM starts (the test bed's vLLM venv and tiny model; run without --smoke)")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--smoke", action="store_true", help="a run of a few seconds, figures printed (the suite runs "
+                                                          "every benchmark so)")
     args = ap.parse_args()
+    if args.smoke:
+        smoke()
+        return
     venv = testbed_vllm.ensure_vllm_venv()
     model = ensure_tiny_model(venv)
     got: dict[str, list[tuple[float, float, int, float]]] = {"mp": [], "uni": []}

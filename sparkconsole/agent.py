@@ -549,6 +549,78 @@ def _read_int(path: str) -> int | None:
         return None
 
 
+# earlyoom: found through its systemd unit's cgroup (one read); a process scan (every process's comm, ~5 ms for
+# a few hundred) only for one started by hand, at most this often while it is not found.
+EARLYOOM_SCAN_S = 600.0
+EARLYOOM_UNIT = "system.slice/earlyoom.service/cgroup.procs"
+# the agent's process name (comm), so earlyoom's --avoid can name it; it still reads as a python process to ps
+AGENT_NAME = b"python3-scagent"
+CGROUP_ROOT = ["/sys/fs/cgroup"]  # --cgroup-root (main sets it)
+
+
+class EarlyOomWatch:
+    """Whether earlyoom is installed and running on the node, and its arguments (the guard judges --prefer/--avoid)."""
+
+    def __init__(self, cgroup_root: str = "/sys/fs/cgroup") -> None:
+        self.cgroup_root = cgroup_root
+        self.pid: int | None = None
+        self.args: list[str] = []
+        self._scanned = float("-inf")
+        self._installed: bool | None = None
+
+    def _found(self, proc_root: str, pid: int) -> bool:
+        if _comm(proc_root, pid) != "earlyoom":
+            return False
+        self.pid = pid
+        try:
+            with open(os.path.join(proc_root, str(pid), "cmdline"), "rb") as fh:
+                self.args = [a.decode(errors="replace") for a in fh.read().split(b"\0")[1:] if a][:32]
+        except OSError:
+            self.args = []
+        return True
+
+    def read(self, proc_root: str) -> dict[str, Any]:
+        if self.pid is not None and _comm(proc_root, self.pid) != "earlyoom":
+            self.pid, self.args = None, []
+        if self.pid is None:
+            try:
+                with open(os.path.join(self.cgroup_root, EARLYOOM_UNIT), encoding="ascii") as fh:
+                    pids = [int(x) for x in fh.read().split()[:4]]
+            except (OSError, ValueError):
+                pids = []
+            any(self._found(proc_root, pid) for pid in pids)
+        now = time.monotonic()
+        if self.pid is None and now - self._scanned >= EARLYOOM_SCAN_S:
+            self._scanned = now
+            import shutil
+            self._installed = shutil.which("earlyoom") is not None or any(
+                os.path.exists(d + "/earlyoom") for d in ("/usr/bin", "/usr/sbin", "/usr/local/bin"))
+            any(self._found(proc_root, int(n)) for n in os.listdir(proc_root) if n.isdigit())
+        if self.pid is not None:
+            return {"installed": True, "pid": self.pid, "args": self.args}
+        return {"installed": self._installed} if self._installed is not None else {}
+
+
+def _comm(proc_root: str, pid: int) -> str | None:
+    try:
+        with open(os.path.join(proc_root, str(pid), "comm"), encoding="utf-8", errors="replace") as fh:
+            return fh.read().strip()
+    except OSError:
+        return None
+
+
+def name_self(name: bytes = AGENT_NAME) -> None:
+    """Set this process's name (comm, what ps and earlyoom see) to `name`; nothing where prctl is missing."""
+    try:
+        import ctypes
+        ctypes.CDLL(None).prctl(15, ctypes.c_char_p(name), 0, 0, 0)     # PR_SET_NAME
+    except (OSError, AttributeError, TypeError):
+        pass
+
+
+_earlyoom: dict[str, EarlyOomWatch] = {}
+
+
 def read_guards(proc_root: str) -> dict[str, Any]:
     g: dict[str, Any] = {}
     try:
@@ -560,6 +632,9 @@ def read_guards(proc_root: str) -> dict[str, Any]:
         v = _read_int(os.path.join(proc_root, "sys", "vm", key))
         if v is not None:
             g[key] = v
+    eo = _earlyoom.setdefault(proc_root, EarlyOomWatch(CGROUP_ROOT[0])).read(proc_root)
+    if eo:
+        g["earlyoom"] = eo
     return g
 
 
@@ -833,31 +908,16 @@ def make_tick(seq: int, source: GpuSource, proc_root: str, errors: list[str]) ->
     return t
 
 
-def container_marker(root: str = "/") -> str | None:
-    """The file that says this process runs inside a container (Docker's /.dockerenv, Podman's
-    /run/.containerenv), or None."""
-    for name in (".dockerenv", "run/.containerenv"):
-        path = os.path.join(root, name)
-        if os.path.exists(path):
-            return path
-    return None
-
-
 class GpuProcsReader:
     """The tick's `gpu_procs`: the source's process list mapped to containers, read every PROCS_REFRESH_S and
     repeated in the ticks between (with the node time it was read)."""
 
-    def __init__(self, source: GpuSource, proc_root: str, refresh_s: float = PROCS_REFRESH_S,
-                 root: str = "/") -> None:
+    def __init__(self, source: GpuSource, proc_root: str, refresh_s: float = PROCS_REFRESH_S) -> None:
         self.source = source
+        self.proc_root = proc_root
         self.mapper = ProcessMapper(proc_root)
         self.refresh_s = refresh_s
         self.last: dict[str, Any] | None = None
-        # Inside a container the driver's PIDs are the host's and this /proc does not have them: an empty or
-        # unmappable list there is not "no GPU memory held" (MiaAI-Lab/sparkDash pull request 10).
-        marker = container_marker(root) if proc_root == "/proc" and source.name == "nvml" else None
-        self.refusal = (f"the agent runs inside a container ({marker}): NVML's PIDs are the host's, not this "
-                        "PID namespace's; run it on the host") if marker else None
         self._at = float("-inf")
         self._ids: dict[str, str] | None = None
 
@@ -866,11 +926,18 @@ class GpuProcsReader:
         # read again when due, and at once when the container list changed (a container started or stopped)
         if self.last is None or now - self._at >= self.refresh_s or ids != self._ids:
             self._at, self._ids = now, dict(ids)
-            got = self.refusal or self.source.processes(errors)
+            got = self.source.processes(errors)
+            mapped = self.mapper.map(got, ids) if not isinstance(got, str) else []
             if isinstance(got, str):
                 self.last = {"reason": got}
+            elif mapped and all(m.get("where") == "gone" for m in mapped):
+                # The driver's PIDs are the host's: an agent in another PID namespace (inside a container) finds none
+                # of them here (MiaAI-Lab/sparkDash pull request 10). Not "no GPU memory held": not measured.
+                self.last = {"reason": f"none of the {len(mapped)} PIDs NVML lists is in {self.proc_root}: the agent "
+                                       "runs in another PID namespace (a container?), or they all just ended; it "
+                                       "must run on the host"}
             else:
-                self.last = {"read_at": time.time(), "procs": self.mapper.map(got, ids)}
+                self.last = {"read_at": time.time(), "procs": mapped}
         return self.last
 
 
@@ -914,6 +981,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     interval = max(args.interval, 0.01)
 
+    name_self()
+    CGROUP_ROOT[0] = args.cgroup_root
     pending_errors: list[str] = []   # said once, on the first tick
     source = open_gpu_source(args.gpu_source, pending_errors)
     poller = None

@@ -24,8 +24,8 @@ if TYPE_CHECKING:      # types only: `sparkconsole --help` imports as little as 
     from typing import Any
 
 # Order is the order shown in --help. A module that does not exist yet is skipped.
-COMMANDS = ("console", "init", "demo", "status", "recipe", "bench", "model", "image", "exporter", "serve", "record",
-            "postmortem")
+COMMANDS = ("console", "init", "demo", "status", "recipe", "gateway", "bench", "model", "image", "exporter", "serve",
+            "record", "postmortem")
 
 # Each command's one-line help, so `sparkconsole --help` lists them without importing their modules
 # (tests/test_cli.py checks these against the modules' own). A command missing here still works: its
@@ -36,6 +36,7 @@ HELP = {
     "demo": "a simulated two-node GB10 cluster with a model served, in the console",
     "status": "one snapshot of every node (GPU, memory, OOM guards, containers)",
     "recipe": "list, plan, lint, launch, stop and restart model recipes",
+    "gateway": "the one endpoint for every running model: status, sync, stop",
     "bench": "benchmark sweeps, results, reports and the topology advisor",
     "model": "models in each node's Hugging Face cache: list, pull to every node, rm",
     "image": "container images on each node: list, copy to every node, rm",

@@ -18,9 +18,10 @@ Every problem is a one-line `UserError` naming file, line, field and fix.
     ssh: {known_hosts: ~/.ssh/known_hosts, trust_on_first_use: false, connect_timeout_s: 10}
     agent: {interval_s: 0.5}
     recorder: {enabled: true, full_rate_hours: 24, keep_days: 14, max_mb: 1024}    # docs/RECORDER.md
-    protect: {stop_container_before_exhaustion_s: 0}                               # 0: off
+    protect: {stop_container_before_exhaustion_s: 15, containers: launched}        # 0: off; any: every container
     master_port: 29501                  # optional: a cluster launch's master port (the runner's MASTER_PORT)
     notify: {webhook: URL, ntfy: URL, bell: false, min_severity: warn, rate_limit_s: 60}
+    gateway: {port: 4100}               # optional: one endpoint on the head for every running model (launch/gateway.py)
 """
 
 from __future__ import annotations
@@ -115,11 +116,18 @@ class RecorderSettings:
     max_mb: float = 1024.0           # …or until the file passes this size (oldest dropped first)
 
 
+PROTECT_CONTAINERS = ("launched", "any")
+
+
 @dataclass(frozen=True)
 class ProtectSettings:
-    """Opt-in guard action: stop a node's vLLM container when memory is estimated to run out within this many
-    seconds (0: off, the default). See nodes/forecast.py for the estimate."""
-    stop_container_before_exhaustion_s: float = 0.0
+    """The guard action (protect.py): stop the container whose memory grew when the node's memory is estimated to
+    run out within this many seconds (nodes/forecast.py; 0: off). On by default, for the containers this project
+    launched (`containers: launched`, its `sparkconsole.*` labels): on a GB10 a runaway in GPU memory is not
+    stopped by the container's cap, and a frozen node loses every workload on it anyway, so stopping the one that
+    grew costs less than the freeze it prevents. `containers: any` lets it stop any container (one started by hand)."""
+    stop_container_before_exhaustion_s: float = 15.0
+    containers: str = "launched"
 
 
 @dataclass(frozen=True)
@@ -130,6 +138,17 @@ class NotifySettings:
     bell: bool = False               # terminal bell on a bad alert
     min_severity: str = "warn"       # warn | bad
     rate_limit_s: float = 60.0       # at most one message per alert key in this long (clears always pass)
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """The gateway: one LiteLLM proxy on the head node that lists every running workload by its served model name
+    (launch/gateway.py). Present in the cluster file: launches, restarts and stops keep it current."""
+    port: int = 4100
+    image: str = "ghcr.io/berriai/litellm:v1.106.2"
+    version: str = "1.106.2"           # 1.82.7 / 1.82.8 are refused, as for a recipe's router
+    command: tuple[str, ...] = ("litellm",)
+    volumes: tuple[str, ...] = ()      # HOST:CONTAINER[:ro], mounted as written (an image without LiteLLM inside)
 
 
 @dataclass(frozen=True)
@@ -145,6 +164,7 @@ class ClusterConfig:
     protect: ProtectSettings = field(default_factory=ProtectSettings)
     notify: NotifySettings = field(default_factory=NotifySettings)
     master_port: int | None = None   # a cluster launch's master port; None: the recipe's (or the planner's default)
+    gateway: GatewaySettings | None = None   # None: no gateway (the cluster file has no `gateway:` section)
 
     def node(self, name: str) -> NodeConfig:
         for n in self.nodes:
@@ -241,7 +261,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     if not isinstance(data, dict):
         raise doc.error((), "the cluster file must be a mapping with a 'nodes' list", "start the file with 'nodes:'")
     _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent", "recorder", "protect", "notify",
-                             "master_port"})
+                             "master_port", "gateway"})
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise doc.error(("nodes",), "at least one node is required", "add a 'nodes:' list with name and address")
@@ -353,7 +373,8 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
                          agent_interval_s=interval, source=doc.file, recorder=_recorder(doc, data),
                          protect=_protect(doc, data), notify=_notify(doc, data),
-                         master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0))
+                         master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0),
+                         gateway=_gateway(doc, data))
 
 
 def _section(doc: Located, data: dict[str, Any], key: str, example: str, allowed: set[str]) -> dict[str, Any]:
@@ -378,9 +399,14 @@ def _recorder(doc: Located, data: dict[str, Any]) -> RecorderSettings:
 
 
 def _protect(doc: Located, data: dict[str, Any]) -> ProtectSettings:
-    m = _section(doc, data, "protect", "{stop_container_before_exhaustion_s: 15}", {"stop_container_before_exhaustion_s"})
+    m = _section(doc, data, "protect", "{stop_container_before_exhaustion_s: 15, containers: launched}",
+                 {"stop_container_before_exhaustion_s", "containers"})
+    which = _get(doc, m, ("protect",), "containers", str, "launched", "write launched or any")
+    if which not in PROTECT_CONTAINERS:
+        raise doc.error(("protect", "containers"), f"unknown value {which!r}",
+                        "write launched (the containers this console launched) or any")
     return ProtectSettings(stop_container_before_exhaustion_s=_number(
-        doc, m, ("protect",), "stop_container_before_exhaustion_s", 0.0, 0, 600))
+        doc, m, ("protect",), "stop_container_before_exhaustion_s", 15.0, 0, 600), containers=which)
 
 
 def _notify(doc: Located, data: dict[str, Any]) -> NotifySettings:
@@ -398,6 +424,29 @@ def _notify(doc: Located, data: dict[str, Any]) -> NotifySettings:
         raise doc.error(p + ("min_severity",), f"unknown severity {sev[:20]!r}", "write warn or bad")
     return NotifySettings(**urls, bell=_get(doc, m, p, "bell", bool, False, "write true or false"), min_severity=sev,
                           rate_limit_s=_number(doc, m, p, "rate_limit_s", 60.0, 0, 86400))
+
+
+def _gateway(doc: Located, data: dict[str, Any]) -> GatewaySettings | None:
+    if "gateway" not in data:
+        return None
+    m = _section(doc, data, "gateway", "{port: 4100}", {"port", "image", "version", "command", "volumes"})
+    p = ("gateway",)
+    d = GatewaySettings()
+    lists = {}
+    for key in ("command", "volumes"):
+        v = m.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, list) or not all(isinstance(x, str) and x for x in v):
+            raise doc.error(p + (key,), f"{key} must be a list of text", f"write '{key}: [...]'")
+        lists[key] = tuple(v)
+    version = m.get("version", d.version)
+    if not isinstance(version, (str, int, float)) or isinstance(version, bool):
+        raise doc.error(p + ("version",), "version must be text", 'write version: "1.106.2"')
+    return GatewaySettings(port=_port(doc, m, p, "port", d.port),
+                           image=_get(doc, m, p, "image", str, d.image, "write the LiteLLM image"),
+                           version=str(version), command=lists.get("command", d.command),
+                           volumes=lists.get("volumes", d.volumes))
 
 
 def _check_url(doc: Located, path: Path_, url: str) -> None:

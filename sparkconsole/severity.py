@@ -69,12 +69,19 @@ def of_finding(finding: Any) -> Severity:
     return named(getattr(finding, "severity", "warn"))
 
 
+# Guards that are a backstop, not a setting a launch can freeze without (earlyoom): said with their fix, never
+# refusing a launch, and not said at all while unread (an agent older than the console cannot read them).
+BACKSTOPS = frozenset({"earlyoom"})
+
+
 def preflight_of_guard(result: Any) -> str | None:
     """The severity of the finding preflight makes of a guard: its own, and an unread guard a warning that it was
-    not checked; None for a guard that is ok."""
+    not checked; None for a guard that is ok (or a backstop not read)."""
     sev = of_guard(result)
     if sev is OK:
         return None
+    if getattr(result, "key", "") in BACKSTOPS:
+        return None if sev is UNKNOWN else WARN.name
     return WARN.name if sev is UNKNOWN else sev.name
 
 

@@ -1,6 +1,6 @@
 """Safe YAML loading that remembers where each value came from, so errors can name the line.
 
-Shared by the cluster file (config.py) and recipes (launch/recipe.py). Refuses documents that are too
+Shared by the cluster file (config.py) and recipes (recipes/v1.py, recipes/v2.py). Refuses documents that are too
 large or use many aliases (an alias bomb expands to gigabytes when walked), with a one-line UserError.
 """
 

@@ -6,7 +6,9 @@ import asyncio
 import os
 import socket
 import sqlite3
+import subprocess
 import time
+from pathlib import Path
 
 import pytest
 
@@ -132,3 +134,14 @@ def longest_alone(counts: list[tuple[float, int]]) -> float:
         elif n != 1 and since is not None:
             best, since = max(best, t - since), None
     return best
+
+
+def git_repo(root: Path, files: dict[str, str]) -> Path:
+    """A git repository at `root` holding `files` (path → text) in one commit: a registry for the real git."""
+    for rel, text in files.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    for args in (["init", "-q", "-b", "main"], ["config", "uploadpack.allowFilter", "true"], ["add", "-A"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    return root

@@ -118,42 +118,173 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     scheduler reads them from the file the workers wrote, and balances every other test one by one."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    from xdist.scheduler import LoadScopeScheduling
-
-    class GroupScheduling(LoadScopeScheduling):
-        """Heavy groups go to at most heavy_slots() workers at a time, longest first, while light tests fill the
-        others: a heavy group handed to a third worker would only wait there for a slot, holding that worker's
-        light tests behind it (ci11: one worker waited 772 s, then ran the longest chain last)."""
-        groups: dict[str, str] | None = None
-
-        def _split_scope(self, nodeid: str) -> str:
-            if self.groups is None:
-                try:
-                    self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
-                except (KeyError, OSError, ValueError):
-                    self.groups = {}
-            group = self.groups.get(nodeid)
-            return f"group {group}" if group else nodeid
-
-        def _holds_heavy(self, node) -> bool:
-            return any(_heavy_scope(scope) and not all(work.values())
-                       for scope, work in self.assigned_work.get(node, {}).items())
-
-        def _assign_work_unit(self, node) -> None:
-            """xdist's own, given the unit chosen here: it hands out the queue's first."""
-            heavy = [scope for scope in self.workqueue if _heavy_scope(scope)]
-            light = [scope for scope in self.workqueue if not _heavy_scope(scope)]
-            others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
-            if heavy and not light:
-                open_tail_slot(self.config)
-            if heavy and (not light or (not self._holds_heavy(node) and others < heavy_slots())):
-                scope = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
-            else:
-                scope = next((s for s in LONG_LIGHT if s in light), light[0])
-            self.workqueue.move_to_end(scope, last=False)
-            super()._assign_work_unit(node)
-
     return GroupScheduling(config, log)
+
+
+class GroupScheduling:
+    """Heavy groups go to at most heavy_slots() workers at a time, longest first, while light tests fill the
+    others: a heavy group handed to a third worker would only wait there for a slot, holding that worker's
+    light tests behind it (ci11: one worker waited 772 s, then ran the longest chain last).
+
+    A scheduler of xdist's public `Scheduling` protocol (xdist/scheduler/protocol.py; what `DSession` calls) that
+    drives its workers through `WorkerController`'s `send_runtest_some`, `shutdown` and `shutting_down`, and
+    reads nothing private of xdist's (tests/test_parallel.py checks that protocol against the installed xdist).
+    The work units and the hand-out follow xdist's `loadscope`: a unit is a group (`group NAME`) or a single
+    test, the units ordered by size, and a worker gets its next unit once two or fewer of its tests are left."""
+
+    def __init__(self, config: pytest.Config, log=None) -> None:
+        from xdist.workermanage import parse_tx_spec_config
+
+        self.config = config
+        self.log = log.groupsched if log is not None else (lambda *args: None)
+        self.numnodes = len(parse_tx_spec_config(config))
+        self.collection: list[str] | None = None
+        self.workqueue: dict[str, dict[str, bool]] = {}              # unit -> {node id: done}, in hand-out order
+        self.assigned_work: dict = {}                                 # worker -> its units, as workqueue's
+        self.registered_collections: dict = {}                        # worker -> the node ids it collected
+        self.groups: dict[str, str] | None = None
+
+    # --- the protocol ---------------------------------------------------------------------------------------
+    @property
+    def nodes(self) -> list:
+        return list(self.assigned_work)
+
+    @property
+    def collection_is_completed(self) -> bool:
+        return len(self.registered_collections) >= self.numnodes
+
+    @property
+    def tests_finished(self) -> bool:
+        if not self.collection_is_completed or self.workqueue:
+            return False
+        return all(_pending(units) < 2 for units in self.assigned_work.values())
+
+    @property
+    def has_pending(self) -> bool:
+        return bool(self.workqueue) or any(_pending(units) for units in self.assigned_work.values())
+
+    def add_node(self, node) -> None:
+        assert node not in self.assigned_work
+        self.assigned_work[node] = {}
+
+    def remove_node(self, node) -> str | None:
+        """A worker that ended (done, or crashed): its unfinished units go back to the queue; returns the test it
+        was running, if any."""
+        units = self.assigned_work.pop(node)
+        crashed = next((nodeid for unit in units.values() for nodeid, done in unit.items() if not done), None)
+        if crashed is None:
+            return None
+        self.workqueue.update(units)
+        for other in self.assigned_work:
+            self._reschedule(other)
+        return crashed
+
+    def add_node_collection(self, node, collection) -> None:
+        assert node in self.assigned_work
+        if self.collection_is_completed:       # a worker added later: its collection must be the same
+            assert self.collection
+            if list(collection) != self.collection:
+                self.log(f"{node.gateway.id} collected other tests than the first workers; it gets none")
+                return
+        self.registered_collections[node] = list(collection)
+
+    def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+        nodeid = self.registered_collections[node][item_index]
+        self.assigned_work[node][self._unit_of(nodeid)][nodeid] = True
+        self._reschedule(node)
+
+    def mark_test_pending(self, item: str) -> None:
+        raise NotImplementedError
+
+    def remove_pending_tests_from_node(self, node, indices) -> None:
+        raise NotImplementedError
+
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is not None:       # called again: workers added since
+            for node in self.nodes:
+                self._reschedule(node)
+            return
+        if not self._same_collections():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = list(next(iter(self.registered_collections.values())))
+        if not self.collection:
+            return
+        units: dict[str, dict[str, bool]] = {}
+        for nodeid in self.collection:
+            units.setdefault(self._unit_of(nodeid), {})[nodeid] = False
+        if getattr(self.config.option, "loadscopereorder", True):     # larger units first, as loadscope does
+            units = dict(sorted(units.items(), key=lambda kv: -len(kv[1])))
+        self.workqueue = units
+        for _ in range(len(self.nodes) - len(self.workqueue)):     # more workers than units
+            self.assigned_work.popitem()[0].shutdown()
+        for node in self.nodes:
+            self._assign_work_unit(node)
+        for node in self.nodes:
+            self._reschedule(node)
+        if not self.workqueue:
+            for node in self.nodes:
+                node.shutdown()
+
+    # --- the hand-out -----------------------------------------------------------------------------------------
+    def _unit_of(self, nodeid: str) -> str:
+        if self.groups is None:
+            try:
+                self.groups = json.loads(Path(os.environ[GROUPS_ENV]).read_text())
+            except (KeyError, OSError, ValueError):
+                self.groups = {}
+        group = self.groups.get(nodeid)
+        return f"group {group}" if group else nodeid
+
+    def _holds_heavy(self, node) -> bool:
+        return any(_heavy_scope(unit) and not all(tests.values())
+                   for unit, tests in self.assigned_work.get(node, {}).items())
+
+    def _assign_work_unit(self, node) -> None:
+        heavy = [unit for unit in self.workqueue if _heavy_scope(unit)]
+        light = [unit for unit in self.workqueue if not _heavy_scope(unit)]
+        others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
+        if heavy and not light:
+            open_tail_slot(self.config)
+        if heavy and (not light or (not self._holds_heavy(node) and others < heavy_slots())):
+            unit = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
+        else:
+            unit = next((s for s in LONG_LIGHT if s in light), light[0])
+        tests = self.workqueue.pop(unit)
+        self.assigned_work.setdefault(node, {})[unit] = tests
+        collected = self.registered_collections[node]
+        node.send_runtest_some([collected.index(nodeid) for nodeid, done in tests.items() if not done])
+
+    def _reschedule(self, node) -> None:
+        if node.shutting_down:
+            return
+        if not self.workqueue:
+            node.shutdown()
+            return
+        if _pending(self.assigned_work[node]) > 2:
+            return
+        self._assign_work_unit(node)
+
+    def _same_collections(self) -> bool:
+        (first, col), *rest = self.registered_collections.items()
+        same = True
+        for node, collection in rest:
+            if collection == col:
+                continue
+            same = False
+            missing, extra = sorted(set(col) - set(collection)), sorted(set(collection) - set(col))
+            msg = (f"{first.gateway.id} and {node.gateway.id} collected different tests "
+                   f"(only on the first: {missing[:5]}; only on the second: {extra[:5]})")
+            self.log(msg)
+            self.config.hook.pytest_collectreport(
+                report=pytest.CollectReport(nodeid=node.gateway.id, outcome="failed", longrepr=msg, result=[]))
+        return same
+
+
+def _pending(units: dict[str, dict[str, bool]]) -> int:
+    """Tests not yet done in a worker's units."""
+    return sum(not done for tests in units.values() for done in tests.values())
 
 
 def heavy_slots() -> int:

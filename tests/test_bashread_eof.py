@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 
 from sparkconsole.launch.argv import command_argv
-from sparkconsole.launch.bashread import bash_command_lines
-from sparkconsole.launch.recipe import load_recipe
+from sparkconsole.recipes import load_recipe
+from sparkconsole.recipes.bashread import bash_command_lines
 
 FIX = Path(__file__).parent / "fixtures" / "recipes"
 

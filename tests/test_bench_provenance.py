@@ -7,7 +7,7 @@ import hashlib
 from sparkconsole.bench.matrix import recipe_hash, run_matrix
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.bench.sweep import SweepSpec
-from sparkconsole.launch.recipe import bundled_dir
+from sparkconsole.recipes import bundled_dir
 from tests.test_bench_helpers import Behaviour, FakeVllm
 
 

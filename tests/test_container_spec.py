@@ -19,8 +19,8 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch.ifaces import choose_link_address, link_address
 from sparkconsole.launch.mods import GATE_FILE, checkout_root, resolve_mods
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe, load_recipe
 from sparkconsole.nodes.transport import LocalTransport
+from sparkconsole.recipes import find_recipe, load_recipe
 
 NODES = ClusterConfig(nodes=(NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a"),
                              NodeConfig(name="spark2", address="192.168.100.11", container="vllm_b")),
@@ -61,7 +61,7 @@ def test_a_recipes_mods_resolve_against_its_checkout_and_command_line_mods_come_
     extra.mkdir(parents=True)
     (extra / "run.sh").write_text("true\n")
     monkeypatch.chdir(tmp_path / "elsewhere")
-    mods = resolve_mods(load_recipe(path).mods, str(path), ["mine"])
+    mods = resolve_mods(load_recipe(path), ["mine"])
     assert [m.name for m in mods] == ["fix-template", "drop-caches", "mine"]
     assert tar_names(mods[0].archive) == ["run.sh", "unsloth.jinja"] and mods[0].files == 2
 
@@ -90,14 +90,14 @@ def test_a_zip_mod_lands_as_the_runner_leaves_it_zip_and_contents(tmp_path):
     with zipfile.ZipFile(z, "w") as zf:
         zf.writestr("run.sh", "#!/bin/bash\ntrue\n")
         zf.writestr("kernels/sm121.patch", "--- a\n+++ b\n")
-    (mod,) = resolve_mods(["mods/fp4-kernels.zip"], str(checkout(tmp_path, [])))
+    (mod,) = resolve_mods(load_recipe(checkout(tmp_path, ["mods/fp4-kernels.zip"])))
     assert mod.name == "fp4-kernels" and mod.kind == "zip"
     assert tar_names(mod.archive) == ["fp4-kernels.zip", "kernels", "kernels/sm121.patch", "run.sh"]
     bad = tmp_path / "mods" / "empty.zip"
     with zipfile.ZipFile(bad, "w") as zf:
         zf.writestr("readme", "x")
     with pytest.raises(UserError, match="has no run.sh"):
-        resolve_mods(["mods/empty.zip"], str(tmp_path / "recipes" / "r.yaml"))
+        resolve_mods(load_recipe(checkout(tmp_path, ["mods/empty.zip"])))
 
 
 def test_cluster_plan_applies_every_mod_on_every_node_before_any_vllm_starts(tmp_path):

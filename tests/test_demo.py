@@ -197,9 +197,9 @@ async def test_recipe_plan_launches_through_the_shims(topology, options):
     """The bundled gpt-oss-120b recipe, planned and run by the real launch runner over the local transport:
     every docker command it sends is answered by the sim nodes' shims, and the endpoint serves."""
     from sparkconsole.launch.plan import make_plan
-    from sparkconsole.launch.recipe import bundled_recipes
     from sparkconsole.launch.runner import Runner
-    from sparkconsole.nodes.transport import make_transport
+    from sparkconsole.nodes.connect import make_transport
+    from sparkconsole.recipes import bundled_recipes
 
     # Loopback addresses of their own: the recipe's fixed router port must not meet a demo running on .2/.3.
     base = f"127.{os.getpid() % 200 + 20}.{len(topology)}"
@@ -279,3 +279,31 @@ def test_recipe_lint_on_the_demo_s_nodes(tmp_path):
     assert any(x.startswith("WARN oom_guards: [spark2] vm.min_free_kbytes") for x in lines), r.stdout
     assert not any("oom_guards: [spark1]" in x for x in lines), r.stdout
     assert any(x.startswith("    evidence: ") for x in lines)
+async def test_the_demo_shows_a_120b_and_a_small_model_beside_it_with_the_budget_bars():
+    """`demo --topology solo --also llama-3.1-8b`: the 120B on spark1 (0.70 × 121.7 GiB claimed), the 8B placed
+    beside it by the real placement on the node with the most room, launched by the real runner through the shims;
+    the bars show each node's workloads."""
+    from sparkconsole.commands.demo import demo_serving, launch_also
+    from sparkconsole.launch.beside import Readings, start_monitor
+    from sparkconsole.placement.bars import bars
+
+    base = f"127.{os.getpid() % 200 + 20}.9"
+    sim = SimCluster(speed=5, load_speedup=100, serving=demo_serving("solo"),
+                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    said: list[str] = []
+    await sim.start()
+    try:
+        await launch_also(sim, "llama-3.1-8b", said.append)
+        assert said[0].startswith("llama-3.1-8b: spread: spark2 has the most room"), said
+        assert "serves at http://" + base + ".3:" in said[-1] and said[-1].endswith("as llama-3.1-8b"), said
+        monitor = await start_monitor(sim.cluster)
+        try:
+            readings = Readings(sim.cluster, monitor.nodes)
+        finally:
+            await monitor.stop()
+        assert {g.name: g.nodes for g in readings.groups} == {"gpt-oss-120b": ("spark1",), "llama-3.1-8b": ("spark2",)}
+        drawn = {b.node: {s.label for s in b.segments if s.kind in ("held", "claim")}
+                 for b in bars(list(readings.budgets.values()), readings.running)}
+        assert drawn == {"spark1": {"gpt-oss-120b"}, "spark2": {"llama-3.1-8b"}}, drawn
+    finally:
+        await sim.stop()

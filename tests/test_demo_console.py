@@ -59,3 +59,36 @@ async def test_demo_console_shows_nodes_then_brings_the_model_up_behind_them():
                 await t
         await sim.stop()
         await sim.stop()        # twice is harmless (once-only: a second pass must not reach the host's docker)
+
+
+async def test_a_server_closed_by_its_drain_gate_reads_closed_with_the_line_that_opens_it():
+    """Issue 40: a server whose drain gate stayed closed looked SERVING on the console while it answered every
+    generation 503. The launch bar now says CLOSED, names the server and the command that opens it; opened, the
+    launch is SERVING again."""
+    from sparkconsole.launch import gate
+    from sparkconsole.sim.cluster import CONTAINER
+    sim = SimCluster(serving=Serving(topology="2x-solo", recipe="gpt-oss-120b"), load_speedup=demo.DEMO_LOAD_SPEEDUP)
+    await sim.start_nodes()
+    tasks: list[asyncio.Task] = []
+    try:
+        app = demo.console_app(sim, argparse.Namespace(load=0, duration=None), tasks)
+        async with app.run_test(size=(200, 60)) as pilot:
+            bar = lambda: app.dashboard.launches.render().plain      # noqa: E731
+            await until(lambda: all(e.is_set() for e in sim.ready.values()), 120, "every endpoint serving")
+            await until(lambda: "SERVING" in bar(), 60, "the launch SERVING on the launch bar")
+            await sim.docker("spark2", "exec", CONTAINER, "touch", gate.FLAG)
+            await until(lambda: "CLOSED" in bar(), 30, "the launch CLOSED on the launch bar")
+            text = bar()
+            assert f"{CONTAINER} on spark2 is closed to new requests" in text, text
+            assert f"docker exec {CONTAINER} rm -f {gate.FLAG} (on spark2)" in text, text
+            events = "\n".join(app.dashboard.events.history)
+            assert f"docker exec {CONTAINER} rm -f {gate.FLAG} (on spark2)" in events, events[-1000:]
+            await sim.docker("spark2", "exec", CONTAINER, "rm", "-f", gate.FLAG)
+            await until(lambda: "SERVING" in bar() and "CLOSED" not in bar(), 30, "SERVING again")
+            await pilot.press("q")
+    finally:
+        for t in tasks:
+            t.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await t
+        await sim.stop()

@@ -13,7 +13,7 @@ import pytest
 
 from sparkconsole.distribute import images
 from sparkconsole.errors import UserError
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
 from tests.testbed.docker import DockerEngine
 
 pytestmark = [pytest.mark.slow, pytest.mark.sshd]

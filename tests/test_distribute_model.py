@@ -18,7 +18,7 @@ import pytest
 from sparkconsole.distribute import models
 from sparkconsole.distribute.nodescript import STAGE_DIR, cache_dir_name
 from sparkconsole.errors import UserError
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
 from tests.testbed.model import hf_layout as seeded_hf_layout
 
 pytestmark = pytest.mark.sshd

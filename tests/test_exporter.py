@@ -341,3 +341,43 @@ def test_endpoint_latency_percentiles_pass_promtool(monkeypatch):
     assert 'sparkconsole_endpoint_time_to_first_token_seconds{endpoint="spark1",percentile="95"}' in text
     r = promtool_metrics(text)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+async def scraped(path: Path) -> str:
+    """/metrics text of one replayed node (the collector alone, no server), once its first tick is in."""
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from sparkconsole.exporter.collector import ConsoleCollector
+    readings = replayed_readings(path)
+    await readings.start()
+    try:
+        await until(lambda: readings.monitor.nodes["spark1"].last is not None, 20, "a replayed tick")
+        reg = CollectorRegistry()
+        reg.register(ConsoleCollector(readings))
+        return generate_latest(reg).decode()
+    finally:
+        await readings.stop()
+
+
+async def test_recorded_h200_workloads_one_series_per_container(tmp_path):
+    """The real agent's ticks from an H200 (tests/fixtures/nvidia-h200-gpu-procs.json: two containers' processes
+    holding 1 GiB and 3 GiB allocations), replayed: each container is one series of GPU memory, cgroup usage and
+    their sum, to the byte; promtool passes it. Before the node's processes are mapped there is no series (never a
+    guess)."""
+    need_prometheus()
+    rec = json.loads((FIXTURES / "nvidia-h200-gpu-procs.json").read_text())
+    lines = rec["agent"]["lines"]
+    path = tmp_path / "h200.jsonl"
+    path.write_text("\n".join(json.dumps(x) for x in [lines[0], *lines[2:]]) + "\n")   # from the first mapped tick
+    text = await scraped(path)
+    s = samples(text)
+    for name, w in rec["workload_memory"].items():
+        lab = (("container", name), ("node", "spark1"))
+        assert s[("sparkconsole_workload_gpu_memory_bytes", lab)] == w["gpu_b"]
+        assert s[("sparkconsole_workload_cgroup_memory_bytes", lab)] == w["cgroup_b"]
+        assert s[("sparkconsole_workload_memory_bytes", lab)] == w["gpu_b"] + w["cgroup_b"]
+    r = promtool_metrics(text)
+    assert r.returncode == 0, r.stdout + r.stderr
+    # the first tick came before the docker poll answered: its processes were not mapped yet, so no GPU series
+    path.write_text("\n".join(json.dumps(x) for x in lines[:2]) + "\n")
+    assert "sparkconsole_workload_" not in await scraped(path)

@@ -12,8 +12,8 @@ import pytest
 
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.nodes.launches import LaunchGroup, Member, served_endpoints
+from sparkconsole.recipes import find_recipe
 from tests.helpers import recorded_vllm_endpoint, wait_for
 from tests.test_tui_app import widget_text
 

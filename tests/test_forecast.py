@@ -245,3 +245,114 @@ def test_agent_finds_a_containers_memory_cgroup_v1_and_v2(tmp_path):
                                          {"name": "b", "current_b": 1048576}]      # no cap: max_b absent
     (v1 / "memory.usage_in_bytes").unlink()                                            # stopped meanwhile
     assert [c["name"] for c in read_cgroup_memory(files)] == ["b"]
+
+
+# ---------------------------------------------------------------- what grew: per-process GPU memory (issue 37 item 3)
+
+GIB = 1 << 30
+
+
+def gpu_tick(t: float, avail_gib: float, procs: list[dict], cgroups: list[dict], read_at: float) -> Tick:
+    return Tick.from_json({"type": "tick", "time": t, "mem": {"total_kb": TOTAL_KB, "available_kb": int(avail_gib * GIB_KB),
+                                                              "cached_kb": 2 * GIB_KB},
+                           "gpu_procs": {"read_at": read_at, "procs": procs}, "cgroups": cgroups}, t)
+
+
+def gpu_runaway(rate_gib_s: float = 0.8, host: bool = False, seconds: float = 120.0):
+    """MemAvailable falls as one process's GPU memory grows (NVML read every 2 s, as the agent reads it); its
+    container's cgroup stays flat under its 100 GiB cap; an embedder beside it stays flat."""
+    where = {"where": "host"} if host else {"container": "vllm_node"}
+    for i in range(int(seconds * 2)):
+        t = 1000.0 + i / 2
+        read = 1000.0 + (i // 4) * 2.0
+        grown = max(0.0, read - 1010.0) * rate_gib_s
+        yield gpu_tick(t, 90 - max(0.0, t - 1010.0) * rate_gib_s,
+                       [{"pid": 4242, "used_b": int((20 + grown) * GIB), "comm": "python3", **where},
+                        {"pid": 77, "used_b": 8 * GIB, "comm": "python3", "container": "embedder"}],
+                       [{"name": "vllm_node", "current_b": 5 * GIB, "max_b": 100 * GIB},
+                        {"name": "embedder", "current_b": 1 * GIB, "max_b": 8 * GIB}], read)
+
+
+def first_flagged(ticks, container="vllm_node"):
+    fc = NodeForecaster(container)
+    for tk in ticks:
+        for e in fc.add(tk) or ():
+            if e.severity:
+                return e
+    return None
+
+
+def test_the_container_whose_gpu_memory_grew_is_named_and_its_cap_never_fires():
+    e = first_flagged(gpu_runaway())
+    assert e is not None and e.what == "node"      # the node, never the container's cap series: the cap sees 5 GiB
+    g = e.grower
+    assert g.container == "vllm_node" and g.procs[0][:2] == (4242, "python3") and g.cgroup_b == 0 and g.cap_b == 100 * GIB
+    # its GPU memory's growth is what MemAvailable lost: nothing else left to explain (within one 2-s read)
+    assert g.gpu_b > 4 * GIB and abs(e.growth["other"]) <= 2 * 0.8 * GIB, e.growth
+    assert "embedder" not in e.growth or e.growth["embedder"] == 0
+    text = describe("spark1", e)
+    assert "grew in" in text and f"vllm_node +{g.total_b / GIB:.1f} GiB: GPU memory +" in text
+    assert "(PID 4242 python3), cgroup +0.0 GiB of its 100.0 GiB cap" in text
+
+
+def test_a_gpu_process_in_no_container_is_named_by_its_pid():
+    e = first_flagged(gpu_runaway(host=True))
+    assert e.grower.container is None and e.grower.name == "PID 4242 (python3)"
+    assert "PID 4242 (python3) +" in describe("spark1", e)
+
+
+def test_without_per_process_readings_nothing_is_named():
+    ticks = [replace_procs(tk) for tk in gpu_runaway()]
+    e = first_flagged(ticks)
+    assert e is not None and e.grower is None and "container" in e.growth
+
+
+def replace_procs(tk: Tick) -> Tick:
+    import dataclasses
+    return dataclasses.replace(tk, gpu_procs=None)
+
+
+async def guard_on(ticks, protect, labels=(("sparkconsole.recipe", "gpt-oss-120b"),), container_names=("vllm_node",)):
+    """The Guardian fed ticks through a real NodeMonitor (no connection: a stop it decides on is reported as not
+    run). Returns its actions and what it said."""
+
+    from sparkconsole.config import ProtectSettings
+    from sparkconsole.nodes.monitor import NodeMonitor
+    from sparkconsole.nodes.samples import ContainerInfo
+    node = NodeConfig(name="spark1", address="127.0.0.1", local=True)
+    cluster = ClusterConfig(nodes=(node,), endpoints=(), protect=ProtectSettings(*protect))
+    said: list[tuple[str, str]] = []
+    guardian = Guardian(cluster, AlertEngine(Thresholds()), say=lambda text, sev: said.append((sev, text)))
+    nm = NodeMonitor(node, None, interval=0.5, history=10)
+    nm.containers = tuple(ContainerInfo(name=n, state="running", labels=tuple(labels)) for n in container_names)
+    for tk in ticks:
+        nm.last = tk
+        guardian.on_node(nm)
+    await guardian.wait_actions()
+    return guardian.actions, [text for _, text in said if "guard" in text]
+
+
+async def test_the_guard_stops_the_launched_container_that_grew():
+    acts, said = await guard_on(gpu_runaway(), (15.0,))
+    (act,) = acts
+    assert act["container"] == "vllm_node" and act["result"] == "not run: no connection"
+    assert act["pids"] == [[4242, "python3"]] and act["grower"].startswith("vllm_node +")
+    assert act["estimate_s"] <= 15
+
+
+async def test_the_guard_leaves_a_container_it_did_not_launch_unless_told():
+    acts, said = await guard_on(gpu_runaway(), (15.0, "launched"), labels=())
+    assert [a["result"] for a in acts] == ["not stopped: not launched by sparkconsole"]
+    assert "protect: {containers: any}" in said[0]
+    acts, _ = await guard_on(gpu_runaway(), (15.0, "any"), labels=())
+    assert [(a["container"], a["result"]) for a in acts] == [("vllm_node", "not run: no connection")]
+
+
+async def test_the_guard_names_a_process_in_no_container_and_earlyoom():
+    acts, said = await guard_on(gpu_runaway(host=True), (15.0,))
+    assert [a["result"] for a in acts] == ["not stopped: in no container"]
+    assert "PID 4242 (python3) grew" in said[0] and "earlyoom" in said[0]
+
+
+async def test_the_guard_is_off_at_zero():
+    assert (await guard_on(gpu_runaway(), (0.0,)))[0] == []

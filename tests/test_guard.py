@@ -6,6 +6,7 @@ import json
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -131,3 +132,96 @@ def test_container_cap_read_from_a_real_docker_engine(docker_engine, testbed_bas
     finally:
         for name in names:
             docker_engine.run(["rm", "-f", name], check=False)
+
+
+# ---------------------------------------------------------------- earlyoom (issue 37 item 3)
+
+def earlyoom_or_skip() -> Path:
+    from tests.testbed.cache import TestbedError
+    from tests.testbed.earlyoom import earlyoom_binary
+    try:
+        return earlyoom_binary()
+    except (TestbedError, OSError, subprocess.SubprocessError) as exc:
+        pytest.skip(f"no earlyoom binary here: {exc}")
+
+
+def named_process(name: str, mib: int = 0) -> subprocess.Popen:
+    """A process that holds `mib` MiB and calls itself `name` (its comm, what earlyoom matches)."""
+    code = ("import ctypes, sys, time\n"
+            f"ctypes.CDLL(None).prctl(15, ctypes.c_char_p({name.encode()!r}), 0, 0, 0)\n"
+            f"b = bytearray({mib} << 20)\nb[::4096] = b'x' * len(b[::4096])\n"
+            "print('ready', flush=True)\ntime.sleep(120)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "ready"
+    return p
+
+
+def guards_of_this_machine() -> dict:
+    t = agent_tick(Path("/proc"))
+    return by_key(evaluate_guards(t.guards, t.mem, (), "vllm_node"))
+
+
+def test_earlyoom_check_reads_a_real_earlyoom(tmp_path):
+    """The real earlyoom (--dryrun: it kills nothing), found by the real agent among this machine's processes: with
+    the check's own arguments it is ok; without --prefer/--avoid it is a warning carrying the fix; not running, a
+    warning too."""
+    from sparkconsole.nodes.guard import EARLYOOM_AVOID, EARLYOOM_FIX, EARLYOOM_PREFER
+    exe = earlyoom_or_skip()
+    before = guards_of_this_machine()["earlyoom"]
+    assert before.status == "warn" and before.fix == EARLYOOM_FIX and "not running" in before.reason \
+        or "not installed" in before.reason
+    for args, status in ((["--prefer", EARLYOOM_PREFER, "--avoid", EARLYOOM_AVOID], "ok"), ([], "warn")):
+        eo = subprocess.Popen([str(exe), "--dryrun", "-r", "0", "-M", "1024", *args], stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL)
+        try:
+            time.sleep(0.3)
+            r = guards_of_this_machine()["earlyoom"]
+        finally:
+            eo.kill()
+            eo.wait()
+        assert r.status == status, r
+        if status == "ok":
+            assert f"running (PID {eo.pid})" in r.reason and r.fix is None
+        else:
+            assert "its --prefer does not name vLLM's" in r.reason and r.fix == EARLYOOM_FIX
+
+
+def test_earlyoom_with_the_fix_s_arguments_picks_vllm_and_spares_the_agent(tmp_path):
+    """What the fix configures, run for real (--dryrun, its memory threshold set above what is free here so it
+    selects a victim at once): a small process named as vLLM's engine is chosen over a far larger one named as the
+    console's agent, and the fix's command line, read by a real shell, gives earlyoom exactly those arguments."""
+    from sparkconsole.nodes.guard import EARLYOOM_ARGS, EARLYOOM_FIX
+    exe = earlyoom_or_skip()
+    eng, ag = named_process("VLLM::EngineCor", 16), named_process("python3-scagent", 512)
+    try:
+        r = subprocess.run(["timeout", "3", str(exe), "--dryrun", "-r", "1", "-m", "99,98",
+                            *shlex.split(EARLYOOM_ARGS)[4:]], capture_output=True, text=True)
+        out = r.stdout + r.stderr
+    finally:
+        for p in (eng, ag):
+            p.kill()
+            p.wait()
+    chosen = [ln for ln in out.splitlines() if ln.startswith("sending SIG") and " to process " in ln]
+    assert chosen, out
+    # each choice is a process the --prefer names (another vLLM engine on this machine may outrank this one)
+    assert all('"VLLM::' in ln or '"vllm"' in ln or '"sglang' in ln for ln in chosen), chosen
+    assert not any(f"process {ag.pid} " in ln for ln in chosen)
+    # the fix as a shell runs it: the file it writes holds these arguments, word for word
+    fix = EARLYOOM_FIX.split(" && ")[1].replace("| sudo tee /etc/default/earlyoom >/dev/null",
+                                                f"> {tmp_path / 'default'}")
+    subprocess.run(["bash", "-c", fix], check=True)
+    words = subprocess.run(["sh", "-c", f'. {tmp_path / "default"}; eval "set -- $EARLYOOM_ARGS"; '
+                                        'printf "%s\\n" "$@"'], capture_output=True, text=True).stdout.splitlines()
+    assert words == shlex.split(EARLYOOM_ARGS)
+
+
+def test_earlyoom_unknown_for_an_older_agent_and_its_regexes():
+    from sparkconsole.nodes.guard import check_earlyoom
+    from sparkconsole.nodes.samples import EarlyOom, GuardInputs
+    assert check_earlyoom(GuardInputs()).status == "unknown"
+    r = check_earlyoom(GuardInputs(earlyoom=EarlyOom(True, 5, ("--prefer=(^|/)(vllm|VLLM::.*|sglang|sglang::.*)$",
+                                                               "--avoid", "(^|/)(sshd)$"))))
+    assert r.status == "warn" and "its --avoid does not name sshd, dockerd, python3-scagent" in r.reason
+    assert "--prefer" not in r.reason
+    r = check_earlyoom(GuardInputs(earlyoom=EarlyOom(True, 5, ("--prefer", "(", "--avoid", "x"))))
+    assert r.status == "warn" and "--prefer does not name" in r.reason

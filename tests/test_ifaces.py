@@ -9,7 +9,7 @@ import pytest
 
 from sparkconsole.errors import UserError
 from sparkconsole.launch import ifaces
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
 from tests.helpers import error_lines
 
 FIX = Path(__file__).parent / "fixtures" / "ifaces"
@@ -102,7 +102,7 @@ def test_a_cluster_plan_without_interfaces_gets_them_from_the_nodes(sshd_nodes, 
 
     import yaml
 
-    from sparkconsole.launch.recipe import find_recipe
+    from sparkconsole.recipes import find_recipe
     doc = yaml.safe_load(open(find_recipe("gpt-oss-120b").source).read())
     doc["sparkconsole"]["cluster"].pop("eth_if", None)
     doc["sparkconsole"]["cluster"].pop("ib_if", None)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import replace
 
 import pytest
@@ -10,9 +11,10 @@ import pytest
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.lint import Facts, facts_from_monitors, preflight, refusals
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import bundled_recipes, find_recipe
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import GuardInputs, HostMemory
+from sparkconsole.placement.modelinfo import info_from_config
+from sparkconsole.recipes import bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head"),
          NodeConfig(name="spark2", address="192.168.100.11"))
@@ -180,16 +182,18 @@ def test_image_must_match_on_every_cluster_node():
                        facts=Facts(image_ids={"spark1": "sha256:aaa", "spark2": "sha256:aaa"}))) == []
 
 
-def test_memory_fit_from_profile_and_from_config_json():
+def test_memory_fit_from_built_in_figures_and_from_the_node_cache():
     f = check("llama-3.1-8b", "solo", {"gpu_memory_utilization": 0.1})          # 12 GiB < 15 GiB of weights
-    assert rules(f) == ["memory_fit"] and "8.03B" in f[0].message
+    assert rules(f) == ["weights_over_claim"] and "weights alone are 15.0 GiB" in f[0].message
+    assert f[0].node == "spark1" and "metadata" in f[0].source
     assert rules(check("llama-3.1-8b", "solo", {"gpu_memory_utilization": 0.3})) == []
-    # from config.json + weight files: a long context no longer fits
-    cfg = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
-    facts = Facts(model_config=cfg, weights_bytes=16_060_522_496)
+    # from the node's cache (config.json + safetensors headers): a long context no longer fits
+    cfg = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096,
+           "torch_dtype": "bfloat16"}
+    facts = Facts(model_info=info_from_config(cfg, source="hf-cache", weights_b=16_060_522_496))
     # 15 GiB of weights + 16 GiB of bf16 KV for 131072 tokens > 0.25 × 121.7 GiB
     f = check("llama-3.1-8b", "solo", {"max_model_len": 131072, "gpu_memory_utilization": 0.25}, facts)
-    assert rules(f) == ["memory_fit"] and "config.json" in f[0].message
+    assert rules(f) == ["memory_fit"] and "hf-cache" in f[0].source and "131072-token" in f[0].message
     assert rules(check("llama-3.1-8b", "solo", {"max_model_len": 8192, "gpu_memory_utilization": 0.25}, facts)) == []
 
 
@@ -283,34 +287,40 @@ def test_plan_argument_skips_replanning():
     assert rules(preflight(find_recipe("gpt-oss-120b"), "2x-solo", NODES, None, plan=plan)) == ["least_busy_identical"]
 
 
-def test_model_probe_reads_config_and_weights_with_a_real_shell(tmp_path):
+def test_model_probe_reads_a_local_directory_and_a_linked_cache_with_a_real_shell(tmp_path):
     import subprocess
 
-    from sparkconsole.launch.lint import model_probe_command, model_source, parse_model_probe
+    from sparkconsole.placement.modelinfo import parse_probe, probe_command
+    from tests.test_estimate import SHARDS, WEIGHTS, write_safetensors
     cfg = {"num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "hidden_size": 128}
-    # a local model directory (path with a space: the snippet quotes it)
+    # a local model directory (path with a space: the command quotes it)
     local = tmp_path / "my model"
     local.mkdir()
     (local / "config.json").write_text(json.dumps(cfg))
-    (local / "model.safetensors").write_bytes(b"\0" * 5000)
-    out = subprocess.run(["sh", "-c", model_probe_command(str(local))], capture_output=True, text=True)
-    assert out.returncode == 0 and parse_model_probe(out.stdout) == (cfg, 5000)
-    # a Hugging Face cache snapshot: files are symlinks into blobs
+    write_safetensors(local / "model.safetensors", SHARDS[0])
+    out = subprocess.run(["sh", "-c", probe_command(str(local), python=sys.executable)], capture_output=True,
+                         text=True)
+    info = parse_probe(out.stdout)
+    assert out.returncode == 0 and info is not None and info.weights_b == 2 * 64 * 512 * 2 + 512 * 2
+    assert (info.num_layers, info.num_kv_heads, info.head_dim) == (2, 2, 32)
+    # a Hugging Face cache snapshot: files are relative symlinks into blobs
     hub = tmp_path / "hf" / "hub" / "models--org--Model-1B"
     (hub / "blobs").mkdir(parents=True)
-    (hub / "blobs" / "abc").write_bytes(b"\0" * 7000)
+    for i, shard in enumerate(SHARDS):
+        write_safetensors(hub / "blobs" / f"b{i}", shard)
     snap = hub / "snapshots" / "0123"
     snap.mkdir(parents=True)
     (snap / "config.json").write_text(json.dumps(cfg))
-    (snap / "model-00001.safetensors").symlink_to(hub / "blobs" / "abc")
+    for i in range(len(SHARDS)):
+        (snap / f"model-{i:05d}.safetensors").symlink_to(f"../../blobs/b{i}")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "HF_HOME": str(tmp_path / "hf")}
-    out = subprocess.run(["sh", "-c", model_probe_command("org/Model-1B")], capture_output=True, text=True, env=env)
-    assert parse_model_probe(out.stdout) == (cfg, 7000)
+    out = subprocess.run(["sh", "-c", probe_command("org/Model-1B", python=sys.executable)], capture_output=True,
+                         text=True, env=env)
+    assert parse_probe(out.stdout).weights_b == WEIGHTS
     # not on the node: exit 3, nothing parsed
-    out = subprocess.run(["sh", "-c", model_probe_command("org/Absent")], capture_output=True, text=True, env=env)
-    assert out.returncode == 3 and parse_model_probe(out.stdout) == (None, None)
-    assert model_source(("vllm", "serve", "org/Model-1B", "--port", "1")) == "org/Model-1B"
-    assert model_source(("python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/m")) == "/m"
+    out = subprocess.run(["sh", "-c", probe_command("org/Absent", python=sys.executable)], capture_output=True,
+                         text=True, env=env)
+    assert out.returncode == 3 and parse_probe(out.stdout) is None
 
 
 def test_preflight_on_a_bigger_cluster_uses_the_nodes_a_launch_would():
@@ -366,3 +376,24 @@ def test_no_user_text_names_a_source_the_user_cannot_open():
         text = f.line(explain=True) + " " + f.message + " " + (f.fix or "")
         assert not any(word in text for word in INTERNAL), text
         assert f.rule in headings, f"docs/PREFLIGHT.md has no section {f.rule}"
+def test_earlyoom_missing_is_said_but_never_refuses():
+    from sparkconsole.nodes.samples import EarlyOom
+    no_eo = replace(GOOD_GUARDS, earlyoom=EarlyOom(installed=False))
+    facts = good_facts(guards={"spark1": evaluate_guards(no_eo, GB10_MEM, (), "vllm_node")})
+    f = [x for x in check("gpt-oss-120b", "solo", facts=facts) if x.rule == "oom_guards"]
+    assert [x.severity for x in f] == ["warn"] and "earlyoom" in f[0].message and "apt-get install" in f[0].fix
+
+
+def test_every_rule_has_its_section_in_docs_preflight():
+    """Every finding's `(why: docs/PREFLIGHT.md#RULE)` opens a section: each rule named in the preflight modules."""
+    import re
+    from pathlib import Path
+
+    from sparkconsole.launch import lint_workloads
+    root = Path(__file__).resolve().parents[1]
+    headings = {line[3:].strip() for line in (root / "docs" / "PREFLIGHT.md").read_text().splitlines()
+                if line.startswith("## ")}
+    rules_named = {lint_workloads.RULE}
+    for path in (root / "sparkconsole" / "launch").glob("*.py"):
+        rules_named |= set(re.findall(r'(?:Finding|_finding)\(\s*"([a-z_]+)"', path.read_text()))
+    assert rules_named - headings == set()

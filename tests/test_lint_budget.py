@@ -19,10 +19,10 @@ from sparkconsole.launch.lint import Facts, preflight
 from sparkconsole.launch.lint_compile import compile_cache_mounted
 from sparkconsole.launch.lint_memory import guards_in_place, judge, size_gib
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import GuardInputs, Tick
 from sparkconsole.placement.budget import GIB, node_budget, offline_budget
+from sparkconsole.recipes import find_recipe
 from tests.test_lint import GB10_MEM, GIB_KB, NODES, good_facts
 
 SWAP_ON = GuardInputs(swaps=("/swap.img",), overcommit_memory=0, min_free_kbytes=1572864, swappiness=60)
@@ -181,7 +181,7 @@ def test_a_claim_in_gib_is_judged_like_a_fraction():
 
     def mem(extra, facts=None):
         return [f for f in preflight(r, "solo", NODES, facts or good_facts(), overrides={"extra_args": extra})
-                if f.rule in ("gpu_memory_utilization", "memory_fit")]
+                if f.rule in ("gpu_memory_utilization", "memory_fit", "weights_over_claim")]
     [f] = mem(["--gpu-memory-utilization-gb", "108"])
     assert f.severity == "warn" and f.message.startswith("--gpu-memory-utilization-gb 108 = 108.0 GiB: with vLLM's "
                                                          "own CPU side (~5 GiB) it is 113.0 GiB, over the node's budget")
@@ -194,4 +194,4 @@ def test_a_claim_in_gib_is_judged_like_a_fraction():
     assert mem(["--gpu-memory-utilization", "0.2", "--gpu-memory-utilization-gb", "90"]) == []
     # the GiB figure is the budget the model must fit in, not the default fraction
     [f] = mem(["--gpu-memory-utilization-gb", "40"])
-    assert f.rule == "memory_fit" and "--gpu-memory-utilization-gb 40 = 40.0 GiB" in f.message
+    assert f.rule == "weights_over_claim" and "over the claim 40.0 GiB" in f.message

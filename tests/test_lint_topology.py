@@ -14,8 +14,8 @@ from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch import lint
 from sparkconsole.launch.plan import make_plan
 from sparkconsole.launch.probe import probe_nodes
-from sparkconsole.launch.recipe import find_recipe
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
+from sparkconsole.recipes import find_recipe
 
 TINY = find_recipe("tiny-testbed")
 BIND = (("VLLM_CPU_OMP_THREADS_BIND", "0"),), (("VLLM_CPU_OMP_THREADS_BIND", "1"),)

@@ -18,8 +18,8 @@ from sparkconsole.errors import UserError
 from sparkconsole.launch import gate, lint
 from sparkconsole.launch.argv import flag_value
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import SecretRef, bundled_recipes, find_recipe
 from sparkconsole.launch.steps import EXIT_MARK, NodeExpr, Step
+from sparkconsole.recipes import SecretRef, bundled_recipes, find_recipe
 
 NODES = (NodeConfig(name="spark1", address="192.168.100.10", role="head", container="vllm_a", vllm_port=8000),
          NodeConfig(name="spark2", address="192.168.100.11", role="worker", container="vllm_b", vllm_port=8001))

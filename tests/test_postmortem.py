@@ -162,3 +162,89 @@ async def test_real_incidents_over_sshd_get_network_loss_post_mortems(sshd_live,
         rec.close()
     kinds = [e["kind"] for e in RecorderReader(tmp_path / "r.sqlite").events(None, 0, 2e9)]
     assert kinds.count("postmortem") >= 2
+
+
+# ---------------------------------------------------------------- what grew (issue 37 item 3)
+
+def gpu_tick(t, grown_gib):
+    """A GB10-shaped tick: PID 4242's GPU memory grows, its container's cgroup (the part its cap sees) stays flat."""
+    d = json.loads(json.dumps({"type": "tick", "seq": int((t - T0) * 2), "time": t,
+                               "mem": {"total_kb": 128 * GIB_KB, "available_kb": int((60 - grown_gib) * GIB_KB)},
+                               "gpu_procs": {"read_at": T0 + int((t - T0) / 2) * 2, "procs": [
+                                   {"pid": 4242, "used_b": int((40 + grown_gib) * 2**30), "comm": "python3",
+                                    "container": "vllm_node"},
+                                   {"pid": 77, "used_b": 6 * 2**30, "comm": "python3", "container": "embedder"}]},
+                               "cgroups": [{"name": "vllm_node", "current_b": 5 * 2**30, "max_b": 100 * 2**30},
+                                           {"name": "embedder", "current_b": 2**30}]}))
+    return Tick.from_json(d, t)
+
+
+def record_gpu_runaway(tmp_path, incident, extra=()):
+    from sparkconsole.config import RecorderSettings
+    from sparkconsole.recorder.workloads import WorkloadLog
+    path = tmp_path / "r.sqlite"
+    # rows stamped in 2023 (T0): retention, which runs after the writer's first batch, must keep them
+    store, log = RecorderStore(path, RecorderSettings(full_rate_hours=1e6, keep_days=1e5)), WorkloadLog()
+    store.put_event("spark1", "state", {"state": "LIVE"}, T0)
+    store.put_event("spark1", "containers", [{"name": "vllm_node", "state": "running", "exit_code": 0}], T0)
+    n = 0
+    for i in range(240):
+        t = T0 + i / 2
+        tk = gpu_tick(t, max(0.0, (t - T0 - 60) * 0.97))
+        store.put_tick("spark1", tk, container="vllm_node")
+        store.put_tick("spark2", tick(t), container="vllm_node")
+        snap = log.due("spark1", tk)
+        if snap is not None:
+            n += 1
+            store.put_event("spark1", "workloads", snap, t)
+    for kind, data, at in extra:
+        store.put_event("spark1", kind, data, at)
+    store.put_event("spark1", *incident, T0 + 121)
+    store.close()
+    return build(RecorderReader(path), "spark1", audit_entries=[]), n
+
+
+def test_a_gpu_runaway_names_the_process_and_the_container_and_the_cap_that_did_not_fire(tmp_path):
+    pm, n = record_gpu_runaway(tmp_path, ("state", {"state": "DOWN", "error": "no tick for 9.0 s"}))
+    assert pm["verdict"] == "memory-exhaustion"
+    assert pm["evidence"][0].startswith("vllm_node grew 5") and "GPU memory +5" in pm["evidence"][0]
+    assert "(PID 4242 python3), its cgroup +0.0 GiB of a 100.0 GiB cap — the cap did not see the GPU memory" in \
+        pm["evidence"][0]
+    assert [g["name"] for g in pm["workloads_grew"]] == ["vllm_node"]       # the embedder held steady
+    assert "## What grew" in to_markdown(pm)
+    # recorded when it moved (every 2-s reading of the minute it grew), not every tick: far fewer rows than ticks
+    assert 25 <= n <= 40, n
+
+
+def test_the_guard_s_stop_is_its_own_verdict_naming_what_grew(tmp_path):
+    stop = {"node": "spark1", "container": "vllm_node", "estimate_s": 12.5, "result": "stopped",
+            "why": "spark1: unified memory exhausted in ~12 s at the current rate (…)"}
+    dead = [{"name": "vllm_node", "state": "exited", "oom_killed": False, "exit_code": 137}]
+    pm, _ = record_gpu_runaway(tmp_path, ("containers", dead), extra=[("protect", stop, T0 + 119)])
+    assert pm["verdict"] == "guard-stop"
+    assert pm["evidence"][0].startswith("the guard stopped vllm_node ~12.5 s before the node's memory")
+    assert pm["evidence"][1].startswith("vllm_node grew") and "PID 4242 python3" in pm["evidence"][1]
+    assert "guard-stop" in one_line(pm) and "PID 4242" in one_line(pm)
+
+
+def test_a_replay_plays_each_workload_s_memory_back(tmp_path):
+    from sparkconsole.nodes.workload_memory import workload_memory
+    from sparkconsole.recorder.replay import agent_lines
+    record_gpu_runaway(tmp_path, ("state", {"state": "DOWN", "error": "no tick for 9.0 s"}))
+    lines = agent_lines(RecorderReader(tmp_path / "r.sqlite"), "spark1", T0, T0 + 120)
+    w = workload_memory(Tick.from_json(json.loads(lines[-1]), 0))
+    assert w["vllm_node"].gpu_b > 90 * 2**30 and w["vllm_node"].cgroup_b == 5 * 2**30
+    assert w["vllm_node"].cap_b == 100 * 2**30 and w["embedder"].gpu_b == 6 * 2**30
+    assert w["vllm_node"].procs[0].pid == 4242 and w["vllm_node"].procs[0].comm == "python3"
+
+
+def test_what_grew_counts_a_stopped_workload_at_its_peak():
+    """The guard stopped it: the last readings no longer have the container, its peak is what it grew to."""
+    from sparkconsole.recorder.workloads import growth
+    g = 2**30
+    rows = [{"read_at": 0, "w": {"vllm_node": [40 * g, 5 * g, 100 * g]}, "p": [[4242, 40 * g, "vllm", "vllm_node"]]},
+            {"read_at": 30, "w": {"vllm_node": [90 * g, 5 * g, 100 * g]}, "p": [[4242, 90 * g, "vllm", "vllm_node"]]},
+            {"read_at": 32, "w": {}, "p": []}]
+    (top,) = growth(rows)
+    assert (top["name"], top["gpu_b"], top["cgroup_b"], top["procs"]) == ("vllm_node", 50 * g, 0,
+                                                                           [[4242, "vllm", 50 * g]])

@@ -43,7 +43,7 @@ def watched(sshd_nodes, engine, container: str, protect_s: float):
                                      agent_args=("--gpu-source", "none", "--docker-host", engine.host,
                                                  "--container-interval", "1"))
     node = dataclasses.replace(base.nodes[0], container=container, env=(("DOCKER_HOST", engine.host),))
-    return dataclasses.replace(base, nodes=(node,), protect=ProtectSettings(protect_s))
+    return dataclasses.replace(base, nodes=(node,), protect=ProtectSettings(protect_s, "any"))   # started by hand: not launched
 
 
 async def run_watch(cluster, engine, container, done, recorder=None, pms=()):

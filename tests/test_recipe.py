@@ -10,8 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from sparkconsole.errors import UserError
-from sparkconsole.launch import recipe as recipe_mod
-from sparkconsole.launch.recipe import (
+from sparkconsole.recipes import (
     TOPOLOGIES,
     bundled_dir,
     bundled_recipes,
@@ -20,6 +19,7 @@ from sparkconsole.launch.recipe import (
     parse_recipe,
     recipe_paths,
 )
+from sparkconsole.recipes.v1 import COMMUNITY_KEYS
 from sparkconsole.yamlsrc import load_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -110,7 +110,7 @@ def test_published_settings_are_in_the_bundled_recipes():
 
 def test_bundled_files_are_package_data_and_mirrored_in_recipes_dir():
     shipped = sorted(p.name for p in bundled_dir().glob("*.yaml"))
-    assert shipped and bundled_dir().parent.name == "launch"
+    assert shipped and bundled_dir().parent.name == "recipes"
     mirrored = sorted(p.name for p in (REPO / "recipes").glob("*.yaml"))
     assert mirrored == shipped
     for p in (REPO / "recipes").glob("*.yaml"):
@@ -186,7 +186,7 @@ def test_unknown_key_in_own_section_is_an_error_with_line_and_field(section, lin
 
 @pytest.mark.parametrize("text, needle", [
     ('name: x\ncontainer: img\n', "missing required field 'command'"),
-    ('recipe_version: "2"\nname: x\ncontainer: img\ncommand: c\n', "recipe_version '2' is not supported"),
+    ('recipe_version: "2"\nname: x\ncontainer: img\ncommand: c\n', "missing required field 'model'"),  # v2: sparkrun's
     ('name: x\ncontainer: img\ncommand: c\ndefaults: [1, 2]\n', "expected dict"),
     ('name: x\ncontainer: img\ncommand: c\ndefaults: {port: [1]}\n', "a default must be a single value"),
     ('name: x\ncontainer: img\ncommand: c\ncluster_only: true\nsolo_only: true\n', "both true"),
@@ -267,7 +267,7 @@ def test_bad_yaml_and_unreadable_file_are_one_line_errors(tmp_path):
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False), st.text(max_size=20))
 values = st.recursive(scalars, lambda ch: st.lists(ch, max_size=3) | st.dictionaries(st.text(max_size=8), ch, max_size=3),
                       max_leaves=8)
-KEYS = sorted(recipe_mod.COMMUNITY_KEYS | {"sparkconsole"})
+KEYS = sorted(COMMUNITY_KEYS | {"sparkconsole"})
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

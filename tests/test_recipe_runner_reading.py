@@ -19,9 +19,9 @@ import yaml
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
 from sparkconsole.launch.argv import command_argv
-from sparkconsole.launch.bashread import bash_command_lines
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import load_recipe, parse_recipe
+from sparkconsole.recipes import load_recipe, parse_recipe
+from sparkconsole.recipes.bashread import bash_command_lines
 from sparkconsole.yamlsrc import load_file, load_text
 
 FIX = Path(__file__).parent / "fixtures" / "recipes"

@@ -58,3 +58,42 @@ async def test_r_waits_for_the_router_that_says_how_to_take_a_server_out(recordi
         assert "behind simple-shuffle" in shown and "close it to new requests" in shown, shown
         await pilot.press("n")
         await pilot.press("q")
+
+
+def workload(name: str, node: str, url: str, model: str, claim: int) -> ContainerInfo:
+    labels = {"recipe": "llama-3.1-8b", "topology": "solo", "role": "server", "node": node, "url": url,
+              "workload": name, "model": model, "claim": str(claim)}
+    return ContainerInfo(name=f"vllm_node_{name}", state="running",
+                         labels=tuple((f"sparkconsole.{k}", v) for k, v in labels.items()))
+
+
+async def test_every_running_workload_is_listed_and_s_stops_the_highlighted_one_alone(recording):
+    """Two workloads of one recipe on one node: both rows (name, model, node:port, state); the budget bar counts
+    each one's claim; s on the second row plans the stop of its container alone."""
+    GIB = 1 << 30
+    app, _, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        mon.nodes["spark1"].containers = (workload("chat", "spark1", "http://127.0.0.1:8000", "llama-chat", 20 * GIB),
+                                          workload("coder", "spark1", "http://127.0.0.1:8001", "llama-coder", 7 * GIB))
+        await pilot.press("2")
+        scr = app.recipes_screen
+        await wait_for(pilot, lambda: scr.is_mounted and len(scr.running_groups()) == 2, what="two workloads")
+        scr.launches_changed()
+        rows = scr.query_one("#workload-list")
+        await wait_for(pilot, lambda: rows.option_count == 2, what="two rows")
+        shown = [str(rows.get_option_at_index(i).prompt) for i in range(2)]
+        assert "chat  llama-chat  spark1:8000  serving" in shown[0] and "coder  llama-coder  spark1:8001" in shown[1]
+        bar = scr.query_one("#budget")
+        await wait_for(pilot, lambda: any(s.label == "coder" for b in bar.bars for s in b.segments), what="the bar")
+        spark1 = next(b for b in bar.bars if b.node == "spark1")
+        claimed = {s.label: s.bytes for s in spark1.segments if s.kind in ("held", "claim")}
+        assert claimed == {"chat": 20 * GIB, "coder": 7 * GIB}, claimed     # the recording measures no container
+        rows.focus()
+        rows.highlighted = 1
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop's confirmation")
+        assert "Stop coder (llama-3.1-8b × solo) on spark1?" in app.screen.title_text
+        assert "vllm_node_coder" in app.screen.command and "vllm_node_chat" not in app.screen.command
+        await pilot.press("n")
+        await pilot.press("q")

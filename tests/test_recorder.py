@@ -165,9 +165,12 @@ def test_cluster_file_sections_and_their_one_line_errors(tmp_path):
              "notify: {webhook: 'http://127.0.0.1:9/h', bell: true, min_severity: bad}\n")
     assert (c.recorder.full_rate_hours, c.recorder.keep_days, c.recorder.max_mb) == (2, 3, 50)
     assert c.protect.stop_container_before_exhaustion_s == 15 and c.notify.bell and c.notify.min_severity == "bad"
-    assert load("").protect.stop_container_before_exhaustion_s == 0       # the guard is off by default
+    # the guard is on by default, for the containers this console launched (config.ProtectSettings says why)
+    assert (load("").protect.stop_container_before_exhaustion_s, load("").protect.containers) == (15, "launched")
+    assert load("protect: {stop_container_before_exhaustion_s: 0, containers: any}\n").protect.containers == "any"
     for extra, where in (("recorder: {keep_days: 0.01, full_rate_hours: 24}\n", "recorder.keep_days"),
                          ("protect: {stop_container: 5}\n", "protect.stop_container"),
+                         ("protect: {containers: all}\n", "protect.containers"),
                          ("notify: {min_severity: info}\n", "notify.min_severity"),
                          ("notify: {ntfy: 'ftp://u:sekrit-token@host/x'}\n", "notify.ntfy")):
         with pytest.raises(UserError) as exc:

@@ -49,7 +49,7 @@ async def test_console_at_shows_replay_label_and_the_guard_never_acts(tmp_path):
     t0 = time.time() - 3600
     record_runaway(tmp_path / "r.sqlite", t0)
     cfg = ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1", role="head"),), endpoints=(), source="lab.yaml",
-                        protect=ProtectSettings(stop_container_before_exhaustion_s=600))
+                        protect=ProtectSettings(stop_container_before_exhaustion_s=600, containers="any"))
     app = SparkConsoleApp(cfg, monitor_factory=replay_monitor_factory(tmp_path / "r.sqlite", t0 + 5), replay_at=t0 + 5)
     async with app.run_test(size=SIZE) as pilot:
         assert app.sub_title.startswith("REPLAY " + time.strftime("%Y-%m-%d %H:%M", time.localtime(t0 + 5)))

@@ -22,9 +22,10 @@ from sparkconsole import audit
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.logread import error_line
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import load_recipe
 from sparkconsole.launch.runner import LaunchError, Runner
-from sparkconsole.nodes.transport import LocalTransport, make_transport
+from sparkconsole.nodes.connect import make_transport
+from sparkconsole.nodes.transport import LocalTransport
+from sparkconsole.recipes import load_recipe
 from tests.helpers import free_port
 
 PY_HOME = str(Path(sys.base_prefix).resolve())

@@ -16,6 +16,8 @@ import aiohttp
 import pytest
 
 import sparkconsole
+from sparkconsole.nodes.samples import Tick
+from sparkconsole.nodes.workload_memory import workload_memory
 from sparkconsole.sim.engine import EngineArgs, SimEngine
 from sparkconsole.sim.node import GB10, NodeTuning, SimNode, write_load
 from sparkconsole.sim.profiles import GB10 as GB10_HW
@@ -155,20 +157,51 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
             # arrived while the restarted process was still importing; never 137, which means it had to be killed.
             assert next(c for c in t["containers"] if c["name"] == "idle")["exit_code"] in (0, 143)
 
-            # a 120B model under a 10 GiB cap: the cgroup OOM-kills it while the weights load
+            # a 120B model under a 10 GiB cap, as a GB10 runs it: the GPU memory (85 GiB) is not charged to the
+            # container's cgroup, so the cap never fires; the real agent sees the GPU memory per process, mapped to
+            # the container through the node's /proc/PID/cgroup, and the cgroup holding the CPU side only
             r = docker(node, "run", "-d", "--name", "big", "--memory", "10g", "--gpus", "all", "vllm-node",
                        "vllm", "serve", "openai/gpt-oss-120b", "--gpu-memory-utilization", "0.7", "--port", "1")
             assert r.returncode == 0, r.stderr
-            t, _ = await agent.until(lambda t: any(c["name"] == "big" and c["state"] == "exited"
+            t, _ = await agent.until(lambda t: any(p.get("container") == "big" and p.get("used_b", 0) > 80 << 30
+                                                   for p in (t.get("gpu_procs") or {}).get("procs") or []), 30)
+            w = workload_memory(Tick.from_json(t, 0))["big"]
+            assert w.gpu_b > 80 << 30 and w.cap_b == 10 << 30 and 4 << 30 <= w.cgroup_b < 5 << 30
+            assert w.procs[0].comm == "vllm" and w.measured
+            # a cap under vLLM's CPU side (4 GiB) is what the cgroup does kill: at once
+            r = docker(node, "run", "-d", "--name", "small", "--memory", "2g", "--gpus", "all", "vllm-node",
+                       "vllm", "serve", "openai/gpt-oss-120b", "--gpu-memory-utilization", "0.3", "--port", "2")
+            t, _ = await agent.until(lambda t: any(c["name"] == "small" and c["state"] == "exited"
                                                    for c in t.get("containers") or []), 30)
-            big = next(c for c in t["containers"] if c["name"] == "big")
-            assert big["oom_killed"] is True and big["exit_code"] == 137
-        assert "Killed" in docker(node, "logs", "--tail", "1", "big").stdout
+            small = next(c for c in t["containers"] if c["name"] == "small")
+            assert small["oom_killed"] is True and small["exit_code"] == 137
+            assert next(c for c in t["containers"] if c["name"] == "big")["state"] == "running"
+        assert "Killed" in docker(node, "logs", "--tail", "1", "small").stdout
+        assert docker(node, "stop", "big").returncode == 0
         ps = docker(node, "ps", "-a", "--format", "{{.Names}} {{.State}}").stdout.split("\n")
-        assert sorted(filter(None, ps)) == ["big exited", "idle exited"]
+        assert sorted(filter(None, ps)) == ["big exited", "idle exited", "small exited"]
         assert docker(node, "ps", "-q").stdout.strip() == ""
-        assert docker(node, "rm", "-f", "idle", "big").returncode == 0
+        assert docker(node, "rm", "-f", "idle", "big", "small").returncode == 0
         assert docker(node, "ps", "-aq").stdout.strip() == ""
+    finally:
+        await node.stop()
+
+
+async def test_the_shim_empties_a_tmpfs_when_the_container_starts_again(tmp_path):
+    """As Docker does (tests/test_rolling_restart.py checks it on the real engine): the drain gate's flag, touched
+    into its tmpfs, is gone after `docker restart`; `docker exec … rm -f` removes it too."""
+    from sparkconsole.launch import gate
+    node = SimNode("spark2", "127.0.0.3", tmp_path, speed=1, tuning=NodeTuning.hardened())
+    await node.start()
+    try:
+        assert docker(node, "run", "-d", "--name", "gated", "--tmpfs", gate.tmpfs(), "vllm-node", "sleep",
+                      "infinity").returncode == 0
+        flag = node.dir / "containers" / "gated" / "fs" / gate.FLAG.lstrip("/")
+        assert docker(node, "exec", "gated", "touch", gate.FLAG).returncode == 0 and flag.exists()
+        assert docker(node, "exec", "gated", "rm", "-f", gate.FLAG).returncode == 0 and not flag.exists()
+        assert docker(node, "exec", "gated", "touch", gate.FLAG).returncode == 0 and flag.exists()
+        assert docker(node, "restart", "-t", "1", "gated").returncode == 0 and not flag.exists()
+        docker(node, "rm", "-f", "gated")
     finally:
         await node.stop()
 
@@ -223,7 +256,7 @@ async def test_served_model_loads_memory_and_drives_the_gpu(tmp_path):
             assert health == "healthy"
             await asyncio.sleep(0.5)
             used = (before - _meminfo(node)["MemAvailable"]) / GIB_KB
-            assert used == pytest.approx(0.3 * 121.7, abs=0.5)       # gpu_memory_utilization x MemTotal
+            assert used == pytest.approx(0.3 * 121.7 + 4, abs=0.5)   # gpu_memory_utilization x MemTotal + CPU side
 
             async def one(i: int) -> None:
                 body = {"model": "meta-llama/Llama-3.1-8B-Instruct", "max_tokens": 400, "ignore_eos": True,

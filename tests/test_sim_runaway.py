@@ -25,9 +25,9 @@ KEEPALIVE_S = 3.0       # the simulated SSH keepalive: a hung node reads STALE t
 class Watch:
     """What the console runs below its TUI, on a simulated cluster."""
 
-    def __init__(self, sim: SimCluster, path, *, protect_s: float = 0.0) -> None:
+    def __init__(self, sim: SimCluster, path, *, protect_s: float | None = None) -> None:
         self.cluster = sim.cluster
-        if protect_s:
+        if protect_s is not None:
             self.cluster = dataclasses.replace(self.cluster, protect=dataclasses.replace(
                 self.cluster.protect, stop_container_before_exhaustion_s=protect_s))
         self.rec = Recorder.open(self.cluster, path)
@@ -75,7 +75,7 @@ async def test_memory_runaway_warns_then_freezes_and_reads_as_memory_exhaustion(
     await sim.start()
     try:
         url = sim.cluster.endpoints[0].url
-        async with Watch(sim, tmp_path / "r.sqlite") as w:
+        async with Watch(sim, tmp_path / "r.sqlite", protect_s=0) as w:      # the guard off: the freeze
             await until(w.ticking, 30, "both nodes ticking")
             rw = sim.runaway("spark1", "memory", duration_s=20)
             await until(lambda: rw.over, 90, "the memory runaway's end")
@@ -143,11 +143,16 @@ async def test_link_cut_hangs_the_node_and_reads_as_network_loss(tmp_path):
 
 
 @pytest.mark.slow
-async def test_the_opt_in_guard_stops_the_container_and_the_node_does_not_freeze(tmp_path, monkeypatch):
+async def test_the_guard_stops_the_container_that_grew_and_the_node_does_not_freeze(tmp_path, monkeypatch):
+    """The guard, on by default, stops a container this console launched (the demo's: its recipe's labels) whose GPU
+    memory grows while its cap, which does not see that memory, never fires; the post-mortem names it."""
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))     # the guard's audit log
-    sim = SimCluster(speed=1.0, load_speedup=200, serving=Serving(topology="solo"), keepalive_s=KEEPALIVE_S)
+    sim = SimCluster(speed=1.0, load_speedup=200, serving=Serving(topology="solo", recipe="gpt-oss-120b"),
+                     keepalive_s=KEEPALIVE_S)
     await sim.start()
     try:
+        # the guard on for launched containers, as by default; at 30 s rather than the default 15, a margin for this
+        # 20-s accelerating runaway on a shared 2-core machine
         async with Watch(sim, tmp_path / "r.sqlite", protect_s=30) as w:
             await until(w.ticking, 30, "both nodes ticking")
             rw = sim.runaway("spark1", "memory", duration_s=20)
@@ -157,10 +162,20 @@ async def test_the_opt_in_guard_stops_the_container_and_the_node_does_not_freeze
             (act,) = w.guardian.actions
             assert act["node"] == "spark1" and act["container"] == "vllm_node" and act["result"] == "stopped", act
             assert any(text.startswith("SIMULATED: guard: stopping vllm_node on spark1") for _, text in w.said)
+            # what grew is named: the vLLM process's GPU memory (NVML per process, mapped to its container through
+            # the node's /proc/PID/cgroup), its cgroup flat under its cap, which never fired
+            assert act["grower"].startswith("vllm_node +") and "(PID " in act["grower"] and " vllm)" in act["grower"]
+            assert "GPU memory +" in act["grower"] and "of its 100.0 GiB cap" in act["grower"]
+            assert not [a for t, a in w.raised if a.key == "exhaust:spark1:vllm_node"]
             spark1 = w.mon.nodes["spark1"]
             seen = len(spark1.history)
             await until(lambda: len(spark1.history) >= seen + 6, 15, "spark1 ticking on")
             assert spark1.state == NodeState.LIVE and sim.nodes["spark1"].silence is None
             assert spark1.last.mem.available_kb > 100 << 20      # the leak went with the container
+            await until(lambda: w.postmortem("spark1"), 30, "the post-mortem of the stop")
+        pm = w.postmortem("spark1")
+        assert pm["verdict"] == "guard-stop", pm["evidence"]
+        assert pm["evidence"][0].startswith("the guard stopped vllm_node")
+        assert pm["evidence"][1].startswith("vllm_node grew") and "the cap did not see the GPU memory" in pm["evidence"][1]
     finally:
         await sim.stop()

@@ -48,7 +48,8 @@ def test_status_json_over_ssh(sshd_live, tmp_path):
     for n in snap["nodes"]:
         assert n["state"] == "LIVE" and n["error"] is None
         assert n["tick"]["mem"]["total_kb"] == meminfo_kb("MemTotal")
-        assert {g["key"] for g in n["guards"]} == {"swap", "overcommit", "min_free", "container_cap", "page_cache"}
+        assert {g["key"] for g in n["guards"]} == {"swap", "overcommit", "min_free", "container_cap", "page_cache",
+                                                   "earlyoom"}
         assert n["info"]["interval_s"] == 0.2
 
 
@@ -174,3 +175,26 @@ def test_ctrl_c_delivered_to_a_helper_thread_still_ends_the_command(tmp_path):
             proc.kill()
             proc.wait()
     assert _agents_left("0.29", within=5) == []
+
+
+def test_status_shows_each_workload_from_the_recorded_h200():
+    """`status --json` carries what each container holds (the H200 recording's last tick, as the real agent sent
+    it), and the table says it per workload; a part not measured says why."""
+    from sparkconsole.commands.status import node_record, render_table
+    from sparkconsole.config import NodeConfig
+    from sparkconsole.nodes.monitor import NodeMonitor
+    from sparkconsole.nodes.samples import Tick
+    rec = json.loads((ROOT / "tests" / "fixtures" / "nvidia-h200-gpu-procs.json").read_text())
+    nm = NodeMonitor(NodeConfig(name="h200", address="127.0.0.1"), None, interval=0.5, history=4)
+    nm.last = Tick.from_json(rec["agent"]["lines"][-1], time.time())
+    r = json.loads(json.dumps(node_record(nm)))
+    w = r["workloads"]["alloc-3g"]
+    assert (w["gpu_b"], w["cgroup_b"], w["cap_b"], w["measured"]) == (3764387840, 34078720, 1 << 30, True)
+    assert [p["pid"] for p in w["procs"]] == [rec["cgroups"][1]["pid"]]
+    assert r["tick"]["gpu_procs"]["procs"][1]["container"] == "alloc-3g"
+    table = render_table([r])
+    assert "h200: workload alloc-3g: GPU 3.5 GiB (PID 499) + cgroup 0.0 GiB of a 1.0 GiB cap = 3.5 GiB" in table
+    nm.last = Tick.from_json({**rec["agent"]["lines"][-1], "gpu_procs": {"reason": "NVML gives no per-process "
+                                                                          "memory on GPU 0 (NOT_SUPPORTED)"}}, 0)
+    assert "GPU not measured + cgroup 0.0 GiB of a 1.0 GiB cap (GPU: NVML gives no per-process" in \
+        render_table([node_record(nm)])

@@ -11,6 +11,11 @@ bed's real engine), as an operator launches a recipe on two Sparks.
 - pipeline parallel 2 across the two nodes.
 Disaggregation and the bench matrix are in tests/test_topologies_routed.py (a bed of its own, on another worker).
 
+A launch is shared by the checks of it: a class with `shares_a_launch` launches once (a class-scoped fixture) and
+its tests run in order on it, the destructive ones (a lost worker, the stop) last; its fixture clears the nodes
+after the last. A new check of a topology is a test in its class, before the destructive ones, not a new launch
+(every vLLM start costs the suite half a minute of both cores).
+
 The two "nodes" share this machine's two cores: each node's vLLM gets its own core through the cluster file's
 vllm_env (VLLM_CPU_OMP_THREADS_BIND), as preflight asks for a CPU build whose ranks share a machine.
 """
@@ -34,7 +39,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkconsole.launch.recipe import find_recipe
+from sparkconsole.recipes import find_recipe
 from tests.helpers import error_lines, free_port
 from tests.testbed.sshd import ADDRESSES, _ensure_sshd, start_sshd_nodes
 
@@ -54,6 +59,7 @@ class TopologyBed:
     containers: tuple[str, ...]
     ports: tuple[int, ...]
     community: Path        # the recipe as a spark-vllm-docker checkout holds it, with a mod (community_checkout)
+    registry_recipe: str = ""   # the same recipe as recipe_version "2" in a registry (registry_v2), @REGISTRY/NAME
 
     def sc(self, *args: str, timeout: float = 900, extra_env: dict | None = None) -> subprocess.CompletedProcess:
         """`sparkconsole --cluster F ARGS`, as an operator types it."""
@@ -76,9 +82,12 @@ class TopologyBed:
         return f"http://{self.nodes[node].address}:{self.ports[node]}"
 
     def clear(self, test: str = "") -> None:
-        """Remove every container of this bed, its log kept first where SPARKCONSOLE_TEST_KEEP_LOGS says."""
+        """Remove every container of this bed (its nodes', their routers', other workloads' and the gateway's:
+        each named after a node's container), its log kept first where SPARKCONSOLE_TEST_KEEP_LOGS says."""
         keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
-        for c in self.containers:
+        listed = self.engine.run(["ps", "-a", "--format", "{{.Names}}"], check=False).stdout.split()
+        mine = sorted({*self.containers, *(n for n in listed if n.startswith(tuple(f"{c}_" for c in self.containers)))})
+        for c in mine:
             if keep:
                 Path(keep).mkdir(parents=True, exist_ok=True)
                 r = self.engine.run(["logs", c], check=False)
@@ -107,6 +116,24 @@ def community_checkout(root: Path, recipe: Path) -> Path:
     (root / "recipes").mkdir()
     (root / "recipes" / "tiny-chat.yaml").write_text(text)
     return root / "recipes" / "tiny-chat.yaml"
+
+
+def registry_v2(root: Path, community: Path) -> Path:
+    """The community recipe as sparkrun's registries publish it: recipe_version "2", no name (its file's stem), in
+    a git repository with a manifest, its mod in the registry's mods folder (found there as sparkrun finds it)."""
+    text = community.read_text().replace('recipe_version: "1"', 'recipe_version: "2"')
+    text = re.sub(r"(?m)^name: .*\n", "", text)
+    assert 'recipe_version: "2"' in text and "\nname:" not in text
+    (root / "recipes").mkdir(parents=True)
+    (root / "recipes" / "tiny-chat.yaml").write_text(text)
+    (root / ".sparkrun").mkdir()
+    (root / ".sparkrun" / "registry.yaml").write_text("registries:\n  - name: testbed\n    recipes: recipes\n"
+                                                      "    mods: mods\n")
+    shutil.copytree(community.parent.parent / "mods", root / "mods")
+    for args in (["init", "-q", "-b", "main"], ["add", "-A"],
+                 ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "tiny-chat as a v2 recipe"]):
+        subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
+    return root
 
 
 def chat_prompt(url: str, model: str) -> str:
@@ -156,6 +183,12 @@ def topology_bed(docker_engine, vllm_env, tiny_model, vllm_router_env, litellm_e
     try:
         # The operator downloaded the model on the first node; `model pull` copies it into the others' caches.
         tiny_model.seed_hf_cache(root / "hf" / "node1")
+        # The v2 recipe's registry, added as an operator adds one (the real git, file://); not trusted: its mod
+        # runs only with --trust.
+        reg = registry_v2(root / "registry", bed.community)
+        added = bed.sc("recipe", "registry", "add", f"file://{reg}", "--name", "testreg", timeout=120)
+        assert added.returncode == 0 and "not trusted" in added.stdout, added.stdout + added.stderr
+        bed.registry_recipe = "@testreg/tiny-chat"
         pull = bed.sc("model", "pull", tiny_model.hf_id, "--from", "node1",
                       *[a for n in nodes[1:] for a in ("--node", n.name)], "--yes", timeout=300)
         assert pull.returncode == 0, pull.stdout + pull.stderr
@@ -174,10 +207,11 @@ def bed(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_env
 
 @pytest.fixture(autouse=True)
 def nothing_left_running(request):
-    """Each test starts on empty nodes: a failed test's containers would refuse the next test's launch (a
-    launch never replaces a running container), so one failure stays one failure."""
+    """Each test of its own launch starts on empty nodes: a failed test's containers would refuse the next test's
+    launch (a launch never replaces a running container), so one failure stays one failure. The checks of a shared
+    launch (a class with `shares_a_launch`) leave it serving; its fixture clears the nodes after the last one."""
     yield
-    if "bed" in request.fixturenames:
+    if "bed" in request.fixturenames and not getattr(request.cls, "shares_a_launch", False):
         request.getfixturevalue("bed").clear(request.node.name)
 
 
@@ -237,6 +271,20 @@ async def watch_launch(bed: TopologyBed, verdict: str, timeout: float = 60, memb
         await monitor.stop()
 
 
+def bench_sweep(bed: TopologyBed, url: str, results: Path, *args: str) -> list:
+    """`bench run` at c1 and c2 (pp 64, tg 16, one batch each) against a launch: its levels, each request served."""
+    from sparkconsole.bench.results import ResultsStore
+    swept = bed.sc("bench", "run", "--url", url, *args, "--pp", "64", "--tg", "16", "-c", "1,2", "--runs", "1",
+                   "--results", str(results), timeout=600)
+    assert swept.returncode == 0, swept.stdout + swept.stderr[-3000:]
+    with ResultsStore(results) as store:
+        (run,) = store.runs()
+        levels = store.levels(run.run_id)
+    assert [lv.key.concurrency for lv in levels] == [1, 2]
+    assert all(lv.metrics["requests_ok"] == lv.key.concurrency for lv in levels), [lv.metrics for lv in levels]
+    return levels
+
+
 def scrape(url: str) -> str:
     return httpx.get(url + "/metrics", timeout=30, trust_env=False).text
 
@@ -254,93 +302,138 @@ def counter(text: str, name: str, **labels: str) -> float:
 
 # --- cluster TP=2, vLLM's own multi-node launch -------------------------------------------------------------
 
-@pytest.mark.timeout(1500)
-def test_cluster_tp2_serves_across_two_nodes_survives_a_lost_worker_and_stops_clean(bed, tiny_model):
-    """The community recipe (model by Hugging Face id, a mod): the mod on both nodes before vLLM starts, the
-    model from each node's own cache, the template the mod brought in use."""
-    args = lambda *a: bed.recipe_args(*a, recipe=bed.community)      # noqa: E731
-    launch = bed.sc("recipe", "launch", *args("-T", "cluster-tp2", "--yes", "--force"))
-    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
-    out = launch.stdout
-    assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(0)), out), out[-2000:]
-    assert re.search(r"node2\s+ready\s+worker ready", out), out[-2000:]
-    for i in (0, 1):
-        assert re.search(rf"node{i + 1}\s+ok\s+mod tiny-chat-template: run its run.sh", out), out[-3000:]
-        assert TEMPLATE_MARK in bed.ssh(i, f"docker exec {bed.containers[i]} sh -c 'cat \"$PWD\"/tiny-chat.jinja'")
-        assert_serves_from_node_cache(bed, i)
-    assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(0), tiny_model.name)
-    assert names_on(bed, 0) == sorted(bed.containers) and names_on(bed, 1) == sorted(bed.containers)
-    head_args = bed.engine.inspect(bed.containers[0])["Args"]
-    worker_args = bed.engine.inspect(bed.containers[1])["Args"]
-    assert "--headless" in worker_args and "--headless" not in head_args
-    assert worker_args[worker_args.index("--node-rank") + 1] == "1"
-    assert worker_args[worker_args.index("--master-addr") + 1] == ADDRESSES[0]
-
-    chunks, usage = asyncio.run(stream_chat(bed.url(0), tiny_model.name, 24))
-    # Streamed in pieces, not one block: vLLM merges the tokens that are ready when its API server catches up
-    # with the engine, so a loaded machine sends fewer, larger chunks (11 for 24 tokens in a clean-clone run).
-    assert usage == 24 and chunks >= 24 // 4
-    assert counter(scrape(bed.url(0)), "vllm:generation_tokens_total") >= 24
-
-    # The worker goes away: the launch is seen broken (not a silent stall), and restart brings both back.
-    bed.engine.run(["kill", bed.containers[1]])
-    group, alerts = asyncio.run(watch_launch(bed, "BROKEN"))
-    assert [(m.node, m.role, m.state) for m in group.members] == [("node1", "server", "running"),
-                                                                  ("node2", "worker", "exited")]
-    assert "tensor-parallel group cannot serve" in group.reason
-    assert [a.message for a in alerts if a.key == f"launch:{group.key}" and a.active and a.severity == "bad"]
-    keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
-    if keep:   # recorded for the console's tests (tests/fixtures/docker-inspect-cluster-tp2-worker-lost.json)
-        (Path(keep) / "inspect.json").write_text(bed.engine.run(["inspect", *bed.containers]).stdout)
-    status = bed.sc("recipe", "status", *args("-T", "cluster-tp2"), timeout=120)
-    assert status.returncode == 1, status.stdout + status.stderr
-    assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
-                     status.stdout), status.stdout
-    assert re.search(r"node1 +server .* running .*health ok", status.stdout), status.stdout
-    restart = bed.sc("recipe", "restart", *args("-T", "cluster-tp2", "--yes", "--force"))
-    assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
-    order = [m.group(1) for m in re.finditer(r"(node\d)\s+step\s+start vLLM (?:server|worker)", restart.stdout)]
-    assert order == ["node1", "node2"], restart.stdout[-2000:]
-    # a restart is a fresh container, so the mod is applied again on both nodes, as the runner does
-    assert len(re.findall(r"node\d\s+ok\s+mod tiny-chat-template: run its run.sh", restart.stdout)) == 2
-    assert asyncio.run(stream_chat(bed.url(0), tiny_model.name, 8))[1] == 8
-
-    stop = bed.sc("recipe", "stop", *args("-T", "cluster-tp2", "--yes"), timeout=300)
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert names_on(bed, 0) == [] and names_on(bed, 1) == []
-    assert vllm_processes(tiny_model.hf_id) == []
+def community_args(bed: TopologyBed, *a: str) -> list[str]:
+    return bed.recipe_args(*a, recipe=bed.community)
 
 
-def assert_serves_from_node_cache(bed: TopologyBed, i: int) -> None:
+def registry_args(bed: TopologyBed, *a: str) -> list[str]:
+    return bed.recipe_args(*a, recipe=bed.registry_recipe)
+
+
+class TestClusterTp2:
+    """The community recipe (model by Hugging Face id, a mod) in cluster TP=2, as a v2 recipe from a registry
+    (sparkrun's format, the mod from the registry's mods folder): one launch shared by its checks, in order; the
+    lost worker, its restart and the stop last. The mod on both nodes before vLLM starts, only once confirmed
+    (--trust); the model from each node's own cache; the template the mod brought in use; the recipe's readiness
+    probe answered."""
+
+    shares_a_launch = True
+
+    @pytest.fixture(scope="class")
+    def tp2(self, bed):
+        unconfirmed = bed.sc("recipe", "launch", *registry_args(bed, "-T", "cluster-tp2", "--yes", "--force"),
+                             timeout=300)
+        assert unconfirmed.returncode == 2 and "need confirmation" in unconfirmed.stderr, unconfirmed.stderr[-2000:]
+        assert "mod: tiny-chat-template from registry testreg (not trusted)" in unconfirmed.stdout
+        assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+        launch = bed.sc("recipe", "launch", *registry_args(bed, "-T", "cluster-tp2", "--yes", "--force", "--trust"))
+        assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+        yield launch
+        bed.clear("cluster-tp2")
+
+    @pytest.mark.timeout(1500)
+    def test_both_ranks_start_with_the_mod_from_each_nodes_own_cache(self, bed, tp2, tiny_model):
+        out = tp2.stdout
+        assert re.search(r"node1\s+ready\s+readiness: first text after [\d.]+ s", out), out[-2000:]
+        assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(0)), out), out[-2000:]
+        assert re.search(r"node2\s+ready\s+worker ready", out), out[-2000:]
+        for i in (0, 1):
+            assert re.search(rf"node{i + 1}\s+ok\s+mod tiny-chat-template: run its run.sh", out), out[-3000:]
+            assert TEMPLATE_MARK in bed.ssh(i, f"docker exec {bed.containers[i]} sh -c 'cat \"$PWD\"/tiny-chat.jinja'")
+            assert_serves_from_node_cache(bed, i, "/cache/huggingface")        # where sparkrun mounts it
+        assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(0), tiny_model.name)
+        assert names_on(bed, 0) == sorted(bed.containers) and names_on(bed, 1) == sorted(bed.containers)
+        head_args = bed.engine.inspect(bed.containers[0])["Args"]
+        worker_args = bed.engine.inspect(bed.containers[1])["Args"]
+        assert "--headless" in worker_args and "--headless" not in head_args
+        assert worker_args[worker_args.index("--node-rank") + 1] == "1"
+        assert worker_args[worker_args.index("--master-addr") + 1] == ADDRESSES[0]
+
+    def test_tokens_stream_across_the_two_nodes(self, bed, tp2, tiny_model):
+        chunks, usage = asyncio.run(stream_chat(bed.url(0), tiny_model.name, 24))
+        # Streamed in pieces, not one block: vLLM merges the tokens that are ready when its API server catches up
+        # with the engine, so a loaded machine sends fewer, larger chunks (11 for 24 tokens in a clean-clone run).
+        assert usage == 24 and chunks >= 24 // 4
+        assert counter(scrape(bed.url(0)), "vllm:generation_tokens_total") >= 24
+
+    @pytest.mark.timeout(1200)
+    def test_a_lost_worker_reads_broken_and_restart_brings_both_back_head_first(self, bed, tp2, tiny_model):
+        """The worker goes away: the launch is seen broken (not a silent stall), and restart brings both back."""
+        bed.engine.run(["kill", bed.containers[1]])
+        group, alerts = asyncio.run(watch_launch(bed, "BROKEN"))
+        assert [(m.node, m.role, m.state) for m in group.members] == [("node1", "server", "running"),
+                                                                      ("node2", "worker", "exited")]
+        assert "tensor-parallel group cannot serve" in group.reason
+        assert [a.message for a in alerts if a.key == f"launch:{group.key}" and a.active and a.severity == "bad"]
+        keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
+        if keep:   # recorded for the console's tests (tests/fixtures/docker-inspect-cluster-tp2-worker-lost.json)
+            (Path(keep) / "inspect.json").write_text(bed.engine.run(["inspect", *bed.containers]).stdout)
+        status = bed.sc("recipe", "status", *registry_args(bed, "-T", "cluster-tp2"), timeout=120)
+        assert status.returncode == 1, status.stdout + status.stderr
+        assert re.search(r"BROKEN: worker on node2 exited \(exit code 137\); the tensor-parallel group cannot serve",
+                         status.stdout), status.stdout
+        assert re.search(r"node1 +server .* running .*health ok", status.stdout), status.stdout
+        restart = bed.sc("recipe", "restart", *registry_args(bed, "-T", "cluster-tp2", "--yes", "--force", "--trust"))
+        assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
+        order = [m.group(1) for m in re.finditer(r"(node\d)\s+step\s+start vLLM (?:server|worker)", restart.stdout)]
+        assert order == ["node1", "node2"], restart.stdout[-2000:]
+        # a restart is a fresh container, so the mod is applied again on both nodes, as the runner does
+        assert len(re.findall(r"node\d\s+ok\s+mod tiny-chat-template: run its run.sh", restart.stdout)) == 2
+        assert asyncio.run(stream_chat(bed.url(0), tiny_model.name, 8))[1] == 8
+
+    @pytest.mark.timeout(600)
+    def test_stop_leaves_nothing_on_either_node(self, bed, tp2, tiny_model):
+        stop = bed.sc("recipe", "stop", *registry_args(bed, "-T", "cluster-tp2", "--yes"), timeout=300)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+        assert vllm_processes(tiny_model.hf_id) == []
+
+
+def assert_serves_from_node_cache(bed: TopologyBed, i: int, where: str = "/root/.cache/huggingface") -> None:
     """The container sees the node's own Hugging Face cache, and no model path of the test bed's is mounted."""
     mounts = {m["Destination"]: m["Source"] for m in bed.engine.inspect(bed.containers[i])["Mounts"]}
-    assert mounts["/root/.cache/huggingface"] == str(bed.root / "hf" / f"node{i + 1}"), mounts
+    assert mounts[where] == str(bed.root / "hf" / f"node{i + 1}"), mounts
     assert not any("models" in src for src in mounts.values()), mounts
 
 
-@pytest.mark.timeout(900)
-def test_solo_community_recipe_serves_the_model_model_pull_copied_with_its_mod(bed, tiny_model):
-    """Solo on the second node: its cache holds the model only because `model pull` copied it from the first.
-    Restarted (a new container, the mod applied again), then stopped."""
-    args = lambda *a: bed.recipe_args(*a, recipe=bed.community)      # noqa: E731
-    plan = bed.sc("recipe", "plan", *args("-T", "solo", "-n", "node2"), timeout=120)
-    assert plan.returncode == 0, plan.stderr
-    assert "mod tiny-chat-template: copy its 2 file(s) in" in plan.stdout, plan.stdout
-    launch = bed.sc("recipe", "launch", *args("-T", "solo", "-n", "node2", "--yes", "--force"))
-    assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
-    try:
+class TestSolo:
+    """Solo on the second node: its cache holds the model only because `model pull` copied it from the first. One
+    launch shared by its checks; restarted (a new container, the mod applied again), then stopped, last."""
+
+    shares_a_launch = True
+
+    @pytest.fixture(scope="class")
+    def solo(self, bed):
+        launch = bed.sc("recipe", "launch", *community_args(bed, "-T", "solo", "-n", "node2", "--yes", "--force"))
+        assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
+        yield launch
+        bed.clear("solo")
+
+    @pytest.mark.timeout(900)
+    def test_the_plan_copies_the_mod_in(self, bed):
+        plan = bed.sc("recipe", "plan", *community_args(bed, "-T", "solo", "-n", "node2"), timeout=120)
+        assert plan.returncode == 0, plan.stderr
+        assert "mod tiny-chat-template: copy its 2 file(s) in" in plan.stdout, plan.stdout
+
+    @pytest.mark.timeout(900)
+    def test_serves_the_pulled_model_from_the_nodes_cache_with_the_mods_template(self, bed, solo, tiny_model):
         assert_serves_from_node_cache(bed, 1)
         assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(1), tiny_model.name)
+
+    @pytest.mark.timeout(900)
+    def test_restart_is_a_new_container_with_the_mod_applied_again(self, bed, solo, tiny_model):
         before = bed.engine.inspect(bed.containers[1])["Id"]
-        restart = bed.sc("recipe", "restart", *args("-T", "solo", "-n", "node2", "--yes", "--force"))
+        restart = bed.sc("recipe", "restart", *community_args(bed, "-T", "solo", "-n", "node2", "--yes", "--force"))
         assert restart.returncode == 0, restart.stdout + restart.stderr[-3000:]
         assert re.search(r"node2\s+ok\s+mod tiny-chat-template: run its run.sh", restart.stdout), restart.stdout[-2000:]
         assert bed.engine.inspect(bed.containers[1])["Id"] != before
         assert TEMPLATE_MARK + " user: hello" in chat_prompt(bed.url(1), tiny_model.name)
-    finally:
-        stop = bed.sc("recipe", "stop", *args("-T", "solo", "-n", "node2", "--yes"), timeout=300)
-    assert stop.returncode == 0, stop.stdout + stop.stderr
-    assert names_on(bed, 1) == []
+
+    @pytest.mark.timeout(600)
+    def test_stop_leaves_nothing_on_the_node(self, bed, solo):
+        stop = bed.sc("recipe", "stop", *community_args(bed, "-T", "solo", "-n", "node2", "--yes"), timeout=300)
+        assert stop.returncode == 0, stop.stdout + stop.stderr
+        assert names_on(bed, 1) == []
 
 
 # --- cluster TP=2, Ray backend -------------------------------------------------------------------------------
@@ -403,3 +496,102 @@ def test_pipeline_parallel_2_launches_across_the_two_nodes_and_a_dead_engine_rea
     stop = bed.sc("recipe", "stop", *args, "--yes", timeout=300)
     assert stop.returncode == 0, stop.stdout + stop.stderr
     assert names_on(bed, 0) == [] and names_on(bed, 1) == []
+
+
+# --- llama.cpp: a v2 recipe with `runtime: llama-cpp`, launched, watched and swept for real ------------------------
+
+LLAMA_RECIPE = """recipe_version: "2"
+runtime: llama-cpp
+model: {gguf}
+container: sparkconsole-testbed/base:1
+defaults:
+  ctx_size: 2048
+  served_model_name: tiny-llama
+  llama_venv: {venv}
+  gguf_dir: {gguf_dir}
+command: |
+  {{llama_venv}}/bin/llama-server -m {{model}} --host {{node_address}} --port {{port}} --ctx-size {{ctx_size}} \\
+      --alias {{served_model_name}} --metrics --threads 1 --parallel 2
+sparkconsole:
+  topologies: [solo]
+  secrets: []
+  container:
+    memory: 2g
+    shm_size: 256m
+    gpus: null
+    ipc_host: false
+    init: true
+    nofile: 16384
+    privileged: false
+    rdma: false
+    volumes:
+      - /usr:/usr:ro
+      - /etc/passwd:/etc/passwd:ro
+      - /etc/group:/etc/group:ro
+      - /etc/ld.so.cache:/etc/ld.so.cache:ro
+      - "{{llama_venv}}:{{llama_venv}}:ro"
+      - "{{gguf_dir}}:{{gguf_dir}}:ro"
+"""
+
+
+async def endpoint_panel_text(url: str, needles: tuple[str, ...]) -> str:
+    """The console's dashboard polling `url` as an endpoint (the nodes' readings replayed): its endpoint panel once
+    it shows every needle."""
+    from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
+    from sparkconsole.nodes.monitor import ClusterMonitor
+    from sparkconsole.nodes.replay import read_recording, replay_factory
+    from sparkconsole.tui.app import SparkConsoleApp
+    from tests.helpers import wait_for
+    from tests.screen import widget_text
+
+    recording = read_recording(Path(__file__).parent / "fixtures" / "agent-h100-idle.jsonl")
+    cfg = ClusterConfig(nodes=(NodeConfig("node2", "127.0.0.1", role="head"),),
+                        endpoints=(EndpointConfig("node2", url, kind="vllm", node="node2"),))
+    app = SparkConsoleApp(cfg, monitor=ClusterMonitor(cfg, transport_factory=replay_factory(lambda n: recording,
+                                                                                              interval=0.1)))
+    async with app.run_test(size=(160, 48)) as pilot:
+        panel = app.dashboard.endpoint_panels["node2"]
+        await wait_for(pilot, lambda: all(k in widget_text(panel) for k in needles), timeout=30,
+                       what=f"the endpoint panel showing {needles}")
+        text = widget_text(panel)
+        await pilot.press("q")
+    return text
+
+
+@pytest.mark.timeout(900)
+def test_llamacpp_v2_recipe_serves_for_real_with_its_metrics_in_the_console_and_a_bench_sweep(
+        bed, tiny_gguf, llamacpp_env, monkeypatch):
+    """One llama-server launch for every check: `recipe launch` of a v2 `runtime: llama-cpp` recipe on node2 (the
+    product's runner, over SSH, into the test bed's Docker engine), its memory fit read from the node, chat tokens,
+    its /metrics in the console's endpoint panel, `bench run` sweeping it, and `recipe stop` leaving nothing."""
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", bed.env["SPARKCONSOLE_STATE_DIR"])
+    recipe = bed.root / "tiny-llamacpp.yaml"
+    recipe.write_text(LLAMA_RECIPE.format(gguf=tiny_gguf.path, venv=llamacpp_env.path, gguf_dir=tiny_gguf.path.parent))
+    args = [str(recipe), "-T", "solo", "-n", "node2"]
+    plan = bed.sc("recipe", "plan", *args, "--offline", timeout=120)
+    assert plan.returncode == 0, plan.stderr
+    assert "start llama.cpp server" in plan.stdout and "--headless" not in plan.stdout and " serve " not in plan.stdout
+    launch = bed.sc("recipe", "launch", *args, "--yes", "--force")
+    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+    try:
+        assert re.search(r"node2\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed.url(1)), launch.stdout)
+        # the memory fit from the node itself: the GGUF's size, read there
+        size = tiny_gguf.path.stat().st_size
+        fit = next(ln for ln in launch.stdout.splitlines() if ln.startswith("memory [node2/server]"))
+        assert f"weights {size / 1024 ** 2:.1f} MiB" in fit and "(source: hf-cache)" in fit and "no claim" in fit
+        models = httpx.get(bed.url(1) + "/v1/models", timeout=30, trust_env=False).json()
+        assert [m["id"] for m in models["data"]] == ["tiny-llama"]
+        body = {"model": "tiny-llama", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 12}
+        r = httpx.post(bed.url(1) + "/v1/chat/completions", json=body, timeout=120, trust_env=False)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 12, r.text
+        assert counter(scrape(bed.url(1)), "llamacpp:tokens_predicted_total") >= 12
+
+        text = asyncio.run(endpoint_panel_text(bed.url(1), ("tiny-llama", "llama.cpp", "UP", "run 0")))
+        assert "wait 0" in text
+
+        bench_sweep(bed, bed.url(1), bed.root / "llamacpp.sqlite", "--topology", "solo", "--label", "llama.cpp")
+        assert counter(scrape(bed.url(1)), "llamacpp:tokens_predicted_total") >= 12 + 16 * 3
+    finally:
+        stop = bed.sc("recipe", "stop", *args, "--yes", timeout=300)
+    assert stop.returncode == 0, stop.stdout + stop.stderr
+    assert names_on(bed, 1) == []

@@ -3,7 +3,8 @@
 real tokens streamed through all four ranks.
 
 The four "nodes" share this machine's cores (two on CI). With fewer cores than ranks, two ranks share a core:
-preflight refuses that (cpu_threads_bind), so the test first checks the refusal, then launches with --force."""
+preflight refuses that (cpu_threads_bind), so the module first checks the refusal, then launches with --force: one
+launch, shared by the checks of `TestTensorParallel4` in order, the rank killed and the stop last."""
 
 from __future__ import annotations
 
@@ -26,45 +27,67 @@ def bed4(docker_engine, testbed_base_image, vllm_env, tiny_model, vllm_router_en
         yield b
 
 
-@pytest.mark.timeout(1500)
-def test_tensor_parallel_4_serves_across_four_nodes_reads_broken_without_a_rank_and_stops_clean(bed4, tiny_model):
-    args = bed4.recipe_args("-T", "cluster-tp2", "--set", "tensor_parallel=4")
-    if len(os.sched_getaffinity(0)) < 4:
-        refused = bed4.sc("recipe", "launch", *args, "--yes")
-        assert refused.returncode == 2, refused.stdout[-2000:]
-        assert re.search(r"cpu_threads_bind: node1, node2, node3, node4 run CPU ranks on one machine",
-                         refused.stdout + refused.stderr), refused.stdout[-3000:]
-        assert all(names_on(bed4, i) == [] for i in range(4))      # refused: nothing started anywhere
+def tp4_args(bed4) -> list[str]:
+    return bed4.recipe_args("-T", "cluster-tp2", "--set", "tensor_parallel=4")
 
-    launch = bed4.sc("recipe", "launch", *args, "--yes", "--force")
-    assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
-    assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed4.url(0)), launch.stdout)
-    for i in range(2, 5):
-        assert re.search(rf"node{i}\s+ready\s+worker ready", launch.stdout), launch.stdout[-2000:]
-    for i, container in enumerate(bed4.containers):
-        a = bed4.engine.inspect(container)["Args"]
-        assert a[a.index("--tensor-parallel-size") + 1] == "4" and a[a.index("--nnodes") + 1] == "4"
-        assert a[a.index("--node-rank") + 1] == str(i) and ("--headless" in a) == (i > 0)
-        assert a[a.index("--master-addr") + 1] == ADDRESSES4[0]
-    assert all(names_on(bed4, i) == sorted(bed4.containers) for i in range(4))   # one engine behind all four
 
-    chunks, tokens = asyncio.run(stream_chat(bed4.url(0), tiny_model.name, 16))
-    assert tokens == 16 and chunks >= 16 // 4       # in pieces; a loaded machine merges some (tests/test_topologies.py)
+@pytest.mark.timeout(900)         # the bed's set-up: four sshd nodes, the model pulled into three
+def test_tensor_parallel_4_on_four_nodes_sharing_two_cores_is_refused_by_preflight(bed4):
+    if len(os.sched_getaffinity(0)) >= 4:
+        pytest.skip("a core for each rank: nothing to refuse")
+    refused = bed4.sc("recipe", "launch", *tp4_args(bed4), "--yes")
+    assert refused.returncode == 2, refused.stdout[-2000:]
+    assert re.search(r"cpu_threads_bind: node1, node2, node3, node4 run CPU ranks on one machine",
+                     refused.stdout + refused.stderr), refused.stdout[-3000:]
+    assert all(names_on(bed4, i) == [] for i in range(4))      # refused: nothing started anywhere
 
-    group, _ = asyncio.run(watch_launch(bed4, "SERVING", members=4))
-    assert sorted(m.node for m in group.members) == ["node1", "node2", "node3", "node4"]
 
-    bed4.engine.run(["kill", bed4.containers[2]])           # node3's rank
-    deadline = time.monotonic() + 120
-    while True:
-        status = bed4.sc("recipe", "status", *args, timeout=120)
-        if status.returncode == 1 or time.monotonic() > deadline:
-            break
-        time.sleep(2)
-    assert status.returncode == 1 and "BROKEN" in status.stdout and "node3" in status.stdout, status.stdout
-    group, events = asyncio.run(watch_launch(bed4, "BROKEN", members=4))
-    assert "worker on node3" in group.reason and "every rank" in group.reason
+class TestTensorParallel4:
+    """One TP 4 launch (--force) shared by its checks, in order; the rank killed and the stop last."""
 
-    stop = bed4.sc("recipe", "stop", *args, "--yes", timeout=300)
-    assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
-    assert all(names_on(bed4, i) == [] for i in range(4))
+    @pytest.fixture(scope="class")
+    def tp4(self, bed4):
+        launch = bed4.sc("recipe", "launch", *tp4_args(bed4), "--yes", "--force")
+        assert launch.returncode == 0, launch.stdout[-3000:] + launch.stderr[-3000:]
+        yield launch
+        bed4.clear("tp4")
+
+    @pytest.mark.timeout(1500)
+    def test_every_rank_is_ready_with_its_rank_and_the_one_engine_runs_all_four(self, bed4, tp4):
+        assert tp4.returncode == 0, tp4.stdout[-3000:] + tp4.stderr[-3000:]
+        assert re.search(r"node1\s+ready\s+server ready after [\d.]+ s at " + re.escape(bed4.url(0)), tp4.stdout)
+        for i in range(2, 5):
+            assert re.search(rf"node{i}\s+ready\s+worker ready", tp4.stdout), tp4.stdout[-2000:]
+        for i, container in enumerate(bed4.containers):
+            a = bed4.engine.inspect(container)["Args"]
+            assert a[a.index("--tensor-parallel-size") + 1] == "4" and a[a.index("--nnodes") + 1] == "4"
+            assert a[a.index("--node-rank") + 1] == str(i) and ("--headless" in a) == (i > 0)
+            assert a[a.index("--master-addr") + 1] == ADDRESSES4[0]
+        assert all(names_on(bed4, i) == sorted(bed4.containers) for i in range(4))   # one engine behind all four
+
+    def test_tokens_stream_through_all_four_ranks(self, bed4, tp4, tiny_model):
+        chunks, tokens = asyncio.run(stream_chat(bed4.url(0), tiny_model.name, 16))
+        assert tokens == 16 and chunks >= 16 // 4       # in pieces; a loaded machine merges some (tests/test_topologies.py)
+
+    def test_the_console_reads_the_four_ranks_as_one_serving_launch(self, bed4, tp4):
+        group, _ = asyncio.run(watch_launch(bed4, "SERVING", members=4))
+        assert sorted(m.node for m in group.members) == ["node1", "node2", "node3", "node4"]
+
+    @pytest.mark.timeout(900)
+    def test_a_killed_rank_reads_broken_in_status_and_in_the_console(self, bed4, tp4):
+        bed4.engine.run(["kill", bed4.containers[2]])           # node3's rank
+        deadline = time.monotonic() + 120
+        while True:
+            status = bed4.sc("recipe", "status", *tp4_args(bed4), timeout=120)
+            if status.returncode == 1 or time.monotonic() > deadline:
+                break
+            time.sleep(2)
+        assert status.returncode == 1 and "BROKEN" in status.stdout and "node3" in status.stdout, status.stdout
+        group, events = asyncio.run(watch_launch(bed4, "BROKEN", members=4))
+        assert "worker on node3" in group.reason and "every rank" in group.reason
+
+    @pytest.mark.timeout(600)
+    def test_stop_leaves_nothing_on_any_node(self, bed4, tp4):
+        stop = bed4.sc("recipe", "stop", *tp4_args(bed4), "--yes", timeout=300)
+        assert stop.returncode == 0, stop.stdout[-2000:] + stop.stderr[-2000:]
+        assert all(names_on(bed4, i) == [] for i in range(4))

@@ -14,8 +14,9 @@ import pytest
 
 from sparkconsole.config import NodeConfig, SshPolicy
 from sparkconsole.errors import UserError
+from sparkconsole.nodes.connect import make_transport
 from sparkconsole.nodes.ssh import SshTransport
-from sparkconsole.nodes.transport import LocalTransport, TransportError, make_transport, to_command
+from sparkconsole.nodes.transport import LocalTransport, TransportError, to_command
 
 pytestmark = pytest.mark.sshd
 

@@ -146,7 +146,7 @@ async def test_palette_lists_every_action_and_recipe(recording):
             assert f"{node}: Stop vLLM" in titles
         for mode in ("dashboard", "recipes", "bench", "logs"):
             assert any(t.startswith(f"Show {mode}") for t in titles)
-        from sparkconsole.launch.recipe import recipe_paths
+        from sparkconsole.recipes import recipe_paths
         for key in recipe_paths():
             assert f"Recipe: {key}" in titles
         await pilot.press("q")
@@ -277,7 +277,7 @@ async def test_quit_ends_agents_and_connections(recording):
 
 
 async def test_recipes_screen_lists_recipes_and_shows_a_plan_per_node(recording):
-    from sparkconsole.launch.recipe import recipe_paths
+    from sparkconsole.recipes import recipe_paths
     app, _, _ = make_app(recording)
     async with app.run_test(size=SIZE) as pilot:
         await pilot.press("2")
@@ -474,3 +474,21 @@ async def test_recipes_keys_offer_the_model_and_image_copy_preflight_names(recor
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the image copy's confirmation")
         assert f"sparkconsole image pull {rs.plan.image}" in screen_text(app)
         await pilot.press("n")
+
+
+async def test_node_panel_shows_what_each_workload_holds(recording):
+    """The real agent's ticks from an H200 (two containers, 1 GiB and 3 GiB allocated): the panel's memory row gives
+    each container its GPU memory and its cgroup against its cap, largest first."""
+    import json
+    rec = json.loads((Path(__file__).parent / "fixtures" / "nvidia-h200-gpu-procs.json").read_text())
+    lines = [json.dumps(x) for x in [rec["agent"]["lines"][0], *rec["agent"]["lines"][2:]]]
+    app, _, mon = make_app(lines, n=1)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: "alloc-3g" in widget_text(app.dashboard.panels["spark1"]), what="the workloads")
+        text = widget_text(app.dashboard.panels["spark1"])
+        # largest first; on the narrow panel the row leaves out what does not fit whole (issue 39: no figure cut,
+        # it read "… of 1.0" at the edge), the largest workload's total kept
+        assert "Workloads alloc-3g 3.5 GiB" in text
+        import re
+        assert not re.search(r"[\d.]…", text), text
+        await pilot.press("q")

@@ -9,11 +9,12 @@ import os
 import ssl
 import subprocess
 import sys
+import time
 
 import pytest
 
 from sparkconsole.errors import UserError
-from sparkconsole.exporter.access import Access, BasicUsers, parse_basic
+from sparkconsole.exporter.access import MAX_WAITING, SLOTS, Access, BasicUsers, Busy, parse_basic
 from sparkconsole.exporter.listener import make_listener
 from sparkconsole.exporter.webconfig import read_web_config
 from tests.helpers import error_lines
@@ -26,6 +27,10 @@ def ca(tmp_path_factory):
     ca = TestCA(d)
     ca.server = ca.issue("server")
     return ca
+
+
+# a real bcrypt hash (cost 04): the costs above are put into it
+CHECKED_HASH = "$2b$04$" + "N9qo8uLOickgx2ZMRZoMye" + "IjZAgcfl7p92ldGxad68LJZdL17lhWy"
 
 
 def write(tmp_path, text: str, name: str = "web.yml"):
@@ -101,6 +106,10 @@ BAD = [
     ("tls_server_config:\n  cert_file: server.crt\n  key_file: server.key\n  cipher_suites: [TLS_AES_128_GCM_SHA256]\n",
      "tls_server_config.cipher_suites", "OpenSSL's default ciphers"),
     ("basic_auth_users:\n  alice: hunter2\n", "basic_auth_users.alice", "bcrypt"),
+    # bcrypt reads costs 04-31 only: these were accepted, and every login was then a 401 with nothing logged
+    *((f"basic_auth_users:\n  bob: {CHECKED_HASH[:4]}{cost}{CHECKED_HASH[6:]}\n", "basic_auth_users.bob",
+       "cost from 04 to 31") for cost in ("99", "03", "00", "32")),
+    (f"basic_auth_users:\n  carol: $2${CHECKED_HASH[4:]}\n", "basic_auth_users.carol", "bcrypt"),
     ("basic_auth_users: [alice]\n", "basic_auth_users", "alice: $2b$10$"),
     ("http_server_config:\n  headers:\n    X-Powered-By: me\n", "http_server_config.headers.X-Powered-By",
      "use one of Content-Security-Policy"),
@@ -117,6 +126,8 @@ def test_each_mistake_is_one_line_with_file_field_and_fix(ca, text, field, fix):
     line = str(e.value)
     assert "\n" not in line and line.startswith(str(cfg) + ":"), line
     assert f": {field}: " in line or not field, line
+    if "cost" in fix:                                 # the line names the user who could never log in
+        assert "user bob could never log in" in line, line
     assert "fix:" in line and fix in line.split("fix:", 1)[1], line
 
 
@@ -209,10 +220,12 @@ async def test_a_verified_password_costs_one_bcrypt_not_one_per_request():
     assert users.bcrypt_runs == 1
     assert b"right" not in b"".join(users._verified)
     for _ in range(3):
-        assert not await access.allows(basic("alice", "wrong"))
-    assert users.bcrypt_runs == 4
+        assert not await access.allows(basic("alice", "wrong"))       # checked once, then remembered as wrong
+    assert users.bcrypt_runs == 2
+    assert not await access.allows(basic("alice", "wrong again"))
+    assert users.bcrypt_runs == 3
     assert not await access.allows(basic("mallory", "right"))
-    assert users.bcrypt_runs == 5
+    assert users.bcrypt_runs == 4
     assert not await access.allows(basic("alice", "x" * 100))        # past bcrypt's 72 bytes: refused, no error
     assert await access.allows("Bearer a-bearer-token-0123456789")
     # Concurrent checks of a wrong password all answer (in worker threads, two at a time).
@@ -220,6 +233,121 @@ async def test_a_verified_password_costs_one_bcrypt_not_one_per_request():
     assert got == [False] * 6
     assert [v for _, v in access.challenge()] == ['Basic realm="sparkconsole", charset="UTF-8"',
                                                    'Bearer realm="sparkconsole"']
+
+
+class Clients:
+    """16 clients sending wrong passwords for alice as fast as they are answered (a 429 waits 10 ms, as a client
+    honouring Retry-After a little would): each its own password, or a new one every time. Every bcrypt check is
+    noted in the order it starts, so a login's wait is counted in checks that ran before it, not in seconds."""
+
+    def __init__(self, access: Access, users: BasicUsers, *, new_password_each_time: bool) -> None:
+        self.access, self.users, self.new = access, users, new_password_each_time
+        self.started: list[bytes] = []
+        self.answered = [0] * 16
+        self.busy = 0
+        self.most_checks = 0
+        self.stop = asyncio.Event()
+        check = users._check
+
+        def noted(password: bytes, hashed: bytes) -> bool:
+            self.started.append(password)
+            return check(password, hashed)
+        users._check = noted
+
+    async def client(self, i: int) -> None:
+        n = 0
+        while not self.stop.is_set():
+            n += 1
+            try:
+                assert not await self.access.allows(basic("alice", f"wrong-{i}-{n if self.new else 0}"))
+                self.answered[i] += 1
+                await asyncio.sleep(0)                    # a remembered answer comes without a wait: let others run
+            except Busy:
+                self.busy += 1
+                await asyncio.sleep(0.01)
+            self.most_checks = max(self.most_checks, len(self.users._running))
+
+    async def login_while_they_run(self) -> tuple[bool | None, int]:
+        """(the real login's outcome: True, or None for a 429; checks that started after it came, before its own)."""
+        tasks = [asyncio.ensure_future(self.client(i)) for i in range(16)]
+        try:
+            deadline = time.monotonic() + 60
+            while min(self.answered) < 2:                 # every client answered twice: the queue is as full as it gets
+                assert time.monotonic() < deadline, f"answers per client after 60 s: {self.answered}"
+                await asyncio.sleep(0.01)
+            before = len(self.started)
+            try:
+                ok: bool | None = await self.access.allows(basic("alice", "right"))
+            except Busy:
+                return None, 0
+            return ok, self.started.index(b"right") - before
+        finally:
+            self.stop.set()
+            await asyncio.gather(*tasks)
+
+
+async def test_a_new_login_is_not_queued_behind_clients_repeating_wrong_passwords():
+    """Issue 40: 16 clients with wrong passwords delayed a real login by 2.9-4.3 s, queued behind their bcrypt
+    checks. A wrong pair is now checked once and remembered (as exporter-toolkit does): the login's check is the
+    next one to run."""
+    users = BasicUsers({"alice": bcrypt_hash("right", cost=6).encode()})
+    clients = Clients(Access(users=users), users, new_password_each_time=False)
+    ok, ahead = await clients.login_while_they_run()
+    assert ok is True and ahead == 0, (ok, ahead)
+    assert users.bcrypt_runs <= 16 + 1 and clients.started.count(b"right") == 1
+
+
+async def test_clients_trying_new_passwords_queue_a_bounded_number_of_checks_the_rest_answered_429():
+    """Each request a new wrong password: at most SLOTS checks run and MAX_WAITING wait; a request past them is
+    answered at once (Busy: a 429). A real login then waits for at most those, or is answered 429 at once."""
+    users = BasicUsers({"alice": bcrypt_hash("right", cost=6).encode()})
+    clients = Clients(Access(users=users), users, new_password_each_time=True)
+    ok, ahead = await clients.login_while_they_run()
+    assert clients.most_checks <= SLOTS + MAX_WAITING and clients.busy > 0
+    assert ok is None or (ok is True and ahead <= SLOTS + MAX_WAITING), (ok, ahead)
+
+
+async def test_the_listener_answers_429_at_once_when_the_password_checks_are_full():
+    """Over HTTP (the exporter's app, as `serve` shares the rule): with every slot and queue place taken by checks
+    held at a gate, one more password is answered 429 with Retry-After, before any of them ends; then all end 401."""
+    import threading
+
+    import aiohttp
+    from aiohttp import web
+    from prometheus_client import CollectorRegistry
+
+    from sparkconsole.exporter.server import make_app
+    users = BasicUsers({"alice": bcrypt_hash("right").encode()})
+    gate = threading.Event()
+    check = users._check
+
+    def held(password: bytes, hashed: bytes) -> bool:
+        gate.wait(30)
+        return check(password, hashed)
+    users._check = held
+    runner = web.AppRunner(make_app(CollectorRegistry(), Access(users=users)))
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}/metrics"
+    try:
+        async with aiohttp.ClientSession() as session:
+            async def get(password: str) -> tuple[int, str | None]:
+                async with session.get(url, headers={"Authorization": basic("alice", password)}) as r:
+                    return r.status, r.headers.get("Retry-After")
+            waiting = [asyncio.ensure_future(get(f"w{i}")) for i in range(SLOTS + MAX_WAITING)]
+            deadline = time.monotonic() + 30
+            while len(users._running) < SLOTS + MAX_WAITING:
+                assert time.monotonic() < deadline, f"{len(users._running)} checks under way after 30 s"
+                await asyncio.sleep(0.01)
+            assert await get("one more") == (429, "1")
+            assert not any(t.done() for t in waiting)
+            gate.set()
+            assert [status for status, _ in await asyncio.gather(*waiting)] == [401] * (SLOTS + MAX_WAITING)
+            assert (await get("right"))[0] == 200
+    finally:
+        gate.set()
+        await runner.cleanup()
 
 
 def test_the_options_import_nothing_heavy():

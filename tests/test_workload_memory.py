@@ -199,15 +199,21 @@ def test_gb10_serving_worker_and_the_node_budget_from_nvtop_511():
     assert node_budget("spark1", t, 8.0, exclude={"vllm_node"}).free_b == total_kb * 1024 - b.reserve_b
 
 
-def test_inside_a_container_the_agent_says_it_cannot_map_the_pids(monkeypatch, tmp_path):
-    """MiaAI-Lab/sparkDash pull request 10: inside a container the process list came back empty (the driver's PIDs
-    are the host's). An agent that finds itself in one says so instead of reporting no GPU memory."""
+def test_in_another_pid_namespace_the_agent_says_it_cannot_map_the_pids(monkeypatch, tmp_path):
+    """MiaAI-Lab/sparkDash pull request 10: inside a container the process list came back empty — the driver's PIDs
+    are the host's, and that /proc has none of them. An agent whose /proc holds none of NVML's PIDs says so, instead
+    of reporting that nothing holds GPU memory; one PID gone among others only withholds that read (above)."""
     assert GB10["sparkdash_pr_10"]["compute_apps_inside_a_container"] == []
+    host_pids = [{"pid": 4242, "usedGpuMemory": 89 << 30}, {"pid": 4243, "usedGpuMemory": 1 << 30}]
+    _, src = nvml_source(monkeypatch, [host_pids])
+    (tmp_path / "proc").mkdir()                       # a container's /proc: none of the host's PIDs
+    got = agent.GpuProcsReader(src, str(tmp_path / "proc")).reading({}, [])
+    assert "none of the 2 PIDs NVML lists is in" in got["reason"] and "another PID namespace" in got["reason"]
+    w = workload_memory(tick({"gpu_procs": got, "cgroups": [{"name": "vllm_node", "current_b": 1}]}))["vllm_node"]
+    assert w.gpu_b is None and "another PID namespace" in w.reason
+    # an empty list is an empty list: nothing holds GPU memory
     _, src = nvml_source(monkeypatch, [[]])
-    (tmp_path / ".dockerenv").write_text("")
-    inside = agent.GpuProcsReader(src, "/proc", root=str(tmp_path)).reading({}, [])
-    assert "inside a container" in inside["reason"]
-    assert agent.GpuProcsReader(src, "/proc", root=str(tmp_path / "none")).reading({}, []) == \
+    assert agent.GpuProcsReader(src, str(tmp_path / "proc")).reading({}, []) == \
         {"read_at": pytest.approx(time.time(), abs=5), "procs": []}
 
 
@@ -216,7 +222,7 @@ def test_inside_a_container_the_agent_says_it_cannot_map_the_pids(monkeypatch, t
 def test_nvml_without_per_process_support(monkeypatch):
     _, src = nvml_source(monkeypatch, [[]], code=pynvml.NVML_ERROR_NOT_SUPPORTED)
     assert src.processes([]) == "NVML gives no per-process memory on GPU 0 (NOT_SUPPORTED)"
-    t = tick({"gpu_procs": agent.GpuProcsReader(src, "/proc", root="/nonexistent").reading({}, []),
+    t = tick({"gpu_procs": agent.GpuProcsReader(src, "/proc").reading({}, []),
               "cgroups": [{"name": "vllm_node", "current_b": 5 << 30}]})
     w = workload_memory(t)["vllm_node"]
     assert (w.gpu_b, w.cgroup_b, w.total_b) == (None, 5 << 30, 5 << 30) and "NOT_SUPPORTED" in w.reason

@@ -45,6 +45,7 @@ class RequestResult:
     tokens_estimated: bool = False        # no usage and no token_ids: counted one per content event
     error: str | None = None
     status: int | None = None
+    stale: bool = False                   # failed writing to a pooled connection the server had closed (retried once)
     last_read: float = 0.0                # arrival of the latest read (the stall watch reads it)
 
     @property
@@ -152,9 +153,20 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: bytes | di
     hdrs = {"Content-Type": "application/json", "Accept": "text/event-stream"}
     if headers:
         hdrs.update(headers)
+    ct = aiohttp.ClientTimeout(total=timeout, sock_connect=30, sock_read=None if watch else stall_timeout)
+    res = await _post(session, url, body, hdrs, ct, watch, stall_timeout, timeout)
+    if res.status is None and res.stale:
+        # The pooled connection was closed by the server before this request reached it: llama.cpp's llama-server
+        # ends a kept-alive connection after a streamed answer without saying so. Nothing was received: once more,
+        # on a fresh connection.
+        res = await _post(session, url, body, hdrs, ct, watch, stall_timeout, timeout)
+    return res
+
+
+async def _post(session: aiohttp.ClientSession, url: str, body: bytes, hdrs: dict[str, str], ct: aiohttp.ClientTimeout,
+                watch: StallWatch | None, stall_timeout: float | None, timeout: float | None) -> RequestResult:
     res = RequestResult(start=perf())
     res.last_read = res.start
-    ct = aiohttp.ClientTimeout(total=timeout, sock_connect=30, sock_read=None if watch else stall_timeout)
     try:
         async with session.post(url, data=body, headers=hdrs, timeout=ct) as resp:
             res.status = resp.status
@@ -177,6 +189,8 @@ async def stream_chat(session: aiohttp.ClientSession, url: str, body: bytes | di
         res.error = res.error or f"connection lost mid-stream ({_one_line(str(exc), 120)})"
     except aiohttp.ClientError as exc:
         res.error = res.error or f"{type(exc).__name__}: {_one_line(str(exc), 160)}"
+        # a write to a pooled connection the server had already closed: the request never reached it
+        res.stale = res.status is None and isinstance(exc, (aiohttp.ClientOSError, aiohttp.ServerDisconnectedError))
     except StreamError as exc:
         res.error = res.error or str(exc)
     except ConnectionError as exc:

@@ -69,7 +69,7 @@ def recipe_hash(recipe: str) -> str | None:
     """sha256 (16 hex) of the recipe file, so results name exactly what was launched: a path, or a recipe
     name resolved the way the launcher resolves it (./recipes, the user's recipes, the bundle).
     None when nothing by that name exists (`bench run --recipe` may record a free-form name)."""
-    from ..launch.recipe import recipe_path
+    from ..recipes import recipe_path
     try:
         p = recipe_path(recipe)
         return hashlib.sha256(p.read_bytes()).hexdigest()[:16]

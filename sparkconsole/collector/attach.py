@@ -29,9 +29,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig
+from ..nodes.connect import make_transport
 from ..nodes.monitor import ClusterMonitor
 from ..nodes.samples import NodeState
-from ..nodes.transport import make_transport
 from ..subscribers import Subscribers
 from .lock import describe_holder, socket_path
 from .wire import MAX_LINE, SILENT_S, ShortPath, decode

@@ -4,8 +4,10 @@
     await server.start(); ...; await server.stop()
 
 Only the process holding the cluster's writer lock serves it (a socket file left by a SIGKILLed collector is
-removed first). A viewer that reads too slowly to keep up is dropped rather than held in memory: it attaches
-again and starts from the current state.
+removed first). What it holds for viewers is bounded: at most MAX_VIEWERS at once (one more is told so in a `bye`
+and closed), and a viewer that reads too slowly to keep up (more than MAX_BEHIND bytes waiting for it past its
+first snapshot) is sent nothing more but a `bye` saying why, closed, and cut off BYE_WAIT_S later if it has not
+read that far: it attaches again and starts from the current state.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ from .wire import BEAT_S, ShortPath, encode
 log = logging.getLogger(__name__)
 
 SNAPSHOT_TICKS = 120          # ticks per node a new viewer gets (a minute at 2 Hz: its graphs start filled)
-MAX_BUFFERED = 8 << 20        # bytes queued for one viewer before it is dropped
+MAX_BEHIND = 1 << 20          # bytes queued for one viewer past its snapshot before it is dropped (32 nodes: ~15 s)
+MAX_VIEWERS = 64              # viewers at once (a console, status, exporter, a browser tab each)
+BYE_WAIT_S = 5.0              # a dropped viewer has this long to read up to its `bye` before it is cut off
 
 
 class _NodeWire:
@@ -44,7 +48,9 @@ class CollectorServer:
         self.info = info
         self.nodes: dict[str, _NodeWire] = {name: _NodeWire() for name in core.monitor.nodes}
         self.endpoints: dict[str, bytes] = {}       # name -> its last poll, as sent
-        self._clients: set[asyncio.StreamWriter] = set()
+        self._clients: dict[asyncio.StreamWriter, int] = {}     # viewer -> bytes it may have waiting
+        self.dropped = 0                                       # viewers dropped for falling behind
+        self.refused = 0                                       # viewers refused past MAX_VIEWERS
         self._server: asyncio.AbstractServer | None = None
         self._beat: asyncio.Task[None] | None = None
         self._unsub: list[Callable[[], None]] = []
@@ -95,13 +101,23 @@ class CollectorServer:
 
     def _write(self, writer: asyncio.StreamWriter, data: bytes) -> None:
         if writer.is_closing():
-            self._clients.discard(writer)
+            self._clients.pop(writer, None)
             return
         writer.write(data)
-        if writer.transport.get_write_buffer_size() > MAX_BUFFERED:
-            log.warning("collector: a viewer fell %d bytes behind; dropped", MAX_BUFFERED)
-            self._clients.discard(writer)
-            writer.transport.abort()
+        behind = writer.transport.get_write_buffer_size()
+        if behind > self._clients.get(writer, 0):
+            self.dropped += 1
+            log.warning("collector: a viewer fell %d bytes behind; dropped", behind)
+            self._bye(writer, f"this viewer fell {behind >> 10} KiB behind the collector (it reads too slowly): "
+                              "dropped; it attaches again from the current state")
+
+    def _bye(self, writer: asyncio.StreamWriter, why: str) -> None:
+        """Nothing more for this viewer but a `bye` saying why, after what it has not read yet; then closed, and
+        cut off (what waits for it freed) if it has not read that far within BYE_WAIT_S."""
+        self._clients.pop(writer, None)
+        writer.write(encode("bye", reason=why))
+        writer.close()
+        asyncio.get_running_loop().call_later(BYE_WAIT_S, _cut, writer)
 
     def snapshot(self) -> list[bytes]:
         out = [encode("collector", **self.info)]
@@ -123,16 +139,22 @@ class CollectorServer:
         return out
 
     async def _client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        for data in self.snapshot():
+        if len(self._clients) >= MAX_VIEWERS:
+            self.refused += 1
+            log.warning("collector: %d viewers attached already; one more refused", MAX_VIEWERS)
+            self._bye(writer, f"the collector serves {MAX_VIEWERS} viewers already: this one watches on its own")
+            return
+        snapshot = self.snapshot()
+        for data in snapshot:
             writer.write(data)
-        self._clients.add(writer)
+        self._clients[writer] = sum(map(len, snapshot)) + MAX_BEHIND
         try:
             while await reader.read(4096):     # viewers send nothing; this waits for them to leave
                 pass
         except (ConnectionError, OSError):
             pass
         finally:
-            self._clients.discard(writer)
+            self._clients.pop(writer, None)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
@@ -177,3 +199,9 @@ class CollectorServer:
             self._server = None
         with contextlib.suppress(FileNotFoundError):
             self.path.unlink()
+
+
+def _cut(writer: asyncio.StreamWriter) -> None:
+    """A dropped viewer that did not read up to its `bye` in time: what still waits for it is let go."""
+    if writer.transport.get_write_buffer_size():
+        writer.transport.abort()

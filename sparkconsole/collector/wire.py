@@ -8,6 +8,9 @@
     alert       {key, severity, source, message, time, active}    every raise and clear
     ready       {}                                       the current state has been sent; changes follow
     beat        {}                                       every BEAT_S: a collector that is silent longer is gone
+    bye         {reason}                                 the last message before the collector closes this viewer:
+                                                         it fell behind, or the collector has all the viewers it
+                                                         serves (server.py's bounds)
 
 On connect a viewer gets `collector`, then for each node its hello, its last ticks (the last one with the node's
 containers in it) and its state, then each endpoint's last poll, the active alerts, then `ready`; after that each change as it happens.

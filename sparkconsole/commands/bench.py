@@ -93,7 +93,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     sub.required = True
 
     r = sub.add_parser("run", help="sweep one endpoint")
-    r.add_argument("--url", required=True, help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000")
+    r.add_argument("--url", help="the OpenAI-compatible server, e.g. http://127.0.0.1:8000 (default: the cluster "
+                                 "file's gateway, with --model naming the model it routes to)")
     r.add_argument("--topology", help="topology name to record (what reports compare by)")
     r.add_argument("--label", help="name to compare this run by (default: topology, else the URL)")
     r.add_argument("--recipe", help="recipe name or file to record as provenance")
@@ -116,6 +117,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     m.add_argument("--speed", type=float, metavar="F",
                    help=f"with --demo: simulated clock speed relative to real time (default {DEMO_SPEED:g})")
     m.add_argument("--force", action="store_true", help="launch although preflight refuses (never a blocking rule)")
+    m.add_argument("--trust", action="store_true", help="run the recipe's pre_exec and mods that `recipe plan` "
+                   "lists under 'needs confirmation'")
     m.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
                    help="recipe placeholder value for every launch, e.g. --set max_num_batched_tokens=16384")
     m.add_argument("--verbose", "-v", action="store_true", help="print every launch step, not only readiness")
@@ -222,6 +225,8 @@ async def _run(args: argparse.Namespace) -> int:
     from ..bench.matrix import recipe_hash
     from ..bench.results import ResultsStore
     from ..bench.sweep import check_reachable, run_sweep
+    if not args.url:
+        args.url = _gateway_url(args)
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,
                  recipe_hash=recipe_hash(args.recipe) if args.recipe else None,
                  kv_metrics=tuple(_metrics_url(u) for u in args.kv_metrics))
@@ -245,6 +250,20 @@ async def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _gateway_url(args: argparse.Namespace) -> str:
+    """No --url: the gateway's (launch/gateway.py), where --model picks the workload."""
+    from ..clusterfile import cluster_for
+    from ..launch.gateway import url
+    via = url(cluster_for(args))
+    if via is None:
+        raise UserError("no --url, and the cluster file has no gateway", field="--url",
+                        fix="give the server: --url http://IP:PORT, or add 'gateway: {port: 4100}' to the cluster file")
+    if not args.model:
+        raise UserError("through the gateway, --model names the model to sweep", field="--model",
+                        fix="add --model NAME (one the gateway lists: sparkconsole recipe status)")
+    return via
+
+
 def _metrics_url(url: str) -> str:
     """A server's base URL or its /metrics page, as the operator gives it: the page."""
     base = url.rstrip("/")
@@ -262,7 +281,7 @@ def _topologies(args: argparse.Namespace) -> list[str]:
         if launcher_factory is not None:
             return list(MATRIX_TOPOLOGIES)
         from ..launch.launcher import resolve_topology
-        from ..launch.recipe import find_recipe
+        from ..recipes import find_recipe
         supported = find_recipe(args.recipe).topologies
         return [t for t in MATRIX_TOPOLOGIES if resolve_topology(t)[0] in supported]
     topologies = [t.strip() for t in args.topologies.split(",") if t.strip()]
@@ -381,8 +400,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             probe, monitor = await _cluster_probe(args)
         else:
             from ..launch.launcher import RecipeLauncher, resolve_topology
-            from ..launch.recipe import find_recipe
             from ..nodes.monitor import ClusterMonitor
+            from ..recipes import find_recipe
             from .recipe import load_cluster_for
             find_recipe(args.recipe)                      # wrong names fail before anything starts
             for topo in topologies:
@@ -411,8 +430,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             probe = _thermal_probe(monitor)
             on_progress, on_finding = _launch_printer(args, line)
             launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
-                                      poll_interval=0.5 if args.demo else 1.0, on_progress=on_progress,
-                                      on_finding=on_finding)
+                                      trust=args.trust, poll_interval=0.5 if args.demo else 1.0,
+                                      on_progress=on_progress, on_finding=on_finding)
         with ResultsStore(args.results) as store:
             out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
                                    simulated=bool(args.demo), speed=speed if args.demo else 1.0,

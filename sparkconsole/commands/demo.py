@@ -3,6 +3,7 @@
     sparkconsole demo [--speed F] [--topology 2x-solo|solo|cluster-tp2|none] [--router NAME] [--load C]
     sparkconsole demo --headless [--duration S]      # start everything, print the endpoints as JSON
     sparkconsole demo --runaway memory|thermal|link[:NODE]   # and a runaway on one node once the model serves
+    sparkconsole demo --topology solo --also llama-3.1-8b    # two models: the 120B and a small one beside it
 
 spark1 (127.0.0.2) and spark2 (127.0.0.3) run the real agent over the local transport against simulated
 GPUs, /proc trees and docker; the model is started through each node's docker shim with the commands a
@@ -10,8 +11,9 @@ recipe plan sends. Everything lives in a temporary directory removed at exit. Ev
 simulated time; `--speed F` runs that clock F times faster than real time.
 
 `--runaway KIND[:NODE]` starts a runaway on NODE (default: spark1 for solo, else spark2) {after} seconds
-after the model serves: `memory` (the vLLM container's memory grows until the node freezes), `thermal` (cooling
-fails, the GPU heats to shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
+after the model serves: `memory` (the vLLM process's GPU memory grows, its container's cap does not see it, and
+the console's guard stops the container before the node freezes), `thermal` (cooling fails, the GPU heats to
+shutdown), `link` (the node is cut off). The console warns, then writes the post-mortem.
 """
 
 from __future__ import annotations
@@ -67,9 +69,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                    "running until Ctrl-C or --duration")
     p.add_argument("--duration", type=float, metavar="S", help="stop after S seconds of real time")
     p.add_argument("--runaway", metavar="KIND[:NODE]",
-                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (the node "
-                   "freezes), thermal (it shuts down) or link (it is cut off); NODE defaults to spark1 for solo, "
-                   "else spark2")
+                   help=f"start a runaway on one node {RUNAWAY_AFTER_S:g} s after the model serves: memory (its GPU "
+                   "memory grows until the guard stops it), thermal (it shuts down) or link (it is cut off); NODE "
+                   "defaults to spark1 for solo, else spark2")
+    p.add_argument("--also", metavar="RECIPE",
+                   help="once the model serves, launch this recipe beside it (solo, placed against each node's "
+                        "memory budget as `recipe launch` places it), e.g. llama-3.1-8b with --topology solo")
     p.set_defaults(func=run)
 
 
@@ -90,7 +95,7 @@ def _check(args: argparse.Namespace) -> None:
 def demo_serving(topology: str = "2x-solo", router: str = "litellm-simple-shuffle") -> Serving:
     """What the demo serves: the demo recipe's model, answering to the recipe's served name as well (its plan's
     readiness check and restart look for that name)."""
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
     from ..sim.cluster import Serving
     name = find_recipe(DEMO_RECIPE).defaults.get("served_model_name")
     return Serving(topology=topology, router=router, recipe=DEMO_RECIPE, served_names=(str(name),) if name else ())
@@ -225,11 +230,45 @@ async def _bring_up(sim: SimCluster, args: argparse.Namespace, say: Say,
     if args.load and sim.cluster.endpoints:
         say(f"load: {args.load} streaming requests kept in flight", "cyan")
         jobs.append(sim.run_load(concurrency=args.load, seconds=None))
+    if getattr(args, "also", None):
+        try:
+            await launch_also(sim, args.also, lambda line: say(line, "cyan"))
+        except UserError as err:
+            say(f"{args.also} not launched: {err}", "red")
     if getattr(args, "runaway_target", None):
         kind, node = args.runaway_target
         colour: dict[str | None, str] = {None: "yellow", "averted": "green"}
         jobs.append(start_runaway(sim, kind, node, lambda line, outcome: say(line, colour.get(outcome, "red"))))
     await asyncio.gather(*jobs)
+
+
+async def launch_also(sim: SimCluster, key: str, say: Callable[[str], None]) -> None:
+    """A second workload beside what the demo serves, through the real path: placed against each simulated node's
+    budget (placement/), planned with its own port and containers, launched by the recipe runner."""
+    from ..launch.beside import Readings, estimator_for, launch_options, place, start_monitor
+    from ..launch.plan import make_plan
+    from ..launch.runner import Runner
+    from ..placement.fit import Ask
+    from ..recipes import find_recipe
+
+    assert sim.cluster is not None          # its nodes are up (sim.start_nodes())
+    recipe = find_recipe(key)
+    monitor = await start_monitor(sim.cluster)
+    try:
+        readings = Readings(sim.cluster, monitor.nodes)
+        ask = Ask(key, recipe, "solo", {"workload": key})
+        placement = place(readings, [ask], estimator=await estimator_for(recipe, make_plan(recipe, "solo", sim.cluster,
+                                                                                           {"workload": key}),
+                                                                        monitor.nodes))
+        choice = placement.choice(key)
+        say(f"{key}: {choice.reason}; free after it: "
+            + ", ".join(f"{n} {v / 2 ** 30:.1f} GiB" for n, v in choice.free_after.items() if v is not None))
+        plan = make_plan(recipe, "solo", sim.cluster, {"workload": key, **launch_options(placement, key)})
+        transports = {n: nm.transport for n, nm in monitor.nodes.items() if nm.transport is not None}
+        await Runner(sim.cluster, transports).launch(plan)
+        say(f"{key} serves at {plan.endpoint} as {plan.model}")
+    finally:
+        await monitor.stop()
 
 
 class _Notes:

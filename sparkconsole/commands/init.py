@@ -83,7 +83,8 @@ def source_cluster(args: argparse.Namespace) -> tuple[ClusterConfig, str]:
 async def probe(cluster: ClusterConfig) -> tuple[ClusterConfig, list[str]]:
     """Each node asked as preflight asks it; returns the cluster with discovered interfaces, and a note a node."""
     from ..launch.ifaces import discover
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
     ts = {n.name: make_transport(n, cluster.ssh) for n in cluster.nodes}
     notes: list[str] = []
     nodes = list(cluster.nodes)

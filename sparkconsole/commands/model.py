@@ -20,7 +20,8 @@ from collections.abc import Sequence
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
-from ..nodes.transport import Transport, make_transport
+from ..nodes.connect import make_transport
+from ..nodes.transport import Transport
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

@@ -1,6 +1,7 @@
 """`sparkconsole recipe list|plan|lint|launch|status|stop|restart`: recipes headless.
 
-    sparkconsole recipe list
+    sparkconsole recipe list [WORDS] [--all]       (every registry's too; WORDS searches them all)
+    sparkconsole recipe registry add URL [--name N] | list | update [NAME] | rm NAME
     sparkconsole recipe plan gpt-oss-120b --topology 2x-solo --router simple-shuffle
     sparkconsole recipe lint deepseek-v4-flash --topology cluster-tp2
     sparkconsole recipe launch tiny-testbed --topology solo --yes [--force] [--drop-caches] [-- EXTRA VLLM ARGS]
@@ -11,6 +12,9 @@
     sparkconsole recipe restart tiny-testbed -T 2x-solo --yes [--all-at-once] [--drain-timeout 120]
     (behind a router: one server at a time, out of the router, drained, restarted, back in; --all-at-once: together)
     sparkconsole recipe plan tiny-testbed -T 2x-solo --restart      (the restart's steps per server)
+    sparkconsole recipe fit gpt-oss-120b llama-3.1-8b [--offline] [--pack]    (where each goes, and why)
+    sparkconsole recipe launch llama-3.1-8b --name coder --yes     (beside what runs: its own port and containers)
+    sparkconsole recipe status|restart|stop coder                  (one workload by name; never another)
 
 Changes to nodes need `--yes` when there is no terminal to ask on; `--force` overrides preflight refusals
 (except compromised router releases, which are always refused).
@@ -31,13 +35,13 @@ from . import LazyChoices
 if TYPE_CHECKING:      # the product is imported inside the functions: `recipe plan --bad` answers at once
     from ..config import ClusterConfig, NodeConfig
     from ..launch import lint as lint_mod
-    from ..launch.recipe import Recipe
     from ..launch.runner import Progress
     from ..launch.steps import Plan
     from ..nodes.transport import Transport
+    from ..recipes import Recipe
 
-TOPOLOGIES = LazyChoices("sparkconsole.launch.recipe", "TOPOLOGIES")
-ROUTER_CHOICES = LazyChoices("sparkconsole.launch.recipe", "ROUTER_CHOICES")
+TOPOLOGIES = LazyChoices("sparkconsole.recipes", "TOPOLOGIES")
+ROUTER_CHOICES = LazyChoices("sparkconsole.recipes", "ROUTER_CHOICES")
 
 FACTS_TIMEOUT_S = 15.0
 
@@ -63,8 +67,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                               description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="recipe_command", metavar="ACTION", parser_class=_ExtraArgsParser)
     sub.required = True
-    ls = sub.add_parser("list", help="bundled and user recipes")
+    ls = sub.add_parser("list", help="local and bundled recipes, and every fetched registry's")
+    ls.add_argument("words", nargs="*", metavar="WORDS", help="only recipes whose name, model, description or "
+                    "registry holds every word")
+    ls.add_argument("--all", action="store_true", help="also the registries' hidden sections (e.g. experimental)")
     ls.set_defaults(func=run)
+    from .registry import register as register_registry
+    register_registry(sub)
+    from .recipe_workloads import add_fit_parser
+    add_fit_parser(sub, TOPOLOGIES)
+    sub.choices["fit"].set_defaults(func=run)
     for name, helptext in (("plan", "show the exact per-node commands, run nothing"),
                            ("lint", "preflight checks (reads the nodes unless --offline)"),
                            ("launch", "lint, confirm, run the plan and wait until it serves"),
@@ -74,7 +86,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp = sub.add_parser(name, help=helptext, description=helptext,
                             epilog="Arguments after -- are appended to the vLLM command verbatim, as with "
                                    "run-recipe.sh: sparkconsole recipe plan NAME -- --seed 42")
-        sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file")
+        sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file; status, restart "
+                                       "and stop also take a running workload's name")
+        sp.add_argument("--name", help="the workload's name: launch it under this name (several may run from one "
+                                       "recipe); act on the one of this name (default: the recipe's key)")
         sp.add_argument("--topology", "-T", choices=TOPOLOGIES, metavar="TOPOLOGY",
                         help="%(choices)s (default: the recipe's first topology)")
         sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
@@ -101,6 +116,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp.add_argument("--no-cache-dirs", action="store_true",
                         help="do not mount the node's compile caches (vLLM, FlashInfer, Triton, TileLang)")
         sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+        sp.add_argument("--trust", action="store_true", help="run the pre_exec commands and mods the plan lists "
+                        "under 'needs confirmation' without asking (a registry not marked trusted, a mod from "
+                        "outside the recipe's checkout)")
         sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
         sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
         if name in ("lint", "launch"):
@@ -111,6 +129,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                             help="judge against the demo's two simulated GB10 nodes (SIMULATED), as `sparkconsole "
                                  "demo` starts them: spark1 hardened, spark2 an untouched install")
         sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
+        if name == "launch":
+            sp.add_argument("--pack", action="store_true",
+                            help="place it on the fullest node it fits (default: the node with the most room)")
         if name in ("plan", "restart"):
             if name == "plan":
                 sp.add_argument("--restart", action="store_true",
@@ -133,13 +154,18 @@ def _value(text: str) -> Any:
     return v if isinstance(v, (str, int, float, bool)) else text
 
 
-def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+def overrides_from_sets(sets: Sequence[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for item in args.sets:
+    for item in sets:
         key, sep, val = item.partition("=")
         if not sep or not key.strip().isidentifier():
             raise UserError(f"bad --set {item[:40]!r}", field="--set", fix="write --set name=value")
         out[key.strip()] = _value(val)
+    return out
+
+
+def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
+    out = overrides_from_sets(args.sets)
     for k in ("port", "host", "tensor_parallel", "gpu_memory_utilization", "max_model_len", "max_num_batched_tokens"):
         if getattr(args, k, None) is not None:
             out[k] = getattr(args, k)
@@ -148,7 +174,7 @@ def overrides_from(args: argparse.Namespace) -> dict[str, Any]:
                  ("eth_if", args.eth_if), ("ib_if", args.ib_if), ("master_port", args.master_port),
                  ("drop_caches", args.drop_caches or None), ("apply_mods", getattr(args, "apply_mods", None)),
                  ("non_privileged", getattr(args, "non_privileged", None)),
-                 ("no_cache_dirs", getattr(args, "no_cache_dirs", None))):
+                 ("no_cache_dirs", getattr(args, "no_cache_dirs", None)), ("workload", getattr(args, "name", None))):
         if v:
             out[k] = v
     return out
@@ -162,24 +188,22 @@ def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
     return cluster_for(args)
 
 
-def _list() -> int:
-    from ..launch.recipe import load_recipe, recipe_paths
+def _list(args: argparse.Namespace) -> int:
+    from ..recipes.catalog import catalog, search
 
-    rows = []
-    for key, path in sorted(recipe_paths().items()):
-        try:
-            r = load_recipe(path)
-            rows.append((key, ",".join(r.topologies), r.name, str(path)))
-        except UserError as err:
-            rows.append((key, "-", f"ERROR {err}", str(path)))
-    if not rows:
-        print("no recipes found")
+    entries = catalog(include_hidden=args.all)
+    if args.words:
+        entries = search(entries, " ".join(args.words))
+    if not entries:
+        print("no recipes found" + (f" for {' '.join(args.words)!r}" if args.words else ""))
         return 0
-    w = max(len(r[0]) for r in rows)
-    t = max(len(r[1]) for r in rows)
-    for key, topo, name, where in rows:
-        print(f"{key:<{w}}  {topo:<{t}}  {name}")
-        print(f"{'':<{w}}  {'':<{t}}  {where}")
+    w = max(len(e.key) for e in entries)
+    t = max(len(e.topologies) for e in entries)
+    for e in entries:
+        name = f"ERROR {e.error}" if e.error else e.name
+        runtime = "" if e.runtime == "vllm" else f" [{e.runtime}]"
+        print(f"{e.key:<{w}}  {e.topologies:<{t}}  {name}{runtime}")
+        print(f"{'':<{w}}  {'':<{t}}  {e.registry}: {e.path}")
     return 0
 
 
@@ -191,22 +215,27 @@ def _print_progress(verbose: bool) -> Callable[[Progress], None]:
     return show
 
 
-async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tuple[lint_mod.Facts, Any]:
+async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe,
+                       monitor: Any = None) -> tuple[lint_mod.Facts, Any]:
     """Read the plan's nodes: one telemetry tick each (memory, guards, GPUs) and the image ID. Returns the
-    facts and the running monitor, whose connections the runner then reuses (caller stops it)."""
+    facts and the running monitor, whose connections the runner then reuses (caller stops it). `monitor`: one
+    already started over the cluster (a launch beside what runs read every node first)."""
     from ..config import ClusterConfig
     from ..launch import lint as lint_mod
     from ..nodes.monitor import ClusterMonitor
+    from ..placement.modelinfo import read_node
 
-    sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
-                        thresholds=cluster.thresholds, ssh=cluster.ssh, agent_interval_s=cluster.agent_interval_s,
-                        source=cluster.source, simulated=cluster.simulated)
-    monitor = ClusterMonitor(sub, history=4)
-    await monitor.start()
-    await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
-    facts = lint_mod.facts_from_monitors(monitor.nodes, headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
+    if monitor is None:
+        sub = ClusterConfig(nodes=tuple(n for n in cluster.nodes if n.name in plan.nodes), endpoints=(),
+                            thresholds=cluster.thresholds, ssh=cluster.ssh, agent_interval_s=cluster.agent_interval_s,
+                            source=cluster.source, simulated=cluster.simulated)
+        monitor = ClusterMonitor(sub, history=4)
+        await monitor.start()
+        await monitor.wait_first_ticks(FACTS_TIMEOUT_S)
+    used = {n: nm for n, nm in monitor.nodes.items() if n in plan.nodes}
+    facts = lint_mod.facts_from_monitors(used, headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
     image_ids: dict[str, str | None] = {}
-    for name, nm in monitor.nodes.items():
+    for name, nm in used.items():
         if nm.transport is None:
             continue
         try:
@@ -216,30 +245,27 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe) -> tu
             image_ids[name] = (res.stdout.strip() or None) if res.rc == 0 else None
         except Exception:  # noqa: BLE001 — an unreadable node shows up as an unknown guard, not a crash
             continue
-    # The model's config.json and weight size (memory_fit rule), and whether every node has the model at all.
-    model_config, weights, missing = None, None, []
-    source = lint_mod.model_source(next(iter(plan.server_args.values()), ()))
+    # The model as each node's Hugging Face cache has it (the memory fit), and whether every node has it at all.
+    info, missing = None, []
+    source = lint_mod.plan_model(plan)
     if cluster.simulated:
         source = None           # a simulated node serves any model: its weights are nowhere to look for
     for name in plan.nodes:
         mon = monitor.nodes.get(name)
         if mon is None or mon.transport is None or not source:
             continue
-        try:
-            env = "".join(f"{k}={shlex.quote(v)} " for k, v in mon.config.env)     # hf_home: where its cache is
-            res = await mon.transport.run(env + "sh -c " + shlex.quote(lint_mod.model_probe_command(source)),
-                                          timeout=30)
-        except Exception:  # noqa: BLE001 — unreadable: the profile table answers instead
-            continue
-        if res.rc == 3:
+        # the node's own environment in front (hf_home: where its cache is)
+        got, absent = await read_node(mon.transport, source, getattr(recipe, "model_revision", None),
+                                      env=mon.config.env)
+        if absent:
             missing.append(name)
-        elif res.rc == 0 and model_config is None:
-            model_config, weights = lint_mod.parse_model_probe(res.stdout)
+        elif info is None:
+            info = got
     from ..launch.probe import probe_nodes
-    busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in monitor.nodes.items()
+    busy, unreach = await probe_nodes(plan, cluster, {n: nm.transport for n, nm in used.items()
                                                       if nm.transport is not None})
-    return replace(facts, image_ids=image_ids, model_config=model_config, weights_bytes=weights,
-                   busy_ports=busy, unreachable=unreach, model_missing=tuple(missing)), monitor
+    return replace(facts, image_ids=image_ids, model_info=info, busy_ports=busy, unreachable=unreach,
+                   model_missing=tuple(missing)), monitor
 
 
 def _confirm(args: argparse.Namespace, question: str) -> None:
@@ -253,10 +279,26 @@ def _confirm(args: argparse.Namespace, question: str) -> None:
         raise UserError("not confirmed", fix="answer y, or pass --yes")
 
 
-async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan) -> int:
+def _confirm_trust(args: argparse.Namespace, plan: Plan) -> Plan:
+    """What the plan runs as root on someone else's word (its 'needs confirmation' lines): --trust, or asked."""
+    if not plan.untrusted or plan.trusted:
+        return plan
+    if not args.trust:
+        if not sys.stdin.isatty():
+            raise UserError(f"{len(plan.untrusted)} item(s) need confirmation, first: {plan.untrusted[0]}",
+                            field="--trust", fix="read them in the plan above, then pass --trust to run them")
+        answer = input(f"run the {len(plan.untrusted)} item(s) above marked 'needs confirmation'? [y/N] ")
+        if answer.strip().lower() not in ("y", "yes"):
+            raise UserError("not confirmed", field="--trust", fix="answer y, or pass --trust")
+    return replace(plan, trusted=True)
+
+
+async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan,
+               overrides: dict[str, Any]) -> int:
     from ..launch import lint as lint_mod
     from ..launch.runner import Runner
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
 
     action = args.recipe_command
     monitor = None
@@ -279,8 +321,12 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             print(health.render())
             return 0 if health.ok else 1
         if action in ("lint", "launch") and not args.offline:
-            facts, monitor = await gather_facts(plan, cluster, recipe)
+            from .recipe_workloads import read_beside
+            plan, facts, monitor = await read_beside(args, recipe, cluster, plan, overrides)
         if action in ("lint", "launch"):
+            from ..placement.estimate import render as render_fit
+            for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts)):
+                print(line)
             findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
             for f in findings:
                 print(f.line(explain=args.explain))
@@ -298,6 +344,8 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         if action == "restart":
             from ..launch.rolling import restart_text
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
+        if action in ("launch", "restart"):          # what they run again: mods, pre_exec
+            plan = _confirm_trust(args, plan)
         _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
         transports = {}
         if monitor is not None:
@@ -310,8 +358,13 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         runner = Runner(cluster, transports)
         show = _print_progress(args.verbose)
         if action == "launch":
+            if monitor is not None:
+                from .recipe_workloads import before_start
+                await before_start(cluster, plan, monitor)
             ready = await runner.launch(plan, show)
             print(f"ready: {plan.endpoint} ({', '.join(f'{k} {v:g} s' for k, v in ready.items())})")
+            from .recipe_workloads import sync_gateway
+            await sync_gateway(cluster, transports)
         elif action == "restart":
             from ..launch.rolling import restart
             report = await restart(runner, plan, show, drain_timeout=args.drain_timeout, all_at_once=args.all_at_once)
@@ -327,10 +380,26 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
             await monitor.stop()
 
 
+async def _memory_fit(recipe: Recipe, plan: Plan, *, offline: bool) -> list[str]:
+    """The plan's memory fit in words, on paper: the recipe's metadata (or sparkconsole's figures for a bundled
+    recipe's model), else the Hub when online and not `--offline`. `recipe lint` and `launch` read each node's own
+    Hugging Face cache first (gather_facts)."""
+    from ..launch import lint as lint_mod
+    from ..placement import modelinfo
+    from ..placement.estimate import estimate_plan, render
+
+    source = lint_mod.plan_model(plan)
+    hub = None
+    if source and not offline and all(e.weights_b is None for e in estimate_plan(recipe, plan, {})):
+        hub = await modelinfo.read_hub(source, getattr(recipe, "model_revision", None))
+    return render(estimate_plan(recipe, plan, {}, hub=hub))
+
+
 async def _running_router(cluster: ClusterConfig, plan: Plan) -> str | None:
     """The router a running 2x-solo launch has, read on its head node (None when unreachable or not running)."""
     from ..launch.rolling import router_of, running_router
-    from ..nodes.transport import TransportError, make_transport
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
 
     router = router_of(plan)
     if router is None:
@@ -349,7 +418,7 @@ async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
                           overrides: dict[str, Any]) -> tuple[dict[str, Any], list[str]]:
     """Link interfaces nobody wrote down, read from the nodes (launch/ifaces.py), as spark-vllm-docker does."""
     from ..launch.ifaces import plan_links
-    from ..nodes.transport import make_transport
+    from ..nodes.connect import make_transport
     opened: list[Transport] = []
 
     async def connect(node: NodeConfig) -> Transport:
@@ -367,7 +436,10 @@ async def _discover_links(recipe: Recipe, topology: str, cluster: ClusterConfig,
 def run(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     """`recipe list` answers at once; every other action is one coroutine (cli.py runs it in one event loop)."""
     if args.recipe_command == "list":
-        return _list()
+        return _list(args)
+    if args.recipe_command == "registry":
+        from .registry import run as run_registry
+        return run_registry(args)
     if getattr(args, "demo", False):
         return _on_the_demo(args)
     return _main(args)
@@ -393,11 +465,22 @@ async def _on_the_demo(args: argparse.Namespace) -> int:
 async def _main(args: argparse.Namespace) -> int:
     from ..launch import lint as lint_mod
     from ..launch.plan import make_plan
-    from ..launch.recipe import find_recipe
+    from ..recipes import find_recipe
 
+    if args.recipe_command == "fit":
+        from .recipe_workloads import fit_main
+        return await fit_main(args, load_cluster_for(args))
     if getattr(args, "drain_timeout", 0) < 0:
         raise UserError(f"--drain-timeout {args.drain_timeout:g} is negative", field="--drain-timeout",
                         fix="give the seconds to wait for requests to finish (0: no drain)")
+    if args.recipe_command in ("status", "stop", "restart"):
+        from .recipe_workloads import act_on_running, find_target
+        cluster = load_cluster_for(args)
+        target = await find_target(args, cluster)
+        if target.group is not None:
+            return await act_on_running(args, cluster, target)
+        for t in target.transports.values():
+            await t.close()
     recipe = find_recipe(args.recipe)
     cluster = load_cluster_for(args)
     topology = args.topology or recipe.topologies[0]
@@ -413,6 +496,8 @@ async def _main(args: argparse.Namespace) -> int:
         for w in recipe.warnings:
             print(f"warning: {w}")
         print(plan.render({n.name: n.address for n in cluster.nodes}))
+        for line in await _memory_fit(recipe, plan, offline=args.offline):
+            print(line)
         if args.restart:
             from ..launch.rolling import restart_text
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
@@ -429,10 +514,13 @@ async def _main(args: argparse.Namespace) -> int:
             print(f"the running router is {runs}: restarting the launch as it was made (--router {runs})")
             plan = make_plan(recipe, topology, cluster, {**overrides, "router": runs})
     if args.recipe_command == "lint" and args.offline:
+        from ..placement.estimate import render as render_fit
+        for line in render_fit(lint_mod.memory_estimates(recipe, plan, lint_mod.Facts())):
+            print(line)
         findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)
         for f in findings:
             print(f.line(explain=args.explain))
         n = len(lint_mod.refusals(findings, force=args.force))
         print(f"preflight: {len(findings)} finding(s), {n} refusing")
         return 1 if n else 0
-    return await _act(args, recipe, cluster, plan)
+    return await _act(args, recipe, cluster, plan, overrides)

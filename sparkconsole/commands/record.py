@@ -5,8 +5,8 @@
 
 Watches every node (and endpoint) of the cluster file as the console does and keeps every tick, endpoint poll
 and state change in the cluster's recorder file (state dir; see recorder/store.py). Unattended, it also runs
-the alert rules, the memory-exhaustion warning and the opt-in guard (protect:), sends notifications (notify:)
-and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
+the alert rules, the memory-exhaustion warning and the guard (protect:, on by default for launched containers),
+sends notifications (notify:) and prints a post-mortem line after each incident. Runs until Ctrl-C / SIGTERM or --duration; what
 was queued is committed before it exits, and a SIGKILL loses at most the last batch (≤ 0.5 s).
 
 It is the cluster's collector (sparkconsole/collector/): the only writer of the recorder file (a second `record`
@@ -80,7 +80,7 @@ def repair(args: argparse.Namespace) -> int:
         raise UserError("the new file exists already", file=str(out), field="--out",
                         fix="give --out a path that does not exist yet")
     try:
-        counts, gaps = salvage(src, out)
+        counts, gaps, from_leaves = salvage(src, out)
     except (UserError, sqlite3.Error, OSError) as exc:
         for suffix in ("", "-wal", "-shm"):
             Path(str(out) + suffix).unlink(missing_ok=True)
@@ -91,11 +91,15 @@ def repair(args: argparse.Namespace) -> int:
     out.chmod(0o600)
     print(f"copied {sum(counts.values())} readable rows of {src} into {out}: " + ", ".join(
         f"{n} {table.replace('_', ' ')}" for table, n in counts.items()), flush=True)
+    if from_leaves:
+        print(f"{from_leaves} of them read from its pages directly: SQLite could not reach them (a damaged page "
+              "above them, or its header)",
+              flush=True)
     texts = list(dict.fromkeys(g.text() for g in gaps))
     for text in texts:
         print(f"unreadable: {text}", flush=True)
-    print(f"{len(texts)} unreadable part(s): their rows are not in {out}" if texts else "nothing was unreadable",
-          flush=True)
+    print(f"{len(texts)} unreadable part(s): the rows in them not read from leaf pages are not in {out}" if texts
+          else "nothing was unreadable", flush=True)
     return 0
 
 
@@ -112,7 +116,7 @@ async def run(args: argparse.Namespace) -> int:
                             fix="set 'recorder: {enabled: true}' or pass --file PATH")
         cluster = replace(cluster, recorder=replace(cluster.recorder, enabled=True))   # --file asks for it
     listeners = _listeners(args)          # bad addresses and tokens are refused before anything starts
-    # Unattended: the alert rules, the exhaustion warning, the opt-in guard, notifications and post-mortems run
+    # Unattended: the alert rules, the exhaustion warning, the guard, notifications and post-mortems run
     # here too, said on stdout (one line each), and so is every fault of the recorder file (recorder/health.py):
     # record goes on watching, alerting and guarding without it, and writes again once it can.
     def say(text: str, severity: str = "info") -> None:

@@ -48,6 +48,7 @@ def node_record(nm: NodeMonitor) -> dict[str, Any]:
 
     from ..nodes.guard import evaluate_guards
     from ..nodes.samples import NodeState
+    from ..nodes.workload_memory import workload_memory
 
     t = nm.last
     guards = evaluate_guards(t.guards if t else None, t.mem if t else None, nm.containers, nm.config.container) \
@@ -63,11 +64,18 @@ def node_record(nm: NodeMonitor) -> dict[str, Any]:
             "seq": t.seq, "time": t.time, "age_s": round(time.time() - t.received, 3),
             "gpus": [asdict(g) for g in t.gpus], "mem": asdict(t.mem) if t.mem else None,
             "pressure": asdict(t.pressure) if t.pressure else None, "guards_in": asdict(t.guards) if t.guards else None,
-            "errors": list(t.errors)},
+            "gpu_procs": asdict(t.gpu_procs) if t.gpu_procs else None, "errors": list(t.errors)},
         "containers": [asdict(c) for c in nm.containers],
         # each guard with the severity every view draws (severity.py) and the fix every view says
         "guards": [{**asdict(g), "severity": severity.of_guard(g).name, "fix": severity.guard_fix(g)}
                    for g in guards],
+        # what each running container measurably holds: its processes' GPU memory (NVML) + its cgroup's usage;
+        # a part not measured is null, with the reason
+        "workloads": {} if t is None else {
+            name: {"gpu_b": w.gpu_b, "cgroup_b": w.cgroup_b, "cap_b": w.cap_b, "total_b": w.total_b,
+                   "measured": w.measured, "reason": w.reason,
+                   "procs": [{"pid": p.pid, "gpu": p.gpu, "used_b": p.used_b, "comm": p.comm} for p in w.procs]}
+            for name, w in workload_memory(t).items()},
     }
 
 
@@ -118,6 +126,8 @@ def render_table(records: list[dict[str, Any]]) -> str:
             notes.append(f"{r['name']}: container {c['name']} {c.get('state') or '?'}"
                          + (f" ({c['health']})" if c.get("health") else "") + f", {cap}"
                          + (", OOM-killed" if c.get("oom_killed") else ""))
+        for name, w in (r.get("workloads") or {}).items():
+            notes.append(f"{r['name']}: workload {name}: " + workload_words(w))
         for x in bad:
             sev = severity.named(x["severity"])
             notes.append(f"{r['name']}: {sev.mark} {x['title']} — {sev.says}: {x['reason']}" +
@@ -125,6 +135,20 @@ def render_table(records: list[dict[str, Any]]) -> str:
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=False)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in (head, *rows)]
     return "\n".join(lines + ([""] + notes if notes else []))
+
+
+def workload_words(w: dict[str, Any]) -> str:
+    """`GPU 89.3 GiB (PID 4242) + cgroup 5.1 GiB of a 100 GiB cap = 94.4 GiB`, or what is not measured and why."""
+    def gib(b: float) -> str:
+        return f"{b / 2**30:.1f} GiB"
+    gpu = f"GPU {gib(w['gpu_b'])}" if w["gpu_b"] is not None else "GPU not measured"
+    if w["procs"]:
+        gpu += " (PID " + ", ".join(str(p["pid"]) for p in w["procs"][:3]) + ")"
+    cg = f"cgroup {gib(w['cgroup_b'])}" if w["cgroup_b"] is not None else "cgroup not measured"
+    if w["cap_b"]:
+        cg += f" of a {gib(w['cap_b'])} cap"
+    text = f"{gpu} + {cg}" + (f" = {gib(w['total_b'])}" if w["measured"] else "")
+    return text + (f" ({w['reason']})" if w["reason"] else "")
 
 
 async def _wait_containers(mon: ClusterMonitor, timeout: float) -> None:

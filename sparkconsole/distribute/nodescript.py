@@ -20,14 +20,19 @@ from ..errors import UserError
 STAGE_DIR = ".sparkconsole-partial"
 _MODEL_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
 
-NODE_SCRIPT = r'''
-import json, os, shutil, sys, time
+# The node's hub directory, in huggingface_hub's own order (also read on the node by placement/modelinfo.py).
+HUB_PY = r'''
+import os
 def hub():
     e = os.environ
     if e.get("HF_HUB_CACHE"):
         return e["HF_HUB_CACHE"]
     home = e.get("HF_HOME") or os.path.join(e.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
     return os.path.join(home, "hub")
+'''
+
+NODE_SCRIPT = HUB_PY + r'''
+import json, os, shutil, sys, time
 H = hub()
 S = os.path.join(H, ".sparkconsole-partial")
 def fail(msg, err=None):

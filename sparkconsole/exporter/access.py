@@ -2,9 +2,13 @@
 either. Shared by `exporter` and `serve`.
 
 A bcrypt check costs ~0.1 s of CPU by design, so it runs in a worker thread (the event loop keeps answering) and
-at most two at a time; a pair once verified is remembered as an HMAC under a key made at start (never the password
-itself), so Prometheus scraping every second costs one bcrypt per process, not one per scrape. An unknown user
-costs a bcrypt too, against a dummy hash, so a wrong user name answers no faster than a wrong password.
+at most two at a time; a pair once checked is remembered as an HMAC under a key made at start (never the password
+itself), right or wrong, as the Prometheus exporter toolkit does: Prometheus scraping every second costs one
+bcrypt per process, not one per scrape, and a client repeating a wrong password costs none after the first. The
+same pair asked again while its check runs waits for that check. At most MAX_WAITING checks wait behind the two
+slots; a request past them is answered 429 at once (`Busy`), so clients trying passwords cannot queue a real login
+behind seconds of bcrypt. An unknown user costs a bcrypt too, against a dummy hash, so a wrong user name answers no
+faster than a wrong password.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import bcrypt
 from .listen import bearer_ok
 
 MAX_REMEMBERED = 256
+SLOTS = 2                 # bcrypt checks at once (each one a worker thread's CPU)
+MAX_WAITING = 8           # checks queued behind them (~0.4 s at cost 10); more are answered 429 at once
 # An unknown user is checked against this (cost 10, a password nobody has), so it costs what a known one does.
 _DUMMY = b"$2b$10$lUoI2oH76J0Lk5oWmr77K.tTjn66jlGhA9nT5lvCiI5yuTiwkIPDa"
 
@@ -43,6 +49,10 @@ def parse_basic(header: str | None) -> tuple[str, bytes] | None:
     return user.decode("utf-8", "surrogateescape"), password
 
 
+class Busy(Exception):
+    """More password checks are waiting than MAX_WAITING: the request is answered 429 at once."""
+
+
 class BasicUsers:
     """The web config's users and their bcrypt hashes; `await verify(header)`."""
 
@@ -50,7 +60,9 @@ class BasicUsers:
         self.users = dict(users)
         self._key = os.urandom(32)
         self._verified: set[bytes] = set()
-        self._checks = asyncio.Semaphore(2)
+        self._refused: set[bytes] = set()
+        self._checks = asyncio.Semaphore(SLOTS)
+        self._running: dict[bytes, asyncio.Task[bool]] = {}      # mark -> its check, running or waiting a slot
         self.bcrypt_runs = 0          # how many bcrypt checks ran (the cache's worth, read by tests and benchmarks)
 
     def _mark(self, user: str, password: bytes) -> bytes:
@@ -58,6 +70,7 @@ class BasicUsers:
         return hmac.new(self._key, len(name).to_bytes(4, "big") + name + password, hashlib.sha256).digest()
 
     async def verify(self, header: str | None) -> bool:
+        """Whether the header names a user and its password; raises Busy when too many checks wait already."""
         creds = parse_basic(header)
         if creds is None:
             return False
@@ -65,15 +78,29 @@ class BasicUsers:
         mark = self._mark(user, password)
         if mark in self._verified:
             return True
-        hashed = self.users.get(user)
-        async with self._checks:
-            ok = await asyncio.to_thread(self._check, password, hashed if hashed is not None else _DUMMY)
-        if ok and hashed is not None:
-            if len(self._verified) >= MAX_REMEMBERED:
-                self._verified.clear()
-            self._verified.add(mark)
-            return True
-        return False
+        if mark in self._refused:
+            return False
+        task = self._running.get(mark)
+        if task is None:
+            if len(self._running) >= SLOTS + MAX_WAITING:
+                raise Busy
+            # a task of its own: a client that goes away does not cancel a check others may be waiting for
+            task = asyncio.ensure_future(self._checked(mark, password, self.users.get(user)))
+            self._running[mark] = task
+        return await asyncio.shield(task)
+
+    async def _checked(self, mark: bytes, password: bytes, hashed: bytes | None) -> bool:
+        try:
+            async with self._checks:
+                ok = await asyncio.to_thread(self._check, password, hashed if hashed is not None else _DUMMY)
+        finally:
+            del self._running[mark]
+        ok = ok and hashed is not None
+        remembered = self._verified if ok else self._refused
+        if len(remembered) >= MAX_REMEMBERED:
+            remembered.clear()
+        remembered.add(mark)
+        return ok
 
     def _check(self, password: bytes, hashed: bytes) -> bool:
         self.bcrypt_runs += 1

@@ -21,6 +21,7 @@ from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from ..nodes.samples import REASON_BITS, ContainerInfo, GpuSample, NodeState
+from ..nodes.workload_memory import WorkloadMemory, workload_memory
 
 if TYPE_CHECKING:
     from ..collector.core import Collector as Core  # exporter/readings.Readings is one
@@ -93,8 +94,10 @@ _MEM_GAUGES: tuple[tuple[str, str, str], ...] = (
 )
 # (family, help, snapshot attribute) for the endpoints' engine figures
 _EP_GAUGES: tuple[tuple[str, str, str], ...] = (
-    ("endpoint_requests_running", "Requests being processed (vLLM num_requests_running).", "running"),
-    ("endpoint_requests_waiting", "Requests queued (vLLM num_requests_waiting).", "waiting"),
+    ("endpoint_requests_running", "Requests being processed (vLLM num_requests_running, SGLang num_running_reqs, "
+                                  "llama.cpp requests_processing).", "running"),
+    ("endpoint_requests_waiting", "Requests queued (vLLM num_requests_waiting, SGLang num_queue_reqs, llama.cpp "
+                                  "requests_deferred).", "waiting"),
     ("endpoint_kv_cache_usage_ratio", "KV-cache usage (0..1).", "kv_usage"),
     ("endpoint_prefix_cache_hit_ratio", "Prefix-cache hit rate over the recent window (0..1).", "prefix_hit_rate"),
     ("endpoint_prompt_tokens_per_second", "Prompt (prefill) tokens per second, recent window.", "prompt_tps"),
@@ -189,6 +192,8 @@ class ConsoleCollector(Collector):
                                                                  "fix": r.fix or ""})
         for c in nm.containers:
             self._container(fam, n, c)
+        for w in workload_memory(t).values():
+            self._workload(fam, n, w)
 
     def _gpu(self, fam: _Families, n: str, g: GpuSample) -> None:
         lv = [n, str(g.index)]
@@ -226,6 +231,17 @@ class ConsoleCollector(Collector):
                     c.memory_limit_b)
         if c.exit_code is not None:
             fam.set("container_exit_code", "The container's last exit code.", lab, lv, c.exit_code)
+
+    def _workload(self, fam: _Families, n: str, w: WorkloadMemory) -> None:
+        """One series per running container: what it measurably holds (absent where not measured: no guess)."""
+        lv, lab = [n, w.container], ("node", "container")
+        fam.set("workload_gpu_memory_bytes", "GPU memory of the container's processes (NVML, per process; on a GB10 "
+                "unified memory the container's cgroup does not see it).", lab, lv, w.gpu_b)
+        fam.set("workload_cgroup_memory_bytes", "The container's memory cgroup usage (memory.current): what its "
+                "memory cap holds, its CPU side.", lab, lv, w.cgroup_b)
+        if w.measured:
+            fam.set("workload_memory_bytes", "GPU memory of its processes + its cgroup usage: what the container "
+                    "holds of the node (present only when both are measured).", lab, lv, w.total_b)
 
     # --- endpoints --------------------------------------------------------------------------------------------
     def _endpoint(self, fam: _Families, s: EndpointSnapshot, now: float) -> None:

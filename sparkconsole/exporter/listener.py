@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from ..errors import UserError
-from .access import Access, BasicUsers, as_access
+from .access import Access, BasicUsers, Busy, as_access
 from .listen import Listen, parse_listen
 
 
@@ -79,6 +79,15 @@ def as_listener(listen: Listen | Listener, token: Access | str | None = None) ->
     if isinstance(listen, Listener):
         return listen
     return Listener(listen, as_access(token))
+
+
+async def allowed(access: Access, authorization: str | None) -> bool:
+    """`access.allows`, with too many password checks already waiting answered 429 at once (exporter/access.py)."""
+    try:
+        return await access.allows(authorization)
+    except Busy:
+        raise web.HTTPTooManyRequests(headers={"Retry-After": "1"},
+                                      text="429: too many logins are being checked: try again in a second\n") from None
 
 
 def add_headers(app: web.Application, headers: Mapping[str, str]) -> None:

@@ -20,7 +20,7 @@ from ..errors import UserError
 from .access import Access, as_access
 from .collector import ConsoleCollector
 from .listen import Listen, QuietRunner
-from .listener import Listener, add_headers, as_listener, start_site
+from .listener import Listener, add_headers, allowed, as_listener, start_site
 
 if TYPE_CHECKING:
     from ..collector.core import Collector
@@ -44,7 +44,7 @@ def make_app(registry: CollectorRegistry, access: Access | str | None,
 
     @web.middleware
     async def auth(request: web.Request, handler: Handler) -> web.StreamResponse:
-        if not await access.allows(request.headers.get("Authorization")):
+        if not await allowed(access, request.headers.get("Authorization")):
             raise web.HTTPUnauthorized(headers=access.challenge(), text=f"401: {access.describe()}\n")
         return await handler(request)
 

@@ -37,7 +37,9 @@ CLIENT_AUTH = {"NoClientCert": ssl.CERT_NONE, "VerifyClientCertIfGiven": ssl.CER
                "RequireAndVerifyClientCert": ssl.CERT_REQUIRED}
 HEADERS = ("Content-Security-Policy", "X-Frame-Options", "X-Content-Type-Options", "X-XSS-Protection",
            "Strict-Transport-Security")
-BCRYPT_HASH = re.compile(r"^\$2[abxy]?\$\d\d\$[./A-Za-z0-9]{53}$")
+BCRYPT_HASH = re.compile(r"^\$2[abxy]\$(\d\d)\$[./A-Za-z0-9]{53}$")
+# bcrypt reads costs 04-31 only: with any other, every login would be a silent 401.
+BCRYPT_COSTS = range(4, 32)
 HASH_FIX = ("put a bcrypt hash here, e.g. from "
             "`python3 -c 'import bcrypt, getpass; print(bcrypt.hashpw(getpass.getpass().encode(), bcrypt.gensalt()).decode())'`"
             " or `htpasswd -nBC 10 \"\" | tr -d ':\\n'`")
@@ -219,8 +221,13 @@ def _users(doc: Located, users: Any) -> dict[str, bytes]:
         name = str(user)
         if not name or ":" in name or any(c.isspace() or ord(c) < 32 for c in name):
             raise doc.error(base + (user,), "not a usable user name", fix="use a name without ':', spaces or control characters")
-        if not isinstance(hashed, str) or not BCRYPT_HASH.match(hashed):
+        match = BCRYPT_HASH.match(hashed) if isinstance(hashed, str) else None
+        if match is None:
             raise doc.error(base + (user,), "not a bcrypt hash (a password in clear is refused)", fix=HASH_FIX)
+        if int(match.group(1)) not in BCRYPT_COSTS:
+            raise doc.error(base + (user,), f"bcrypt cost {match.group(1)} is outside 04-31: no password would ever "
+                                            f"match, so user {name} could never log in",
+                            fix="make the hash again with a cost from 04 to 31 (10 is usual): " + HASH_FIX)
         out[name] = hashed.encode()
     return out
 

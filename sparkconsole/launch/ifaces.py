@@ -25,7 +25,7 @@ from ..errors import UserError
 if TYPE_CHECKING:      # types only: the parsers stay importable without asyncssh
     from ..config import ClusterConfig, NodeConfig
     from ..nodes.transport import Transport
-    from .recipe import Recipe
+    from ..recipes import Recipe
 
 _IBDEV_RE = re.compile(r"^(\S+)\s+port\s+(\d+)\s+==>\s+(\S+)\s+\((\w+)\)")
 _SECTION = "----sparkconsole-ifaces----"

@@ -27,11 +27,11 @@ from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import Recipe, find_recipe
 from . import lint
 from .ifaces import plan_links
 from .plan import make_plan
 from .probe import probe_nodes
-from .recipe import Recipe, find_recipe
 from .runner import READY_TIMEOUT_S, Progress, Runner
 from .steps import Plan
 
@@ -73,16 +73,18 @@ class RecipeLauncher:
     connections; without one the launcher starts its own on the first launch and ends it in close().
     `overrides`: plan overrides for every launch (placeholders, `nodes`, `router_dir`, …); a topology's own
     router choice wins over an override's. `force`: launch although preflight refuses (never a blocking rule).
+    `trust`: run what the plan lists under "needs confirmation" (recipes/trust.py), as `--trust` says.
     """
 
     def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, overrides: Mapping[str, Any] | None = None,
-                 force: bool = False, preflight: bool = True, ready_timeout: float = READY_TIMEOUT_S,
+                 force: bool = False, trust: bool = False, preflight: bool = True, ready_timeout: float = READY_TIMEOUT_S,
                  poll_interval: float = 1.0, on_progress: Callable[[Progress], Any] | None = None,
                  on_finding: Callable[[lint.Finding], Any] | None = None,
                  transport_factory: Callable[..., Any] | None = None) -> None:
         self.cluster = cluster
         self.overrides = dict(overrides or {})
         self.force = force
+        self.trust = trust
         self.preflight = preflight
         self.ready_timeout = ready_timeout
         self.poll_interval = poll_interval
@@ -104,6 +106,8 @@ class RecipeLauncher:
         topo, opts = resolve_topology(topology)
         overrides, found = await plan_links(r, topo, self.cluster, {**self.overrides, **opts}, self._connect)
         plan = make_plan(r, topo, self.cluster, overrides)
+        if self.trust and plan.untrusted:
+            plan = replace(plan, trusted=True)
         if found:
             plan = replace(plan, notes=(*plan.notes, *found))
             for note in found:
@@ -254,7 +258,7 @@ class RecipeLauncher:
             return t
         own = self._own_transports.get(node.name)
         if own is None or not own.connected:
-            from ..nodes.transport import make_transport
+            from ..nodes.connect import make_transport
             own = (self._factory or make_transport)(node, self.cluster.ssh)
             await own.connect()
             self._own_transports[node.name] = own

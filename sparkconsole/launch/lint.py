@@ -21,17 +21,20 @@ from .. import severity
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from ..nodes.samples import Tick
-from . import lint_memory, lint_topology
+from ..placement.estimate import MemoryEstimate, estimate_plan, gib
+from ..placement.modelinfo import ModelInfo
+from ..recipes import Recipe
+from ..runtimes import RUNTIMES, SGLANG, VLLM, Runtime, has_flag, model_source, parallel
+from . import lint_memory, lint_topology, lint_workloads
 from .argv import flag_value
 from .lint_compile import _cluster_eager, _custom_ops
+from .lint_container import container_options
 from .plan import make_plan
-from .recipe import Recipe
 from .routers import compromised_versions
 from .steps import Plan
 
 GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = lint_memory.GB10_MEMTOTAL_GIB
-ACTIVATION_OVERHEAD_GIB = 1.0      # activations/graphs besides weights and KV: a rough floor
 
 # Each rule's section, which a user can open (a heading per rule name: GitHub's anchor is the name itself).
 PREFLIGHT_DOC = "docs/PREFLIGHT.md"
@@ -86,31 +89,13 @@ class Finding:
 
 
 @dataclass(frozen=True)
-class ModelSize:
-    weights_gib: float | None
-    kv_bytes_per_token: int | None     # at 2-byte (bf16) cache; fp8 halves it
-    source: str
-
-
-# Used when the model's config.json is not reachable from here.
-PROFILES: dict[str, ModelSize] = {
-    "openai/gpt-oss-120b": ModelSize(60.8, 2 * 36 * 8 * 64 * 2, "model card: 117B params, MXFP4 checkpoint ~65 GB; "
-                                     "36 layers, 8 KV heads × 64"),
-    "meta-llama/Llama-3.1-8B-Instruct": ModelSize(14.96, 2 * 32 * 8 * 128 * 2, "8.03B params bf16; 32 layers, 8 KV heads × 128"),
-    "deepseek-ai/DeepSeek-V4-Flash": ModelSize(136.0, 2 * 6144, f"{SRC_DEEPSEEK}: ~75 GiB loaded per node at TP=2; "
-                                               "~865K KV tokens in ~5 GiB (fp8)"),
-}
-
-
-@dataclass(frozen=True)
 class Facts:
     """What was learned from the nodes; anything missing is simply not checked (or reported as unknown)."""
     guards: Mapping[str, Sequence[Any]] = field(default_factory=dict)   # node → GuardResult list (nodes/guard.py)
     image_ids: Mapping[str, str | None] = field(default_factory=dict)   # node → image ID, None when absent
     mem: Mapping[str, Any] = field(default_factory=dict)                # node → HostMemory (total_kb, available_kb)
     unified: Mapping[str, bool] = field(default_factory=dict)           # node → unified memory (GB10)
-    model_config: Mapping[str, Any] | None = None                       # the model's config.json
-    weights_bytes: int | None = None                                    # size of the weight files
+    model_info: ModelInfo | None = None                                 # the model as the node's HF cache has it
     headroom_floor_gib: float = 8.0                                     # thresholds.headroom_floor_gib
     boot_ids: Mapping[str, str] = field(default_factory=dict)           # node → boot id: which nodes share a machine
     busy_ports: Mapping[str, Sequence[tuple[str, int, str]]] = field(default_factory=dict)  # node → (addr, port, why)
@@ -118,6 +103,7 @@ class Facts:
     model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
     compile_cache_mounted: bool | None = None                           # None: read from the plan's volumes
     ticks: Mapping[str, Tick] = field(default_factory=dict)             # node → its last tick: what runs there
+    placement: Any = None          # where placement put this launch beside what runs (Placement), or why it could not
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -170,11 +156,17 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
             return [*findings, Finding("plan", "refuse", str(err), "")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
-                 _images, _memory, _model_missing):
+                 _images, _memory, _model_missing, _metrics_off, container_options, _budget):
         findings.extend(rule(recipe, plan, used, facts))
     for topo_rule in lint_topology.RULES:
         findings.extend(topo_rule(plan, used, facts))
     return findings
+
+
+def _budget(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    """The nodes' budgets beside what runs (launch/lint_workloads.py), as placement found them."""
+    return [Finding(n.rule, n.severity, n.message, lint_workloads.SRC_BUDGET, n.fix, n.node)
+            for n in lint_workloads.budget_notes(facts.placement)]
 
 
 def refusals(findings: Iterable[Finding], *, force: bool = False) -> list[Finding]:
@@ -223,6 +215,11 @@ def _pp(argv: Sequence[str]) -> int:
     return _int_flag(argv, "--pipeline-parallel-size", "-pp")
 
 
+def runtime_of(plan: Plan) -> Runtime:
+    """The runtime the plan's servers run: each rule asks its flags in that runtime's words."""
+    return RUNTIMES.get(plan.runtime, RUNTIMES[VLLM])
+
+
 def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
     return [(plan.service(k).node, argv) for k, argv in plan.server_args.items()]
 
@@ -231,8 +228,12 @@ def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
 
 def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     """The claims of the servers on each node, summed, judged against the node's budget (lint_memory.py): MemTotal
-    less the reserve less what the other workloads measurably hold — never the container's cap."""
+    less the reserve less what the other workloads measurably hold — never the container's cap. Each runtime's own
+    claim (SGLang's mem_fraction_static); llama.cpp claims no share up front: the memory fit judges it."""
     from ..placement.budget import node_budget, offline_budget
+    runtime = runtime_of(plan)
+    if not runtime.claim_fraction:
+        return []
     cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
     claims: dict[str, list[lint_memory.Claim]] = {}
     ours: dict[str, set[str]] = {}
@@ -242,8 +243,9 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
         if not facts.unified.get(svc.node, True):
             continue
         total_kb = getattr(facts.mem.get(svc.node), "total_kb", None)
-        # a fraction of the total, or --gpu-memory-utilization-gb: GiB, which wins over a fraction
-        claim = lint_memory.claim_of(argv, total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB)
+        # the runtime's fraction of the total, or vLLM's --gpu-memory-utilization-gb: GiB, which wins over it
+        claim = lint_memory.claim_of(argv, total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB,
+                                     fraction_flags=runtime.claim_fraction, gib_flags=runtime.claim_gib)
         if claim is not None:
             claims.setdefault(svc.node, []).append(claim)
     out = []
@@ -260,7 +262,11 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
                                     "the node was not read: a GB10 assumed, nothing held")
         got = lint_memory.judge(cs, total, budget, cap_text, bool(total_kb))
         if got:
-            out.append(Finding("gpu_memory_utilization", got[0], got[1], lint_memory.SRC_BUDGET, got[2], node))
+            message, fix = got[1], got[2]
+            if runtime.name == SGLANG:   # the same claim, in SGLang's words
+                message = message.replace("gpu_memory_utilization", "mem_fraction_static")
+                fix = fix.replace("gpu_memory_utilization", "mem_fraction_static")
+            out.append(Finding("gpu_memory_utilization", got[0], message, lint_memory.SRC_BUDGET, fix, node))
     return _dedupe(out)
 
 
@@ -268,6 +274,8 @@ def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
     """A warning, not a refusal: the upstream recipe keeps lm_head in MXFP4 for solo only ("Only solo now"), which
     says it was not made to work with TP > 1, not that it freezes a node. A recipe whose author set TP 2 on purpose
     is theirs to run."""
+    if plan.runtime != VLLM:
+        return []
     out = []
     for node, argv in _servers(plan):
         layers = flag_value(argv, "--mxfp4-layers") or ""
@@ -279,14 +287,12 @@ def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
     return _dedupe(out)
 
 
-_PARALLEL_FLAGS = {"tensor_parallel": ("--tensor-parallel-size", "-tp"), "pipeline_parallel": ("--pipeline-parallel-size", "-pp")}
 
 
-def _parallel_fix(recipe: Recipe, plan: Plan, argv: Sequence[str], want: int) -> str:
+def _parallel_fix(recipe: Recipe, plan: Plan, runtime: Runtime, tp: int, pp: int, want: int) -> str:
     """A fix that changes the plan: `--set KEY=N` only for the size that is wrong and only where the recipe's
     command takes it from that placeholder; else where the size really comes from (a number written in the
-    command, or the arguments after --)."""
-    tp, pp = _tp(argv), _pp(argv)
+    command, or the arguments after --), in the runtime's own flags."""
     if (plan.topology != "cluster-tp2" and tp * pp == len(plan.nodes) and "cluster-tp2" in recipe.topologies
             and not recipe.solo_only):
         # a recipe written for parallelism over the nodes, asked for one-node servers: the topology is wrong
@@ -294,16 +300,18 @@ def _parallel_fix(recipe: Recipe, plan: Plan, argv: Sequence[str], want: int) ->
     target = {"tensor_parallel": want // pp, "pipeline_parallel": pp} if want % pp == 0 else \
         {"tensor_parallel": want, "pipeline_parallel": 1}
     have = {"tensor_parallel": tp, "pipeline_parallel": pp}
+    flags = {"tensor_parallel": runtime.tp, "pipeline_parallel": runtime.pp}
     fixes = []
     for key, value in target.items():
-        if have[key] == value:
+        if have[key] == value or not flags[key]:
             continue
-        flag = _PARALLEL_FLAGS[key][0]
-        from_placeholder = "{" + key + "}" in recipe.command and str(have[key]) == str(plan.params.get(key, 1))
-        written = re.search(rf"(^|\s)({'|'.join(map(re.escape, _PARALLEL_FLAGS[key]))})(\s+|=)\d", recipe.command)
+        flag = flags[key][0]
+        command = recipe.command or ""
+        from_placeholder = "{" + key + "}" in command and str(have[key]) == str(plan.params.get(key, 1))
+        written = re.search(rf"(^|\s)({'|'.join(map(re.escape, flags[key]))})(\s+|=)\d", command)
         if from_placeholder:
             fixes.append(f"--set {key}={value}")
-        elif written and "{" + key + "}" not in recipe.command:
+        elif written and "{" + key + "}" not in command:
             fixes.append(f"the recipe's command writes {flag} {have[key]} itself, which --set cannot change: "
                          f"write {{{key}}} there instead of the number")
         else:       # the arguments after -- come last and win
@@ -313,12 +321,14 @@ def _parallel_fix(recipe: Recipe, plan: Plan, argv: Sequence[str], want: int) ->
 
 def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     out = []
+    runtime = runtime_of(plan)
     for key, argv in plan.server_args.items():
         want = len(plan.nodes) if plan.topology == "cluster-tp2" else 1
-        if _tp(argv) * _pp(argv) != want:
+        tp, pp = parallel(runtime, argv)
+        if tp * pp != want:
             out.append(Finding("parallel_size", "refuse",
-                               f"tensor parallel {_tp(argv)} × pipeline parallel {_pp(argv)} ≠ {want} GPU(s) for "
-                               f"{plan.topology}", SRC_TP, _parallel_fix(recipe, plan, argv, want),
+                               f"tensor parallel {tp} × pipeline parallel {pp} ≠ {want} GPU(s) for "
+                               f"{plan.topology}", SRC_TP, _parallel_fix(recipe, plan, runtime, tp, pp, want),
                                plan.service(key).node))
     return _dedupe(out)
 
@@ -413,104 +423,76 @@ def _images(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
     return out
 
 
-_WEIGHTS_MARK = "---sparkconsole-weights---"
+def plan_model(plan: Plan) -> str | None:
+    """What the plan's servers load (a Hub id, or a path on the node), in its runtime's words."""
+    return model_source(runtime_of(plan), next(iter(plan.server_args.values()), ()))
 
 
-def model_source(argv: Sequence[str]) -> str | None:
-    """What vLLM loads: the word after `serve`, else --model."""
-    for i, a in enumerate(argv[:-1]):
-        if a == "serve" and not argv[i + 1].startswith("-"):
-            return argv[i + 1]
-    return flag_value(argv, "--model")
-
-
-def model_probe_command(source: str) -> str:
-    """Shell snippet (values quoted) printing the model's config.json and the size of its weight files, from
-    a local path or the node's Hugging Face cache; exits 3 when the model is not on the node."""
-    if source.startswith(("/", "~/")):
-        where = ('"$HOME"/' + shlex.quote(source[2:])) if source.startswith("~/") else shlex.quote(source)
-        find = f"d={where}"
-    else:
-        cache = shlex.quote("models--" + source.replace("/", "--"))
-        find = ('d=$(ls -d "${HF_HOME:-$HOME/.cache/huggingface}"/hub/' + cache +
-                "/snapshots/*/ 2>/dev/null | head -n 1)")
-    return (f'{find}; [ -n "$d" ] && [ -f "$d/config.json" ] || exit 3; head -c 200000 "$d/config.json"; echo; '
-            f'echo {_WEIGHTS_MARK}; du -cbL "$d"/*.safetensors 2>/dev/null | tail -n 1')
-
-
-def parse_model_probe(stdout: str) -> tuple[dict[str, Any] | None, int | None]:
-    head, _, tail = stdout.partition(_WEIGHTS_MARK)
-    try:
-        cfg = json.loads(head)
-    except ValueError:
-        cfg = None
-    words = tail.split()
-    weights = int(words[0]) if words and words[0].isdigit() and int(words[0]) > 0 else None
-    return (cfg if isinstance(cfg, dict) else None), weights
-
-
-def model_size(recipe: Recipe, facts: Facts) -> ModelSize | None:
-    cfg = facts.model_config
-    if cfg:
-        try:
-            layers = int(cfg["num_hidden_layers"])
-            heads = int(cfg.get("num_attention_heads") or 0)
-            kv_heads = int(cfg.get("num_key_value_heads") or heads)
-            head_dim = int(cfg.get("head_dim") or (int(cfg["hidden_size"]) // heads))
-            kv = 2 * layers * kv_heads * head_dim * 2
-        except (KeyError, TypeError, ValueError, ZeroDivisionError):
-            kv = None
-        weights = facts.weights_bytes / GIB if facts.weights_bytes else None
-        if kv or weights:
-            return ModelSize(weights, kv, "the model's config.json" + (" and weight files" if weights else ""))
-    return PROFILES.get(recipe.model or "")
+def memory_estimates(recipe: Recipe, plan: Plan, facts: Facts) -> list[MemoryEstimate]:
+    """The memory fit of every server of the plan (placement/estimate.py) from what was learned of the nodes."""
+    totals = {n: int(kb) * 1024 for n, mem in facts.mem.items() if (kb := getattr(mem, "total_kb", None))}
+    return estimate_plan(recipe, plan, totals, info=facts.model_info)
 
 
 def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    if recipe.container_settings.gpus is None:
-        return []   # CPU builds size their KV cache from VLLM_CPU_KVCACHE_SPACE, not gpu_memory_utilization
-    size = model_size(recipe, facts)
+    """The weights alone over the claim (refused); weights + one full-length sequence's KV + overhead over the claim
+    (refused); the claim over what the node has available now (refused, GPU nodes)."""
     out = []
-    for node, argv in _servers(plan):
-        try:
-            max_len = int(flag_value(argv, "--max-model-len") or 0)
-        except ValueError:
-            continue
-        shards = max(1, _tp(argv) * _pp(argv))
-        mem = facts.mem.get(node)
-        total_kb = getattr(mem, "total_kb", None)
-        total_gib = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
-        claim = lint_memory.claim_of(argv, total_gib, default=0.9)     # vLLM's default: 0.9
-        if claim is None:
-            continue
-        budget = claim.gib
-        if size and size.weights_gib is not None:
-            kv_dtype = (flag_value(argv, "--kv-cache-dtype") or "auto").lower()
-            kv_tok = (size.kv_bytes_per_token or 0) / (2 if kv_dtype.startswith("fp8") else 1)
-            need = size.weights_gib / shards + kv_tok * max_len / shards / GIB + ACTIVATION_OVERHEAD_GIB
-            if need > budget:
-                out.append(Finding("memory_fit", "refuse",
-                                   f"weights + KV for one {max_len}-token sequence ≈ {need:.1f} GiB per node, "
-                                   f"but {lint_memory.claim_words([claim], total_gib, bool(total_kb))} "
-                                   f"({size.source})", SRC_MEMORY,
-                                   "lower max_model_len, use more nodes, or a smaller model", node))
-        avail_kb = getattr(mem, "available_kb", None)
-        if avail_kb is not None:
+    for e in memory_estimates(recipe, plan, facts):
+        src = f"{SRC_MEMORY}; the model: {e.source}"
+        claim = f"the claim {gib(e.claim_b)}" if e.claim_b is not None else f"the node's {gib(e.total_b)}"
+        if e.weights_exceed_claim:
+            out.append(Finding("weights_over_claim", "refuse",
+                               f"the weights alone are {gib(e.weights_b)} on this node, over {claim}", src,
+                               "claim more (gpu_memory_utilization / mem_fraction_static), use more nodes, or a "
+                               "smaller model", e.node))
+        elif e.fits is False:
+            out.append(Finding("memory_fit", "refuse",
+                               f"weights {gib(e.weights_b)} + KV for one {e.max_model_len}-token sequence "
+                               f"{gib(e.kv_b)} + overhead {gib(e.overhead_b)} = {gib(e.need_b)} on this node, over "
+                               f"{claim}", src, "lower max_model_len, use more nodes, or a smaller model", e.node))
+        avail_kb = getattr(facts.mem.get(e.node), "available_kb", None)
+        if avail_kb is not None and e.claim_b is not None and recipe.container_settings.gpus is not None:
             spare = avail_kb / 1048576 - facts.headroom_floor_gib
-            if budget > spare:
+            if e.claim_b / GIB > spare:
                 out.append(Finding("memory_headroom", "refuse",
-                                   f"vLLM would take {budget:.1f} GiB but only {avail_kb / 1048576:.1f} GiB is available "
-                                   f"(keeping {facts.headroom_floor_gib:g} GiB free)", SRC_MEMORY,
-                                   "stop what holds the memory, drop the page cache, or lower gpu_memory_utilization",
-                                   node))
+                                   f"the server would take {gib(e.claim_b)} but only {avail_kb / 1048576:.1f} GiB is "
+                                   f"available (keeping {facts.headroom_floor_gib:g} GiB free)", SRC_MEMORY,
+                                   "stop what holds the memory, drop the page cache, or claim less", e.node))
     return _dedupe(out)
+
+
+SRC_METRICS = ("SGLang docs (production_metrics.md): /metrics with --enable-metrics; llama.cpp tools/server: /metrics "
+               "with --metrics")
+
+
+SRC_HOST = "SGLang ServerArgs and llama.cpp's llama-server: --host defaults to 127.0.0.1"
+
+
+def _metrics_off(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    """SGLang and llama-server publish no /metrics unless asked (the console's endpoint panel would stay empty), and
+    bind 127.0.0.1 unless told otherwise (no other machine would reach them)."""
+    runtime = runtime_of(plan)
+    out = []
+    flag = {"sglang": "--enable-metrics", "llama-cpp": "--metrics"}.get(plan.runtime)
+    argvs = [argv for key, argv in plan.server_args.items() if plan.service(key).url]
+    if flag is not None and not all(has_flag(argv, flag) for argv in argvs):
+        out.append(Finding("metrics_off", "warn", f"{runtime.title} serves no /metrics without {flag}: the console "
+                           "shows no queue, KV or token figures and the silent-stall alert cannot fire", SRC_METRICS,
+                           f"add {flag} to the command"))
+    if runtime.default_host and not all(has_flag(argv, "--host") for argv in argvs):
+        out.append(Finding("listen_address", "refuse", f"{runtime.title} listens on {runtime.default_host} without "
+                           "--host: the console, the router and every client off the node get no answer",
+                           SRC_HOST,
+                           "add --host {host} (0.0.0.0, or the node's address) to the command"))
+    return out
 
 
 SRC_MODEL = "spark-vllm-docker run-recipe.py --setup and hf-download.sh --distribute: every node needs the weights"
 
 
 def _model_missing(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    source = model_source(next(iter(plan.server_args.values()), ()))
+    source = plan_model(plan)
     out = []
     for node in facts.model_missing:
         if node not in plan.nodes or not source:

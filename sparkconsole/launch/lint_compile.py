@@ -15,8 +15,8 @@ from .argv import has_flag
 
 if TYPE_CHECKING:
     from ..config import NodeConfig
+    from ..recipes import Recipe
     from .lint import Facts, Finding
-    from .recipe import Recipe
     from .steps import Plan
 
 SRC_CUSTOM_OPS = ("the published run 'Two-Node DGX Spark Cluster: Running DeepSeek V4 Flash': custom_ops "
@@ -33,6 +33,8 @@ COMPILE_CACHES = (".cache/vllm", ".tilelang", ".cache/b12x")
 
 
 def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    if plan.runtime != "vllm":
+        return []        # vLLM's compilation config; another runtime's command has none
     out = []
     cached = facts.compile_cache_mounted if facts.compile_cache_mounted is not None else compile_cache_mounted(plan)
     from . import lint  # lint.py imports this module: its Finding and helpers are read at call time
@@ -74,7 +76,7 @@ def compile_cache_mounted(plan: Plan) -> bool:
 
 
 def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
-    if plan.topology != "cluster-tp2":
+    if plan.topology != "cluster-tp2" or plan.runtime != "vllm":
         return []
     out = []
     from . import lint  # lint.py imports this module: its Finding and helpers are read at call time

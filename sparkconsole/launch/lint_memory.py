@@ -52,7 +52,7 @@ def size_gib(size: str | None) -> float | None:
     import re
     if not size:
         return None
-    m = re.match(r"^([0-9.]+)([bkmgt]?)$", size.lower())
+    m = re.match(r"^([0-9.]+) ?([bkmgt]?)i?b?$", size.lower())   # docker's spellings too: 10gb, 64GiB
     if not m:
         return None
     scale = {"": 1 / GIB, "b": 1 / GIB, "k": 1 / 1048576, "m": 1 / 1024, "g": 1.0, "t": 1024.0}[m.group(2)]
@@ -86,11 +86,13 @@ class Claim:
 GB_FLAG = "--gpu-memory-utilization-gb"
 
 
-def claim_of(argv: Sequence[str], total_gib: float, *, default: float | None = None) -> Claim | None:
-    """The server's claim from its argv; `default`: the fraction vLLM takes when neither flag is given (None: no
-    claim judged)."""
+def claim_of(argv: Sequence[str], total_gib: float, *, default: float | None = None,
+             fraction_flags: Sequence[str] = ("--gpu-memory-utilization",),
+             gib_flags: Sequence[str] = (GB_FLAG,)) -> Claim | None:
+    """The server's claim from its argv, in its runtime's flags; `default`: the fraction it takes when neither flag
+    is given (None: no claim judged)."""
     from .argv import flag_value
-    gb = flag_value(argv, GB_FLAG)
+    gb = flag_value(argv, *gib_flags) if gib_flags else None
     if gb is not None:
         try:
             gib = float(gb)
@@ -98,7 +100,7 @@ def claim_of(argv: Sequence[str], total_gib: float, *, default: float | None = N
             gib = -1.0
         if gib > 0:
             return Claim(gib, None)
-    raw = flag_value(argv, "--gpu-memory-utilization")
+    raw = flag_value(argv, *fraction_flags) if fraction_flags else None
     try:
         frac = float(raw) if raw is not None else default
     except ValueError:

@@ -2,8 +2,9 @@
 (or a .zip) holding a `run.sh`, copied into the idle container under /workspace/mods/NAME and run there, on
 every node, in the recipe's order and then the command line's, before vLLM starts.
 
-A recipe's mod path is resolved against the checkout the recipe lives in (the runner: `SCRIPT_DIR / mod`), a
-command-line one against the working directory. A missing mod, or one without `run.sh`, is a one-line error
+A recipe's mod is found as its format's runner finds it (recipes/modrefs.py: v1 against the checkout the recipe
+lives in, v2 as sparkrun looks, registries included), a command-line one against the working directory; the plan
+says where each comes from. A missing mod, or one without `run.sh`, is a one-line error
 before anything starts. The files travel as a tar on the step's stdin (`docker cp - CONTAINER:DIR`), so they
 reach a node over its own SSH connection without a copy on the node's disk.
 """
@@ -14,11 +15,16 @@ import io
 import tarfile
 import zipfile
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import UserError
+from ..recipes import PreExec, Recipe
+from ..recipes.modrefs import ModRef, checkout_root, locate_mods
 from .steps import Step
+
+__all__ = ["GATE_FILE", "Mod", "checkout_root", "load_mod", "load_mods", "mod_steps", "pre_exec_steps", "release_step",
+           "resolve_mods"]
 
 WORKSPACE = "/workspace"
 MODS_DIR = f"{WORKSPACE}/mods"
@@ -34,8 +40,6 @@ GATE_SCRIPT = f'while [ ! -e {GATE_FILE} ]; do sleep 0.2; done; exec "$@"'
 RUN_SCRIPT = ('export WORKSPACE_DIR=$PWD && cd "$1" && shift && for v in "$@"; do unset -v "$v"; done; '
               "chmod +x run.sh && ./run.sh")
 MAX_MOD_BYTES = 64 * 1024 * 1024
-# A directory holding one of these is a spark-vllm-docker checkout: its recipes' mod paths start there.
-CHECKOUT_MARKERS = ("run-recipe.py", "run-recipe.sh", "launch-cluster.sh")
 
 
 @dataclass(frozen=True)
@@ -45,34 +49,22 @@ class Mod:
     kind: str               # dir | zip
     archive: bytes          # a tar of what lands in MODS_DIR/NAME
     files: int
+    origin: str = ""        # where it comes from, in words (recipes/modrefs.py): the plan shows it
 
     @property
     def dest(self) -> str:
         return f"{MODS_DIR}/{self.name}"
 
 
-def checkout_root(recipe_source: str) -> Path:
-    """The spark-vllm-docker checkout a recipe file belongs to: the nearest directory above it holding the
-    runner; else the parent of its `recipes/` directory; else its own directory."""
-    here = Path(recipe_source).resolve().parent
-    for d in (here, *here.parents):
-        if any((d / m).is_file() for m in CHECKOUT_MARKERS):
-            return d
-    for d in (here, *here.parents):
-        if d.name == "recipes":
-            return d.parent
-    return here
+def resolve_mods(recipe: Recipe, extra: Sequence[str] = ()) -> tuple[Mod, ...]:
+    """The recipe's mods (found as its format's runner finds them, recipes/modrefs.py), then the command line's
+    (against the working directory)."""
+    return load_mods(locate_mods(recipe, extra), recipe.source)
 
 
-def resolve_mods(recipe_mods: Sequence[str], recipe_source: str, extra: Sequence[str] = ()) -> tuple[Mod, ...]:
-    """The recipe's mods (against its checkout), then the command line's (against the working directory)."""
-    out: list[Mod] = []
-    root = checkout_root(recipe_source) if recipe_mods else Path.cwd()
-    for i, m in enumerate(recipe_mods):
-        p = Path(m).expanduser()
-        out.append(load_mod(p if p.is_absolute() else root / p, file=recipe_source, field=f"mods[{i}]"))
-    for m in extra:
-        out.append(load_mod(Path(m).expanduser().resolve(), file=None, field="--apply-mod"))
+def load_mods(refs: Sequence[ModRef], recipe_source: str) -> tuple[Mod, ...]:
+    out = [replace(load_mod(r.path, file=None if r.field == "--apply-mod" else recipe_source, field=r.field),
+                   origin=r.origin) for r in refs]
     names = [m.name for m in out]
     for n in names:
         if names.count(n) > 1:
@@ -191,3 +183,37 @@ def release_step(node: str, container: str) -> Step:
 def gated(argv: Sequence[str]) -> list[str]:
     """The container's command: wait until the mods are applied, then become `argv`."""
     return ["sh", "-c", GATE_SCRIPT, "sparkconsole-mods-gate", *argv]
+
+
+def pre_exec_steps(node: str, container: str, entries: Sequence[PreExec], recipe_source: str) -> list[Step]:
+    """A v2 recipe's pre_exec, in order, after its mods and before the server: each command run in the idle
+    container (as root, like a mod), each copy sent in as a tar (a file or folder beside the recipe)."""
+    steps: list[Step] = []
+    for i, e in enumerate(entries):
+        if e.command is not None:
+            steps.append(Step(node, f"pre_exec[{i}]: run in {container}",
+                              ("docker", "exec", container, "bash", "-c", e.command), report_output=True))
+            continue
+        assert e.copy is not None and e.dest is not None
+        src = Path(e.copy).expanduser()
+        src = src if src.is_absolute() else Path(recipe_source).parent / src
+        if not src.exists():
+            raise UserError(f"pre_exec[{i}] copies {e.copy[:80]}, which does not exist", file=recipe_source,
+                            field=f"pre_exec[{i}].copy", fix="copy a file or folder beside the recipe")
+        m = _from_dir(src) if src.is_dir() else _one_file(src)
+        steps.append(Step(node, f"pre_exec[{i}]: make {e.dest} in {container}",
+                          ("docker", "exec", "-w", "/", container, "mkdir", "-p", e.dest)))
+        steps.append(Step(node, f"pre_exec[{i}]: copy {src} to {e.dest}", ("docker", "cp", "-", f"{container}:{e.dest}"),
+                          input=m.archive, input_label=f"a tar of {src}: {m.files} file(s), {len(m.archive):,} bytes"))
+    return steps
+
+
+def _one_file(path: Path) -> Mod:
+    data = path.read_bytes()
+    if len(data) > MAX_MOD_BYTES:
+        raise UserError(f"{path} is larger than {MAX_MOD_BYTES >> 20} MiB", field="pre_exec",
+                        fix="keep large files out of the recipe (build them into the image instead)")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        tar.addfile(_tar_info(path.name, len(data), path.stat().st_mode & 0o777), io.BytesIO(data))
+    return Mod(path.name, str(path), "file", buf.getvalue(), 1)

@@ -10,21 +10,32 @@ recipe's mods); each topology has a planner of its own (launch/topologies.py).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 from ..config import ClusterConfig, NodeConfig
 from ..errors import UserError
+from ..recipes import ROUTER_CHOICES, TOPOLOGIES, Readiness, Recipe
+from ..recipes.modrefs import locate_mods
+from ..recipes.overrides import SHAPE, LaunchFacts, for_launch
+from ..recipes.trust import untrusted_items
+from ..runtimes import Runtime, from_command, generate_command, runtime_for
+from . import runtime_cmd
 from .container import ContainerSpec
-from .mods import resolve_mods
-from .planning import PlanBuilder
-from .recipe import ROUTER_CHOICES, TOPOLOGIES, Recipe
+from .mods import load_mods
+from .planning import PlanBuilder, default_workload
 from .steps import Plan
 from .topologies import plan_cluster, plan_disagg, plan_solo, plan_two_solo
 
 # Plan options taken out of overrides; every other override key is a placeholder value.
 OPTION_KEYS = {"nodes", "extra_args", "backend", "router", "drop_caches", "eth_if", "ib_if", "master_port",
-               "router_dir", "apply_mods", "non_privileged", "no_cache_dirs", "cluster_addresses"}
+               "router_dir", "apply_mods", "non_privileged", "no_cache_dirs", "cluster_addresses",
+               # several workloads on one cluster (placement/, launch/workloads.py): the launch's name, its
+               # containers' names and its router's port where they differ from the recipe's, each server's claim
+               "workload", "container_names", "router_port", "claims"}
+WORKLOAD_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 
 
 def select_nodes(topology: str, cluster: ClusterConfig, wanted: Sequence[str] | None,
@@ -88,19 +99,28 @@ def cluster_split(params: Mapping[str, Any], named: int | None, explicit: bool =
 def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: Mapping[str, Any] | None = None) -> Plan:
     """Every command for every node, in order (head first). Raises UserError for what cannot be planned."""
     overrides = dict(overrides or {})
+    recipe, runtime, notes = with_runtime(recipe)
+    if topology in TOPOLOGIES:       # the runtime's own limits first: they are why, whatever the recipe lists
+        runtime.refuse_topology(topology, recipe.source)
     _check_topology(recipe, topology)
     options = {k: overrides.pop(k) for k in list(overrides) if k in OPTION_KEYS}
-    asked = {**recipe.defaults, **recipe.topology_defaults.get(topology, {}),
-             **{k: v for k, v in overrides.items() if v is not None}}
+    workload = options.get("workload")
+    if workload is not None and not WORKLOAD_RE.match(str(workload)):
+        raise UserError(f"bad workload name {str(workload)[:40]!r}", field="--name",
+                        fix="use letters, digits, '-', '_' or '.' (at most 63), e.g. --name coder")
+    split_note = None
     if topology == "cluster-tp2":
         tp, pp, count, split_note = cluster_split(
-            asked, len(options["nodes"]) if options.get("nodes") else None,
+            _asked(recipe, topology, overrides), len(options["nodes"]) if options.get("nodes") else None,
             explicit=any(overrides.get(k) is not None for k in ("tensor_parallel", "pipeline_parallel")))
+        _check_node_range(recipe, count)
+    split = (tp, pp, count) if topology == "cluster-tp2" else (1, 1, 1)
+    recipe, applied = _for_launch(recipe, topology, split, overrides)
+    if topology == "cluster-tp2":
         nodes = select_nodes(topology, cluster, options.get("nodes"), count)
         # a cluster runs the recipe's own split over as many nodes (cluster_split)
-        params = {**asked, "tensor_parallel": tp, "pipeline_parallel": pp}
+        params = {**_asked(recipe, topology, overrides), "tensor_parallel": tp, "pipeline_parallel": pp}
     else:
-        split_note = None
         nodes = select_nodes(topology, cluster, options.get("nodes"))
         # Single-node servers run with TP=1, as run-recipe.sh --solo does (--set can still ask otherwise).
         params = {**recipe.defaults, "tensor_parallel": 1, **recipe.topology_defaults.get(topology, {})}
@@ -113,13 +133,16 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
     if router_choice not in ROUTER_CHOICES:
         raise UserError(f"unknown router {str(router_choice)[:30]!r}", field="--router",
                         fix=f"use one of: {', '.join(ROUTER_CHOICES)}")
+    runtime_cmd.check(runtime, topology, backend, router_choice if topology == "2x-solo" else None, recipe.source)
     master_port = int(options.get("master_port") or cluster.master_port or recipe.cluster.master_port)
+    refs = locate_mods(recipe, options.get("apply_mods") or ())
     container = ContainerSpec(recipe, topology, recipe.container,
                               privileged=recipe.container_settings.privileged and not options.get("non_privileged"),
                               cache_dirs=recipe.container_settings.cache_dirs and not options.get("no_cache_dirs"),
-                              mods=resolve_mods(recipe.mods, recipe.source, options.get("apply_mods") or ()))
+                              mods=load_mods(refs, recipe.source), pre_exec=recipe.pre_exec,
+                              workload=str(workload or default_workload(recipe)))
     b = PlanBuilder(recipe, topology, cluster, nodes, params, overrides, options, container,
-                    notes=[split_note] if split_note else [])
+                    notes=[n for n in (*notes, split_note, *applied) if n], runtime=runtime)
     if topology == "solo":
         endpoint, router = plan_solo(b)
     elif topology == "2x-solo":
@@ -128,7 +151,56 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
         endpoint, router = plan_disagg(b)
     else:
         endpoint, router = plan_cluster(b, backend, master_port)
-    return b.build(endpoint, router, backend if topology == "cluster-tp2" else None)
+    plan = b.build(endpoint, router, backend if topology == "cluster-tp2" else None)
+    return replace(plan, untrusted=untrusted_items(recipe, refs),
+                   readiness=recipe.readiness or (Readiness() if recipe.v2 else None))
+
+
+def _asked(recipe: Recipe, topology: str, overrides: Mapping[str, Any]) -> dict[str, Any]:
+    return {**recipe.defaults, **recipe.topology_defaults.get(topology, {}),
+            **{k: v for k, v in overrides.items() if v is not None}}
+
+
+def _for_launch(recipe: Recipe, topology: str, split: tuple[int, int, int],
+                overrides: Mapping[str, Any]) -> tuple[Recipe, list[str]]:
+    """The recipe with the `overrides:` entries that match this launch applied (its tensor and pipeline split and
+    node count as planned), and a note for each entry."""
+    if not recipe.overrides:
+        return recipe, []
+    asked = _asked(recipe, topology, overrides)
+    shape = {}
+    for short, key in SHAPE.items():
+        try:
+            shape[short] = int(asked.get(key) or 1)
+        except (TypeError, ValueError):
+            shape[short] = 1
+    shape.update(tp=split[0], pp=split[1])
+    return for_launch(recipe, LaunchFacts(nodes=split[2], runtime=recipe.runtime, shape=shape, config=asked))
+
+
+def with_runtime(recipe: Recipe) -> tuple[Recipe, Runtime, list[str]]:
+    """The runtime the recipe runs (sparkconsole/runtimes.py; any other refused in one line naming it), and the
+    recipe with a serve command: SGLang's and llama.cpp's generated from `defaults` when it has none (vLLM's is the
+    reader's, recipes/generate.py)."""
+    runtime = runtime_for(recipe.runtime, recipe.command, source=recipe.source)
+    notes: list[str] = []
+    if runtime.name != recipe.runtime and from_command(recipe.command):
+        notes.append(f"the command starts {runtime.title}: planned as {runtime.title}")
+    if not recipe.command.strip():
+        recipe = replace(recipe, command=generate_command(runtime, recipe.model, dict(recipe.defaults),
+                                                          source=recipe.source), command_generated=True)
+        notes.append(f"the recipe has no command: {runtime.title}'s generated from its defaults")
+    return recipe, runtime, notes
+
+
+def _check_node_range(recipe: Recipe, count: int) -> None:
+    hi = recipe.max_nodes
+    if count < recipe.min_nodes or (hi is not None and count > hi):
+        span = f"{recipe.min_nodes}" if hi == recipe.min_nodes else f"{recipe.min_nodes}–{hi if hi else 'any'}"
+        raise UserError(f"recipe {recipe.key!r} runs on {span} nodes; this launch would use {count} "
+                        "(tensor_parallel × pipeline_parallel)", file=recipe.source, field="min_nodes",
+                        fix=f"pass --set tensor_parallel={max(recipe.min_nodes, 2)}, or choose a recipe for "
+                            f"{count} nodes")
 
 
 def _check_topology(recipe: Recipe, topology: str) -> None:

@@ -20,7 +20,10 @@ database (`store_model_in_db`), and sparkconsole's LiteLLM runs without one. So 
 the drain gate (launch/gate.py): the roll closes it (new requests answered 503 before anything streams, which
 LiteLLM's weighted failover sends to another server, cooling this one down), drains it, restarts it, and waits
 until LiteLLM sends to it again (its cooldown ends) before it closes the next. vLLM 0.32 has no such mode itself:
-its SIGTERM drain answers new requests with empty aborted 200 streams, and /pause holds them.
+its SIGTERM drain answers new requests with empty aborted 200 streams, and /pause holds them. A roll never leaves
+a server closed: it holds the gate closed by touching its flag within the gate's lease until the container is
+replaced, and a roll that stops before then (it failed, it was cancelled, Ctrl-C) opens it again on its way out;
+one that cannot (a killed console) stops touching, and the gate opens by itself when its lease ends.
 
 Graceful (no router: solo, cluster, disagg): every server is drained by the same rule, then the launch restarts
 as it always has. Each restart is written to the audit log: who, when, which servers, drained or cut requests.
@@ -38,9 +41,9 @@ import httpx
 
 from .. import audit
 from ..nodes.launches import LABEL
+from ..recipes import ROUTER_CHOICES
 from ..serving import metrics as vmetrics
 from . import gate
-from .recipe import ROUTER_CHOICES
 from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 
@@ -312,6 +315,7 @@ class _Roll:
         self.action = f"rolling restart {plan.recipe} ({plan.topology})"
         self.client: httpx.AsyncClient
         self.api: WorkerApi | None = None
+        self.held: gate.Held | None = None           # the drain gate this roll holds closed
 
     def fail(self, svc: Service, why: str, fix: str) -> Exception:
         from .runner import LaunchError
@@ -348,25 +352,36 @@ class _Roll:
         if why is not None:
             raise self.fail(svc, f"its drain gate did not close: {why}",
                             f"check the container: docker exec {svc.container} true (on {svc.node})")
+        self.held = gate.Held(self.runner, svc.node, svc.container, svc.key, self.action, self.emit)
 
     async def one(self, svc: Service) -> None:
         res = ServerRestart(svc.key, svc.node)
         self.report.servers.append(res)
         out_at = time.monotonic()
-        await self.take_out(svc)
-        res.drained, res.cut, res.drain_s = await drain(self.client, svc, self.drain_timeout, self.emit)
-        if res.cut:
-            self.emit(svc.node, "draining", f"drain timed out after {self.drain_timeout:g} s: stopping "
-                                            f"{svc.container} with {res.cut} request(s) cut", svc.key)
-        t_restart = time.monotonic()
-        self.emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
-        why = await restart_one(self.runner, self.plan, svc, self.emit, self.action)
-        if why is None:
-            why = await completes(self.client, svc)
-        res.restart_s = time.monotonic() - t_restart
-        if why is not None:
-            raise self.fail(svc, f"did not come back: {why}; it stays out of the router",
-                            f"read its log: docker logs {svc.container} (on {svc.node})")
+        try:
+            await self.take_out(svc)
+            res.drained, res.cut, res.drain_s = await drain(self.client, svc, self.drain_timeout, self.emit)
+            if res.cut:
+                self.emit(svc.node, "draining", f"drain timed out after {self.drain_timeout:g} s: stopping "
+                                                f"{svc.container} with {res.cut} request(s) cut", svc.key)
+            t_restart = time.monotonic()
+            self.emit(svc.node, "restarting", f"restarting {svc.container}", svc.key)
+            if self.held is not None:
+                await self.held.let_go()          # a touch after this would close the new container
+            why = await restart_one(self.runner, self.plan, svc, self.emit, self.action)
+            if why is None:
+                why = await completes(self.client, svc)
+            res.restart_s = time.monotonic() - t_restart
+            if why is not None:
+                raise self.fail(svc, f"did not come back: {why}; it stays out of the router",
+                                f"read its log: docker logs {svc.container} (on {svc.node})")
+        except BaseException:
+            # failed, cancelled or Ctrl-C between closing the gate and a new container: never left closed
+            if self.held is not None:
+                await asyncio.shield(self.held.reopen())
+            raise
+        finally:
+            self.held = None
         if self.api is not None:
             try:
                 await self.api.add(str(svc.url))
@@ -386,6 +401,8 @@ class _Roll:
 async def restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                   drain_timeout: float = DRAIN_TIMEOUT_S, all_at_once: bool = False) -> RestartReport | None:
     """`recipe restart`: rolling behind a router, graceful elsewhere; all at once (today's hard restart) on request."""
+    from .runner import check_trusted
+    check_trusted(plan)              # a restart runs the plan's mods and pre_exec again
     if all_at_once:
         await runner.restart(plan, on_progress)
         audit.record(f"restart {plan.recipe} ({plan.topology}) all at once", ",".join(plan.nodes),

@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 from ..config import NodeConfig
 from ..errors import UserError
-from .recipe import RouterImpl, SecretRef, fill
-from .steps import Service, Step, launch_labels, url_host
+from ..recipes import RouterImpl, SecretRef, fill
+from .steps import Service, Step, url_host
 
 if TYPE_CHECKING:
     from .planning import PlanBuilder
@@ -42,9 +42,9 @@ LITELLM_COOLDOWN_S = 10
 
 def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
     """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
-    recipe, topology, params, steps = b.recipe, b.topology, b.params, b.steps
+    recipe, params, steps = b.recipe, b.params, b.steps
     router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
-    port = recipe.router.port
+    port = b.router_port()
     name = f"{b.cname(head)}_router"
     url = f"http://{url_host(head.address)}:{port}"
     model = servers[0].model
@@ -94,18 +94,12 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
         mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
         secrets = (SecretRef("LITELLM_MASTER_KEY"),)
         b.notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
-    argv = ["docker", "run", "-d", "--name", name, *launch_labels(recipe, topology, "router", head, url, choice),
-            "--network", "host", "--init"]
-    for v in [*mounts, *impl.volumes]:
-        argv += ["-v", fill(v, params, recipe.source, None, "sparkconsole.router.volumes")]
-    for k, v in env:
-        argv += ["-e", f"{k}={v}"]
-    for s in secrets:
-        argv += ["-e", s.name]
     if not impl.image:
         raise UserError(f"no image for the {choice} router", file=recipe.source, field="sparkconsole.router",
                         fix="set the router's image in the recipe's sparkconsole.router section")
-    argv += ["--entrypoint=", impl.image, *args]
+    volumes = [*mounts, *(fill(v, params, recipe.source, None, "sparkconsole.router.volumes") for v in impl.volumes)]
+    argv = b.container.router_argv(head, name, choice, url, model, impl.image, args, volumes=volumes, env=env,
+                                   secrets=[s.name for s in secrets])
     key = f"{head.name}/router"
     steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
     b.listen(head, port)

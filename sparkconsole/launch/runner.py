@@ -28,8 +28,10 @@ from .. import audit, secrets
 from ..config import ClusterConfig
 from ..errors import UserError
 from ..nodes.transport import CommandResult, LineStream, Transport, TransportError
+from . import gate
 from .health import LaunchHealth, MemberState, judge
 from .logread import error_line, exit_line, known_refusal_fix
+from .readiness import ProbeFailed, generates, inference_probe, ready_timeout
 from .steps import EXIT_MARK, Plan, Service, Step
 
 ProgressCallback = Callable[["Progress"], Any]
@@ -47,6 +49,14 @@ class Progress:
 
     def __str__(self) -> str:
         return f"{self.node}: {self.message}"
+
+
+def check_trusted(plan: Plan) -> None:
+    """A plan that runs something as root on someone else's word (recipes/trust.py) runs only once confirmed."""
+    if plan.untrusted and not plan.trusted:
+        more = f" (+{len(plan.untrusted) - 1} more)" if len(plan.untrusted) > 1 else ""
+        raise LaunchError(f"not confirmed: {plan.untrusted[0]}{more}",
+                          fix=f"read them in `sparkconsole recipe plan {plan.recipe}`, then confirm, or pass --trust")
 
 
 class LaunchError(UserError):
@@ -140,6 +150,10 @@ class Runner:
         return await self._transport(node).run(self.node_prefix(node) + cmd, input=input,
                                                timeout=timeout or self.step_timeout)
 
+    async def query(self, node: str, argv: Sequence[str], *, timeout: float = 30) -> CommandResult:
+        """A command that reads and changes nothing on `node` (not audited), with the node's environment."""
+        return await self._run(node, argv, timeout=timeout)
+
     async def container_state(self, svc: Service) -> tuple[str, str]:
         """(status, detail) of a service's container: running / exited / … plus exit code and OOM flag;
         "missing" when there is no such container, "unreachable" when the node or its Docker does not answer."""
@@ -166,14 +180,15 @@ class Runner:
         async with httpx.AsyncClient(timeout=http_timeout, trust_env=False) as client:
             for svc in plan.services:
                 status, detail = await self.container_state(svc)
-                answers, why = None, ""
+                answers, why, closed = None, "", False
                 if svc.url and status == "running":
                     try:
                         r = await client.get(svc.url + svc.health_path)
                         answers, why = r.status_code == 200, f"HTTP {r.status_code}"
+                        closed = r.headers.get(gate.HEADER) == "closed"
                     except httpx.HTTPError as exc:
                         answers, why = False, type(exc).__name__
-                members.append(MemberState(svc, status, detail, answers, why))
+                members.append(MemberState(svc, status, detail, answers, why, closed))
         return judge(plan, members)
 
     @staticmethod
@@ -232,6 +247,7 @@ class Runner:
     async def launch(self, plan: Plan, on_progress: ProgressCallback | None = None, *, wait: bool = True) -> dict[str, float]:
         """Run every step in order; wait until every service is ready. Returns seconds to ready per service."""
         emit = self._emitter(on_progress)
+        check_trusted(plan)
         started: list[Service] = []
         try:
             await self._start_all(plan, started, emit)
@@ -242,7 +258,10 @@ class Runner:
         if not wait:
             return {}
         try:
-            return await self.wait_ready(plan, on_progress, services=started)
+            ready = await self.wait_ready(plan, on_progress, services=started,
+                                          timeout=ready_timeout(plan.readiness, self.ready_timeout))
+            await self._probe(plan, emit)
+            return ready
         except LaunchError as err:
             left = await self._cleanup(plan, started, emit)
             raise LaunchError(str(err.problem) + self._cleanup_note(started, left), node=err.node, fix=err.fix,
@@ -250,6 +269,25 @@ class Runner:
         except BaseException:
             await self._cleanup(plan, started, emit)
             raise
+
+    async def _probe(self, plan: Plan, emit: Callable[..., None]) -> None:
+        """A v2 recipe's readiness: one real streamed answer from the endpoint (launch/readiness.py)."""
+        r = plan.readiness
+        if r is None or not r.inference or not plan.endpoint:
+            return
+        model = next((s.model for s in plan.services if s.url == plan.endpoint), None)
+        node = next((s.node for s in plan.services if s.url == plan.endpoint), plan.nodes[0])
+        if not all(generates(argv) for argv in plan.server_args.values()):
+            emit(node, "info", "readiness: a pooling model answers no chat; its health and model list are the probe")
+            return
+        emit(node, "waiting", "readiness: one streamed chat completion (the recipe's inference probe)")
+        try:
+            seconds = await inference_probe(plan.endpoint, model, r)
+        except ProbeFailed as exc:
+            raise LaunchError(f"the server at {plan.endpoint} answers /health but did not generate: {exc}",
+                              node=node, fix="read its log; or, for a model that does not chat (embeddings), set "
+                                             "readiness: {inference: false} in the recipe") from None
+        emit(node, "ready", f"readiness: first text after {seconds:g} s")
 
     async def _start_all(self, plan: Plan, started: list[Service], emit: Callable[..., None]) -> None:
         for step in plan.steps:

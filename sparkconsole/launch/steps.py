@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..config import NodeConfig
-from .recipe import Recipe, SecretRef
+from ..recipes import Readiness, Recipe, SecretRef
 
 # `ray status` lists each live node as " 1 node_<id>" under "Active:"
 RAY_NODE_LINE = r"^\s*1 node_[0-9a-f]+"
@@ -117,6 +117,24 @@ class Plan:
     listens: Mapping[str, tuple[tuple[str, int], ...]] = field(default_factory=dict)     # node → (address, port)
     cpu_build: bool = False                     # vLLM's CPU platform (VLLM_TARGET_DEVICE=cpu, or no --gpus)
     mods: tuple[str, ...] = ()                  # mods applied in every server's container, in order
+    mod_origins: tuple[str, ...] = ()           # where each of those comes from, in words
+    pre_exec: int = 0                           # a v2 recipe's pre_exec entries, run after the mods
+    readiness: Readiness | None = None          # a v2 recipe's readiness: timeouts and the inference probe
+    untrusted: tuple[str, ...] = ()             # what runs as root on someone else's word (recipes/trust.py)…
+    trusted: bool = False                       # …confirmed (--trust, or the operator's answer): the runner
+                                                # refuses a plan with untrusted items until it is
+    runtime: str = "vllm"                       # vllm | sglang | llama-cpp (sparkconsole/runtimes.py)
+    workload: str = ""                          # the workload's name (`--name`; the recipe key unless given)
+
+    @property
+    def name(self) -> str:
+        """What `recipe status|restart|stop NAME` and the console call this launch: its workload name."""
+        return self.workload or self.recipe
+
+    @property
+    def model(self) -> str | None:
+        """The served model name clients ask for (the gateway lists the workload under it)."""
+        return next((s.model for s in self.services if s.model and s.url), None)
 
     def for_node(self, node: str) -> list[Step]:
         return [s for s in self.steps if s.node == node]
@@ -133,7 +151,7 @@ class Plan:
     def restartable_in_place(self) -> bool:
         # A tensor-parallel group must come up together; single-node servers can restart one by one. Mods are
         # applied to a fresh container, as the runner does on every start: a plan with mods is relaunched.
-        return self.topology != "cluster-tp2" and not self.mods
+        return self.topology != "cluster-tp2" and not self.mods and not self.pre_exec
 
     def render(self, addresses: Mapping[str, str] | None = None) -> str:
         from .. import secrets as _secrets
@@ -155,6 +173,10 @@ class Plan:
                 elif s.input is not None:
                     lines.append("     (stdin: " + _secrets.redact(s.input.decode("utf-8", "replace")).strip()
                                  .replace("\n", "\n             ") + ")")
+        for name, origin in zip(self.mods, self.mod_origins, strict=False):
+            lines.append(f"mod: {name} from {origin}")
+        for item in self.untrusted:
+            lines.append(f"needs confirmation: {item}")
         for note in self.notes:
             lines.append(f"note: {note}")
         return "\n".join(lines)
@@ -170,13 +192,23 @@ def url_host(address: str) -> str:
 
 
 def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, url: str | None,
-                  router: str | None = None) -> list[str]:
+                  router: str | None = None, *, workload: str | None = None, model: str | None = None,
+                  claim_b: int | None = None) -> list[str]:
     """`--label` arguments that let the console group one launch's containers across nodes and poll where it
     serves (nodes/launches.py), also where several "nodes" share one Docker engine, as on the test bed. The
-    router's says which router it is, so a restart or stop planned again from the labels plans the same one."""
+    router's says which router it is, so a restart or stop planned again from the labels plans the same one.
+    `workload`: the launch's name, several of which may run from one recipe; `model`: the served model name the
+    gateway lists it under; `claim_b`: the memory the server claims at start, which the node's budget counts
+    until its measured use reaches it (placement/)."""
     labels = [f"recipe={recipe.key}", f"topology={topology}", f"role={role}", f"node={node.name}"]
+    if workload:
+        labels.append(f"workload={workload}")
     if url:
         labels.append(f"url={url}")
+    if model:
+        labels.append(f"model={model}")
     if router:
         labels.append(f"router={router}")
+    if claim_b is not None:
+        labels.append(f"claim={claim_b}")
     return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]

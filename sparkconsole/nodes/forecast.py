@@ -1,8 +1,12 @@
 """Time to memory exhaustion, per node and per vLLM container: samples in, estimate out (pure, no I/O).
 
 On a GB10 the GPU's memory is the host's: when MemAvailable reaches zero the machine freezes (no CUDA OOM
-error, SSH hangs, a power cycle follows). A container with a memory cap is OOM-killed at its cap instead.
-This module estimates how long either has left at the current rate.
+error, SSH hangs, a power cycle follows). A container with a memory cap is OOM-killed at its cap — but only by what
+its cgroup is charged, its CPU side: CUDA memory is not charged to it there (graphistry/pygraphistry pull request
+1671; Blackwellboy/model-serving-minefield issue 57), so a runaway in GPU memory never reaches the cap. This module
+estimates how long either has left at the current rate, and names what grew: from the agent's per-process
+readings (NVML's GPU memory per PID, mapped to containers: nodes/workload_memory.py), the workload whose memory
+grew most over the window (`Estimate.grower`: a container, or a GPU process in no container).
 
 Method (per series: node MemAvailable, or container memory.max − memory.current):
   1. Keep the last WINDOW_S seconds of (time, headroom) samples; estimate from at most MAX_POINTS of them,
@@ -37,6 +41,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from .samples import Tick
+from .workload_memory import workload_memory
 
 WINDOW_S = 60.0
 MAX_POINTS = 30
@@ -52,6 +57,7 @@ WARN_S = 120.0
 BAD_S = 30.0
 PSI_FULL_BAD = 10.0
 EVAL_EVERY_S = 1.0          # the console estimates each series at most this often (CPU at 32 nodes × 2 Hz)
+GROWER_MIN_B = 256 << 20    # a workload that grew less than this over the window is not named as the runaway
 
 
 def theil_sen(ts: list[float], ys: list[float]) -> tuple[float, list[float]]:
@@ -88,6 +94,36 @@ class Estimate:
     psi_some: float | None = None
     psi_full: float | None = None
     growth: dict[str, float] = field(default_factory=dict)   # what grew over the window, bytes (node only)
+    grower: Grower | None = None    # the workload whose memory grew most while MemAvailable fell (node only)
+
+
+@dataclass(frozen=True)
+class Grower:
+    """What grew: a container (its processes' GPU memory and its cgroup), or a GPU process in no container."""
+    container: str | None           # None: a process in no container (the guard cannot stop it with docker)
+    gpu_b: float                    # its GPU memory's growth over the window (NVML, per process)
+    cgroup_b: float                 # its cgroup's growth (the part its memory cap sees)
+    cap_b: int | None               # its cgroup's limit, when it has one
+    procs: tuple[tuple[int, str | None, float], ...] = ()   # (pid, comm, growth) of its processes that grew, largest first
+
+    @property
+    def name(self) -> str:
+        if self.container:
+            return self.container
+        pid, comm, _ = self.procs[0] if self.procs else (0, None, 0.0)
+        return f"PID {pid}" + (f" ({comm})" if comm else "")
+
+    @property
+    def total_b(self) -> float:
+        return self.gpu_b + self.cgroup_b
+
+    def words(self) -> str:
+        """`vllm_node +38.0 GiB: GPU memory +37.9 GiB (PID 4242 python3), cgroup +0.1 GiB of its 100.0 GiB cap`."""
+        who = ", ".join(f"PID {pid}" + (f" {comm}" if comm else "") for pid, comm, _ in self.procs[:2])
+        text = f"{self.name} +{_gib(self.total_b)}: GPU memory +{_gib(self.gpu_b)}" + (f" ({who})" if who else "")
+        if self.container:
+            text += f", cgroup +{_gib(self.cgroup_b)}" + (f" of its {_gib(self.cap_b)} cap" if self.cap_b else "")
+        return text
 
 
 class HeadroomSeries:
@@ -150,6 +186,10 @@ class NodeForecaster:
         self.node = HeadroomSeries("node", NODE_RESERVE_B)
         self.cont = HeadroomSeries(container or "container")
         self._parts: collections.deque[tuple[float, float, float]] = collections.deque()  # t, cached_b, cont_b
+        # each per-process reading: t, {container: (gpu_b, cgroup_b, cap_b)}, {pid: (used_b, comm, container)}
+        self._reads: collections.deque[tuple[float, dict[str, tuple[float, float, int | None]],
+                                             dict[int, tuple[float, str | None, str | None]]]] = collections.deque()
+        self._read_at: float | None = None
         self._last_eval = float("-inf")
         self.last: list[Estimate] = []
 
@@ -168,6 +208,7 @@ class NodeForecaster:
         self._parts.append((t, (m.cached_kb or 0) * 1024 if m else 0, cg.current_b or 0 if cg else 0))
         while self._parts and self._parts[0][0] < t - WINDOW_S:
             self._parts.popleft()
+        self._add_read(tick)
         if t - self._last_eval < EVAL_EVERY_S:
             return None
         self._last_eval = t
@@ -178,15 +219,61 @@ class NodeForecaster:
             first, last = self._parts[0], self._parts[-1]
             span_pts = [x for x in self.node.points]
             used = (span_pts[0][1] - span_pts[-1][1]) if span_pts else 0.0
-            grow = {"container": last[2] - first[2], "page cache": last[1] - first[1]}
-            grow["other"] = used - grow["container"]   # page cache is mostly reclaimable: shown, not subtracted
-            out.append(Estimate(**{**e.__dict__, "growth": grow}))
+            growers = self._growers(self.node.points[0][0])
+            if growers:
+                # each workload by name (its GPU memory and cgroup), and what none of them accounts for
+                grow = {g.name: g.total_b for g in growers}
+                grow["page cache"] = last[1] - first[1]
+                grow["other"] = used - sum(g.total_b for g in growers)
+            else:
+                grow = {"container": last[2] - first[2], "page cache": last[1] - first[1]}
+                grow["other"] = used - grow["container"]   # page cache is mostly reclaimable: shown, not subtracted
+            top = growers[0] if growers and growers[0].total_b > GROWER_MIN_B else None
+            out.append(Estimate(**{**e.__dict__, "growth": grow, "grower": top}))
         if cg and cg.max_b:
             e = self.cont.estimate(cg.max_b, psi_some, psi_full)
             if e is not None:
                 out.append(e)
         self.last = out
         return out
+
+
+    def _add_read(self, tick: Tick) -> None:
+        """Keep each new per-process reading (the agent repeats one between its reads) for the window."""
+        gp = tick.gpu_procs
+        if gp is None or not gp.measured or gp.read_at == self._read_at:
+            return
+        self._read_at = gp.read_at
+        conts = {name: (float(w.gpu_b or 0), float(w.cgroup_b or 0), w.cap_b)
+                 for name, w in workload_memory(tick).items()}
+        procs = {p.pid: (float(p.used_b or 0), p.comm, p.container) for p in gp.procs}
+        self._reads.append((tick.time, conts, procs))
+        while self._reads and self._reads[0][0] < tick.time - WINDOW_S:
+            self._reads.popleft()
+
+    def _growers(self, since: float) -> list[Grower]:
+        """Every workload that grew since `since` (the node series' window), largest first: containers (GPU +
+        cgroup) and GPU processes in no container. Empty without two per-process readings in that span (an older
+        agent, NVML without the list)."""
+        reads = [r for r in self._reads if r[0] >= since - 2.0]    # a reading is repeated for 2 s: the one in force
+        if len(reads) < 2:
+            return []
+        (_, c0, p0), (_, c1, p1) = reads[0], reads[-1]
+        grew: dict[int, tuple[str | None, float, str | None]] = {}
+        for pid, (used, comm, cont) in p1.items():
+            d = used - p0.get(pid, (0.0, None, None))[0]
+            if d > 0:
+                grew[pid] = (comm, d, cont)
+        out = []
+        for name, (gpu, cgroup, cap) in c1.items():
+            g0, cg0, _ = c0.get(name, (0.0, 0.0, None))
+            procs = sorted(((pid, comm, d) for pid, (comm, d, cont) in grew.items() if cont == name),
+                           key=lambda x: -x[2])
+            out.append(Grower(name, gpu - g0, cgroup - cg0, cap, tuple(procs)))
+        for pid, (comm, d, cont) in grew.items():
+            if cont is None:
+                out.append(Grower(None, d, 0.0, None, ((pid, comm, d),)))
+        return sorted((g for g in out if g.total_b > 0), key=lambda g: -g.total_b)
 
 
 def _gib(b: float) -> str:
@@ -203,13 +290,17 @@ def describe(node: str, e: Estimate) -> str:
     facts = [f"headroom {_gib(e.headroom_b)} falling {rate}"]
     if e.psi_some is not None:
         facts.append(f"PSI some {e.psi_some:.0f}% full {e.psi_full or 0:.0f}%")
-    grew = [f"{k} +{_gib(v)}" for k, v in sorted(e.growth.items(), key=lambda kv: -kv[1]) if v > 64 << 20]
+    grew = [f"{k} +{_gib(v)}" for k, v in sorted(e.growth.items(), key=lambda kv: -kv[1]) if v > 64 << 20
+            and not (e.grower and k == e.grower.name)]
+    if e.grower is not None:
+        grew.insert(0, e.grower.words())
     if grew:
         facts.append(f"grew in {e.span_s:.0f} s: " + ", ".join(grew))
     return f"{head} ({'; '.join(facts)})"
 
 
-FIXES = ("stop or restart the vLLM container (s / r on its panel)",
+FIXES = ("stop or restart the workload that grew (s / r on its panel)",
          "relaunch with a lower --gpu-memory-utilization or --max-model-len",
-         "give the container a memory cap (docker run --memory) so the kernel kills it, not the machine",
-         "turn on protect: {stop_container_before_exhaustion_s: 15} in the cluster file")
+         "a container's memory cap does not stop GPU memory on a GB10 (it holds the CPU side): run earlyoom "
+         "preferring vLLM/SGLang (its guard check says how), and keep protect on (its default for launched workloads)",
+         "turn protect on: {stop_container_before_exhaustion_s: 15} in the cluster file")

@@ -5,7 +5,14 @@ the recipes screen and `recipe lint` draw the same judgement.
 Why these matter: a GB10's GPU shares the host's unified memory, and an OOM there does not kill a process —
 it freezes the whole machine (no OOM kill, no panic; a power cycle is needed; see the published mitigations in
 the seed posts and gb10-facts.md). The mitigations: no swap, vm.overcommit_memory=0, a 1.5 GiB free-memory
-reserve, a hard memory cap on the vLLM container, and dropping the page cache before a model load.
+reserve, a memory cap on the vLLM container, dropping the page cache before a model load, and earlyoom.
+
+What the container's cap contains: the container's CPU side (Python, compile workers, host buffers). It does not
+contain GPU memory: CUDA allocations are not charged to the container's cgroup on a GB10 (graphistry/pygraphistry
+pull request 1671: a container reached 8 GB under a 4 GB cap; Blackwellboy/model-serving-minefield issue 57: 12 GiB
+of CUDA memory in a MemoryMax=8G scope, memory.current 5.7 → 409 MB, no OOM kill). A runaway in GPU memory is
+stopped by the console's guard (protect.py, on the workload whose GPU memory grew) or by earlyoom, which acts on
+MemAvailable, the figure that does fall — preferring vLLM/SGLang's processes, avoiding sshd, dockerd and the agent.
 """
 
 from __future__ import annotations
@@ -21,7 +28,21 @@ PAGE_CACHE_WARN_FRAC = 0.10            # page cache above this share of MemTotal
 CONTAINER_CAP = "100g"
 WHY = "GB10 unified memory: an OOM freezes the whole machine"
 
-KEYS = ("swap", "overcommit", "min_free", "container_cap", "page_cache")
+KEYS = ("swap", "overcommit", "min_free", "container_cap", "page_cache", "earlyoom")
+
+# earlyoom as the guard check wants it (its --prefer/--avoid match a process's name, comm, 15 characters at most):
+# SIGTERM at 3 GiB available (SIGKILL at half of it), never on swap alone; vLLM's and SGLang's processes first
+# (`vllm serve`, VLLM::EngineCore / VLLM::Worker, sglang::scheduler …), never sshd, dockerd, containerd or the
+# console's agent (it names itself `python3-scagent`).
+EARLYOOM_PREFER = "(^|/)(vllm|VLLM::.*|sglang|sglang::.*)$"
+EARLYOOM_AVOID = "(^|/)(sshd|dockerd|containerd|python3-scagent)$"
+EARLYOOM_ARGS = f"-r 3600 -M 3145728 --prefer '{EARLYOOM_PREFER}' --avoid '{EARLYOOM_AVOID}'"
+# process names (comm) each regex must match, and must not: what the check judges a running earlyoom's arguments by
+PREFER_NAMES = ("vllm", "VLLM::EngineCor", "VLLM::Worker", "sglang::schedul")
+AVOID_NAMES = ("sshd", "dockerd", "python3-scagent")
+EARLYOOM_FIX = ("sudo apt-get install -y earlyoom && printf 'EARLYOOM_ARGS=\"%s\"\\n' "
+                + shlex.quote(EARLYOOM_ARGS) + " | sudo tee /etc/default/earlyoom >/dev/null && "
+                "sudo systemctl enable earlyoom && sudo systemctl restart earlyoom")
 
 
 @dataclass(frozen=True)
@@ -87,15 +108,61 @@ def check_container_cap(containers: Sequence[ContainerInfo], container_name: str
         return GuardResult("container_cap", title, "unknown", f"no container named {container_name} on this node")
     if not c.memory_limit_b:
         return GuardResult("container_cap", title, "bad",
-                           f"{container_name} has no memory cap: a runaway load takes the host down instead of "
-                           f"the container being killed ({WHY})", fix)
+                           f"{container_name} has no memory cap: a runaway of its CPU side (Python, compile "
+                           f"workers, host buffers) takes the host down instead of the container being killed; "
+                           f"the cap does not hold its GPU memory ({WHY})", fix)
     cap_kb = c.memory_limit_b / 1024
     if mem is not None and mem.total_kb and cap_kb >= mem.total_kb:
         # as good as no cap (and preflight refuses a recipe's cap of that size): bad, as no cap is
         return GuardResult("container_cap", title, "bad",
                            f"cap {_gib(cap_kb)} is not below the host's {_gib(mem.total_kb)}: it cannot fire "
                            "before the host runs out", fix)
-    return GuardResult("container_cap", title, "ok", f"capped at {_gib(cap_kb)}")
+    return GuardResult("container_cap", title, "ok", f"capped at {_gib(cap_kb)}: holds its CPU side, not its GPU "
+                                                     "memory")
+
+
+def _regex_covers(args: Sequence[str], flag: str, names: Sequence[str]) -> bool | None:
+    """Whether earlyoom's `flag` regex (its last one; --flag REGEX or --flag=REGEX) matches every name; None when
+    the flag is absent or the regex is not one Python reads (POSIX ERE of these shapes reads the same)."""
+    import re
+    value = None
+    for i, a in enumerate(args):
+        if a == flag and i + 1 < len(args):
+            value = args[i + 1]
+        elif a.startswith(flag + "="):
+            value = a[len(flag) + 1:]
+    if value is None:
+        return None
+    try:
+        rx = re.compile(value)
+    except re.error:
+        return None
+    return all(rx.search(n) for n in names)
+
+
+def check_earlyoom(g: GuardInputs | None) -> GuardResult:
+    """earlyoom: what stops a runaway in GPU memory that no container cap sees (it acts on MemAvailable)."""
+    title = "earlyoom prefers vLLM/SGLang"
+    eo = None if g is None else g.earlyoom
+    if eo is None:
+        return GuardResult("earlyoom", title, "unknown", "not read (the node's agent is older than this console)")
+    why = ("a runaway in GPU memory is not stopped by a container's cap on a GB10 (CUDA memory is not charged to "
+           "it): earlyoom, acting on MemAvailable, is what stops one the console's guard does not")
+    if not eo.running:
+        return GuardResult("earlyoom", title, "warn", ("installed but not running: " if eo.installed else
+                                                       "not installed: ") + why, EARLYOOM_FIX)
+    prefer = _regex_covers(eo.args, "--prefer", PREFER_NAMES)
+    avoid = _regex_covers(eo.args, "--avoid", AVOID_NAMES)
+    wrong = []
+    if not prefer:
+        wrong.append("its --prefer does not name vLLM's and SGLang's processes (" + ", ".join(PREFER_NAMES) + ")")
+    if not avoid:
+        wrong.append("its --avoid does not name " + ", ".join(AVOID_NAMES))
+    if wrong:
+        return GuardResult("earlyoom", title, "warn", f"running (PID {eo.pid}), but " + "; ".join(wrong)
+                           + ": it kills the largest process, and CUDA memory is not in a process's RSS", EARLYOOM_FIX)
+    return GuardResult("earlyoom", title, "ok", f"running (PID {eo.pid}), preferring vLLM/SGLang, avoiding "
+                                                "sshd, dockerd and the agent")
 
 
 def check_page_cache(mem: HostMemory | None) -> GuardResult:
@@ -114,4 +181,4 @@ def evaluate_guards(guards: GuardInputs | None, mem: HostMemory | None, containe
                     container_name: str) -> list[GuardResult]:
     """Every guard, in KEYS order."""
     return [check_swap(guards, mem), check_overcommit(guards), check_min_free(guards),
-            check_container_cap(containers, container_name, mem), check_page_cache(mem)]
+            check_container_cap(containers, container_name, mem), check_page_cache(mem), check_earlyoom(guards)]

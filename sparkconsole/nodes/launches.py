@@ -1,9 +1,12 @@
 """One launch, many nodes: the containers sparkconsole started, grouped by the labels the plan put on them.
 
-Every container a plan starts carries `sparkconsole.recipe`, `.topology`, `.role` and `.node` (launch/plan.py).
-The agents report them with each container, so the console can show a multi-node launch as one thing and see it
-break: a tensor-parallel worker that exits leaves its head running but unable to serve. Containers are keyed by
-(node label, name), so nodes that share one Docker engine (the test bed) still count each container once.
+Every container a plan starts carries `sparkconsole.recipe`, `.topology`, `.role` and `.node` (launch/plan.py),
+and `.workload` (the launch's name: several workloads may run from one recipe), `.model` (the served model name) and
+`.claim` (the memory its server claims). The agents report them with each container, so the console can show a
+multi-node launch as one thing and see it break: a tensor-parallel worker that exits leaves its head running but
+unable to serve. Containers are keyed by (node label, name), so nodes that share one Docker engine (the test bed)
+still count each container once. A launch is grouped by its workload name; containers from before that label, by
+recipe and topology.
 
 Pure: node monitors (or recorded ticks) in, groups out. launch/health.py is the same verdict made from a plan
 and live `docker inspect` answers; this one needs no plan, only what the agents already send.
@@ -11,14 +14,14 @@ and live `docker inspect` answers; this one needs no plan, only what the agents 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, replace
 from typing import Any
 
 from ..config import EndpointConfig
 
 LABEL = "sparkconsole."
-SERVING, STARTING, BROKEN = "SERVING", "STARTING", "BROKEN"
+SERVING, STARTING, BROKEN, CLOSED = "SERVING", "STARTING", "BROKEN", "CLOSED"
 # roles whose loss stops the whole launch from serving, per topology
 _NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
 # topologies served through a router, which a plan starts after its servers are healthy
@@ -36,6 +39,17 @@ class Member:
     oom_killed: bool | None = None
     url: str | None = None          # where it serves (`sparkconsole.url`); None for a headless rank
     router: str | None = None       # a router's choice (`sparkconsole.router`: vllm-router, simple-shuffle, …)
+    model: str | None = None        # the served model name (`sparkconsole.model`)
+    claim_b: int | None = None      # what its server claims at start (`sparkconsole.claim`), None: not said
+
+    @property
+    def port(self) -> int | None:
+        """The port it serves on (from its URL)."""
+        from urllib.parse import urlsplit
+        try:
+            return urlsplit(self.url).port if self.url else None
+        except ValueError:
+            return None
 
     @property
     def running(self) -> bool:
@@ -55,17 +69,42 @@ class LaunchGroup:
     members: tuple[Member, ...]
     verdict: str
     reason: str
+    workload: str | None = None     # `sparkconsole.workload`; None: a container from before workloads had names
+
+    @property
+    def name(self) -> str:
+        """The workload's name: what `recipe status|restart|stop NAME` and the console act on."""
+        return self.workload or self.recipe
 
     @property
     def key(self) -> str:
-        return f"{self.recipe}:{self.topology}"
+        return f"{self.name}:{self.topology}"
 
     @property
     def router(self) -> str | None:
         return next((m.router for m in self.members if m.role == "router" and m.router), None)
 
+    @property
+    def model(self) -> str | None:
+        """The served model name clients ask for."""
+        return next((m.model for m in self.members if m.model), None)
+
+    @property
+    def endpoint(self) -> str | None:
+        """Where clients reach it: its router when it has one, else its serving head."""
+        router = next((m.url for m in self.members if m.role == "router" and m.url), None)
+        return router or next((m.url for m in self.members if m.role in VLLM_ROLES and m.url), None)
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(m.node for m in self.members))
+
+    def containers_on(self, node: str) -> tuple[str, ...]:
+        return tuple(m.container for m in self.members if m.node == node)
+
     def line(self) -> str:
-        return (f"{self.recipe} × {self.topology}: " + " · ".join(m.words() for m in self.members)
+        named = f"{self.name} ({self.recipe})" if self.workload and self.workload != self.recipe else self.recipe
+        return (f"{named} × {self.topology}: " + " · ".join(m.words() for m in self.members)
                 + f" — {self.verdict}" + (f": {self.reason}" if self.verdict != SERVING else ""))
 
 
@@ -89,7 +128,7 @@ def _judge(topology: str, members: list[Member]) -> tuple[str, str]:
 
 def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
     """Groups of labelled containers across `nodes` (objects with .name and .containers), largest first."""
-    seen: dict[tuple[str, str], tuple[tuple[str, str], Member]] = {}
+    seen: dict[tuple[str, str], tuple[tuple[str, str, str | None], Member]] = {}
     for node in nodes:
         for c in getattr(node, "containers", ()) or ():
             labels = dict(getattr(c, "labels", None) or ())
@@ -97,19 +136,49 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
             if not recipe or not topology:
                 continue
             where = labels.get(LABEL + "node") or str(node.name)
-            seen[(where, c.name)] = ((recipe, topology), Member(where, labels.get(LABEL + "role") or "?", c.name,
-                                                                c.state, c.exit_code, c.oom_killed,
-                                                                (labels.get(LABEL + "url") or "").rstrip("/") or None,
-                                                                labels.get(LABEL + "router") or None))
-    groups: dict[tuple[str, str], list[Member]] = {}
+            seen[(where, c.name)] = ((recipe, topology, labels.get(LABEL + "workload") or None),
+                                     Member(where, labels.get(LABEL + "role") or "?", c.name, c.state, c.exit_code,
+                                            c.oom_killed, (labels.get(LABEL + "url") or "").rstrip("/") or None,
+                                            labels.get(LABEL + "router") or None, labels.get(LABEL + "model") or None,
+                                            _int(labels.get(LABEL + "claim"))))
+    groups: dict[tuple[str, str, str | None], list[Member]] = {}
     for key, member in seen.values():
         groups.setdefault(key, []).append(member)
     out = []
-    for (recipe, topology), members in groups.items():
+    for (recipe, topology, workload), members in groups.items():
         members.sort(key=lambda m: (m.role not in ("server", "prefill", "router"), m.node, m.container))
         verdict, reason = _judge(topology, members)
-        out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason))
+        out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason, workload))
     out.sort(key=lambda g: (-len(g.members), g.key))
+    return out
+
+
+def _int(text: str | None) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def find_workload(groups: Iterable[LaunchGroup], name: str) -> LaunchGroup | None:
+    """The running workload called `name` (its workload label, else its recipe for a container from before)."""
+    return next((g for g in groups if g.name == name), None)
+
+
+def gates_closed(groups: Iterable[LaunchGroup], closed_urls: Collection[str],
+                 reopen: Callable[[str, str], str]) -> list[LaunchGroup]:
+    """A SERVING launch with a server whose drain gate is closed (its endpoint's poll says so: launch/drain_gate.py
+    marks every answer) is CLOSED: it looks healthy and answers every generation 503. The reason names the server
+    and `reopen(node, container)`, the command that opens it."""
+    out = []
+    for g in groups:
+        shut = [m for m in g.members if m.url and m.url in closed_urls]
+        if shut and g.verdict == SERVING:
+            m = shut[0]
+            g = replace(g, verdict=CLOSED, reason=f"{m.role} {m.container} on {m.node} is closed to new requests by "
+                                                  f"its drain gate (a rolling restart's); open it: "
+                                                  f"{reopen(m.node, m.container)}")
+        out.append(g)
     return out
 
 
@@ -119,11 +188,43 @@ def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[Endpoin
     A recipe serves on its own port (e.g. 54351), not the cluster file's `vllm_port`: a vLLM server, prefill or
     decode member moves its node's one vLLM endpoint to its URL, and anything else that serves (a router, a
     second server on a node) is added as `NODE ROLE`. Once the containers are gone, the endpoints are the
-    cluster file's again. Members whose URL is already polled change nothing."""
+    cluster file's again. Members whose URL is already polled change nothing.
+
+    A named workload (`sparkconsole.workload`: several may run on one node) is one endpoint of its own, named
+    after it, at its endpoint (its router, else its serving head), with its servers behind a router as
+    `WORKLOAD NODE`; a node's cluster-file endpoint that nothing serves at any more while workloads run there is
+    left out (it would only read DOWN)."""
+    groups = list(groups)
     configured = tuple(configured)
-    members = [m for g in groups for m in g.members if m.url]
+    named = [g for g in groups if g.workload]
     out = {ep.name: ep for ep in configured}
     polled = {ep.url for ep in configured}
+    _legacy(out, polled, [g for g in groups if not g.workload], configured)
+    serving_at = {m.url for g in named for m in g.members if m.url}
+    busy_nodes = {m.node for g in named for m in g.members if m.url}
+    for ep in configured:
+        if ep.kind == "vllm" and ep.node in busy_nodes and ep.url not in serving_at and out.get(ep.name) == ep:
+            del out[ep.name]
+    for g in named:
+        head = g.endpoint
+        for m in g.members:
+            if not m.url or (m.url in polled and m.url != head):
+                continue
+            behind = f"{g.name} {m.node}" if m.role == "server" else f"{g.name} {m.role}"
+            name = g.name if m.url == head else behind
+            kind = "router" if m.role == "router" else "vllm"
+            clash = next((k for k, ep in out.items() if ep.url == m.url), None)
+            if clash is not None:
+                del out[clash]                 # polled as the workload's, not as the node's
+            polled.add(m.url)
+            out[name] = EndpointConfig(name, m.url, kind=kind, node=m.node)
+    return tuple(out.values())
+
+
+def _legacy(out: dict[str, EndpointConfig], polled: set[str], groups: list[LaunchGroup],
+            configured: tuple[EndpointConfig, ...]) -> None:
+    """Launches from before workloads had names: the node's endpoint moved, the others added as NODE ROLE."""
+    members = [m for g in groups for m in g.members if m.url]
     # an endpoint a launch already serves at stays where it is (a disagg router on the cluster file's port),
     # as what the launch put there
     kept: set[str] = set()
@@ -145,7 +246,6 @@ def served_endpoints(groups: Iterable[LaunchGroup], configured: Iterable[Endpoin
         if name in out:
             name = f"{name} {m.url.rsplit(':', 1)[-1]}"
         out[name] = EndpointConfig(name, m.url, kind="router" if m.role == "router" else "vllm", node=m.node)
-    return tuple(out.values())
 
 
 @dataclass(frozen=True)

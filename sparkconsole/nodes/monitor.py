@@ -32,8 +32,9 @@ from typing import Any
 from ..config import ClusterConfig, NodeConfig, SshPolicy
 from ..errors import UserError
 from ..subscribers import Subscribers
+from .connect import make_transport
 from .samples import ContainerInfo, NodeInfo, NodeState, Tick
-from .transport import LineStream, Transport, TransportError, bounded, make_transport
+from .transport import LineStream, Transport, TransportError, bounded
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,8 @@ Wire format (one JSON object per line on the agent's stdout; see agent.py):
    "mem": {"total_kb": 131981020, "available_kb": 131456992, "cached_kb": 947512,
            "swap_total_kb": 0, "swap_free_kb": 0},
    "pressure": {"some_avg10": 0.0, "full_avg10": 0.0},                 # absent without /proc/pressure
-   "guards": {"swaps": [], "overcommit_memory": 0, "min_free_kbytes": 1572864, "swappiness": 60},
+   "guards": {"swaps": [], "overcommit_memory": 0, "min_free_kbytes": 1572864, "swappiness": 60,
+              "earlyoom": {"installed": true, "pid": 812, "args": ["-M", "3145728", "--prefer", "…"]}},
    "containers": [{"name": "vllm_node", "image": "vllm-node", "state": "running", "health": "healthy",
                    "started_at": "2026-…Z", "restart_count": 0, "memory_limit_b": 107374182400,
                    "oom_killed": false, "exit_code": 0}],               # only on container ticks (slower cadence)
@@ -190,18 +191,37 @@ class Pressure:
 
 
 @dataclass(frozen=True, slots=True)
+class EarlyOom:
+    """earlyoom on the node: installed (None: not known), running (its PID), and the arguments it runs with."""
+    installed: bool | None = None
+    pid: int | None = None
+    args: tuple[str, ...] = ()
+
+    @property
+    def running(self) -> bool:
+        return self.pid is not None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> EarlyOom:
+        inst, args = d.get("installed"), d.get("args")
+        return cls(installed=inst if isinstance(inst, bool) else None, pid=_i(d, "pid"),
+                   args=tuple(str(a)[:300] for a in args[:32]) if isinstance(args, list) else ())
+
+
+@dataclass(frozen=True, slots=True)
 class GuardInputs:
     swaps: tuple[str, ...] | None = None           # active swap devices (None: could not read /proc/swaps)
     overcommit_memory: int | None = None
     min_free_kbytes: int | None = None
     swappiness: int | None = None
+    earlyoom: EarlyOom | None = None               # None: not read (an agent before this one)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> GuardInputs:
-        sw = d.get("swaps")
+        sw, eo = d.get("swaps"), d.get("earlyoom")
         return cls(swaps=tuple(str(s) for s in sw) if isinstance(sw, list) else None,
                    overcommit_memory=_i(d, "overcommit_memory"), min_free_kbytes=_i(d, "min_free_kbytes"),
-                   swappiness=_i(d, "swappiness"))
+                   swappiness=_i(d, "swappiness"), earlyoom=EarlyOom.from_json(eo) if isinstance(eo, dict) else None)
 
 
 @dataclass(frozen=True, slots=True)

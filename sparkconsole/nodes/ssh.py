@@ -1,7 +1,7 @@
 """The SSH transport: one persistent asyncssh connection per node, known_hosts verified by default.
 
 Kept apart from nodes/transport.py so that a cluster of local nodes (the simulator, `status` on this machine)
-never imports asyncssh (~0.15 s): make_transport imports this module only for a remote node.
+never imports asyncssh (~0.15 s): make_transport (nodes/connect.py) imports this module only for a remote node.
 """
 
 from __future__ import annotations

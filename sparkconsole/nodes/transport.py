@@ -1,4 +1,5 @@
-"""How the console reaches a node: one persistent SSH connection (asyncssh, nodes/ssh.py), or this machine directly.
+"""What every way of reaching a node shares (the Transport contract, its streams and errors), and this machine
+reached directly. `make_transport` (nodes/connect.py) picks the transport for a node; SSH is nodes/ssh.py.
 
     t = make_transport(node, cluster.ssh)
     await t.connect()                       # host-key mismatch / auth failure -> UserError (one line)
@@ -24,7 +25,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from ..config import NodeConfig, SshPolicy
+from ..config import NodeConfig
 
 MAX_LINE = 1 << 20          # a longer stdout line is dropped (counted in LineStream.overlong)
 KEEPALIVE_INTERVAL_S = 5.0
@@ -319,10 +320,3 @@ def _reason(exc: BaseException) -> str:
         return "connect timed out"
     text = getattr(exc, "reason", None) or getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
     return " ".join(str(text).split())[:200]
-
-
-def make_transport(node: NodeConfig, policy: SshPolicy, *, confirm_new_host: ConfirmNewHost | None = None) -> Transport:
-    if node.local:
-        return LocalTransport(node)
-    from .ssh import SshTransport  # asyncssh is imported only by a cluster that has a remote node
-    return SshTransport(node, policy, confirm_new_host=confirm_new_host)

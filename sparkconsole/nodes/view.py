@@ -105,6 +105,9 @@ class NodeView:
     container_name: str
     container: ContainerView | None   # None: not reported on the node
     at: float                     # the moment shown: now, or the replayed tick's time
+    workloads: tuple[Any, ...] = ()       # WorkloadMemory of each running container, largest first
+    loose: tuple[Any, ...] = ()           # GPU processes in no container
+    read: bool = False                    # a tick has been read (else nothing is known of the workloads)
 
 
 def node_view(nm: Any, guards: Sequence[Any], now: float, thresholds: Thresholds, *, replay: bool = False) -> NodeView:
@@ -123,7 +126,10 @@ def node_view(nm: Any, guards: Sequence[Any], now: float, thresholds: Thresholds
         no_gpu = "waiting for the agent…" if last is None else \
             f"no GPU readings (source: {info.gpu_source if info and info.gpu_source else '?'})"
         error = last.errors[0][:80] if last is not None and last.errors else None
+    from .workload_memory import host_gpu_processes, workload_memory
+    works = tuple(sorted(workload_memory(last).values(), key=lambda w: -(w.total_b or 0))) if last else ()
     return NodeView(
+        workloads=works, loose=tuple(host_gpu_processes(last)) if last else (), read=last is not None,
         state=sv, gpu_name=info.gpu_names[0] if info and info.gpu_names else None,
         simulated=bool(info and info.simulated), gpu=_gpu(nm, gpu, thresholds) if gpu is not None else None,
         no_gpu=no_gpu, gpu_error=error, guards=tuple((g, severity.of_guard(g)) for g in guards),

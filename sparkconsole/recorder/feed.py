@@ -22,6 +22,7 @@ from .. import paths
 from ..config import ClusterConfig
 from ..errors import UserError
 from .store import RecorderStore
+from .workloads import WorkloadLog
 
 if TYPE_CHECKING:
     from ..alerts import AlertEngine
@@ -98,6 +99,7 @@ class Recorder:
         self._seen: dict[str, tuple[Any, ...]] = {}      # node -> (last tick time, state, boot id, containers)
         self._ep_seen: dict[str, float] = {}
         self._guards: dict[str, object] = {}   # node -> the last GuardInputs recorded
+        self._workloads = WorkloadLog()        # which per-process readings become `workloads` events
         self._unsub: list[Callable[[], None]] = []
         self.on_postmortem: Callable[[dict[str, Any]], None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -152,6 +154,10 @@ class Recorder:
             if tick.guards is not None and tick.guards != self._guards.get(nm.name):
                 self._guards[nm.name] = tick.guards
                 self.store.put_event(nm.name, "guards", asdict(tick.guards), tick.time)
+            # What each workload held (GPU memory per process, cgroup), when it moved: what a post-mortem names
+            snap = self._workloads.due(nm.name, tick)
+            if snap is not None:
+                self.store.put_event(nm.name, "workloads", snap, tick.time)
         state = nm.state.value
         incident = False
         if state != prev[1]:

@@ -5,9 +5,12 @@
 
 An incident is a DOWN state, a new boot id (reboot), or the node's container leaving `running` (exit code,
 OOMKilled). The post-mortem gathers the LOOKBACK_S seconds before it: memory, PSI, swap, temperatures, power,
-clock reasons, the container's cgroup and state, the state changes, the audit log's commands on the node, and
+clock reasons, the container's cgroup and state, what each workload held (its processes' GPU memory and its
+cgroup: recorder/workloads.py) and which one grew, the state changes, the audit log's commands on the node, and
 whether the other nodes kept ticking. Verdicts, first match wins, each with its evidence:
 
+  guard-stop           the console's guard stopped the container before the node's memory ran out (protect.py):
+                       what grew (the process and the container), and that its cap did not see the GPU memory
   container-oom-kill   the container's last state says OOMKilled
   memory-exhaustion    MemAvailable ended under LOW_MEM_FRAC of MemTotal, or memory PSI full ≥ PSI_FULL_BAD,
                        or an exhaustion estimate was active when it happened (a GB10 freezes, then goes silent)
@@ -26,6 +29,7 @@ from .. import audit
 from ..errors import UserError
 from ..nodes.samples import REASON_BITS, reasons_from_mask
 from .reader import RecorderReader
+from .workloads import growth, words
 
 LOOKBACK_S = 120.0
 LOW_MEM_FRAC = 0.03
@@ -112,13 +116,20 @@ def build(r: RecorderReader, node: str, at: float | None = None, *, audit_entrie
     entries = audit_entries if audit_entries is not None else audit.read(200, node=node)
     commands = [{"t": e.time, "action": e.action, "command": e.command} for e in entries
                 if t - 3600 <= e.time <= t + 1][-10:]
+    base = r.last_event_before(node, "workloads", t - LOOKBACK_S)
+    held = ([base["data"]] if base else []) + [e["data"] for e in r.events(node, t - LOOKBACK_S, t + 1, ("workloads",))]
+    held = [h for h in held if isinstance(h, dict)]
+    grew = growth(held)
+    grew_span = (held[-1].get("read_at") or 0) - (held[0].get("read_at") or 0) if len(held) > 1 else 0.0
     verdict, evidence = _verdict(inc, last, series, reasons, states, alerts, others, rows)
+    if grew and verdict in ("memory-exhaustion", "guard-stop", "container-oom-kill", "unknown"):
+        evidence.insert(1 if verdict != "memory-exhaustion" else 0, words(grew[0], grew_span))
     return {"node": node, "time": t, "incident": inc, "verdict": verdict, "evidence": evidence,
             "unreadable": r.gap_texts(t - LOOKBACK_S, t + AFTER_S), "file": str(r.path),
             "lookback_s": LOOKBACK_S, "ticks": len(rows), "last_tick": last, "series": series,
             "clock_reasons": sorted(reasons), "states": states, "alerts": alerts,
             "containers": cont["data"] if cont else None, "engine": engine, "other_nodes_ticking": others,
-            "commands": commands}
+            "commands": commands, "workloads_grew": grew, "workloads_span_s": grew_span}
 
 
 def _partial(r: RecorderReader) -> str:
@@ -132,6 +143,13 @@ def _verdict(inc: dict[str, Any], last: dict[str, Any] | None, series: dict[str,
              reasons: set[str], states: list[dict[str, Any]], alerts: list[Any], others: dict[str, bool],
              rows: list[dict[str, Any]]) -> tuple[str, list[str]]:
     ev: list[str] = []
+    stopped = [a for a in alerts if isinstance(a, dict) and a.get("result") == "stopped"
+               and a.get("container") == inc.get("container")]
+    if inc["kind"] == "container" and stopped:
+        ev.append(f"the guard stopped {inc.get('container')} ~{stopped[-1].get('estimate_s')} s before the node's "
+                  f"memory was estimated to run out: {stopped[-1].get('why')}")
+        ev.append(inc["detail"])
+        return "guard-stop", ev
     if inc.get("oom_killed") or (inc["kind"] == "container" and inc.get("exit_code") == 137 and
                                  _near_cap(rows)):
         ev.append(inc["detail"])
@@ -222,6 +240,9 @@ def to_markdown(pm: dict[str, Any]) -> str:
         if s:
             name, div = units[col]
             lines.append(f"| {name} | " + " | ".join(f"{s[k] / div:.1f}" for k in ("first", "min", "max", "last")) + " |")
+    if pm.get("workloads_grew"):
+        lines += ["", "## What grew (GPU memory per process from NVML, each container's cgroup)", ""]
+        lines += [f"- {words(g, pm.get('workloads_span_s') or 0)}" for g in pm["workloads_grew"][:5]]
     if pm["clock_reasons"]:
         lines += ["", "Clock reasons seen: " + ", ".join(pm["clock_reasons"])]
     if pm["containers"]:

@@ -116,6 +116,10 @@ class RecorderReader:
     def nodes(self) -> list[str]:
         return sorted(self._ids, key=self._ids.__getitem__)
 
+    def node_names(self) -> dict[int, str]:
+        """The file's node ids and the names read for them (node#N where the names are unreadable)."""
+        return {i: n for n, i in self._ids.items()}
+
     def tick_counts(self) -> dict[str, int]:
         try:
             return {r[0]: r[1] for r in self._rows(

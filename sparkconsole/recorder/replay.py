@@ -58,7 +58,7 @@ class _StateEvents:
     """A node's recorded guard inputs and containers (events, kept when they change), as the agent's tick fields at
     each replayed time: a replay judges the OOM guards and shows the containers as they were, not as unknown."""
 
-    KINDS = ("guards", "containers")
+    KINDS = ("guards", "containers", "workloads")
 
     def __init__(self, r: RecorderReader, node: str, since: float, until: float) -> None:
         before = [r.last_event_before(node, kind, since) for kind in self.KINDS]
@@ -76,6 +76,8 @@ class _StateEvents:
             elif e["kind"] == "containers" and isinstance(e["data"], list):
                 self.now["containers"] = [{**c, "labels": dict(c.get("labels") or ())}
                                           for c in e["data"] if isinstance(c, dict)]
+            elif e["kind"] == "workloads" and isinstance(e["data"], dict):
+                self.now.update(_workload_fields(e["data"]))
         return dict(self.now)
 
 
@@ -200,3 +202,17 @@ def replay_notes(r: RecorderReader, at: float) -> list[str]:
     play as a pause in the ticks (the node turns STALE there), which must not read as the node's own silence."""
     return [f"recorder file damaged: {g} — the replay has a gap there (STALE is the file, not the node); "
             f"`sparkconsole record repair {r.path}` copies the readable part" for g in r.gap_texts(at, at + REPLAY_SPAN_S)]
+
+
+def _workload_fields(d: dict[str, Any]) -> dict[str, Any]:
+    """A recorded `workloads` event (recorder/workloads.py) as the agent's `gpu_procs` and `cgroups` tick fields."""
+    if d.get("reason"):
+        gp: dict[str, Any] = {"reason": d["reason"]}
+    else:
+        gp = {"read_at": d.get("read_at"), "procs": [
+            {"pid": p[0], "used_b": p[1], "comm": p[2] or None,
+             **({"container": p[3]} if p[3] not in ("host", "gone", "unlisted", "") else {"where": p[3] or "host"})}
+            for p in d.get("p") or [] if isinstance(p, list) and len(p) == 4]}
+    cgroups = [{"name": n, "current_b": w[1], "max_b": w[2]} for n, w in (d.get("w") or {}).items()
+               if isinstance(w, list) and len(w) == 3 and w[1] is not None]
+    return {"gpu_procs": gp, "cgroups": cgroups}

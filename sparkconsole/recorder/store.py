@@ -30,10 +30,11 @@ import logging
 import os
 import queue
 import sqlite3
+import stat
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         # the pages that are there stay readable. On a read-only connection it permits no change.
         db.execute("PRAGMA writable_schema=ON")
     else:
+        private(path)
         db = sqlite3.connect(path, timeout=10, isolation_level=None)
         db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
         db.execute("PRAGMA journal_mode=WAL")
@@ -108,6 +110,18 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         db.execute("INSERT OR IGNORE INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
     db.row_factory = sqlite3.Row
     return db
+
+
+def private(path: str | Path) -> None:
+    """The file made 0600 before SQLite opens it (node names, commands: private like the audit log). SQLite gives
+    its -wal and -shm the database file's mode when it makes them, so they are 0600 too however the first write
+    goes (a disk with 12 KiB free once left a -shm at 0644: the file was made 0644 and changed after); one left
+    by an older version is made 0600 here."""
+    with contextlib.suppress(FileExistsError):
+        os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+    for suffix in ("-wal", "-shm"):
+        with contextlib.suppress(OSError):
+            os.chmod(f"{path}{suffix}", 0o600)
 
 
 class RecorderStore:
@@ -191,11 +205,7 @@ class RecorderStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
             fresh = not self.path.exists()
-            try:
-                db = connect(self.path)
-            finally:
-                if fresh and self.path.exists():
-                    os.chmod(self.path, 0o600)   # node names, commands: private like the audit log
+            db = connect(self.path)
             if check and not fresh:
                 found = db.execute("PRAGMA quick_check(1)").fetchone()[0]
                 if found != "ok":
@@ -244,8 +254,7 @@ class RecorderStore:
             self.health.failed(move_exc)
             return None
         try:
-            counts, gaps = salvage(aside, self.path)
-            os.chmod(self.path, 0o600)
+            counts, gaps, _ = salvage(aside, self.path)
         except (UserError, sqlite3.Error, OSError) as salvage_exc:
             for suffix in ("", "-wal", "-shm"):
                 Path(str(self.path) + suffix).unlink(missing_ok=True)
@@ -308,8 +317,7 @@ class RecorderStore:
                         db = self._set_aside(exc)
         finally:
             if db is not None:
-                _leave_clean(db)
-                _close(db)
+                _leave_clean(db, self.path)
 
     def _attempt(self, db: sqlite3.Connection | None, *, fresh: bool = False) -> sqlite3.Connection | None:
         """Write what is held; returns the connection to go on with (None: not writable now). `fresh`: db is the
@@ -439,11 +447,34 @@ def _rollback(db: sqlite3.Connection) -> None:
         db.execute("ROLLBACK")
 
 
-def _leave_clean(db: sqlite3.Connection) -> None:
+def _leave_clean(db: sqlite3.Connection, path: Path) -> None:
     """On a clean exit the file is left whole, without -wal and -shm beside it: checkpointed, then out of WAL mode
-    (the next writer turns it back on). Busy (another connection still open) leaves it as it is."""
+    (the next writer turns it back on), then closed. Busy (another connection still open) leaves it as it is. Its
+    directory made read-only while recording (`chmod a-w`) would keep them (removing a file is a change to its
+    directory): when this user owns the directory, its owner's write bit is lifted for that moment and its mode
+    given back after."""
+    with _owner_writable(path.parent):
+        try:
+            db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            db.execute("PRAGMA journal_mode=DELETE")
+        except sqlite3.Error:
+            pass
+        _close(db)
+
+
+@contextlib.contextmanager
+def _owner_writable(directory: Path) -> Iterator[None]:
+    """The directory writable by its owner (this user) inside the block, its own mode again after it."""
     try:
-        db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-        db.execute("PRAGMA journal_mode=DELETE")
-    except sqlite3.Error:
-        pass
+        st = os.stat(directory)
+        lift = not os.access(directory, os.W_OK) and st.st_uid == os.geteuid()
+        if lift:
+            os.chmod(directory, stat.S_IMODE(st.st_mode) | stat.S_IWUSR)
+    except OSError:         # gone, or on a read-only filesystem: nothing can be removed there anyway
+        lift = False
+    try:
+        yield
+    finally:
+        if lift:
+            with contextlib.suppress(OSError):
+                os.chmod(directory, stat.S_IMODE(st.st_mode))

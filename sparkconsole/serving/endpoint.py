@@ -27,6 +27,9 @@ from .http import FetchError, Reply, fetch, make_client
 
 log = logging.getLogger(__name__)
 
+# What launch/drain_gate.py adds to every answer while it is closed (it imports nothing of sparkconsole's, so the
+# name is written twice: tests/test_rolling_restart.py holds them equal).
+DRAIN_HEADER = "x-sparkconsole-drain"
 # /v1/models and /version change only on a relaunch: re-read them this often (and after every recovery).
 INFO_REFRESH_S = 30.0
 # ...but a read that got no answer at all (timed out, reset) is tried again this soon, not a whole refresh later.
@@ -76,6 +79,8 @@ class EndpointSnapshot:
     kv_bytes_per_transfer: float | None = None   # recent window (latency window): mean bytes per transfer
     kv_xfer_p50_s: float | None = None     # recent window: time per transfer
     kv_external_share: float | None = None  # recent window: share of prompt tokens that arrived, not computed
+    runtime: str | None = None             # vLLM | SGLang | llama.cpp, from its /metrics names (None: unknown)
+    drain_closed: bool = False             # its drain gate is closed (launch/drain_gate.py's header on /health)
 
     @property
     def state(self) -> str:
@@ -133,6 +138,7 @@ class EndpointMonitor:
         self._info_at = -INFO_REFRESH_S
         self._health_path: str | None = None
         self._failures = 0
+        self._closed = False
 
     # --- publishing ---------------------------------------------------------------------------------------
     def subscribe(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
@@ -187,6 +193,7 @@ class EndpointMonitor:
         return snap
 
     async def _health(self, client: httpx.AsyncClient) -> tuple[bool, str | None, float | None]:
+        """(healthy, why not, seconds); whether the drain gate said it is closed is kept in self._closed."""
         base = self.config.url
         # LiteLLM's /health needs the master key and sends a real completion to every backend; its
         # liveliness probe does not. vllm-router and vLLM answer /health.
@@ -199,6 +206,7 @@ class EndpointMonitor:
                 self._health_path = path
                 break
         assert reply is not None
+        self._closed = reply.headers.get(DRAIN_HEADER) == "closed"
         if reply.ok:
             return True, None, reply.seconds
         body = " ".join(reply.text.split())[:120]
@@ -283,7 +291,7 @@ class EndpointMonitor:
 
         snap = _empty(ep, healthy=healthy, error=error, t=time.time())
         snap = replace(snap, model=model, models=models, max_model_len=max_len, version=version,
-                       health_latency_s=latency, warning=warning)
+                       health_latency_s=latency, warning=warning, drain_closed=self._closed)
         if scrape is None:
             return snap
 
@@ -314,7 +322,7 @@ class EndpointMonitor:
                        gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
                        itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens, time_scale=scale,
                        prompt_tokens=em.prompt_tokens, kv_in_bytes=em.kv_in_bytes, kv_transfers=em.kv_transfers,
-                       **kv)
+                       runtime=em.runtime, **kv)
 
         rm = m.router_metrics(scrape)
         if rm is not None:

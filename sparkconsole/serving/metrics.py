@@ -1,4 +1,4 @@
-"""vLLM and router /metrics: Prometheus text → engine figures, rates and latency percentiles.
+"""vLLM, SGLang, llama.cpp and router /metrics: Prometheus text → engine figures, rates and latency percentiles.
 
 Parsing is prometheus_client's own text parser. Everything after it is keyed by sample names, so a metric
 that is missing, renamed or of an unexpected type gives None, never an exception. Values are summed over
@@ -22,21 +22,27 @@ from prometheus_client.parser import text_string_to_metric_families
 Labels = tuple[tuple[str, str], ...]          # sorted (name, value) pairs
 Series = Mapping[Labels, float]
 
-# Current (V1) names first, then the older ones they replaced.
-RUNNING = ("vllm:num_requests_running",)
-WAITING = ("vllm:num_requests_waiting",)
+# Current (V1) names first, then the older ones they replaced; then SGLang's (`sglang:*`, published with
+# --enable-metrics) and llama.cpp's llama-server's (`llamacpp:*`, with --metrics) names for the same figure. One
+# server publishes one runtime's names, so the first name present is that runtime's.
+RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs", "llamacpp:requests_processing")
+WAITING = ("vllm:num_requests_waiting", "sglang:num_queue_reqs", "llamacpp:requests_deferred")
 SUCCESS = ("vllm:request_success_total",)        # finished requests, by finished_reason
-KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+# SGLang's token_usage: the share of its KV pool's token slots in use; llama.cpp's ratio (older builds only).
+KV_USAGE = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage",
+            "llamacpp:kv_cache_usage_ratio")
 PREFIX_COUNTERS = (  # (queries, hits) pairs of one generation, never mixed
     (("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries"),
      ("vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits")),
     (("vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries"),
      ("vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits")),
 )
-PREFIX_HIT_RATE_GAUGE = ("vllm:gpu_prefix_cache_hit_rate",)
-PROMPT_TOKENS = ("vllm:prompt_tokens_total", "vllm:prompt_tokens")
-GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens")
-TTFT = ("vllm:time_to_first_token_seconds",)
+PREFIX_HIT_RATE_GAUGE = ("vllm:gpu_prefix_cache_hit_rate", "sglang:cache_hit_rate")
+PROMPT_TOKENS = ("vllm:prompt_tokens_total", "vllm:prompt_tokens", "sglang:prompt_tokens_total",
+                 "llamacpp:prompt_tokens_total")
+GENERATION_TOKENS = ("vllm:generation_tokens_total", "vllm:generation_tokens", "sglang:generation_tokens_total",
+                     "llamacpp:tokens_predicted_total")
+TTFT = ("vllm:time_to_first_token_seconds", "sglang:time_to_first_token_seconds")
 # Prefill/decode disaggregation. On the decode side: where each prompt token came from (`source` label:
 # local_compute, external_kv_transfer, local_cache_hit) — the plain prompt counter rises alike with or without a
 # transfer, this one tells a transfer from a recompute; and NIXL's own histograms of bytes and time per transfer.
@@ -45,7 +51,8 @@ SOURCE_EXTERNAL, SOURCE_LOCAL = "external_kv_transfer", "local_compute"
 KV_BYTES = ("vllm:nixl_bytes_transferred",)
 KV_XFER_TIME = ("vllm:nixl_xfer_time_seconds",)
 KV_FAILED = ("vllm:nixl_num_failed_transfers_total", "vllm:nixl_num_failed_transfers")
-ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
+ITL = ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds", "sglang:inter_token_latency_seconds",
+       "sglang:time_per_output_token_seconds")
 
 # Routers. vllm-router (Rust, metrics on its own port, 29000 by default) and the LiteLLM proxy.
 ROUTER_REQUESTS = ("vllm_router_requests_total", "litellm_proxy_total_requests_metric_total",
@@ -341,10 +348,20 @@ class EngineMetrics:
     kv_in_bytes: float | None = None              # bytes NIXL moved, since start
     kv_transfers: float | None = None             # transfers, since start
     kv_failed: float | None = None
+    runtime: str | None = None                    # whose names the page uses: vLLM | SGLang | llama.cpp
 
     def pct(self, which: str, q: float) -> float | None:
         h = getattr(self, which)
         return h.quantile(q) if h is not None else None
+
+
+_RUNTIME_PREFIXES = (("vllm:", "vLLM"), ("sglang:", "SGLang"), ("llamacpp:", "llama.cpp"))
+
+
+def runtime_of(s: Scrape) -> str | None:
+    """The serving runtime a page comes from, by the names of its engine figures (None: a router, or nothing)."""
+    name = s.first(*RUNNING, *GENERATION_TOKENS)
+    return next((title for prefix, title in _RUNTIME_PREFIXES if name and name.startswith(prefix)), None)
 
 
 @dataclass(frozen=True)
@@ -404,7 +421,7 @@ def engine_metrics(s: Scrape) -> EngineMetrics:
         models=s.label_values("model_name", *RUNNING, *GENERATION_TOKENS),
         prompt_tokens_external=_by_source(s, SOURCE_EXTERNAL), prompt_tokens_local=_by_source(s, SOURCE_LOCAL),
         kv_in_bytes=s.total(KV_BYTES[0] + "_sum"), kv_transfers=s.total(KV_BYTES[0] + "_count"),
-        kv_failed=s.total(*KV_FAILED),
+        kv_failed=s.total(*KV_FAILED), runtime=runtime_of(s),
     )
 
 

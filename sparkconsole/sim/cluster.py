@@ -36,7 +36,8 @@ from typing import TYPE_CHECKING, Any
 
 from ..config import ClusterConfig, EndpointConfig, NodeConfig
 from ..errors import UserError
-from ..launch.drain_gate import MIDDLEWARE_ARGS
+from ..launch.drain_gate import FLAG_DIR, MIDDLEWARE_ARGS
+from ..placement.budget import GB10_MEMTOTAL_B
 from .files import pid_alive, read_json, write_atomic
 from .node import NodeTuning, SimNode
 
@@ -245,7 +246,13 @@ class SimCluster:
             return []
         labels = [f"recipe={self.serving.recipe}", f"topology={self.serving.topology}", f"role={role}", f"node={node}"]
         if url:
-            labels.append(f"url={url}")
+            labels += [f"url={url}", f"model={self.serving.name}"]
+        if role in ("server", "worker"):
+            # what the server claims of the simulated GB10 (gpu_memory_utilization × MemTotal): the budget bars
+            args = list(self.serving.vllm_args)
+            if "--gpu-memory-utilization" in args:
+                frac = float(args[args.index("--gpu-memory-utilization") + 1])
+                labels.append(f"claim={int(frac * GB10_MEMTOTAL_B)}")
         if role == "router":
             labels.append(f"router={self.serving.router.removeprefix('litellm-')}")
         return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]
@@ -254,14 +261,16 @@ class SimCluster:
         s = self.serving
         worker = "--headless" in extra
         url = None if worker else f"http://{self.nodes[node].address}:{self.ports[node]}"
+        gated = s.topology == "2x-solo" and s.router.startswith("litellm")
         return ["run", "-d", "--name", CONTAINER, *self._labels(node, "worker" if worker else "server", url),
                 "--gpus", "all", "--network", "host", "--ipc=host",
-                "--memory", "100g", "--shm-size", "16g", "--restart", "no", IMAGE,
+                "--memory", "100g", "--shm-size", "16g", "--restart", "no", *(("--tmpfs", FLAG_DIR) if gated else ()),
+                IMAGE,
                 "vllm", "serve", s.model, "--port", str(self.ports[node]), *s.vllm_args,
                 *(("--served-model-name", *s.served_names, s.model) if s.served_names else ()), *extra,
                 # as a plan gives a server behind LiteLLM (launch/gate.py): the simulated server honours the drain gate,
                 # so `r` in the demo closes, drains and restarts each server behind LiteLLM too
-                *(MIDDLEWARE_ARGS if s.topology == "2x-solo" and s.router.startswith("litellm") else ())]
+                *(MIDDLEWARE_ARGS if gated else ())]
 
     async def _launch(self) -> None:
         s = self.serving
@@ -383,8 +392,8 @@ class SimCluster:
     # ---- runaways -------------------------------------------------------------------------------
     def runaway(self, node: str, kind: str, *, duration_s: float | None = None,
                 say: Callable[[str], None] | None = None) -> Runaway:
-        """Start a runaway on one node while the cluster runs (sim/runaway.py): `memory` (the vLLM container's
-        memory grows until the node freezes), `thermal` (cooling fails, the GPU heats to shutdown, the node powers
+        """Start a runaway on one node while the cluster runs (sim/runaway.py): `memory` (the vLLM process's GPU
+        memory grows until the guard stops it or the node freezes), `thermal` (cooling fails, the GPU heats to shutdown, the node powers
         off) or `link` (the node is cut off). `duration_s`: simulated seconds to exhaustion / shutdown (defaults in
         sim/runaway.py). `say(line)` hears what happens. Returns the Runaway: `done`, `outcome`, `ended_at`."""
         from .runaway import KINDS, make

@@ -275,6 +275,8 @@ def spawn(store: Store, rec: dict[str, Any], module: str, args: list[str], *, ex
 
 
 def start_container(store: Store, rec: dict[str, Any]) -> None:
+    for mount in rec.get("tmpfs") or ():        # a tmpfs starts empty each time, as Docker's does
+        shutil.rmtree(store.fs(rec["name"]) / str(mount).lstrip("/"), ignore_errors=True)
     module, args = program_for(rec["image"], rec.get("cmd") or [], rec.get("entrypoint"))
     rec["pid"] = spawn(store, rec, module, args)
     rec["state"] = "running"

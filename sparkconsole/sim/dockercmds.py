@@ -148,6 +148,7 @@ def cmd_run(store: Store, args: list[str]) -> int:
             "privileged": _get(flags, "--privileged") is not None, "restart": _get(flags, "--restart") or "no",
             "auto_remove": _get(flags, "--rm") is not None, "env": env, "labels": labels, "mounts": mounts,
             "healthcheck": _get(flags, "--health-cmd"), "exec_pids": [],
+            "tmpfs": [t.partition(":")[0] for t in _all(flags, "--tmpfs")],
         }
         store.cdir(name).mkdir(parents=True, exist_ok=True)
         start_container(store, rec)
@@ -351,6 +352,10 @@ def cmd_exec(store: Store, args: list[str]) -> int:
                     f = store.fs(rec["name"]) / path.lstrip("/")
                     f.parent.mkdir(parents=True, exist_ok=True)
                     f.touch()
+                return 0
+            if cmd[:2] == ["rm", "-f"]:                  # opening the drain gate again
+                for path in cmd[2:]:
+                    (store.fs(rec["name"]) / path.lstrip("/")).unlink(missing_ok=True)
                 return 0
             if os.path.basename(cmd[0]) == "ray" and cmd[1:2] == ["status"]:
                 out(ray_status(store, rec))

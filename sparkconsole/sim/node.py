@@ -4,11 +4,19 @@ Layout of a node directory (what the agent, the docker shim and the simulated se
 
     <dir>/sim.json          node identity: name, address, speed, owner pid (written once; read by the shim)
     <dir>/gpu.json          the agent's `--gpu-source sim:FILE` input, rewritten atomically every update
-    <dir>/proc/...          meminfo, swaps, pressure/memory, sys/vm/* for the agent's `--proc-root`
+    <dir>/proc/...          meminfo, swaps, pressure/memory, sys/vm/* for the agent's `--proc-root`; PID/cgroup and
+                            PID/comm of each process holding GPU memory (a container's: Docker's cgroup v2 layout)
+    <dir>/sys/fs/cgroup/... the agent's `--cgroup-root`: each running container's system.slice/docker-<id>.scope
+                            (memory.current, memory.max), and earlyoom's unit on a hardened node
     <dir>/bin/docker        the docker CLI shim (sparkconsole/sim/dockershim.py)
     <dir>/containers/NAME/  one simulated container: container.json, log
     <dir>/load/*.json       what the node's simulated workloads draw: reserved memory and GPU busy fraction,
                             written by the simulated vLLM servers (a TP head also writes one on each worker)
+
+Memory as a GB10 accounts for it: a workload's reserved (GPU) memory is its process's NVML figure, published in
+gpu.json's `procs` for the REAL agent to read and map to its container through the node's /proc/PID/cgroup; the
+container's cgroup is charged only its CPU side (Load.cpu_b) and ~2 MB of page tables per GiB of GPU memory
+(Blackwellboy/model-serving-minefield issue 57), so a runaway in GPU memory never reaches its memory cap.
 
 The GPU follows a first-order thermal model, dT/dt = (P·R + T_amb − T) / τ, driven by the power the
 workloads draw; above the slowdown threshold the SM clock drops and `sw_thermal` is raised, which the
@@ -28,20 +36,22 @@ import contextlib
 import json
 import math
 import os
+import shutil
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from .dockershim import install
 from .files import pid_alive, read_json, write_atomic
 
-if TYPE_CHECKING:
-    from .runaway import Runaway, Silence
-
 GIB = 1 << 30
 KIB = 1024
+PAGE_TABLES_PER_GIB = 2 << 20       # cgroup charge per GiB of CUDA memory: ~2 MB (model-serving-minefield issue 57)
+HOST_CGROUP = "0::/user.slice/user-1000.slice/session-1.scope\n"   # a GPU process in no container
+EARLYOOM_PID = 1                     # earlyoom's PID in the simulated /proc (only this tree knows it)
 # How long a silent node reads STALE before the console's connection to it drops (DOWN): the SSH transport's
 # keepalive, 5 s × 3 (nodes/transport.py). The local transport has none, so a silenced node plays it.
 KEEPALIVE_S = 15.0
@@ -92,11 +102,12 @@ class NodeTuning:
     overcommit_memory: int = 0
     min_free_kbytes: int | None = None              # None: the kernel's default for this memory size
     swappiness: int = 60
+    earlyoom: bool = False                          # earlyoom running as the guard check's fix configures it
 
     @classmethod
     def hardened(cls) -> NodeTuning:
-        """The published mitigations: swap off, overcommit 0, a 1.5 GiB free reserve."""
-        return cls(swap_kb=0, overcommit_memory=0, min_free_kbytes=1572864, swappiness=10)
+        """The published mitigations: swap off, overcommit 0, a 1.5 GiB free reserve, earlyoom preferring vLLM."""
+        return cls(swap_kb=0, overcommit_memory=0, min_free_kbytes=1572864, swappiness=10, earlyoom=True)
 
     @classmethod
     def stock(cls) -> NodeTuning:
@@ -111,6 +122,13 @@ class Load:
     gpu_busy: float = 0.0        # fraction of time the GPU works (utilization)
     compute_frac: float = 0.0    # the part of it spent in compute-bound work (the rest streams memory)
     loaded: bool = False         # a model is resident (raises idle power)
+    pid: int = 0                 # the process holding it (its GPU memory, in NVML's per-process list)
+    cpu_b: int = 0               # its CPU side: what its container's cgroup is charged (besides page tables)
+
+    @property
+    def charged_b(self) -> int:
+        """What the process's cgroup sees: its CPU side and the page tables of its GPU memory."""
+        return self.cpu_b + self.reserved_b // GIB * PAGE_TABLES_PER_GIB
 
 
 def read_loads(node_dir: Path) -> list[Load]:
@@ -125,17 +143,20 @@ def read_loads(node_dir: Path) -> list[Load]:
                 p.unlink()
             continue
         out.append(Load(reserved_b=int(d.get("reserved_b") or 0), gpu_busy=float(d.get("gpu_busy") or 0.0),
-                        compute_frac=float(d.get("compute_frac") or 0.0), loaded=bool(d.get("loaded"))))
+                        compute_frac=float(d.get("compute_frac") or 0.0), loaded=bool(d.get("loaded")),
+                        pid=int(d.get("pid") or 0), cpu_b=int(d.get("cpu_b") or 0)))
     return out
 
 
 def write_load(node_dir: Path, key: str, *, pid: int, reserved_b: int, gpu_busy: float, loaded: bool,
-               compute_frac: float = 0.0, phase: str = "", **extra: Any) -> Path:
-    """Publish a workload's draw on a node (used by the simulated servers, and by tests as a plain load)."""
+               compute_frac: float = 0.0, phase: str = "", cpu_b: int = 0, **extra: Any) -> Path:
+    """Publish a workload's draw on a node (used by the simulated servers, and by tests as a plain load):
+    reserved_b is GPU memory (its process's NVML figure), cpu_b its CPU side (what its cgroup is charged)."""
     d = node_dir / "load"
     d.mkdir(parents=True, exist_ok=True)
     p = d / f"{key}.json"
-    write_atomic(p, json.dumps({"pid": pid, "reserved_b": int(reserved_b), "gpu_busy": round(float(gpu_busy), 4),
+    write_atomic(p, json.dumps({"pid": pid, "reserved_b": int(reserved_b), "cpu_b": int(cpu_b),
+                                "gpu_busy": round(float(gpu_busy), 4),
                                 "compute_frac": round(float(compute_frac), 4), "loaded": loaded, "phase": phase,
                                 "time": time.time(), **extra}))
     return p
@@ -186,6 +207,25 @@ def thermal_step(spec: GB10Spec, st: ThermalState, busy: float, loaded: bool, dt
                         hw_slowdown=hw_slowdown)
 
 
+class NodeRunaway(Protocol):
+    """What a node calls of a runaway under way on it (sim/runaway.Runaway) on each update."""
+
+    @property
+    def over(self) -> bool: ...
+
+    def before(self, node: SimNode, dt_sim: float) -> None: ...
+
+    def after(self, node: SimNode) -> None: ...
+
+
+class NodeSilence(Protocol):
+    """What a node calls of its silence once it froze, powered off or lost its link (sim/runaway.Silence)."""
+
+    def tend(self) -> None: ...
+
+    def end(self) -> None: ...
+
+
 class SimNode:
     """One simulated GB10. `start()` lays out the directory and begins updating it; `stop()` ends that."""
 
@@ -207,8 +247,8 @@ class SimNode:
         self.reserved_b = 0
         self.available_kb = 0                      # MemAvailable as last written
         self.swap_used_kb = 0                      # swap the kernel has used (only a memory runaway gets there)
-        self.runaway: Runaway | None = None        # a sim/runaway.Runaway under way on this node
-        self.silence: Silence | None = None        # a sim/runaway.Silence once it froze, powered off or lost its link
+        self.runaway: NodeRunaway | None = None    # a sim/runaway.Runaway under way on this node
+        self.silence: NodeSilence | None = None    # a sim/runaway.Silence once it froze, powered off or lost its link
         self.keepalive_s = KEEPALIVE_S if keepalive_s is None else keepalive_s
         self._task: asyncio.Task[None] | None = None
         self._last = time.monotonic()
@@ -226,8 +266,13 @@ class SimNode:
     def bin_dir(self) -> Path:
         return self.dir / "bin"
 
+    @property
+    def cgroup_root(self) -> Path:
+        return self.dir / "sys" / "fs" / "cgroup"
+
     def agent_args(self) -> tuple[str, ...]:
-        return ("--gpu-source", f"sim:{self.gpu_json}", "--proc-root", str(self.proc_root), "--containers", "docker")
+        return ("--gpu-source", f"sim:{self.gpu_json}", "--proc-root", str(self.proc_root), "--containers", "docker",
+                "--cgroup-root", str(self.cgroup_root))
 
     def env(self) -> tuple[tuple[str, str], ...]:
         return (("PATH", f"{self.bin_dir}:{os.environ.get('PATH', '/usr/bin:/bin')}"),)
@@ -235,7 +280,7 @@ class SimNode:
     # ---- lifecycle ---------------------------------------------------------------------------------
     def prepare(self) -> None:
         """Create the directory tree and write the first readings (no task needed)."""
-        for sub in ("proc/sys/vm", "proc/pressure", "bin", "containers", "load"):
+        for sub in ("proc/sys/vm", "proc/pressure", "bin", "containers", "load", "sys/fs/cgroup"):
             (self.dir / sub).mkdir(parents=True, exist_ok=True)
         write_atomic(self.dir / "sim.json", json.dumps({
             "name": self.name, "address": self.address, "speed": self.speed, "owner_pid": self.owner_pid,
@@ -282,17 +327,18 @@ class SimNode:
         busy = min(1.0, sum(ld.gpu_busy for ld in loads))
         compute = min(busy, sum(ld.compute_frac for ld in loads))
         loaded = any(ld.loaded for ld in loads)
-        self.reserved_b = sum(ld.reserved_b for ld in loads)
+        self.reserved_b = sum(ld.reserved_b + ld.cpu_b for ld in loads)
+        self._write_processes(loads)
         if dt_sim > 0:
             self.thermal = thermal_step(self.spec, self.thermal, busy, loaded, dt_sim, compute)
         else:
             self.thermal = ThermalState(**{**self.thermal.__dict__, "busy": busy})
-        self._write_gpu()
+        self._write_gpu(loads)
         self._write_meminfo()
         if runaway is not None:
             runaway.after(self)                  # exhausted, at shutdown, cut: the node is silenced
 
-    def _write_gpu(self) -> None:
+    def _write_gpu(self, loads: Sequence[Load] = ()) -> None:
         t, s = self.thermal, self.spec
         from ..nodes.samples import REASON_BITS
         reasons = []
@@ -318,7 +364,13 @@ class SimNode:
         }
         hello = {"hostname": self.name, "driver": s.driver, "kernel": s.kernel,
                  "gpus": [{"index": 0, "name": s.name, "uuid": self.uuid}]}
-        write_atomic(self.gpu_json, json.dumps({"gpus": [gpu], "hello": hello}))
+        # NVML's per-process list, as a GB10 answers it (Syllo/nvtop pull request 511): each process's GPU memory
+        used: dict[int, int] = {}
+        for ld in loads:
+            if ld.reserved_b > 0 and ld.pid > 0:
+                used[ld.pid] = used.get(ld.pid, 0) + ld.reserved_b
+        procs = [{"gpu": 0, "pid": pid, "used_b": b} for pid, b in sorted(used.items())]
+        write_atomic(self.gpu_json, json.dumps({"gpus": [gpu], "hello": hello, "procs": procs}))
 
     def _write_meminfo(self) -> None:
         s, tn = self.spec, self.tuning
@@ -351,6 +403,53 @@ class SimNode:
                      f"some avg10={some:.2f} avg60={some:.2f} avg300={some:.2f} total=0\n"
                      f"full avg10={full:.2f} avg60={full:.2f} avg300={full:.2f} total=0\n")
 
+    def _write_processes(self, loads: Sequence[Load]) -> None:
+        """Each process holding GPU memory as the agent finds it: /proc/PID/cgroup (its container's Docker scope, or
+        a host session) and comm; each running container's cgroup, charged its processes' CPU side and page tables
+        against its cap. Entries of what ended are removed."""
+        conts = {}
+        for path in (self.dir / "containers").glob("*/container.json"):
+            rec = read_json(path)
+            if isinstance(rec, dict) and rec.get("state") == "running" and rec.get("id"):
+                pids = [p for p in [rec.get("pid"), *(rec.get("exec_pids") or [])] if isinstance(p, int) and p > 0]
+                conts[rec["id"]] = (rec, pids)
+        by_pid = {pid: cid for cid, (_, pids) in conts.items() for pid in pids}
+        charged: dict[str, int] = {cid: 0 for cid in conts}
+        keep = {str(EARLYOOM_PID)} if self.tuning.earlyoom else set()
+        for ld in loads:
+            if ld.pid <= 0 or (ld.pid == self.owner_pid and ld.reserved_b == 0):
+                continue
+            cid = by_pid.get(ld.pid)
+            if cid is not None:
+                charged[cid] += ld.charged_b
+            keep.add(self._proc_entry(ld.pid, conts[cid][0] if cid else None, cid))
+        for cid, (rec, pids) in conts.items():
+            d = self.cgroup_root / "system.slice" / f"docker-{cid}.scope"
+            d.mkdir(parents=True, exist_ok=True)
+            cap = int(rec.get("memory_b") or 0)
+            write_atomic(d / "memory.max", f"{cap}\n" if cap else "max\n")
+            write_atomic(d / "memory.current", f"{charged[cid] or 8 << 20}\n")    # a process's own few MiB at least
+            for pid in pids:                  # the container's init too (the agent finds its cgroup through it)
+                keep.add(self._proc_entry(pid, rec, cid))
+        for pdir in self.proc_root.iterdir():
+            if pdir.name.isdigit() and pdir.name not in keep:
+                shutil.rmtree(pdir, ignore_errors=True)
+        scopes = self.cgroup_root / "system.slice"
+        if scopes.is_dir():
+            for d in scopes.glob("docker-*.scope"):
+                if d.name[len("docker-"):-len(".scope")] not in conts:
+                    shutil.rmtree(d, ignore_errors=True)
+
+    def _proc_entry(self, pid: int, rec: dict[str, Any] | None, cid: str | None) -> str:
+        """/proc/PID/{comm,cgroup} of one process (written once): in its container's Docker scope, or a host session."""
+        pdir = self.proc_root / str(pid)
+        if not (pdir / "cgroup").is_file():
+            pdir.mkdir(parents=True, exist_ok=True)
+            cmd = (rec.get("cmd") or ["vllm"]) if rec else []
+            write_atomic(pdir / "comm", (os.path.basename(str(cmd[0])) if cmd else "python3")[:15] + "\n")
+            write_atomic(pdir / "cgroup", f"0::/system.slice/docker-{cid}.scope\n" if cid else HOST_CGROUP)
+        return pdir.name
+
     def _write_guards(self) -> None:
         tn = self.tuning
         swaps = "Filename\t\t\t\tType\t\tSize\t\tUsed\t\tPriority\n"
@@ -362,6 +461,20 @@ class SimNode:
         write_atomic(vm / "min_free_kbytes", f"{tn_min_free(tn, self.spec.mem_total_kb)}\n")
         write_atomic(vm / "swappiness", f"{tn.swappiness}\n")
         write_atomic(vm / "drop_caches", "0\n")
+        # earlyoom, as the guard check's fix configures it, on a hardened node: its systemd unit's cgroup names it
+        unit = self.cgroup_root / "system.slice" / "earlyoom.service"
+        pdir = self.proc_root / str(EARLYOOM_PID)
+        if tn.earlyoom:
+            from ..nodes.guard import EARLYOOM_ARGS
+            unit.mkdir(parents=True, exist_ok=True)
+            write_atomic(unit / "cgroup.procs", f"{EARLYOOM_PID}\n")
+            pdir.mkdir(parents=True, exist_ok=True)
+            write_atomic(pdir / "comm", "earlyoom\n")
+            import shlex
+            write_atomic(pdir / "cmdline", "\0".join(["/usr/bin/earlyoom", *shlex.split(EARLYOOM_ARGS)]) + "\0")
+        else:
+            shutil.rmtree(unit, ignore_errors=True)
+            shutil.rmtree(pdir, ignore_errors=True)
 
     # ---- for tests and the demo --------------------------------------------------------------------
     def set_tuning(self, tuning: NodeTuning) -> None:

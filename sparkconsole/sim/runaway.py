@@ -4,10 +4,12 @@ Everything here is SIMULATED; the console reads it through the real agent, as it
     rw = sim.runaway("spark2", "memory")        # SimCluster.runaway: on one node while the cluster runs
     await rw.done.wait(); rw.outcome, rw.ended_at   # "frozen" | "averted" | "shutdown" | "cut", wall time
 
-  memory   the vLLM container's memory grows at an accelerating rate (exponential, over `duration_s` simulated
-           seconds from what is free to nothing): MemAvailable falls, memory PSI rises, swap (where there is
-           some) fills. At exhaustion the node FREEZES as a GB10 does (no OOM kill): nothing on it answers.
-           Stopping the container first (the console's opt-in guard) takes the leak with it: "averted".
+  memory   the vLLM process's GPU memory grows at an accelerating rate (exponential, over `duration_s` simulated
+           seconds from what is free to nothing), as NVML's per-process figure; its container's cgroup sees only
+           page tables, so its memory cap never fires (sim/node.py): MemAvailable falls, memory PSI rises, swap
+           (where there is some) fills. At exhaustion the node FREEZES as a GB10 does (no OOM kill): nothing on it
+           answers. Stopping the container first (the console's guard, on by default) takes the leak with it:
+           "averted".
   thermal  the node's cooling fails: the GPU climbs past its slowdown temperature (sw_thermal, the clock drops),
            past HW slowdown (hw_slowdown + hw_thermal, the clock at its floor) to shutdown; the node powers off.
   link     the node's link is cut: it runs on, but nothing of it reaches the console and its endpoint stops

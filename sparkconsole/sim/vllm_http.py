@@ -18,8 +18,7 @@ from aiohttp.typedefs import Handler
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from ..launch.drain_gate import FLAG as DRAIN_FLAG
-from ..launch.drain_gate import MIDDLEWARE
+from ..launch import drain_gate
 from .engine import RequestRejected
 from .tokens import chat_prompt, detokenize, token_ids, word_for
 from .vllm_args import SIM_VERSION
@@ -30,7 +29,7 @@ if TYPE_CHECKING:
     from .engine import SimEngine
     from .profiles import ModelProfile
     from .vllm_metrics import Metrics, SimClock
-    from .vllm_server import Req
+    from .vllm_request import Req
 
 
 class VllmHttpApi:
@@ -70,24 +69,31 @@ class VllmHttpApi:
         return app
 
     def _closed(self) -> bool:
-        """launch/drain_gate.py, loaded as middleware and closed (its flag in the container's files)."""
-        if MIDDLEWARE not in (self.ns.middleware or ()):
+        """launch/drain_gate.py, loaded as middleware and closed: its own rule (the flag fresh within its lease) on
+        the flag in the container's files (the shim empties its tmpfs when the container starts again)."""
+        if drain_gate.MIDDLEWARE not in (self.ns.middleware or ()):
             return False
         if not (self.ns.sim_node_dir and self.ns.sim_container):
             return False
         fs = Path(str(self.ns.sim_node_dir)) / "containers" / str(self.ns.sim_container) / "fs"
-        return (fs / DRAIN_FLAG.lstrip("/")).exists()
+        return drain_gate.closed(str(fs / drain_gate.FLAG.lstrip("/")))
 
     @web.middleware
     async def _middleware(self, request: web.Request, handler: Handler) -> web.StreamResponse:
-        if request.method == "POST" and request.path.startswith("/v1/") and self._closed():
-            return self.error("this server is draining for a restart: retry on another", 503, "ServiceUnavailable")
+        closed = self._closed()
+        if closed and drain_gate.generates(request.path):
+            resp: web.StreamResponse = self.error("this server is draining for a restart: retry on another", 503,
+                                                  "ServiceUnavailable")
+            resp.headers[drain_gate.HEADER] = "closed"
+            return resp
         key = self.ns.api_key or os.environ.get("VLLM_API_KEY")
         if key and request.path.startswith("/v1/") and request.headers.get("Authorization", "") != f"Bearer {key}":
             return web.json_response({"error": "Unauthorized"}, status=401)
         resp = await handler(request)
         if not resp.prepared:
             resp.headers["X-Sim-Speed"] = repr(self.speed)
+            if closed:
+                resp.headers[drain_gate.HEADER] = "closed"
         return resp
 
     @staticmethod

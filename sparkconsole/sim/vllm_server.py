@@ -17,7 +17,6 @@ import time
 import uuid
 import zlib
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,43 +26,25 @@ from ..errors import UserError
 from .engine import EngineArgs, RequestRejected, SimEngine
 from .experiment import ProxyProfile
 from .files import pid_alive, read_json
-from .node import write_load
+from .node import GIB, PAGE_TABLES_PER_GIB, write_load
 from .profiles import GB10
 from .vllm_args import SIM_VERSION, log, profile_for
 from .vllm_http import VllmHttpApi
 from .vllm_metrics import Metrics, SimClock
+from .vllm_request import Req
 
 BLOCK = 16
 WEIGHT_LOAD_BPS = 2.0e9          # simulated weight loading from local NVMe into unified memory
 STARTUP_S = 4.0                  # process start, config, tokenizer (simulated seconds)
 KV_ALLOC_S = 2.0
+# vLLM's CPU side (Python, torch, compile workers, host buffers): what its container's cgroup is charged besides page
+# tables. A GB10 serving vLLM showed ~9.4 GiB of host memory in use beyond the worker's 89.3 GiB of GPU memory
+# (Syllo/nvtop pull request 511), the OS's ~5 GiB (GB10Spec.os_used_kb) included: ~4 GiB is vLLM's.
+CPU_SIDE_B = 4 << 30
 MAX_LAG_WALL_S = 0.25            # beyond this much real time behind its clock, the engine resyncs
 # vLLM's engine core polls for work: an idle one starts its first step this long after a request arrives
 # (the same constant the headless experiment uses, so served and headless figures agree).
 ENGINE_WAKEUP_S = getattr(ProxyProfile(), "engine_wakeup_s", 0.0)
-
-
-# ---------------------------------------------------------------------------------------------------
-# requests
-
-@dataclass
-class Req:
-    rid: str
-    key: int
-    prompt_tokens: int
-    max_tokens: int          # what the client allowed
-    target: int              # what will be generated (EOS earlier unless ignore_eos)
-    arrival: float
-    cached_tokens: int = 0
-    queue: asyncio.Queue[tuple[int, bool, float]] = field(default_factory=asyncio.Queue)   # (tokens, finished, t)
-    first_at: float | None = None
-    last_at: float | None = None
-    generated: int = 0
-    done: bool = False
-
-    @property
-    def finish_reason(self) -> str:
-        return "length" if self.generated >= self.max_tokens else "stop"
 
 
 class PrefixCache:
@@ -142,7 +123,8 @@ class SimVllmServer(VllmHttpApi):
 
     def publish(self, busy: float = 0.0, compute: float = 0.0) -> None:
         if self.load_key and self.node_dir:          # a load key implies the node directory
-            write_load(self.node_dir, self.load_key, pid=os.getpid(), reserved_b=self.reserved_b, gpu_busy=busy,
+            write_load(self.node_dir, self.load_key, pid=os.getpid(), reserved_b=self.reserved_b, cpu_b=CPU_SIDE_B,
+                       gpu_busy=busy,
                        compute_frac=compute, loaded=self.reserved_b > 0, phase=self.phase, address=self.host,
                        port=self.ns.port, tp_nodes=self.nodes)
 
@@ -158,7 +140,10 @@ class SimVllmServer(VllmHttpApi):
 
     def _check_memory_limit(self) -> None:
         limit = self.ns.sim_memory_limit
-        if limit and self.reserved_b > limit:
+        # What the container's cgroup is charged on a GB10: the CPU side and the page tables of the GPU memory, not
+        # the GPU memory itself (sim/node.py). Only that reaching the cap brings its OOM kill.
+        charged = CPU_SIDE_B + self.reserved_b // GIB * PAGE_TABLES_PER_GIB
+        if limit and charged > limit:
             # The cgroup's OOM killer ends the container: docker reports OOMKilled, exit 137.
             if self.node_dir and self.ns.sim_container:
                 d = self.node_dir / "containers" / self.ns.sim_container
@@ -249,6 +234,7 @@ class SimVllmServer(VllmHttpApi):
             f"{ns.tensor_parallel_size}}}", "utils.py")
         self.phase = "starting"
         self.publish()
+        self._check_memory_limit()           # its CPU side (Python, torch) is there before any GPU memory
         await self.clock.sleep(STARTUP_S / self.load_speedup)
         await self._wait_for_workers()
         total = GB10.memory_bytes

@@ -20,7 +20,7 @@ from textual.app import App
 from textual.binding import Binding
 
 from ..config import ClusterConfig
-from ..nodes.launches import launch_groups
+from ..nodes.launches import gates_closed, launch_groups
 from .heap import HeapKeeper
 from .node_actions import NodeActions
 from .palette import ConsoleCommands
@@ -29,10 +29,16 @@ from .screens.help import HelpScreen
 from .startup import ConsoleStart
 
 if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (tui/startup.py)
+    from textual.notifications import SeverityLevel
+
     from ..alerts import AlertEngine
     from ..collector.core import Collector
     from ..nodes.monitor import ClusterMonitor
+    from ..recorder.replay import EndpointReplay
     from ..serving.endpoint import ServingMonitor
+    from .screens.bench import BenchScreen
+    from .screens.logs import LogsScreen
+    from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
 TOAST_SHORT = 48        # a toast's words on a small terminal (the rest: the Events pane)
@@ -93,20 +99,21 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self.notice = notice
         self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
         self._scrub_back = 0                # minutes
-        self._scrub_unsub = None
+        self._scrub_unsub: Callable[[], None] | None = None
         self._recording = recording
-        self._ep_replay = None              # recorder/replay.EndpointReplay while a recorded moment plays
+        self._ep_replay: EndpointReplay | None = None      # while a recorded moment plays
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
-        self._recipes_screen = None
-        self._logs_screen = None
-        self._bench_screen = None
+        self._recipes_screen: RecipesScreen | None = None
+        self._logs_screen: LogsScreen | None = None
+        self._bench_screen: BenchScreen | None = None
         for mode, make in (("recipes", lambda: self.recipes_screen), ("bench", lambda: self.bench_screen),
                            ("logs", lambda: self.logs_screen)):
             self.add_mode(mode, make)   # one instance per mode: the app feeds it
         self._dirty: set[str] = set()
         self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
+        self._closed_shown: frozenset[str] = frozenset()
         self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
         self._alerts_due: list = []         # alerts the core raised or cleared since the last frame
         # (node, container) -> its stage while a restart from this console runs (the launch bar shows it)
@@ -230,7 +237,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         await replayed.stop()
 
     @property
-    def recipes_screen(self):
+    def recipes_screen(self) -> RecipesScreen:
         # Built on first use, like the others but the dashboard: the first frame does not wait for them.
         if self._recipes_screen is None:
             from .screens.recipes import RecipesScreen
@@ -238,14 +245,14 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         return self._recipes_screen
 
     @property
-    def logs_screen(self):
+    def logs_screen(self) -> LogsScreen:
         if self._logs_screen is None:
             from .screens.logs import LogsScreen
             self._logs_screen = LogsScreen()
         return self._logs_screen
 
     @property
-    def bench_screen(self):
+    def bench_screen(self) -> BenchScreen:
         # Built on first use: its charts pull in plotext, which the first frame does not need.
         if self._bench_screen is None:
             from .screens.bench import BenchScreen
@@ -385,15 +392,24 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         due, self._alerts_due = self._alerts_due, []
         self._take_alerts(due)
         eps, self._dirty_eps = self._dirty_eps, set()
+        if eps and self._closed_urls() != self._closed_shown:
+            self._show_launches()
         if self.replay_at is not None:
             eps = set()                         # a recorded moment: the panels show its polls, not the live ones
         for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
-            panel = self.dashboard.endpoint_panels.get(name)
-            if snap is None or panel is None:
+            ep_panel = self.dashboard.endpoint_panels.get(name)
+            if snap is None or ep_panel is None:
                 continue
-            panel.show(snap, now)
+            ep_panel.show(snap, now)
+
+    def _closed_urls(self) -> frozenset[str]:
+        """The endpoints whose last poll says their drain gate is closed."""
+        if self.serving is None:
+            return frozenset()
+        return frozenset(em.latest.url for em in self.serving.endpoints.values()
+                         if em.latest is not None and em.latest.drain_closed)
 
     def _show_replayed_endpoints(self, t: float) -> None:
         """The endpoint panels at the replayed time t: each endpoint's recorded poll then (console --at reads its
@@ -418,8 +434,16 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
                 panel.show_unrecorded(t)
 
     def _show_launches(self) -> None:
-        """The launches sparkconsole started, each as one line across its nodes (labels on their containers)."""
-        groups = launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes if self.node_monitor(n.name))
+        """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
+        launch with a server closed by its drain gate is CLOSED, with the command that opens it."""
+        from ..launch.drain_gate import reopen_command  # stdlib only: no launch layer on the console's path
+        closed = self._closed_urls()
+        newly, self._closed_shown = closed - self._closed_shown, closed
+        groups = gates_closed(launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes
+                                            if self.node_monitor(n.name)), closed, reopen_command)
+        for g in groups:            # the whole line once in the events pane: the launch bar may cut it short
+            if g.verdict == "CLOSED" and any(m.url in newly for m in g.members):
+                self.dashboard.events.note(f"{g.recipe} × {g.topology}: {g.reason}", "yellow")
         self.dashboard.launches.show(groups, self.restart_stages)
         shown = tuple(g.line() for g in groups)         # its members and their states too: one node reports later
         if shown != self._launches_shown:
@@ -455,7 +479,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             self.dashboard.events.add(a)
             if a.active and (a.severity == "bad" or not self._small()):
                 # a small terminal toasts only what is BAD: the rest is in the Events pane (`e`), the panels say it
-                sev = {"bad": "error", "warn": "warning"}.get(a.severity, "information")
+                sev: SeverityLevel = "error" if a.severity == "bad" else "warning" if a.severity == "warn" \
+                    else "information"
                 # The toast's title names the source already: its text need not say it again.
                 self.notify(self._toast_text(a.message.removeprefix(a.source + " ")), title=a.source, severity=sev,
                             timeout=8 if a.severity == "bad" else 5)

@@ -7,12 +7,32 @@ A mixin of SparkConsoleApp: it uses the app's cluster, node monitors, dashboard 
 from __future__ import annotations
 
 import shlex
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
 
 from .screens.confirm import ConfirmScreen
 
+if TYPE_CHECKING:
+    from textual.app import App
 
-class NodeActions:
+    from ..config import ClusterConfig
+    from .screens.dashboard import DashboardScreen
+
+    _App = App[None]
+else:
+    _App = object
+
+
+class NodeActions(_App):
+    if TYPE_CHECKING:       # what SparkConsoleApp (tui/app.py) gives its actions
+        cluster: ClusterConfig
+        dashboard: DashboardScreen
+        read_only: bool
+        replay_at: float | None
+        _live_monitor: Any
+
+        def node_monitor(self, name: str) -> Any: ...
+
     def confirm_container(self, node_name: str, action: str) -> None:
         node = self.cluster.node(node_name)
         argv = ["docker", action, node.container]
@@ -27,7 +47,7 @@ class NodeActions:
         self.confirm(f"Fix '{result.title}' on {node_name}?", result.fix,
                      lambda: self.run_on_node(node_name, f"guard-fix:{result.key}", result.fix), result.reason)
 
-    def confirm(self, title: str, command: str, then: Callable[[], object], detail: str = "") -> None:
+    def confirm(self, title: str, command: str, then: Callable[[], Awaitable[object]], detail: str = "") -> None:
         # Every node-changing action (container restart/stop, guard fixes, recipe launch/restart/stop) asks here.
         if self.read_only:
             self.notify("read-only console: nothing was run", severity="warning", timeout=4)

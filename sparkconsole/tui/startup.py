@@ -16,8 +16,22 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from .heap import TICK_S
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+    from ..alerts import AlertEngine
+    from ..collector.core import Collector
+    from ..config import ClusterConfig
+    from .heap import HeapKeeper
+    from .screens.dashboard import DashboardScreen
+
+    _App = App[None]
+else:
+    _App = object
 
 FIRST_FRAME_REFRESHES = 20
 PARENTLESS_EXIT_S = 10.0      # a tab's console whose server is gone ends within this, cleanly or not
@@ -32,7 +46,50 @@ def _import_layers(serving: bool, attach: bool = False) -> None:
         importlib.import_module("sparkconsole.serving.endpoint")
 
 
-class ConsoleStart:
+class ConsoleStart(_App):
+    if TYPE_CHECKING:       # what SparkConsoleApp (tui/app.py) gives its start
+        cluster: ClusterConfig
+        monitor: Any
+        core: Collector | None
+        alerts: AlertEngine | None
+        attach: bool
+        record: bool
+        replay_at: float | None
+        simulated: bool
+        _recording: str | None
+        dashboard: DashboardScreen
+        heap: HeapKeeper
+        first_frame_at: float | None
+        _serving: Any
+        _monitor_factory: Callable[[ClusterConfig], Any] | None
+        _serving_factory: Callable[[ClusterConfig], Any] | None
+        _unsubscribe: list[Callable[[], None]]
+        _stopped: bool
+        _monitors_begun: bool
+        _monitors_up: bool
+        _heap_started: bool
+
+        @property
+        def serving(self) -> Any: ...
+
+        def mark_all_dirty(self) -> None: ...
+
+        def _redraw(self) -> None: ...
+
+        def _say(self, text: str, sev: str = "info") -> None: ...
+
+        def _say_notes(self, mon: Any) -> None: ...
+
+        def _show_postmortem(self, pm: dict[str, Any]) -> None: ...
+
+        def _node_changed(self, nm: Any) -> None: ...
+
+        def _endpoint_changed(self, em: Any) -> None: ...
+
+        def _alert_changed(self, alert: Any) -> None: ...
+
+        def _followed(self, change: tuple[Any, ...]) -> None: ...
+
     # Set where the monitor's layers were imported before the app was made (a browser tab's console started ahead
     # of its tab, webface/warm.py): nothing is left to import that would hold the first frame back, so the monitors
     # start (attach to the collector, read its current state) while Textual lays the first frame out, and the
@@ -105,8 +162,7 @@ class ConsoleStart:
                 return
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
             self._say_notes(self.monitor)
-            self._start_core(attached)
-            await self.core.start()
+            await self._start_core(attached).start()
         except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
             self._monitor_failed(exc)
         finally:
@@ -129,9 +185,9 @@ class ConsoleStart:
         self.heap.start()
         self.set_interval(TICK_S, self.heap.tick)
 
-    def _start_core(self, attached: bool) -> None:
+    def _start_core(self, attached: bool) -> Collector:
         """The core over the monitor: flight recorder (on its own only: attached, the collector records),
-        exhaustion warning + opt-in guard, notifications, post-mortems, endpoint following (all below the TUI)."""
+        exhaustion warning + guard, notifications, post-mortems, endpoint following (all below the TUI)."""
         from ..collector.core import Collector
         self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
                                      say=self._say, acting=not attached, replay=self.replay_at is not None,
@@ -141,12 +197,15 @@ class ConsoleStart:
             from ..recorder.postmortem import one_line
             # the demo's post-mortems are read with --demo: its recording is not the cluster file's
             whole = "sparkconsole postmortem {node}" + (" --demo" if self.simulated else "")
+
+            def on_postmortem(pm: dict[str, Any]) -> None:
+                self._say(f"{one_line(pm)} · the whole of it: {whole.format(node=pm['node'])}", "bad")
+                self._show_postmortem(pm)
             try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
-                core.open_recorder(self._recording, role="console", on_postmortem=lambda pm: (
-                    self._say(f"{one_line(pm)} · the whole of it: {whole.format(node=pm['node'])}", "bad"),
-                    self._show_postmortem(pm)))
+                core.open_recorder(self._recording, role="console", on_postmortem=on_postmortem)
             except Exception as exc:    # a disk problem must not take the console down: say it, run without
                 self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
-        self._unsubscribe.append(self.alerts.subscribe(self._alert_changed))
+        self._unsubscribe.append(core.alerts.subscribe(self._alert_changed))      # the app's engine (on_mount)
         self._unsubscribe.append(core.subscribe_endpoints(self._endpoint_changed))
         self._unsubscribe.append(core.subscribe_follow(self._followed))
+        return core

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import re
 import shlex
@@ -26,12 +27,12 @@ from typing import Any
 
 import aiohttp_jinja2
 import jinja2
-from aiohttp import web
+from aiohttp import WSCloseCode, WSMsgType, web
 from textual_serve.app_service import AppService
-from textual_serve.server import Server, to_int
+from textual_serve.server import Server
 
 from ..exporter.listen import Listen, QuietRunner, token_ok
-from ..exporter.listener import Listener, add_headers, as_listener, start_site
+from ..exporter.listener import Listener, add_headers, allowed, as_listener, start_site
 from ..tui.app import READ_ONLY_ENV
 from .spare import SpareConsole
 
@@ -39,6 +40,41 @@ log = logging.getLogger(__name__)
 
 COOKIE = "sparkconsole_token"
 TEMPLATE = "app_index.html"
+MAX_MESSAGE = 1 << 20           # the page sends keys, resizes and pings: nothing near aiohttp's 4 MiB default
+MAX_SIZE = 10_000               # columns or rows a tab may ask for
+
+
+def _size(text: str | None, default: int) -> int:
+    """A terminal dimension from the page (query or resize message): a positive int within MAX_SIZE, else default."""
+    if isinstance(text, bool):
+        return default
+    if isinstance(text, int):
+        return text if 0 < text <= MAX_SIZE else default
+    if isinstance(text, str) and text.isascii() and text.isdigit() and 0 < int(text) <= MAX_SIZE:
+        return int(text)
+    return default
+
+
+def page_message(text: str) -> tuple[str, Any] | None:
+    """One message of textual-serve's page (`["stdin", str]`, `["resize", {width, height}]`, `["ping", x]`,
+    `["blur"]`, `["focus"]`) as (kind, data); None for anything else."""
+    try:
+        envelope = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(envelope, list) or not envelope or not isinstance(envelope[0], str):
+        return None
+    kind, data = envelope[0], envelope[1] if len(envelope) > 1 else None
+    if kind == "stdin":
+        return (kind, data) if isinstance(data, str) else None
+    if kind == "resize":
+        if not isinstance(data, dict):
+            return None
+        width, height = _size(data.get("width"), 0), _size(data.get("height"), 0)
+        return (kind, {"width": width, "height": height}) if width and height else None
+    if kind in ("ping", "blur", "focus"):
+        return kind, data
+    return None
 
 
 def console_argv(*, demo: bool, cluster: str | None, module: str = "sparkconsole") -> list[str]:
@@ -93,7 +129,7 @@ class ConsoleServer(Server):
     async def _authorised(self, request: web.Request) -> bool:
         if self.token is not None and token_ok(request.cookies.get(COOKIE), self.token):
             return True
-        return await self.access.allows(request.headers.get("Authorization"))
+        return await allowed(self.access, request.headers.get("Authorization"))
 
     async def _make_app(self) -> web.Application:
         @web.middleware
@@ -133,7 +169,8 @@ class ConsoleServer(Server):
     # --- each tab's console ----------------------------------------------------------------------------------
     def tab_environment(self, width: int, height: int) -> dict[str, str]:
         """What textual-serve gives a tab's console: this process's environment, its web driver and size."""
-        return AppService._build_environment(self, width, height)     # (it reads .debug alone)
+        # textual-serve's own, borrowed: it reads .debug alone, which this server has as an AppService does
+        return AppService._build_environment(self, width, height)  # type: ignore[arg-type]
 
     async def _fill_spare(self, app: web.Application) -> None:
         if self.spare is not None and self.command == self.tab_command:
@@ -149,10 +186,14 @@ class ConsoleServer(Server):
         return await self.spare.take(self.tab_environment(width, height))
 
     async def handle_websocket(self, request: web.Request) -> web.WebSocketResponse:
-        """textual-serve's handler, with a console that may have been started ahead of the tab."""
-        websocket = web.WebSocketResponse(heartbeat=15)
-        width = to_int(request.query.get("width", "80"), 80)
-        height = to_int(request.query.get("height", "24"), 24)
+        """textual-serve's handler, with a console that may have been started ahead of the tab. A request that is
+        not a websocket handshake (a plain GET) gets one 400 and nothing in the log; a tab that ends in an error
+        is one log line, never a traceback (any local user can open this URL on the default loopback `serve`)."""
+        websocket = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE)
+        if not websocket.can_prepare(request).ok:
+            raise web.HTTPBadRequest(text="400: /ws is the console's websocket: open / in a browser\n")
+        width = _size(request.query.get("width"), 80)
+        height = _size(request.query.get("height"), 24)
         service: _TabService | None = None
         try:
             await websocket.prepare(request)
@@ -167,11 +208,36 @@ class ConsoleServer(Server):
         except asyncio.CancelledError:
             await websocket.close()
         except Exception as error:
-            log.exception(error)
+            log.warning("a console tab ended: %s", type(error).__name__)
         finally:
             if service is not None:
                 await service.stop()
+        if not websocket.prepared:       # prepare() itself failed (the client went): nothing to answer
+            raise web.HTTPBadRequest(text="400: the websocket handshake did not complete\n")
         return websocket
+
+    async def _process_messages(self, websocket: web.WebSocketResponse, app_service: AppService) -> None:
+        """textual-serve's message loop, reading what the page sends as untrusted: a message that is not one of
+        the page's own closes the websocket (1003) with one log line, where textual-serve raised (a traceback)."""
+        async for message in websocket:
+            if message.type != WSMsgType.TEXT:
+                continue
+            packet = page_message(message.data)
+            if packet is None:
+                log.warning("a console tab sent a message that is not the page's: closing it")
+                await websocket.close(code=WSCloseCode.UNSUPPORTED_DATA, message=b"not a console page message")
+                return
+            kind, data = packet
+            if kind == "stdin":
+                await app_service.send_bytes(data.encode("utf-8", "replace"))
+            elif kind == "resize":
+                await app_service.set_terminal_size(data["width"], data["height"])
+            elif kind == "ping":
+                await websocket.send_json(["pong", data])
+            elif kind == "blur":
+                await app_service.blur()
+            elif kind == "focus":
+                await app_service.focus()
 
     @aiohttp_jinja2.template(TEMPLATE)
     async def handle_index(self, request: web.Request) -> dict:

@@ -8,6 +8,8 @@
 - tracebacks shown: "Traceback (most recent call last)" in any output a test hands to `ledger.output(text)`
   (CLI stdout/stderr, TUI screens), every log record with exception info from the `sparkconsole` loggers, and
   every test here that failed with an exception other than an assertion (product code let something escape).
+- listeners: per listener fuzzed (tests/faults/test_listener_fuzz.py), the requests sent, the routes of its router
+  reached past the login out of all of them, the 5xx answers, the tracebacks logged and the secrets found.
 
 At the end of the session the figures are printed and written as JSON to $SPARKCONSOLE_FAULT_FIGURES (when set);
 benchmarks/faults.py runs the suite that way and prints the table.
@@ -33,6 +35,7 @@ class Ledger:
         self.fault_names: dict[str, str] = {}
         self.lost_where: list[str] = []
         self.tracebacks_where: list[str] = []
+        self.listeners: dict[str, dict[str, int]] = {}
 
     def bad_inputs(self, n: int = 1) -> None:
         self.counts["bad_inputs"] += n
@@ -61,6 +64,7 @@ class Ledger:
             "faults": {self.fault_names[k]: v for k, v in self.faults.items()},
             "lost_where": self.lost_where,
             "tracebacks_where": self.tracebacks_where,
+            "listeners": self.listeners,
         }
 
 
@@ -142,7 +146,7 @@ def pytest_runtest_makereport(item: pytest.Item, call):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     f = LEDGER.figures()
-    if not (f["faults"] or f["bad_inputs_tried"] or f["tracebacks_shown"]):
+    if not (f["faults"] or f["bad_inputs_tried"] or f["tracebacks_shown"] or f["listeners"]):
         return
     tr = terminalreporter
     tr.section("fault suite figures")
@@ -151,6 +155,9 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     for what, outcome in f["faults"].items():
         if outcome != "passed":
             tr.line(f"  {outcome}: {what}")
+    for name, fig in f["listeners"].items():
+        tr.line(f"  listener {name}: {fig['requests']} requests, routes covered {fig['routes covered']} of "
+                f"{fig['routes']}, 5xx {fig['5xx']}, tracebacks {fig['tracebacks']}, secrets found {fig['secrets']}")
     out = os.environ.get("SPARKCONSOLE_FAULT_FIGURES")
     if out:
         Path(out).write_text(json.dumps(f, indent=1) + "\n")

@@ -17,9 +17,9 @@ import pytest
 
 from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import Thresholds
+from sparkconsole.nodes.connect import make_transport
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.nodes.samples import NodeState
-from sparkconsole.nodes.transport import make_transport
 from tests.helpers import until
 
 pytestmark = pytest.mark.sshd

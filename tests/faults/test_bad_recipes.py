@@ -1,4 +1,4 @@
-"""Thousands of malformed recipes through sparkconsole.launch.recipe (and, when one is accepted, through plan).
+"""Thousands of malformed recipes through sparkconsole.recipes (and, when one is accepted, through plan).
 
 Each document is either accepted, and then plans for every topology it lists or refuses with a one-line UserError,
 or refused with one line naming the file, the line, the field and the fix. Never another exception (a traceback),
@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import hashlib
 import time
+from pathlib import Path
 
 import yaml
 from hypothesis import given
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import Recipe, bundled_dir, load_recipe, parse_recipe
+from sparkconsole.recipes import Recipe, bundled_dir, load_recipe, parse_recipe
 from sparkconsole.yamlsrc import load_text
 from tests.faults.fuzz import fuzz
 
@@ -182,3 +183,124 @@ def test_files_on_disk_one_line_each_and_nothing_written(tmp_path, ledger):
             raise AssertionError(f"{name} was accepted")
     assert sorted(p.name for p in tmp_path.iterdir()) == before
     assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in BUNDLED} == DIGEST
+
+
+# --- recipe_version "2" and registries (issue 36 item 7): one line naming file, field and fix; nothing half-made ----
+
+V2_BASE = {"recipe_version": "2", "model": "org/m", "runtime": "vllm", "container": "vllm/vllm-openai:v0.12.0",
+           "defaults": {"port": 8000, "tensor_parallel": 2, "max_model_len": 4096},
+           "env": {"A": "{config.max_model_len}", "B": "{launch.node_rank}"},
+           "command": "vllm serve {model} --port {port} -tp {tensor_parallel} --limit-mm-per-prompt '{\"image\":2}'",
+           "overrides": [{"when": {"nodes": 1}, "defaults": {"max_model_len": 1024}}],
+           "readiness": {"inference_timeout_s": 60}, "pre_exec": ["echo hi"],
+           "executor_config": {"shm_size": "64gb", "cap_add": ["IPC_LOCK"], "ulimit": ["memlock=-1"]},
+           "metadata": {"model_params": "8B"}, "min_nodes": 1}
+V2_PATHS = [("recipe_version",), ("model",), ("runtime",), ("container",), ("command",), ("defaults",),
+            ("defaults", "port"), ("defaults", "tensor_parallel"), ("env",), ("env", "A"), ("env", "B"),
+            ("overrides",), ("overrides", "x"), ("readiness",), ("readiness", "inference_timeout_s"),
+            ("readiness", "inference"), ("pre_exec",), ("executor_config",), ("executor_config", "shm_size"),
+            ("executor_config", "ulimit"), ("executor_config", "user"), ("executor_config", "volumes"),
+            ("executor_config", "network"), ("metadata",), ("min_nodes",), ("max_nodes",), ("mode",), ("mods",),
+            ("include",), ("model_revision",), ("solo_only",), ("cluster_only",)]
+
+
+@fuzz(1000)
+@given(st.sampled_from(V2_PATHS), weird_values, st.booleans())
+def test_mutated_v2_recipes(path, value, delete):
+    doc = mutate(V2_BASE, path, value, delete)
+    try:
+        text = yaml.safe_dump(doc, allow_unicode=True)
+    except yaml.YAMLError:
+        return
+    t0 = time.thread_time()
+    try:
+        recipe = parse_recipe(load_text(text, FILE), "fuzz")
+    except UserError as err:
+        check_error(err)
+        return
+    for topology in recipe.topologies:
+        try:
+            make_plan(recipe, topology, CLUSTER, {"eth_if": "enp1s0f0np0"})
+        except UserError as err:
+            msg = str(err)
+            assert "\n" not in msg and "fix:" in msg, msg
+    assert time.thread_time() - t0 < 5.0
+
+
+def _v2(tmp_path, name, text):
+    p = tmp_path / f"{name}.yaml"
+    p.write_text('recipe_version: "2"\n' + text)
+    return p
+
+
+def test_bad_v2_inputs_are_one_line_each(tmp_path, ledger):
+    big = tmp_path / "big.yaml"
+    big.write_bytes(b'recipe_version: "2"\nmodel: m\ncontainer: c\ncommand: vllm serve m\n# '
+                    + b"x" * (5 * 1024 * 1024 + 10) + b"\n")
+    cases = [
+        (_v2(tmp_path, "cycle-a", "include: cycle-b\n"), "include", "include cycle"),
+        (_v2(tmp_path, "over", "model: m\ncontainer: c\ncommand: vllm serve m\n"
+                               "overrides: [{when: {gpu_count: 2}, defaults: {max_model_len: 1}}]\n"),
+         "overrides[0].when.gpu_count", "unknown selector"),
+        (big, None, "larger than"),
+    ]
+    _v2(tmp_path, "cycle-b", "include: cycle-a\n")
+    for i in range(10):
+        _v2(tmp_path, f"deep{i}", f"include: deep{i + 1}\n")
+    _v2(tmp_path, "deep10", "model: m\ncontainer: c\ncommand: vllm serve m\n")
+    cases.append((tmp_path / "deep0.yaml", "include", "deeper than 8"))
+    for path, field, words in cases:
+        ledger.bad_inputs()
+        try:
+            load_recipe(path)
+        except UserError as err:
+            msg = check_error(err, str(path))
+            assert words in msg and (field is None or f": {field}:" in msg), msg
+        else:
+            raise AssertionError(f"{path.name} was accepted")
+    ledger.bad_inputs()
+    sglang = load_recipe(_v2(tmp_path, "sg", "model: m\nruntime: sglang\ncontainer: c\n"
+                                             "command: python3 -m sglang.launch_server --model-path m\n"))
+    try:
+        make_plan(sglang, "solo", CLUSTER)
+    except UserError as err:
+        msg = check_error(err, str(tmp_path / "sg.yaml"))
+        assert ": runtime: runtime 'sglang' is not one sparkconsole runs" in msg
+    else:
+        raise AssertionError("an sglang recipe planned")
+
+
+def test_bad_registries_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatch, ledger):
+    from sparkconsole.recipes.registry import Registries
+    from tests.helpers import git_repo
+
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
+
+    def repo(name, files):
+        return git_repo(tmp_path / name, files)
+
+    bad_manifest = repo("badman", {".sparkrun/registry.yaml": "registries:\n  - name: x\n    recipes: ../../etc\n",
+                                   "recipes/a.yaml": "model: m\n"})
+    not_list = repo("notlist", {".sparkrun/registry.yaml": "registries: yes\n"})
+    cases = [
+        ("http://github.com/x/y.git", "URL", "scheme 'http://' is not allowed"),
+        ("ext::sh -c touch% /tmp/pwned", "URL", "is not allowed"),
+        ("--upload-pack=touch /tmp/pwned", "URL", "is not allowed"),
+        (f"file://{tmp_path}/absent-repo", "URL", "git could not clone"),
+        (f"file://{bad_manifest}", "registries[0].recipes", "leaves the repository"),
+        (f"file://{not_list}", "registries", "declares no sections"),
+    ]
+    for url, field, words in cases:
+        ledger.bad_inputs()
+        regs = Registries.load()
+        try:
+            regs.add(url, name="r")
+        except UserError as err:
+            msg = str(err)
+            assert "\n" not in msg and "fix:" in msg and f"{field}:" in msg and words in msg, msg
+        else:
+            raise AssertionError(f"{url} was added")
+        clones = tmp_path / "state" / "registries" / "clones"
+        assert not clones.exists() or list(clones.iterdir()) == [], list(clones.iterdir())   # nothing half-cloned
+        assert [e.name for e in Registries.load().entries] == ["official", "community", "eugr"]
+    assert not Path("/tmp/pwned").exists()

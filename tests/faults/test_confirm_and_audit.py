@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkconsole.launch.recipe import bundled_dir
+from sparkconsole.recipes import bundled_dir
 from tests.helpers import error_lines
 
 pytestmark = pytest.mark.sshd

@@ -16,10 +16,11 @@ import psutil
 import pytest
 
 from sparkconsole.config import ClusterConfig, NodeConfig, SshPolicy, SshSettings
+from sparkconsole.nodes.connect import make_transport
 from sparkconsole.nodes.monitor import STALE_TICKS, ClusterMonitor, NodeMonitor
 from sparkconsole.nodes.samples import NodeState
 from sparkconsole.nodes.ssh import SshTransport
-from sparkconsole.nodes.transport import KEEPALIVE_INTERVAL_S, make_transport
+from sparkconsole.nodes.transport import KEEPALIVE_INTERVAL_S
 from tests.faults.netns import netns_node, netns_unavailable
 from tests.helpers import until
 

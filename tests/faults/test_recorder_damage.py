@@ -191,25 +191,82 @@ def test_the_writer_sets_a_damaged_file_aside_and_records_on(recording, how, tmp
 
 @pytest.mark.fault("garbage over the recorder file's header")
 def test_garbage_header(recording, env, tmp_path, ledger):
-    path, t0, _ = recording
+    """SQLite cannot open it at all; its pages are whole. `postmortem` says so in one line naming `record repair`,
+    which reads every row from the pages (as `sqlite3 .recover` does); the writer sets it aside and carries them
+    over. (Before, repair and the writer found nothing readable, and repair's line named `record repair` itself.)"""
+    path, t0, counts = recording
     with open(path, "r+b") as fh:
         fh.write(random.Random(3).randbytes(100))
-    for args in (["postmortem", "spark2", "--file", str(path)],
-                 ["record", "repair", str(path), "--out", str(tmp_path / "new.sqlite")]):
-        r = cli(args, env, ledger)
-        assert r.returncode == 2 and len(error_lines(r.stderr)) == 1 and str(path) in r.stderr \
-            and "record repair" in r.stderr, r.stderr
-    assert not (tmp_path / "new.sqlite").exists()
+    r = cli(["postmortem", "spark2", "--file", str(path)], env, ledger)
+    assert r.returncode == 2 and len(error_lines(r.stderr)) == 1 and str(path) in r.stderr \
+        and "record repair" in r.stderr, r.stderr
     with pytest.raises(UserError):
         replay_monitor_factory(path, t0)
-    # the writer: nothing readable, so the file is kept aside and a new one started, said in one line
+    out = tmp_path / "new.sqlite"
+    r = cli(["record", "repair", str(path), "--out", str(out)], env, ledger)
+    assert r.returncode == 0 and "read from" in r.stdout and "header or schema is unreadable" in r.stdout, r.stdout
+    assert readable(out) == {k: counts[k] for k in ("ticks", "rollup", "events", "endpoint_samples")}
+    assert integrity(out) == "ok" and not any(Path(f"{out}{x}").exists() for x in ("-wal", "-shm"))
+    # the writer: set aside, every row carried over into the new file, said in one line; recording goes on
+    said, seqs = writer_meets(path)
+    assert len(said) == 1 and "readable rows" in said[0] and ".damaged-" in said[0], said
+    assert len(seqs) == TICKS + 1 and seqs[-1] == 5
+
+
+def writer_meets(path: Path) -> tuple[list[str], list[int]]:
+    """The writer opening a damaged file and recording one tick: (what it said, spark1's tick seqs after)."""
     said: list[str] = []
     store = RecorderStore(path, on_status=lambda text, sev: said.append(text))
     store.put_tick("spark1", tick(time.time(), 5))
     store.flush()
     store.close()
+    return said, [x["seq"] for x in RecorderReader(path).ticks("spark1", 0, time.time() + 5)]
+
+
+@pytest.mark.fault("a recorder file with nothing readable: repair says so without naming itself")
+def test_nothing_readable_is_said_without_suggesting_the_command_just_run(tmp_path, env, ledger):
+    path = tmp_path / "rec.sqlite"
+    path.write_bytes(random.Random(5).randbytes(64 * 1024))
+    ledger.bad_inputs(1)
+    out = tmp_path / "new.sqlite"
+    r = cli(["record", "repair", str(path), "--out", str(out)], env, ledger)
+    lines = error_lines(r.stderr)
+    assert r.returncode == 2 and len(lines) == 1 and str(path) in lines[0] and "nothing in it is readable" in lines[0]
+    assert "record repair" not in r.stderr and "fix:" in lines[0], r.stderr
+    assert not any(Path(f"{out}{x}").exists() for x in ("", "-wal", "-shm"))
+    # the writer meeting it: kept aside, a new file started, said in one line
+    said, seqs = writer_meets(path)
     assert len(said) == 1 and "nothing in it is readable" in said[0] and ".damaged-" in said[0], said
-    assert [x["seq"] for x in RecorderReader(path).ticks("spark1", 0, time.time() + 5)] == [5]
+    assert seqs == [5]
+
+
+@pytest.mark.fault("a damaged interior b-tree page of the recorder's ticks, every leaf intact")
+def test_repair_reads_the_leaves_below_a_damaged_interior_page(recording, env, tmp_path, ledger):
+    """Issue 40: the ticks' interior page damaged, every leaf whole: `record repair` copied no tick at all (SQL
+    cannot reach a leaf but through the page above it). Now every tick on a leaf is copied; what is lost is what
+    sat on the damaged page itself (a WITHOUT ROWID table is an index b-tree: its interior cells are rows), and
+    the repaired file is one plain file, no -wal or -shm beside it."""
+    path, t0, counts = recording
+    db = sqlite3.connect(path)
+    page, on_it = db.execute("SELECT pageno, ncell FROM dbstat WHERE name = 'ticks' AND pagetype = 'internal' "
+                             "ORDER BY path LIMIT 1").fetchone()
+    size = db.execute("PRAGMA page_size").fetchone()[0]
+    db.close()
+    with open(path, "r+b") as fh:
+        fh.seek((page - 1) * size)
+        fh.write(random.Random(11).randbytes(size))
+    ledger.bad_inputs(1)
+    out = tmp_path / "repaired.sqlite"
+    r = cli(["record", "repair", str(path), "--out", str(out)], env, ledger)
+    assert r.returncode == 0, r.stdout + r.stderr
+    copied = readable(out)
+    assert copied["ticks"] == counts["ticks"] - on_it, (copied, on_it)
+    assert {k: copied[k] for k in ("rollup", "events", "endpoint_samples")} == \
+        {k: counts[k] for k in ("rollup", "events", "endpoint_samples")}
+    assert f"{copied['ticks']} of them read from" in r.stdout and "rows in it read from its leaf pages" in r.stdout
+    assert integrity(out) == "ok" and not any(Path(f"{out}{x}").exists() for x in ("-wal", "-shm"))
+    assert oct(out.stat().st_mode & 0o777) == "0o600"
+    ledger.lost(on_it, "ticks on a damaged interior page of the ticks b-tree (said)")
 
 
 def test_postmortem_of_a_gap_in_the_lookback_says_partial(recording):

@@ -292,6 +292,58 @@ def test_record_read_only_directory_at_start(tmp_path, ledger):
     assert text.count("cannot write") == 1, text          # once, not per retry
 
 
+@pytest.mark.fault("record: recorder directory made read-only mid-run (no CAP_DAC_OVERRIDE)")
+def test_record_directory_made_read_only_mid_run_leaves_no_wal_or_shm(tmp_path, ledger):
+    """Issue 40: `chmod a-w` on the directory while `record` writes: the file itself stays writable, so recording
+    goes on, but removing -wal and -shm at exit is a change to the directory, and they were left behind. Now the
+    owner's write bit is lifted for that moment: the file is left whole and alone, the directory's mode as it was."""
+    if shutil.which("setpriv") is None:
+        pytest.skip("setpriv (util-linux) is not installed: cannot drop CAP_DAC_OVERRIDE for the child")
+    d = tmp_path / "rw"
+    d.mkdir()
+    path = d / "rec.sqlite"
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(tmp_path / "state")}
+    out = Lines(_record(["--file", str(path), "--duration", "120"], env, drop_dac=os.geteuid() == 0))
+
+    def ticks() -> int:
+        r = RecorderReader(path)           # closed at once: an open reader keeps the writer's WAL (busy)
+        try:
+            return sum(r.tick_counts().values())
+        finally:
+            r.close()
+    try:
+        wait(lambda: Path(f"{path}-wal").exists() and ticks() > 0, 60, "ticks in the file")
+        d.chmod(0o555)
+        ticks_before = ticks()
+        wait(lambda: ticks() > ticks_before, 30, "ticks written after the directory went read-only")
+    finally:
+        rc, text = out.stop()
+        mode = d.stat().st_mode & 0o777
+        d.chmod(0o755)
+    ledger.output(text, "record, directory made read-only mid-run")
+    assert rc == 0 and "Traceback" not in text, text[-3000:]
+    assert sorted(p.name for p in d.iterdir()) == ["rec.sqlite"], list(d.iterdir())
+    assert mode == 0o555 and integrity(path) == "ok"
+
+
+@pytest.mark.fault("recorder's first run on a disk with 12 KiB free")
+def test_first_run_on_a_nearly_full_disk_leaves_every_file_private(tmpfs, ledger):
+    """Issue 40: with 12 KiB free the file was made 0644 and changed to 0600 after SQLite had made its -shm from
+    it, at 0644. Now the file is 0600 before SQLite opens it, so -wal and -shm are too."""
+    d = tmpfs("fs", "256k")
+    filler = d / "filler"
+    st = os.statvfs(d)
+    filler.write_bytes(b"\0" * (st.f_bavail * st.f_frsize - 12 * 1024))
+    said = Said()
+    store = RecorderStore(d / "rec.sqlite", on_status=said)
+    feed(store, 0, 20, time.time())
+    store.flush()
+    made = {p.name: p.stat().st_mode & 0o777 for p in d.iterdir() if p.name.startswith("rec.sqlite")}
+    store.close()
+    assert "rec.sqlite-shm" in made and set(made.values()) == {0o600}, {k: oct(v) for k, v in made.items()}
+    ledger.lost(20 - store.rows_written, "ticks held on a disk with 12 KiB free, lost at exit (said)")
+
+
 @pytest.mark.fault("record: recorder disk full at start (was a traceback), freed mid-run")
 def test_record_full_disk_at_start(tmpfs, tmp_path, ledger):
     d = tmpfs("fs", "256k")

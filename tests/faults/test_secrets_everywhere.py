@@ -25,9 +25,9 @@ import pytest
 from sparkconsole import audit, secrets
 from sparkconsole.errors import UserError
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.launch.runner import Runner
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.nodes.connect import make_transport
+from sparkconsole.recipes import find_recipe
 
 pytestmark = pytest.mark.sshd
 
@@ -202,5 +202,5 @@ async def test_no_artefact_holds_a_secret(sshd_live, tmp_path, keys, ledger):
 
 
 def _ref(name, source):
-    from sparkconsole.launch.recipe import SecretRef
+    from sparkconsole.recipes import SecretRef
     return SecretRef(name, source)

@@ -22,12 +22,12 @@ import yaml
 
 from sparkconsole import audit, secrets
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import bundled_dir, parse_recipe
 from sparkconsole.launch.runner import Runner
 from sparkconsole.launch.steps import NodeExpr
+from sparkconsole.nodes.connect import make_transport
 from sparkconsole.nodes.guard import evaluate_guards
 from sparkconsole.nodes.samples import ContainerInfo
-from sparkconsole.nodes.transport import make_transport
+from sparkconsole.recipes import bundled_dir, parse_recipe
 from sparkconsole.yamlsrc import load_text
 
 pytestmark = pytest.mark.sshd

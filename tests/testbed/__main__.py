@@ -25,6 +25,7 @@ from pathlib import Path
 from tests.testbed.benchy import BENCHY_VENV
 from tests.testbed.cache import TestbedError, cache_root, dir_size_bytes, ensure_venv, ensure_venvs, read_marker
 from tests.testbed.docker import DockerEngine, _mounts_under, _wait_pid_gone, docker_cli, import_base_image
+from tests.testbed.llamacpp import LLAMACPP_VENV
 from tests.testbed.model import ensure_tiny_model
 from tests.testbed.routers import LITELLM_VENV, VLLM_ROUTER_VENV, start_litellm, start_vllm_router
 from tests.testbed.vllm import (
@@ -36,7 +37,7 @@ from tests.testbed.vllm import (
     vllm_image,
 )
 
-ALL_VENVS = (VLLM_VENV, VLLM_ROUTER_VENV, LITELLM_VENV, BENCHY_VENV)
+ALL_VENVS = (VLLM_VENV, VLLM_ROUTER_VENV, LITELLM_VENV, BENCHY_VENV, LLAMACPP_VENV)
 
 
 def state_file() -> Path:

@@ -92,15 +92,22 @@ class VenvSpec:
     remove: tuple[str, ...] = ()
     pins: tuple[tuple[str, str], ...] = ()
     forbidden: tuple[tuple[str, str], ...] = ()  # (dist, version) that must never be what got installed
+    # A program run with the venv's Python after pip (`python BUILD VENV_DIR`): what pip cannot install (llama.cpp's
+    # server, compiled). Its text is part of the marker: a changed build is a rebuilt venv.
+    build: Path | None = None
 
     def as_marker(self) -> dict:
-        return {
+        marker = {
             "requirements": list(self.requirements),
             "remove": list(self.remove),
             "pins": [list(p) for p in self.pins],
             "python": sys.version.split()[0],
             "base_python": str(base_python()),
         }
+        if self.build is not None:
+            import hashlib
+            marker["build_sha256"] = hashlib.sha256(self.build.read_bytes()).hexdigest()
+        return marker
 
 
 @dataclass(frozen=True)
@@ -168,6 +175,14 @@ def ensure_venv(spec: VenvSpec) -> Venv:
         raise
 
 
+def cached_venv(spec: VenvSpec) -> Venv | None:
+    """The venv if the cache already holds it as `spec` asks, else None; never builds (benchmarks' smoke runs)."""
+    path = cache_root() / "venvs" / spec.name
+    if marker_matches(path, spec.as_marker()) and (path / "bin" / "python").exists():
+        return Venv(spec.name, path, None, dict((read_marker(path) or {}).get("versions") or {}))
+    return None
+
+
 def _ensure_venv(spec: VenvSpec) -> Venv:
     path = cache_root() / "venvs" / spec.name
     log_path = cache_root() / "logs" / f"install-{spec.name}.log"
@@ -185,6 +200,8 @@ def _ensure_venv(spec: VenvSpec) -> Venv:
         run_logged([*pip, "install", *spec.requirements], log_path, env=clean_env())
         if spec.remove:
             run_logged([*pip, "uninstall", "-y", *spec.remove], log_path, env=clean_env())
+        if spec.build is not None:
+            run_logged([py, str(spec.build), str(path)], log_path, env=clean_env())
         versions = check_pins(spec, path / "bin" / "python")
         seconds = round(time.monotonic() - start, 1)
         write_marker(path, want, install_seconds=seconds, versions=versions)

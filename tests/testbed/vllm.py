@@ -414,10 +414,11 @@ def chat(url: str, model: str, content: str, *, max_tokens: int = 4, headers: di
 def _specs_by_fixture() -> dict[str, VenvSpec]:
     # imported here: routers and benchy import this module
     from tests.testbed.benchy import BENCHY_VENV
+    from tests.testbed.llamacpp import LLAMACPP_VENV
     from tests.testbed.routers import LITELLM_VENV, VLLM_ROUTER_VENV
 
     return {"vllm_env": VLLM_VENV, "vllm_router_env": VLLM_ROUTER_VENV, "litellm_env": LITELLM_VENV,
-            "benchy_env": BENCHY_VENV}
+            "benchy_env": BENCHY_VENV, "llamacpp_env": LLAMACPP_VENV}
 
 
 # A pytest-xdist worker builds in the background: its tests that need no venv (most of the suite) run meanwhile, on
@@ -477,4 +478,9 @@ def build_testbed(specs: list[VenvSpec], say: Callable[[str], object]) -> None:
         with contextlib.suppress(TestbedError):
             model = ensure_tiny_model(vllm)
             say("testbed: tiny model: " + (f"built in {model.build_seconds} s" if model.build_seconds else "cached"))
+            from tests.testbed.llamacpp import LLAMACPP_VENV, ensure_tiny_gguf
+            llama = results.get(LLAMACPP_VENV.name)
+            if isinstance(llama, Venv):
+                gguf = ensure_tiny_gguf(llama, model)
+                say("testbed: tiny GGUF: " + (f"built in {gguf.build_seconds} s" if gguf.build_seconds else "cached"))
     say(f"testbed: ready in {time.monotonic() - start:.1f} s")

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -21,6 +22,13 @@ from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
+
+if TYPE_CHECKING:
+    from textual import getters
+    from textual.worker import Worker
+
+    from ...launch.steps import Plan
+    from ..app import SparkConsoleApp
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (
@@ -54,6 +62,9 @@ _STYLE_WORD = {"line": "", "reference": " (published)", "past": " (past)"}
 
 
 class BenchScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     AUTO_FOCUS = None
     BINDINGS = [
         Binding("b", "start", "Start sweep"),
@@ -64,7 +75,7 @@ class BenchScreen(Screen):
 
     def __init__(self) -> None:
         super().__init__(id="bench")
-        self.sweep_worker = None
+        self.sweep_worker: Worker[None] | None = None
         self.colours: dict[str, tuple[str, str]] = {}
         self.legend: dict[str, str] = {}           # label -> style
         self.runs = 3
@@ -72,6 +83,7 @@ class BenchScreen(Screen):
         self.levels: list = []
         self.show_past = False
         self.show_reference = False
+        self.model: str | None = None              # through the gateway: the model the sweep asks for
 
     def compose(self) -> ComposeResult:
         yield Header()
@@ -129,16 +141,28 @@ class BenchScreen(Screen):
             self.colours.pop(label, None)
         self._draw_legend()
 
-    def target(self) -> tuple[str, str, object] | None:
+    def target(self) -> tuple[str, str, Plan | None] | None:
         """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
         app = self.app
-        plan = getattr(app.recipes_screen, "running_plan", None)    # launched from this console: name its topology
+        scr = app.recipes_screen
+        from ...launch import gateway
+        via = gateway.url(app.cluster)
+        if via is not None and self.models():
+            return "gateway", via, None                  # one endpoint for every model: the sweep names its model
+        g = scr._chosen_launch()
+        plan = scr.running_plans.get(g.name) if g is not None else None   # launched from this console: its topology
         if plan is not None and plan.endpoint:
             return plan.topology, plan.endpoint, plan
+        if g is not None and g.endpoint:
+            return g.name, g.endpoint, None
         if not app.cluster.endpoints:
             return None
         ep = next((e for e in app.cluster.endpoints if e.kind == "router"), app.cluster.endpoints[0])
         return ep.name, ep.url, None
+
+    def models(self) -> list[str]:
+        """The served model names of the workloads that serve now (what the gateway lists)."""
+        return sorted({g.model for g in self.app.recipes_screen.running_groups() if g.model and g.verdict == "SERVING"})
 
     def action_start(self) -> None:
         if self.sweep_worker is not None and self.sweep_worker.is_running:
@@ -154,11 +178,14 @@ class BenchScreen(Screen):
             if choice is None:
                 self.notify("sweep cancelled: nothing was sent", timeout=3)
                 return
-            self.concurrency, self.runs = choice.concurrency, choice.runs
+            self.concurrency, self.runs, self.model = choice.concurrency, choice.runs, choice.model
             self.sweep_worker = self.run_worker(self._sweep(), exit_on_error=False, group="sweep")
         label, url, _ = target
+        models = tuple(self.models()) if label == "gateway" else ()
+        g = self.app.recipes_screen._chosen_launch()
+        model = (g.model if g is not None and g.model in models else None) or (models[0] if models else None)
         self.app.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.app.simulated)),
-                                              SweepChoice(self.concurrency, self.runs)), chosen)
+                                              SweepChoice(self.concurrency, self.runs, model), models), chosen)
 
     def action_stop(self) -> None:
         if self.sweep_worker is None or not self.sweep_worker.is_running:
@@ -182,7 +209,9 @@ class BenchScreen(Screen):
         from ...bench.results import ResultsStore
         path = store_path(app.simulated)
         try:
-            spec = sweep_mod.SweepSpec(url=url, label=label, runs=self.runs,
+            model = self.model if label == "gateway" else None
+            label = f"{model} via the gateway" if model else label
+            spec = sweep_mod.SweepSpec(url=url, label=label, runs=self.runs, model=model,
                                        topology=plan.topology if plan is not None else None,
                                        concurrency=self.concurrency,
                                        recipe=plan.recipe if plan is not None else None)

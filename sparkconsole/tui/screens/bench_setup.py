@@ -20,10 +20,12 @@ MAX_RUNS = 20
 class SweepChoice:
     concurrency: tuple[int, ...]
     runs: int
+    model: str | None = None           # through the gateway: the served model name the sweep asks for
 
 
-def parse_choice(concurrency: str, runs: str) -> SweepChoice | str:
-    """The form's two fields as a SweepChoice, or the one line that says what is wrong with them."""
+def parse_choice(concurrency: str, runs: str, model: str | None = None,
+                 models: tuple[str, ...] = ()) -> SweepChoice | str:
+    """The form's fields as a SweepChoice, or the one line that says what is wrong with them."""
     try:
         levels = tuple(int(x) for x in concurrency.replace(" ", ",").split(",") if x)
     except ValueError:
@@ -36,7 +38,11 @@ def parse_choice(concurrency: str, runs: str) -> SweepChoice | str:
         n = 0
     if not 1 <= n <= MAX_RUNS:
         return f"runs: a whole number from 1 to {MAX_RUNS}"
-    return SweepChoice(tuple(dict.fromkeys(levels)), n)
+    if models:
+        model = (model or "").strip()
+        if model not in models:
+            return f"model: one the gateway lists: {', '.join(models)}"
+    return SweepChoice(tuple(dict.fromkeys(levels)), n, model or None)
 
 
 def shown_path(path: str) -> str:
@@ -49,9 +55,9 @@ def shown_path(path: str) -> str:
 class BenchSetupScreen(ModalScreen[SweepChoice | None]):
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, target: str, results: str, choice: SweepChoice) -> None:
+    def __init__(self, target: str, results: str, choice: SweepChoice, models: tuple[str, ...] = ()) -> None:
         super().__init__()
-        self.target, self.results, self.choice = target, shown_path(results), choice
+        self.target, self.results, self.choice, self.models = target, shown_path(results), choice, models
 
     def compose(self) -> ComposeResult:
         with Vertical(id="bench-setup"):
@@ -65,6 +71,11 @@ class BenchSetupScreen(ModalScreen[SweepChoice | None]):
             with Horizontal(classes="bench-setup-row"):
                 yield Label("runs per level      ")
                 yield Input(str(self.choice.runs), id="bench-runs")
+            if self.models:
+                with Horizontal(classes="bench-setup-row"):
+                    yield Label("model               ")
+                    yield Input(self.choice.model or self.models[0], id="bench-model",
+                                placeholder=", ".join(self.models))
             yield Static("", id="bench-setup-error")
             with Horizontal(id="bench-setup-buttons"):
                 yield Button("Start (enter)", variant="primary", id="start")
@@ -74,8 +85,9 @@ class BenchSetupScreen(ModalScreen[SweepChoice | None]):
         self.query_one("#bench-concurrency", Input).focus()
 
     def _start(self) -> None:
+        model = self.query_one("#bench-model", Input).value if self.models else None
         got = parse_choice(self.query_one("#bench-concurrency", Input).value,
-                           self.query_one("#bench-runs", Input).value)
+                           self.query_one("#bench-runs", Input).value, model, self.models)
         if isinstance(got, str):
             self.query_one("#bench-setup-error", Static).update(Text(got, style="red"))
             return

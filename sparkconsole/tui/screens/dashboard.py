@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING, cast
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -20,11 +21,20 @@ from ..widgets.launch_bar import LaunchBar
 from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
 
+if TYPE_CHECKING:
+    from textual import getters
+    from textual.widgets import Input, Static
+
+    from ..app import SparkConsoleApp
+
 SHORT_ROWS = 40      # 80×24 and 100×30 are short; 160×48 and 220×60 are not
 NARROW_COLS = 120
 
 
 class DashboardScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     AUTO_FOCUS = "NodePanel"
     BINDINGS = [Binding("slash", "filter", "Filter nodes"), Binding("escape", "clear_filter", "Clear filter", show=False)]
 
@@ -132,7 +142,7 @@ class DashboardScreen(Screen):
         found = self.query("#node-filter")
         if not found:
             return
-        box = found.first()
+        box = cast("Input", found.first())      # made on the first `/` (action_filter)
         box.value = ""
         box.display = False
         # Shown again here, not when the Input's Changed message arrives: the focus below needs a panel on screen.
@@ -147,7 +157,7 @@ class DashboardScreen(Screen):
         for name, panel in self.panels.items():
             panel.display = not needle or needle in name.lower()
             shown += panel.display
-        for empty in self.query("#node-nomatch"):
+        for empty in cast("list[Static]", list(self.query("#node-nomatch"))):
             empty.display = bool(self.panels) and not shown
             # Text, not markup: what the operator typed (`[/`, say) is shown as typed, never parsed as a tag
             empty.update(Text(f"no node matches {needle!r} (escape clears the filter)"))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import collections
 import shlex
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import work
@@ -17,6 +18,11 @@ from ..fmt import plural
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from ..app import SparkConsoleApp
+
 MAX_LINES = 5000
 
 
@@ -26,6 +32,9 @@ def logs_command(container: str) -> str:
 
 
 class LogsScreen(Screen):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     AUTO_FOCUS = "#log"
     BINDINGS = [
         Binding("slash", "search", "Search"),

@@ -1,7 +1,12 @@
 """Screen 2: bundled and user recipes with their preflight verdict; a recipe × topology shows its plan node by
-node; Enter launches it (after a confirmation) with a progress line per node; r / s restart / stop it."""
+node; Enter launches it beside what runs (after a confirmation that shows where placement puts it and why) with a
+progress line per node. Below the recipes, every running workload (nodes, port, model, state): r / s restart /
+stop the highlighted one. Above the plan, each node's memory budget bar (placement/bars.py)."""
 
 from __future__ import annotations
+
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -13,10 +18,21 @@ from textual.widgets.option_list import Option
 
 from ... import severity
 from ...errors import UserError
+from ..widgets.budget_bar import BudgetBars
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .dashboard import NARROW_COLS
-from .recipes_running import RecipeActions, _Finding, _one_line, running_options
+from .recipes_running import RecipeActions, _Finding, _one_line
+
+if TYPE_CHECKING:
+    from textual import getters
+
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...nodes.launches import LaunchGroup
+    from ...recipes import Recipe
+    from ...recipes.catalog import Entry
+    from ..app import SparkConsoleApp
 
 
 def verdict(findings) -> severity.Severity:
@@ -25,6 +41,9 @@ def verdict(findings) -> severity.Severity:
 
 
 class RecipesScreen(RecipeActions, Screen):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     AUTO_FOCUS = "#recipe-list"
     BINDINGS = [
         Binding("enter", "launch", "Launch", priority=False),
@@ -39,19 +58,21 @@ class RecipesScreen(RecipeActions, Screen):
 
     def __init__(self) -> None:
         super().__init__(id="recipes")
-        self.entries: list[tuple[str, object, str | None]] = []   # (key, Recipe | None, load error)
+        self.entries: list[tuple[str, Recipe | None, str | None]] = []   # (key, recipe, load error)
         self.findings: dict[tuple[str, str], list] = {}
+        self._placed: dict[tuple[str, str], tuple] = {}    # (recipe, topology) -> where a launch would go now
         self.selected: str | None = None
         self.topology: str | None = None
-        self.plan = None
-        self.running_plan = None
-        self.runner = None
+        self.plan: Plan | None = None
+        self.running_plans: dict[str, Plan] = {}   # workload name -> the plan this console launched it with
+        self.runner: Runner | None = None
         self.progress: dict[str, str] = {}
         self.restarting: dict[str, str] | None = None   # service key -> its stage, while a restart runs
-        self.restart_plan = None
+        self.restart_plan: Plan | None = None
         self.listed: list[str] = []        # the recipe keys the list shows (the filter's matches)
         self._pick_running = False
         self._loaded = False
+        self.registry_entries: dict[str, Entry] = {}   # key -> its catalog entry, read in full when chosen
 
     # --- data -------------------------------------------------------------------------------------------------
     def load(self) -> None:
@@ -60,7 +81,7 @@ class RecipesScreen(RecipeActions, Screen):
             return
         self._loaded = True
         try:
-            from ...launch import recipe as recipe_mod
+            from ... import recipes as recipe_mod
         except ImportError as exc:
             self.entries = [("(launch layer missing)", None, _one_line(exc))]
             return
@@ -74,8 +95,14 @@ class RecipesScreen(RecipeActions, Screen):
                 self.entries.append((key, recipe_mod.load_recipe(path), None))
             except UserError as exc:
                 self.entries.append((key, None, _one_line(exc)))
+        # The registries' recipes: listed from the catalog, each read in full only once chosen.
+        from ...recipes.catalog import catalog
+        try:
+            self.registry_entries = {e.key: e for e in catalog() if e.registry not in ("local", "bundled")}
+        except UserError:
+            self.registry_entries = {}
 
-    def recipe_choices(self) -> list[tuple[str, object]]:
+    def recipe_choices(self) -> list[tuple[str, Recipe]]:
         self.load()
         return [(key, r) for key, r, _ in self.entries if r is not None]
 
@@ -84,7 +111,7 @@ class RecipesScreen(RecipeActions, Screen):
             return ()
         if recipe.topologies:
             return tuple(recipe.topologies)
-        from ...launch.recipe import TOPOLOGIES
+        from ...recipes import TOPOLOGIES
         return TOPOLOGIES
 
     def preflight(self, recipe, topology: str) -> list:
@@ -95,35 +122,58 @@ class RecipesScreen(RecipeActions, Screen):
                 app = self.app
                 found = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
                                             plan=self._make_plan(recipe, topology)))
-                if self._runs_as(recipe, topology) is not None:
-                    # It runs: judged against itself, its own memory in use would read as a refusal. What r does
-                    # (a restart frees it first) is what matters; the line under "running as" says so.
-                    found = [f for f in found if f.rule != "memory_headroom"]
                 self.findings[key] = found
             except UserError as exc:
                 self.findings[key] = [_Finding("refuse", _one_line(exc), rule="plan")]
             except ImportError:
                 self.findings[key] = []
-            self.findings[key] += self._in_the_way(recipe, topology)
+            self.findings[key] += self._in_the_way(recipe, topology) + self._budget(recipe, topology)
         return self.findings[key]
 
-    def _runs_as(self, recipe, topology: str | None):
-        """The running launch of this recipe in this topology, if there is one."""
-        g = self.running_of(recipe.key)
-        return g if g is not None and g.topology == topology else None
-
-    def plan_options(self, recipe, topology: str) -> dict:
-        """The plan options of what runs (its router, its port) when this recipe runs in this topology: the plan
-        shown is the one running, not the recipe's defaults."""
-        g = self._runs_as(recipe, topology)
-        return running_options(g) if g is not None else {}
-
-    def _make_plan(self, recipe, topology: str):
+    def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None:
+        """The plan as a launch from here would run it: placed beside what runs (its node, port and containers,
+        placement/), else as the recipe says when placement cannot say (nothing read yet, or it does not fit)."""
+        placed = self.placed(recipe, topology)
+        if placed is not None and placed[0] is not None:
+            return placed[0]
         from ...launch.plan import make_plan
         try:
-            return make_plan(recipe, topology, self.app.cluster, self.plan_options(recipe, topology))
+            return make_plan(recipe, topology, self.app.cluster, {"workload": self.new_name(recipe)})
         except UserError:
             return None      # preflight plans again and reports why
+
+    def new_name(self, recipe) -> str:
+        """A launch from here is named after its recipe; a second of one recipe gets -2, -3, …"""
+        from ...launch.planning import default_workload
+        running = {g.name for g in self.running_groups()}
+        base = default_workload(recipe)
+        name, i = base, 2
+        while name in running:
+            name, i = f"{base}-{i}", i + 1
+        return name
+
+    def placed(self, recipe, topology: str):
+        """(plan, placement, None) where placement puts a launch of `recipe` now, or (None, None, why) when it does
+        not fit; None when no node has been read yet."""
+        key = (recipe.key, topology)
+        if key in self._placed:
+            return self._placed[key]
+        from ...launch.beside import launch_options, place
+        from ...launch.plan import make_plan
+        from ...placement.fit import Ask
+        readings = self.readings()
+        if not readings.memory:
+            return None
+        name = self.new_name(recipe)
+        got: tuple[Any, Any, Any]
+        try:
+            placement = place(readings, [Ask(name, recipe, topology, {"workload": name})])
+            plan = make_plan(recipe, topology, self.app.cluster, {"workload": name, **launch_options(placement, name)})
+            got = (plan, placement, None)
+        except UserError as exc:
+            got = (None, None, exc)
+        self._placed[key] = got
+        return got
 
     # --- view -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
@@ -132,8 +182,11 @@ class RecipesScreen(RecipeActions, Screen):
             yield SimBadge()
         yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter")
         with Horizontal():
-            yield OptionList(id="recipe-list")
+            with Vertical(id="recipe-side"):
+                yield OptionList(id="recipe-list")
+                yield OptionList(id="workload-list")
             with Vertical(id="recipe-detail"):
+                yield BudgetBars(id="budget")
                 with VerticalScroll(id="head-scroll"):      # a long preflight scrolls here, the plan stays
                     yield Static("", id="recipe-head")
                 with VerticalScroll(id="plan-scroll"):
@@ -148,7 +201,11 @@ class RecipesScreen(RecipeActions, Screen):
         self.set_class(self.app.size.width < NARROW_COLS, "-narrow")
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
+        self.query_one("#workload-list").border_title = "Running (r restart · s stop)"
+        self.query_one("#budget").border_title = "Memory budget"
         self.query_one("#plan-scroll").border_title = "Plan"
+        self.show_workloads()
+        self.set_interval(1.0, self.show_budget)
         self._pick_running = self.selected is None        # until the operator chooses: what runs is shown first
         self._select_running()
         self._fill_list("")
@@ -170,13 +227,16 @@ class RecipesScreen(RecipeActions, Screen):
         """A launch started, stopped or changed verdict on the nodes: running marks and preflight judged again."""
         self._select_running()
         self.findings.clear()
+        self._placed.clear()
+        if self.is_mounted:
+            self.show_workloads()
         if self.is_mounted and self.entries:
             self._fill_list(self.query_one("#recipe-filter", Input).value.strip().lower())
             self._show()
 
     def _fill_list(self, needle: str) -> None:
         opts = []
-        running = {}
+        running: dict[str | None, LaunchGroup] = {}
         for g in self.running_groups():
             running.setdefault(g.recipe, g)
         for key, r, err in self.entries:
@@ -202,9 +262,17 @@ class RecipesScreen(RecipeActions, Screen):
                     line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
+        loaded = {k for k, _, _ in self.entries}
+        for key, e in self.registry_entries.items():
+            if key in loaded or (needle and not all(e.matches(w) for w in needle.split())):
+                continue
+            line = Text("· ", no_wrap=True, overflow="ellipsis")
+            line.append(key, style="bold")
+            line.append(f"  {e.model}" + ("" if e.runtime == "vllm" else f" [{e.runtime}]"), style="dim")
+            opts.append(Option(line, id=key))
         ol = self.query_one("#recipe-list", OptionList)
         ol.set_options(opts)
-        self.listed = [o.id for o in opts]
+        self.listed = [o.id for o in opts if o.id is not None]
         if self.selected not in self.listed:
             # The detail pane and Enter follow what the list shows: never a recipe the filter hid.
             self.selected = next((k for k in self.listed if self._recipe(k) is not None),
@@ -214,7 +282,13 @@ class RecipesScreen(RecipeActions, Screen):
         if self.selected in self.listed:
             ol.highlighted = self.listed.index(self.selected)
 
-    def _recipe(self, key: str | None):
+    def _recipe(self, key: str | None) -> Recipe | None:
+        if key is not None and key in self.registry_entries and all(k != key for k, _, _ in self.entries):
+            from ...recipes import find_recipe
+            try:
+                self.entries.append((key, find_recipe(key), None))
+            except UserError as exc:
+                self.entries.append((key, None, _one_line(exc)))
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -257,8 +331,8 @@ class RecipesScreen(RecipeActions, Screen):
             self.plan = None
             return
         topos = self.topologies(r)
-        if self.topology not in topos:
-            self.topology = topos[0]
+        topology = self.topology if self.topology in topos else topos[0]
+        self.topology = topology
         t = Text()
         t.append(r.name, style="bold")
         t.append(f"  [{r.key}]  {r.model or ''}\n", style="dim")
@@ -274,10 +348,10 @@ class RecipesScreen(RecipeActions, Screen):
                      f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
                      else "yellow")
             t.append("   (r: restart, s: stop)\n", style="dim")
-            if g.topology == self.topology:
-                t.append("  preflight below judges a relaunch, leaving out the memory this launch holds itself; the "
-                         "plan is the running one" + (f" (router {g.router})" if g.router else "") + "\n", style="dim")
-        findings = self.preflight(r, self.topology)
+            t.append("  preflight and plan below: another launch of it, beside this one (its own name, port and "
+                     "memory); r restarts this one as it runs" + (f" (router {g.router})" if g.router else "")
+                     + "\n", style="dim")
+        findings = self.preflight(r, topology)
         for f in findings:
             sev = severity.of_finding(f)
             t.append(f"{sev.mark} ", style=sev.colour)
@@ -290,13 +364,13 @@ class RecipesScreen(RecipeActions, Screen):
         if not findings:
             t.append("✓ preflight: nothing to report\n", style="green")
         head.update(t)
-        plan_view.update(self._plan_text(r))
+        plan_view.update(self._plan_text(r, topology))
 
-    def _plan_text(self, recipe) -> Text:
+    def _plan_text(self, recipe: Recipe, topology: str) -> Text:
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = make_plan(recipe, self.topology, self.app.cluster, self.plan_options(recipe, self.topology))
+            self.plan = self._make_plan(recipe, topology) or make_plan(recipe, topology, self.app.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -312,9 +386,23 @@ class RecipesScreen(RecipeActions, Screen):
                 text.append(f"     $ {step.shell()}\n", style="dim")
         for note in getattr(self.plan, "notes", ()):
             text.append(f"note: {note}\n", style="yellow")
-        if getattr(self.plan, "endpoint", None):
+        for line in self._memory_fit(recipe):
+            text.append(line + "\n", style="red" if "DOES NOT FIT" in line else "dim" if "note:" in line else "")
+        if self.plan.endpoint:
             text.append(f"clients use {self.plan.endpoint}\n", style="cyan")
         return text
+
+    def _memory_fit(self, recipe) -> list[str]:
+        """The plan's memory fit (placement/estimate.py) from the recipe's metadata and the nodes' MemTotal now;
+        `recipe lint` reads the model from each node's own cache."""
+        from ...launch.lint import memory_estimates
+        from ...placement.estimate import render
+        if self.plan is None:
+            return []
+        try:
+            return render(memory_estimates(recipe, self.plan, self.app.node_facts()))
+        except UserError as exc:
+            return [f"memory: {_one_line(exc)}"]
 
     # --- actions ----------------------------------------------------------------------------------------------
     def action_next_topology(self) -> None:
@@ -326,21 +414,33 @@ class RecipesScreen(RecipeActions, Screen):
 
     def action_launch(self) -> None:
         r = self._recipe(self.selected) if self.selected in self.listed else None
-        if r is None or self.plan is None:
+        if r is None or self.plan is None or self.topology is None:      # a plan is made for a topology
             self.notify("choose a recipe with a plan first", severity="warning")
             return
         if verdict(self.preflight(r, self.topology)).refuses:
             self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
             return
         plan = self.plan
-        nodes = ", ".join(plan.nodes)
+        placed = self.placed(r, self.topology)
+        where = ""
+        if placed is not None and placed[1] is not None:
+            from ...placement.render import choice_lines, node_lines
+            placement = placed[1]
+            lines = choice_lines(placement.choice(plan.name))
+            for n in plan.nodes:
+                lines += node_lines(placement.rooms[n])
+            where = "\n".join(lines) + "\n\n"
         changes = [s for s in plan.steps if s.change]
         shown = "\n".join(f"{s.node}$ {s.shell()}" for s in changes[:6])
         more = f"\n… and {len(changes) - 6} more (see the plan)" if len(changes) > 6 else ""
-        self.app.confirm(f"Launch {r.key} as {self.topology} on {nodes}?", shown + more,
-                         lambda: self._launch(r, plan), f"{len(changes)} changing steps; progress shows below the plan.")
+        # What runs as root on someone else's word is said first; confirming the launch confirms it.
+        trust = "".join(f"needs confirmation: {u}\n" for u in plan.untrusted)
+        plan = replace(plan, trusted=True) if plan.untrusted else plan
+        self.app.confirm(f"Launch {plan.name} ({r.key} as {self.topology}) on {', '.join(plan.nodes)}?",
+                         trust + where + shown + more, lambda: self._launch(r, plan),
+                         f"{len(changes)} changing steps; progress shows below the plan.")
 
-    def _runner(self):
+    def _runner(self) -> Runner:
         from ...launch.runner import Runner
         app = self.app
         transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
@@ -364,13 +464,31 @@ class RecipesScreen(RecipeActions, Screen):
         self._draw_progress()
         try:
             self.runner = self._runner()
+            await self._before_start(plan)
             await self.runner.launch(plan, self._on_progress)
-            self.running_plan = plan
-            self.app.notify(f"{recipe.key} launched", title="recipes")
+            self.running_plans[plan.name] = plan
+            from ...launch.gateway import keep_current
+            await keep_current(self.app.cluster, self.runner.transports)
+            self.app.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
             self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+
+    async def _before_start(self, plan) -> None:
+        """The node's previous launch loaded, its memory back after a stop (launch/beside.py)."""
+        from ...launch.beside import wait_loaded, wait_recovered
+        from ...paths import state_dir
+        from ...placement.recovery import StopLog
+
+        def say(line: str) -> None:
+            self.progress["launch"] = line[:160]
+            self._draw_progress()
+        await wait_loaded(self.running_groups(), plan.nodes, say, skip=plan.name)
+        log = StopLog(state_dir(), self.app.cluster.source)
+        await wait_recovered(self.app.monitor.nodes, plan.nodes, log, say)
+        for n in plan.nodes:
+            log.clear(n)
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.

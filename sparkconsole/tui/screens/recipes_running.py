@@ -1,10 +1,26 @@
-"""The recipes screen's actions on what runs: the launches found on the nodes (their containers' labels, whoever
-started them), r / s on them, preflight's word on a container already in a plan's way, and m / i (the model or
-image to the plan's nodes). A mixin of RecipesScreen: it uses the screen's app, selection, plan and progress."""
+"""The recipes screen's actions on what runs: the workloads found on the nodes (their containers' labels, whoever
+started them) listed with their nodes, port, model and state, r / s on the highlighted one, each node's memory
+budget bar, preflight's word on a container already in a plan's way, and m / i (the model or image to the plan's
+nodes). A mixin of RecipesScreen: it uses the screen's app, selection, plan and progress."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from ...errors import UserError
+
+if TYPE_CHECKING:
+    from textual import getters
+    from textual.screen import Screen
+
+    from ...launch.runner import Runner
+    from ...launch.steps import Plan
+    from ...recipes import Recipe
+    from ..app import SparkConsoleApp
+
+    _Screen = Screen[None]
+else:
+    _Screen = object
 
 RESTART_STAGES = ("draining", "restarting", "back", "failed")
 
@@ -21,19 +37,29 @@ class _Finding:
         self.severity, self.message, self.node, self.fix, self.rule = severity, message, node, fix, rule
 
 
-def running_options(group) -> dict:
-    """The plan options of a running launch, from its containers' labels: {"port": P} when every server
-    listens on P (a launch started with --port, or a demo whose preferred port was taken), and the router that
-    runs (a launch with --router: its restart closes servers behind LiteLLM, takes them out of vllm-router)."""
-    from urllib.parse import urlsplit
-    ports = {urlsplit(m.url).port for m in group.members if m.role == "server" and m.url}
-    out: dict = {"port": ports.pop()} if len(ports) == 1 and None not in ports else {}
-    if group.router:
-        out["router"] = group.router
-    return out
+class RecipeActions(_Screen):
+    if TYPE_CHECKING:       # what RecipesScreen (screens/recipes.py) gives its actions
+        app = getters.app(SparkConsoleApp)
+        selected: str | None
+        plan: Plan | None
+        running_plans: dict[str, Plan]
+        runner: Runner | None
+        progress: dict[str, str]
+        restarting: dict[str, str] | None
+        restart_plan: Plan | None
 
+        def _make_plan(self, recipe: Recipe, topology: str) -> Plan | None: ...
 
-class RecipeActions:
+        def _recipe(self, key: str | None) -> Recipe | None: ...
+
+        def _runner(self) -> Runner: ...
+
+        def _on_progress(self, ev: Any) -> None: ...
+
+        def _draw_progress(self) -> None: ...
+
+        def placed(self, recipe: Recipe, topology: str) -> tuple[Any, ...] | None: ...
+
     def _monitors(self) -> list:
         mon = getattr(self.app, "monitor", None)
         return list(mon.nodes.values()) if mon is not None else []
@@ -66,35 +92,100 @@ class RecipeActions:
             out.append(_Finding("block", f"{hit.words()}: a launch here would fail on the name", hit.node, fix))
         return out
 
-    def _chosen_launch(self):
-        """The running launch r / s act on when this console did not start one: the chosen recipe's, else the only
-        one running."""
-        groups = self.running_groups()
-        return self.running_of(self.selected) or (groups[0] if len(groups) == 1 else None)
+    # --- the running workloads and the nodes' memory -----------------------------------------------------------
+    def readings(self):
+        """What the app's node monitors say now, for placement (launch/beside.py)."""
+        from ...launch.beside import Readings
+        mon = getattr(self.app, "monitor", None)
+        return Readings(self.app.cluster, mon.nodes if mon is not None else {})
 
-    def _running_plan(self):
-        """The plan of what r / s act on: the launch this console started, else the chosen running launch, planned
-        again from its recipe and topology as the CLI's stop does."""
-        if self.running_plan is not None:
-            return self.running_plan
+    def show_workloads(self) -> None:
+        """One row per running workload: name, recipe × topology, nodes, port, model, verdict."""
+        from rich.text import Text
+        from textual.widgets import OptionList
+        from textual.widgets.option_list import Option
+        ol = self.query_one("#workload-list", OptionList)
+        keep = self.highlighted_workload()
+        rows = []
+        for g in self.running_groups():
+            colour = "green" if g.verdict == "SERVING" else ("red" if g.verdict == "BROKEN" else "yellow")
+            ports = sorted({m.port for m in g.members if m.port is not None})
+            line = Text(no_wrap=True, overflow="ellipsis")
+            line.append("● ", style=colour)
+            line.append(g.name, style="bold")
+            line.append(f"  {g.model or '?'}  {','.join(g.nodes)}:{','.join(map(str, ports)) or '-'}  ")
+            line.append(g.verdict.lower(), style=colour)
+            rows.append(Option(line, id=g.name))
+        ol.set_options(rows or [Option(Text("nothing runs", style="dim"), id="", disabled=True)])
+        names = [o.id for o in rows]
+        if keep in names:
+            ol.highlighted = names.index(keep)
+        elif names:
+            ol.highlighted = 0
+        self.show_budget()
+
+    def highlighted_workload(self) -> str | None:
+        from textual.widgets import OptionList
+        ol = self.query_one("#workload-list", OptionList)
+        if ol.highlighted is None or ol.option_count == 0:
+            return None
+        return ol.get_option_at_index(ol.highlighted).id or None
+
+    def show_budget(self) -> None:
+        if not self.is_mounted or not self.is_current:
+            return
+        from ...placement.bars import bars
+        from ..widgets.budget_bar import BudgetBars
+        r = self.readings()
+        self.query_one("#budget", BudgetBars).show(bars([r.budgets[n.name] for n in self.app.cluster.nodes], r.running))
+
+    def _budget(self, recipe, topology: str) -> list:
+        """Preflight's word on the node's budget beside what runs (launch/lint_workloads.py)."""
+        placed = self.placed(recipe, topology)
+        if placed is None:
+            return []
+        _, placement, err = placed
+        from ...launch.lint_workloads import budget_notes
+        return budget_notes(err if err is not None else placement)
+
+    def _chosen_launch(self):
+        """The running workload r / s act on: the one highlighted in the running list, else the chosen recipe's,
+        else the only one running."""
+        groups = self.running_groups()
+        name = self.highlighted_workload() if self.is_mounted else None
+        chosen = next((g for g in groups if g.name == name), None)
+        return chosen or self.running_of(self.selected) or (groups[0] if len(groups) == 1 else None)
+
+    def _running_plan(self, verb: str = "restart"):
+        """The plan of what r / s act on: the chosen workload as this console launched it, else planned again from
+        its recipe and labels (nodes, port, router, containers); a stop needs no recipe (its containers alone)."""
         g = self._chosen_launch()
-        r = self._recipe(g.recipe) if g is not None else None
-        if g is None or r is None:
+        if g is None:
+            return None
+        if g.name in self.running_plans:
+            return self.running_plans[g.name]
+        from ...launch.workloads import plan_of, running_options
+        if verb == "stop":
+            return plan_of(g)
+        r = self._recipe(g.recipe)
+        if r is None:
+            self.notify(f"{g.name} runs recipe {g.recipe}, which is not among the recipes here: restart it with "
+                        f"sparkconsole recipe restart PATH --name {g.name}"[:300], severity="error")
             return None
         try:
             from ...launch.plan import make_plan
             return make_plan(r, g.topology, self.app.cluster, running_options(g))
         except UserError as exc:
-            self.notify(f"{g.recipe} × {g.topology} runs, but cannot be planned here: {_one_line(exc)}"[:300],
-                        severity="error")
+            self.notify(f"{g.name} ({g.recipe} × {g.topology}) runs, but cannot be planned here: "
+                        f"{_one_line(exc)}"[:300], severity="error")
             return None
 
     def _router_unseen(self) -> bool:
         """A routed launch found on the nodes whose router is not listed yet (it starts after the servers): which
         router runs, and so how a restart takes a server out, is read from the router's own labels. Says so."""
         from ...nodes.launches import ROUTED
-        g = self._chosen_launch() if self.running_plan is None else None
-        if g is None or g.topology not in ROUTED or g.router is not None:
+        g = self._chosen_launch()
+        if g is None or g.name in self.running_plans or g.topology not in ROUTED or g.router is not None:
             return False
         self.notify(f"{g.recipe} × {g.topology}: its router is not running yet; r restarts the launch once it is "
                     "(s stops it now)", severity="warning")
@@ -103,34 +194,48 @@ class RecipeActions:
     def _confirm_running(self, verb: str) -> None:
         if verb == "restart" and self._router_unseen():
             return
-        plan = self._running_plan()
+        plan = self._running_plan(verb)
         if plan is None:
             running = self.running_groups()
             self.notify("nothing running was launched from a recipe" if not running else
-                        "several launches run: choose the recipe to " + verb, severity="warning")
+                        "several workloads run: highlight the one to " + verb, severity="warning")
             return
         if self.runner is None:
             self.runner = self._runner()
+        runner = self.runner
         if verb == "restart":
-            self._confirm_restart(plan)
+            self._confirm_restart(plan, runner)
             return
         stops = [st for svc in [x for x in plan.services if x.role == "router"]
                  + [x for x in reversed(plan.services) if x.role != "router"] for st in svc.stop_steps()]
         shown = "\n".join(f"{st.node}$ {st.shell()}" for st in stops[:8])
         if len(stops) > 8:
             shown += f"\n… and {len(stops) - 8} more"
+        group = self._chosen_launch()
 
         async def go() -> None:
             try:
-                await self.runner.stop(plan, self._on_progress)
-                self.app.notify(f"{plan.recipe}: stop done", title="recipes")
-                self.running_plan = None
+                await self._stop_workload(plan, group, runner)
+                self.app.notify(f"{plan.name}: stop done", title="recipes")
+                self.running_plans.pop(plan.name, None)
             except Exception as exc:
                 self.app.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
-        self.app.confirm(f"Stop {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
-                         "Routers first, then the servers; every container of the recipe is removed.")
+        self.app.confirm(f"Stop {plan.name} ({plan.recipe} × {plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
+                         "Out of the gateway first, then routers, then the servers; only this workload's containers "
+                         "are removed, every other keeps serving.")
 
-    def _confirm_restart(self, plan) -> None:
+    async def _stop_workload(self, plan: Plan, group: Any, runner: Runner) -> None:
+        """What the stop should give back recorded (the next launch waits for it), out of the gateway, stopped."""
+        from ...launch.beside import record_stop
+        from ...launch.gateway import keep_current
+        from ...paths import state_dir
+        from ...placement.recovery import StopLog
+        if group is not None:
+            record_stop(StopLog(state_dir(), self.app.cluster.source), self.readings(), group)
+            await keep_current(self.app.cluster, runner.transports, without=group.name)
+        await runner.stop(plan, self._on_progress)
+
+    def _confirm_restart(self, plan: Plan, runner: Runner) -> None:
         """Rolling behind a router, drained everywhere else (launch/rolling.py); the modal shows its steps."""
         from ...launch import rolling
 
@@ -141,7 +246,7 @@ class RecipeActions:
         async def go() -> None:
             self.restarting, self.restart_plan = {}, plan
             try:
-                report = await rolling.restart(self.runner, plan, self._on_progress)
+                report = await rolling.restart(runner, plan, self._on_progress)
                 self.app.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
                 self.app.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
@@ -177,8 +282,8 @@ class RecipeActions:
         node lacks the model or the image (distribute/), run from here as the operator would run it."""
         if self.plan is None:
             return None
-        from ...launch.lint import model_source
-        item = (model_source(next(iter(self.plan.server_args.values()), ())) if what == "model"
+        from ...launch.lint import plan_model
+        item = (plan_model(self.plan) if what == "model"
                 else self.plan.image)
         if not item:
             return None
@@ -189,8 +294,8 @@ class RecipeActions:
         return argv
 
     def _confirm_copy(self, what: str) -> None:
-        argv = self.copy_argv(what)
-        if argv is None:
+        argv, plan = self.copy_argv(what), self.plan
+        if argv is None or plan is None:
             self.notify(f"choose a recipe with a plan (and a {what}) first", severity="warning")
             return
         import shlex
@@ -200,7 +305,8 @@ class RecipeActions:
             import sys
             proc = await asyncio.create_subprocess_exec(sys.executable, "-m", *argv, stdout=asyncio.subprocess.PIPE,
                                                         stderr=asyncio.subprocess.STDOUT)
-            async for raw in proc.stdout:          # progress lines, ETA included, one at a time
+            stdout = proc.stdout            # a pipe: stdout=PIPE above
+            while stdout is not None and (raw := await stdout.readline()):    # progress lines, ETA included
                 line = raw.decode(errors="replace").strip()
                 if line:
                     self.progress[what] = line[-160:]
@@ -208,7 +314,7 @@ class RecipeActions:
             ok = await proc.wait() == 0
             self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
                             title="recipes", severity="information" if ok else "error")
-        self.app.confirm(f"Copy the {what} to {', '.join(self.plan.nodes)}?", shlex.join(argv), go,
+        self.app.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
                          "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:

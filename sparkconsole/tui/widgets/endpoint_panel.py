@@ -4,6 +4,7 @@ TTFT and ITL percentiles, as published by serving.EndpointSnapshot."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 from rich.table import Table
 from rich.text import Text
@@ -20,7 +21,7 @@ class EndpointPanel(Static):
         self.endpoint_name = name
         self.url = url
         self.border_title = f"{name} · {kind}"
-        self._snap = None
+        self._snap: Any = None        # the snapshot drawn, or ("unrecorded",) for a replayed moment without one
 
     def retarget(self, url: str, kind: str) -> None:
         """The endpoint moved (a launch serves on its recipe's port): start over at the new URL."""
@@ -77,8 +78,11 @@ class EndpointPanel(Static):
         def cell(*ways: str, style: str = "") -> Text:
             return Text(next((w for w in ways if col is None or len(w) <= col), ""), style=style)
         model = Text(snap.model or DASH, style="bold")
-        if snap.version and (col is None or len(model) + len(snap.version) + 7 <= col):
-            model.append(f"  vLLM {snap.version}" if snap.kind == "vllm" else f"  {snap.version}", style="dim")
+        # the runtime its /metrics names say (SGLang, llama.cpp), else vLLM for a server endpoint
+        runtime = getattr(snap, "runtime", None) or ("vLLM" if snap.kind == "vllm" and snap.version else None)
+        label = " ".join(x for x in (runtime, snap.version) if x)
+        if label and (col is None or len(model) + len(label) + 2 <= col):
+            model.append(f"  {label}", style="dim")
         grid.add_row(model, cell(f"run {num(snap.running)}  wait {num(snap.waiting)}",
                                  f"run {num(snap.running)} wait {num(snap.waiting)}",
                                  f"run {num(snap.running)}", style="yellow" if (snap.waiting or 0) > 0 else ""),

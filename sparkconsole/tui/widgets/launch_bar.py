@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.text import Text
 from textual.widgets import Static
 
-STYLE = {"SERVING": "green", "STARTING": "yellow", "BROKEN": "bold red"}
+STYLE = {"SERVING": "green", "STARTING": "yellow", "BROKEN": "bold red", "CLOSED": "bold yellow"}
 # A restart's stage of one server, shown instead of its container's state while the restart runs.
 RESTART_WORDS = {"draining": ("draining", "yellow"), "restarting": ("restarting", "yellow"),
                  "back": ("back in", "green"), "failed": ("restart failed", "bold red")}

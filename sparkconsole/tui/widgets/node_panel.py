@@ -1,5 +1,6 @@
 """One node: temperature and its history against the slowdown line, throttle reasons with how long each has been
-active, power / SM clock / utilization, unified-memory headroom, the OOM-guard checklist and the vLLM container row.
+active, power / SM clock / utilization, unified-memory headroom, the OOM-guard checklist, the vLLM container row and
+what each workload holds (its processes' GPU memory + its cgroup, nodes/workload_memory.py).
 A STALE or DOWN node says so and keeps its last values, greyed; once the flight recorder has explained an incident
 (DOWN, a reboot, a dead container), its post-mortem's verdict stays on the panel until a newer one."""
 
@@ -8,6 +9,7 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -23,8 +25,21 @@ from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
 
+if TYPE_CHECKING:
+    from textual import getters
+
+    from ..app import SparkConsoleApp
+
+
+def _g(b: float | None) -> str:
+    """GiB without the unit (the row says GiB once); `?` where not measured."""
+    return "?" if b is None else f"{b / 2**30:.1f}"
+
 
 class NodePanel(Vertical, can_focus=True):
+    if TYPE_CHECKING:
+        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
+
     BINDINGS = [
         Binding("l", "logs", "Logs"),
         Binding("r", "restart", "Restart vLLM"),
@@ -48,7 +63,7 @@ class NodePanel(Vertical, can_focus=True):
     def compose(self) -> ComposeResult:
         # Kept by name: show() runs for every panel in view at every redraw, and a query per row adds up.
         self._rows = {name: Static("", classes=name) for name in ("temp-line", "reasons", "power", "container",
-                                                                   "postmortem")}
+                                                                   "workloads", "postmortem")}
         self._rows["temp-line"].update(Text("waiting for the agent…", style="dim"))
         self._graph, self._bar, self._checklist = TempGraph(), MemoryBar(), GuardList()
         yield self._rows["temp-line"]
@@ -58,6 +73,7 @@ class NodePanel(Vertical, can_focus=True):
         yield self._bar
         yield self._checklist
         yield self._rows["container"]
+        yield self._rows["workloads"]
         yield self._rows["postmortem"]
 
     def _put(self, row: str, text: Text, drawn: Collection | None = None) -> None:
@@ -109,6 +125,7 @@ class NodePanel(Vertical, can_focus=True):
         if drawn is None or checklist in drawn:
             checklist.set_results(guards, stale, compact=getattr(self.screen, "short", False))
         self._put("container", self._container_line(v, grey), drawn)
+        self._put("workloads", self._workloads_line(v, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
 
@@ -192,6 +209,8 @@ class NodePanel(Vertical, can_focus=True):
     def _draw_postmortem(self) -> None:
         """One row: red while the node is still out, yellow once it is back."""
         pm, live = self.postmortem, self.state == "LIVE"
+        if pm is None:
+            return
         line = Text(no_wrap=True, overflow="ellipsis")
         line.append("Post-mortem ", style="bold")
         line.append(time.strftime("%H:%M:%S ", time.localtime(pm["time"])), style="dim")
@@ -221,6 +240,32 @@ class NodePanel(Vertical, can_focus=True):
             # which launch it belongs to: a worker's row alone does not say it serves another node's endpoint
             parts.append((f"  {c.launch}", grey or "cyan", 6))
         return fit(parts, self._width("container"))
+
+    def _workloads_line(self, v: NodeView, grey: str | None) -> Text:
+        """What each workload holds, largest first: GPU memory of its processes (NVML) and its cgroup against its cap
+        — on a GB10 the cap holds only the cgroup part. A part not measured is `?`, and the reason is said. On a
+        narrow panel the smaller workloads go first, each whole."""
+        if not v.workloads and not v.loose:
+            return fit([("Workloads ", "bold", 0), ("none running" if v.read else DASH, "dim", 0)],
+                       self._width("workloads"))
+        parts: list[tuple[str, str, int]] = [("Workloads ", "bold", 0)]
+        why = None
+        for i, w in enumerate(v.workloads):
+            # each workload its name and total, then its breakdown, each group whole: the later workloads go first,
+            # then the first one's breakdown
+            parts += [(" · " if i else "", "dim", 2 * i), (f"{w.container} ", grey or "", 2 * i)]
+            if w.measured:
+                parts.append((gib(w.total_b), grey or "bold", 2 * i))
+            parts.append(((" (" if w.measured else "(") + f"GPU {_g(w.gpu_b)} + CPU {_g(w.cgroup_b)}"
+                          + (f" of {_g(w.cap_b)} cap" if w.cap_b else "") + ")", grey or "dim", 2 * i + 1))
+            why = why or w.reason
+        for j, p in enumerate(v.loose[:2]):
+            parts += [(" · ", "dim", 2 * len(v.workloads) + j),
+                      (f"PID {p.pid}" + (f" {p.comm}" if p.comm else "") + f" {gib(p.used_b)}", grey or "yellow",
+                       2 * len(v.workloads) + j)]
+        if why:
+            parts.append((f"  {why}", grey or "yellow", 99))
+        return fit(parts, self._width("workloads"))
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console, or a recorded moment (REPLAY): nothing to act on, so the keys are hidden too.

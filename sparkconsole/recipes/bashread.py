@@ -2,8 +2,8 @@
 
 spark-vllm-docker's runner (run-recipe.py) fills the template, writes it into a bash script and runs that:
 so a `#` that starts a word is a comment, backslash-newline joins lines, and a line that does not continue
-ends the command. The plan reads the same way (launch/plan.py command_argv), and the recipe reader warns
-where bash would see more than one command (launch/recipe.py).
+ends the command. The plan reads the same way (launch/argv.py command_argv), and the recipe reader warns
+where bash would see more than one command (recipes/v1.py).
 """
 
 from __future__ import annotations

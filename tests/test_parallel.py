@@ -1,0 +1,106 @@
+"""tests/parallel.py's scheduler against the installed pytest-xdist. It implements xdist's public `Scheduling`
+protocol and drives the workers through `WorkerController`'s public methods only; an xdist that changes either
+fails here, by name, instead of the suite hanging or running a test twice. The hand-out itself is checked with
+workers that record what they are sent (xdist's own workers are processes; the whole suite runs on them)."""
+
+from __future__ import annotations
+
+import inspect
+import json
+
+import pytest
+
+xdist = pytest.importorskip("xdist")
+
+from tests import parallel  # noqa: E402
+from tests.parallel import GroupScheduling  # noqa: E402
+
+
+def test_the_scheduler_implements_xdists_scheduling_protocol():
+    from xdist.scheduler.protocol import Scheduling
+    wanted = {name: member for name, member in vars(Scheduling).items() if not name.startswith("_")}
+    assert wanted, "xdist.scheduler.protocol.Scheduling has no members: the protocol moved"
+    for name, member in wanted.items():
+        ours = getattr(GroupScheduling, name, None)
+        assert ours is not None, f"xdist's Scheduling protocol now has {name}; tests/parallel.py's scheduler lacks it"
+        assert isinstance(ours, property) == isinstance(member, property), name
+        if callable(member):
+            assert list(inspect.signature(ours).parameters) == list(inspect.signature(member).parameters), name
+
+
+def test_xdists_worker_controller_keeps_what_the_scheduler_calls():
+    from xdist.workermanage import WorkerController, parse_tx_spec_config
+    assert list(inspect.signature(WorkerController.send_runtest_some).parameters) == ["self", "indices"]
+    assert list(inspect.signature(WorkerController.shutdown).parameters) == ["self"]
+    assert isinstance(WorkerController.shutting_down, property)
+    assert list(inspect.signature(parse_tx_spec_config).parameters) == ["config"]
+
+
+def test_xdist_calls_the_hook_that_makes_the_scheduler():
+    from xdist import newhooks
+    assert list(inspect.signature(newhooks.pytest_xdist_make_scheduler).parameters) == ["config", "log"]
+
+
+class Worker:
+    """Records what the scheduler sends it, as xdist's WorkerController would pass it on to its process."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.sent, self.shutting_down = name, [], False
+        self.gateway = type("Gateway", (), {"id": name})()
+
+    def send_runtest_some(self, indices) -> None:
+        self.sent.append(list(indices))
+
+    def shutdown(self) -> None:
+        self.shutting_down = True
+
+
+class Config:
+    def __init__(self, workers: int) -> None:
+        self.option = type("Option", (), {"loadscopereorder": True, "numprocesses": workers, "tx": [],
+                                          "dist": "loadgroup"})()
+        self.stash = {}
+
+    def getvalue(self, name):
+        return getattr(self.option, name)
+
+
+def test_heavy_groups_go_longest_first_to_the_slots_and_light_tests_to_the_other_workers(tmp_path, monkeypatch):
+    groups = {f"t.py::heavy_{g}_{i}": f"testbed-docker-test_{g}" for g in ("topologies", "topologies_routed",
+                                                                            "topologies_four") for i in range(2)}
+    groups |= {f"t.py::docker_{i}": "testbed-docker" for i in range(3)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(6))]
+    path = tmp_path / "groups.json"
+    path.write_text(json.dumps(groups))
+    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
+    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
+    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 4)
+    sched = GroupScheduling(Config(4))
+    workers = [Worker(f"gw{i}") for i in range(4)]
+    for w in workers:
+        sched.add_node(w)
+        sched.add_node_collection(w, collection)
+    assert sched.collection_is_completed
+    sched.schedule()
+
+    def units(w: Worker) -> list[str]:
+        return list(sched.assigned_work[w])
+    first = [units(w)[0] for w in workers]
+    # the two longest chains on two workers, the Docker group (no slot) handed out first of the light work
+    assert first[:2] == ["group testbed-docker-test_topologies_routed", "group testbed-docker-test_topologies"]
+    assert first[2] == "group testbed-docker"
+    assert first[3].startswith("t.py::light_")
+    assert sum(parallel._heavy_scope(u) for w in workers for u in units(w)) == 2      # the slots, no more
+    # every test is sent once, to the worker that holds its unit
+    sent = sorted(collection[i] for w in workers for batch in w.sent for i in batch)
+    assert len(sent) == len(set(sent))
+    # the light tests run out: the last heavy group goes to a third worker, through the tail slot
+    own = tmp_path / "own-groups"
+    monkeypatch.setattr(sched.config, "stash", {parallel._OWN_GROUPS: str(own)})
+    for w in workers[2:]:
+        while any(not done for tests in sched.assigned_work[w].values() for done in tests.values()):
+            nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
+            sched.mark_test_complete(w, collection.index(nodeid))
+    assert "group testbed-docker-test_topologies_four" in units(workers[2]) + units(workers[3])
+    assert own.with_name("own-groups.tail").exists()
+    assert not sched.workqueue and sched.has_pending and not sched.tests_finished
