@@ -52,12 +52,13 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         # what runs is shown first (once the console has drawn the launch: its next redraw)
         await wait_for(pilot, lambda: (scr.selected, scr.topology) == ("gpt-oss-120b", "2x-solo"), 10, "it chosen")
         assert "● gpt-oss-120b  2x-solo serving" in widget_text(scr.query_one("#recipe-list"))
-        # issue 39: the running launch is planned as it runs (its LiteLLM, not the recipe's default vllm-router),
-        # and its own memory in use is not a refusal of itself
+        # issue 39: what r acts on is the running launch as it runs (its LiteLLM, not the recipe's default
+        # vllm-router), and the detail says the preflight shown is of another launch beside it, not of itself
         g = scr.running_of("gpt-oss-120b")
-        assert g.router and scr.plan.router == scr.plan_options(scr._recipe("gpt-oss-120b"), "2x-solo")["router"]
-        assert scr.plan.router != "vllm-router"
-        assert not [f for f in scr.preflight(scr._recipe("gpt-oss-120b"), "2x-solo") if f.rule == "memory_headroom"]
+        restart = scr._running_plan("restart")
+        assert g.router and restart is not None and restart.router == g.router != "vllm-router"
+        head = widget_text(scr.query_one("#recipe-head"))
+        assert "another launch of it, beside this one" in " ".join(head.split()), head
         # a recipe chosen in the palette stays chosen while another runs
         [entry] = [c for c in app.palette_commands() if c.title == "Recipe: llama-3.1-8b"]
         entry.run()
@@ -69,9 +70,10 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         await wait_for(pilot, lambda: scr.selected == "tiny-testbed", what="tiny-testbed chosen")
         await pilot.pause(0.2)
         head = widget_text(scr.query_one("#recipe-head"))
-        # the launch would fail on the container's name: preflight says so, naming the recipe that runs
-        assert "container vllm_node is running (gpt-oss-120b × 2x-solo)" in head, head
-        assert "stop gpt-oss-120b first" in head
+        # a launch from here goes beside what runs (multi: its own name, port and containers), so nothing of the
+        # running launch is in its way (main's test still expected the collision refusal from before placement)
+        assert "is running (gpt-oss-120b" not in head, head
+        assert scr.plan is not None and "vllm_node" not in {svc.container for svc in scr.plan.services}
         await pilot.press("slash", "ctrl+u", *"gpt", "enter")
         await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", what="gpt-oss-120b chosen")
         await pilot.press("r")
@@ -83,7 +85,7 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
                        "the restart audited in the demo's state directory")
         assert not (tmp / "operator-state" / "audit.log").exists()
         entry = json.loads(demo_audit.read_text().splitlines()[0])
-        assert entry["node"] in ("spark1", "spark2")
+        assert entry["node"] and set(entry["node"].split(",")) <= {"spark1", "spark2"}     # one node, or the launch's
         # the demo records, into the operator's state directory (issue 39: into its own, removed at exit, where
         # `postmortem --demo` could not find it): [ goes back through it
         recording = app.recorder.store.path

@@ -292,6 +292,8 @@ class RecipesScreen(RecipeActions, Screen):
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id != "recipe-list":
+            return          # the workloads' list highlights a workload, not a recipe (it chose the running one)
         if event.option_index != event.option_list.highlighted:
             return          # a refill moved the highlight since: the newer one stands
         if event.option.id != self.selected:
@@ -301,7 +303,8 @@ class RecipesScreen(RecipeActions, Screen):
             self._show()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.action_launch()
+        if event.option_list.id == "recipe-list":
+            self.action_launch()
 
     def choose(self, recipe) -> None:
         """From the command palette: show this recipe's plan on the recipes screen. The operator chose: what runs
