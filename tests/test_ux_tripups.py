@@ -145,3 +145,19 @@ async def test_the_events_pane_wraps_again_at_a_new_width(recording):
         text = screen_text(app)
         assert "http://127.0.0.2:4000" in text, text
         await pilot.press("q")
+
+
+def test_the_workloads_row_keeps_each_figure_whole():
+    # The walk's replay at 80×24: "Workloads  · PID 31555 vllm 1.9" — a separator before nothing, the figure cut.
+    from sparkconsole.nodes.view import NodeView, StateView
+    from sparkconsole.nodes.samples import GpuProcess
+    from sparkconsole.tui.widgets.node_panel import NodePanel
+
+    class Narrow(NodePanel):
+        def _width(self, row: str) -> int | None:
+            return 28
+    v = NodeView(state=StateView("LIVE", "green", None, None, None), gpu_name=None, simulated=False, gpu=None,
+                 no_gpu=None, gpu_error=None, guards=(), container_name="vllm_node", container=None, at=0.0,
+                 loose=(GpuProcess(pid=31555, gpu=0, used_b=2 * 2**30, comm="vllm"),), read=True)
+    text = Narrow("n1", "vllm_node")._workloads_line(v, None).plain
+    assert text == "Workloads PID 31555 2.0 GiB", text

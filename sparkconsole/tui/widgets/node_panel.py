@@ -260,9 +260,12 @@ class NodePanel(Vertical, can_focus=True):
                           + (f" of {_g(w.cap_b)} cap" if w.cap_b else "") + ")", grey or "dim", 2 * i + 1))
             why = why or w.reason
         for j, p in enumerate(v.loose[:2]):
-            parts += [(" · ", "dim", 2 * len(v.workloads) + j),
-                      (f"PID {p.pid}" + (f" {p.comm}" if p.comm else "") + f" {gib(p.used_b)}", grey or "yellow",
-                       2 * len(v.workloads) + j)]
+            # a GPU process in no container: its PID and memory whole, its command name the first thing to go
+            at = 2 * len(v.workloads) + 2 * j
+            parts += [(" · " if v.workloads or j else "", "dim", at), (f"PID {p.pid}", grey or "yellow", at)]
+            if p.comm:
+                parts.append((f" {p.comm}", grey or "yellow", at + 1))
+            parts.append((f" {gib(p.used_b)}", grey or "yellow", at))
         if why:
             parts.append((f"  {why}", grey or "yellow", 99))
         return fit(parts, self._width("workloads"))
