@@ -149,8 +149,8 @@ async def test_the_events_pane_wraps_again_at_a_new_width(recording):
 
 def test_the_workloads_row_keeps_each_figure_whole():
     # The walk's replay at 80×24: "Workloads  · PID 31555 vllm 1.9" — a separator before nothing, the figure cut.
-    from sparkconsole.nodes.view import NodeView, StateView
     from sparkconsole.nodes.samples import GpuProcess
+    from sparkconsole.nodes.view import NodeView, StateView
     from sparkconsole.tui.widgets.node_panel import NodePanel
 
     class Narrow(NodePanel):
