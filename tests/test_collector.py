@@ -71,6 +71,15 @@ class Procs:
                 p.wait(10)
 
 
+def procs_for(tmp_path: Path, monkeypatch, cfg: Path) -> tuple[Procs, Path]:
+    """Processes of the cluster file `cfg` with a state dir of their own (this process's too), and the recorder
+    file they are to write."""
+    state = tmp_path / "state"
+    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
+    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
+    return Procs(tmp_path, cfg, env), tmp_path / "rec.sqlite"
+
+
 def consecutive(seqs: list[int]) -> bool:
     return bool(seqs) and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
 
@@ -89,11 +98,7 @@ def metrics(port: int) -> str:
 @pytest.mark.alone
 async def test_one_collector_feeds_every_viewer_and_a_killed_one_is_taken_over(sshd_live, tmp_path, monkeypatch):
     cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
-    state = tmp_path / "state"
-    monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(state))
-    env = {**os.environ, "SPARKCONSOLE_STATE_DIR": str(state), "PYTHONPATH": str(ROOT)}
-    db = tmp_path / "rec.sqlite"
-    procs = Procs(tmp_path, cfg, env)
+    procs, db = procs_for(tmp_path, monkeypatch, cfg)
     nodes = list(sshd_live)
     try:
         collector = procs.spawn("record1", "record", "--file", str(db))
@@ -210,6 +215,7 @@ async def test_a_viewer_shows_the_collectors_endpoint_polls_and_polls_itself_onc
     from sparkconsole.collector.attach import AttachedMonitor
     from sparkconsole.collector.core import Collector
     from sparkconsole.collector.lock import socket_path
+    from sparkconsole.collector.roles import RECORD, VIEWER
     from sparkconsole.collector.server import CollectorServer
     from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
@@ -224,14 +230,14 @@ async def test_a_viewer_shows_the_collectors_endpoint_polls_and_polls_itself_onc
         cluster = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),),
                                 endpoints=(EndpointConfig(name="vllm1", url=srv.url, node="spark1"),),
                                 source=str(tmp_path / "c.yaml"))
-        core = Collector(cluster, monitor=ClusterMonitor(cluster, transport_factory=replay))
+        core = Collector(cluster, RECORD, ClusterMonitor(cluster, transport_factory=replay))
         server = CollectorServer(core, socket_path(cluster), info={"pid": os.getpid(), "role": "record"})
         await server.start()
         await core.start()
         viewer_mon = AttachedMonitor(cluster, transport_factory=replay, retry_s=0.2)
         said: list[str] = []
         viewer_mon.subscribe_status(lambda text, sev: said.append(text))
-        viewer = Collector(cluster, monitor=viewer_mon, acting=False, serving_factory=viewer_mon.serving_for)
+        viewer = Collector(cluster, VIEWER, viewer_mon)
         try:
             await until(lambda: core.serving.endpoints["vllm1"].latest is not None, 20, "the collector's first poll")
             await viewer.start()
@@ -363,3 +369,138 @@ def test_record_refuses_an_open_exporter_address_before_it_starts(tmp_path):
     said = [line for line in r.stderr.splitlines() if not line.startswith("cluster: ")]
     assert r.returncode == 2 and len(said) == 1 and "--exporter" in said[0] and "fix:" in said[0], r.stderr
     assert not (tmp_path / "r.sqlite").exists() and "recording" not in r.stdout
+
+
+def lock_holder(lock: Path) -> int | None:
+    """The pid holding the flock on `lock` now (/proc/locks), or None."""
+    try:
+        ino = lock.stat().st_ino
+    except FileNotFoundError:
+        return None
+    for line in Path("/proc/locks").read_text().splitlines():
+        f = line.split()
+        if len(f) > 5 and f[1] == "FLOCK" and f[5].rsplit(":", 1)[-1] == str(ino):
+            return int(f[4])
+    return None
+
+
+def max_gap(db: Path, node: str, since: float, until: float) -> tuple[float, float]:
+    """(longest time between consecutive recorded ticks of `node` in [since, until], when it began)."""
+    reader = RecorderReader(db)
+    try:
+        ts = sorted(r["t"] for r in reader.ticks(node, since, until))
+    finally:
+        reader.close()
+    gaps = [(b - a, a) for a, b in zip(ts, ts[1:], strict=False)]
+    return max(gaps, default=(until - since, since))
+
+
+GAP_BOUND_S = 15.0       # the takeover's hole: the console's own agents connecting (seconds on a loaded machine)
+ALONE_S = 30.0           # how long the console is left alone: a console that does not record leaves this hole
+
+
+@pytest.mark.alone
+async def test_a_console_alone_takes_the_collectors_duties_and_hands_them_back(sshd_live, tmp_path, monkeypatch):
+    """Issue 40 item 4, with a real `sparkconsole record` SIGKILLed under a running console and then started again:
+    the console takes over recording (into the collector's file), the opt-in guard and the notifications while it
+    is alone, says on screen whose duties they are, and hands them back; the recording has no hole beyond the
+    takeover's, never two writers, and an alert raised while alone is sent once — not again by the collector that
+    takes over, which sends its clear."""
+    from sparkconsole.collector.lock import LOCK_NAME, collector_dir
+    from tests.test_notify import TOKEN, Receiver
+
+    rx = Receiver()
+    cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
+    with open(cfg, "a") as fh:
+        fh.write(f"notify: {{webhook: '{rx.url}/hook/{TOKEN}', rate_limit_s: 600}}\n"
+                 "protect: {stop_container_before_exhaustion_s: 45}\n")
+    procs, db = procs_for(tmp_path, monkeypatch, cfg)
+    cluster = load_cluster(cfg)
+    lock = collector_dir(cluster) / LOCK_NAME
+    node2 = sshd_live[1]
+
+    def hooks(state: str) -> list[dict]:
+        import json
+        return [h for h in (json.loads(b) for _, _, b in rx.got) if h["key"] == "node:node2:state"
+                and h["state"] == state]
+    try:
+        record1 = procs.spawn("record1", "record", "--file", str(db))
+        await until_out(procs, "record1", "viewers attach at", record1)
+        app = SparkConsoleApp(cluster, attach=True, record=True)
+        async with app.run_test(size=(200, 50)) as pilot:
+            mon = lambda: app.monitor          # noqa: E731 — built after the first frame
+            await wait_for(pilot, lambda: mon() is not None and mon().attached and all(
+                nm.state == NodeState.LIVE for nm in mon().nodes.values()), 60, "the console attached, LIVE")
+            started = time.time()
+            # attached: every duty is the collector's, and the header says so
+            await wait_for(pilot, lambda: f"recording, guard and notifications: the collector (pid {record1.pid})"
+                           in app.sub_title, 30, "the header naming the collector")
+            assert app.recorder is None and app.notifier is None and app.core.guardian.threshold_s == 0
+            assert lock_holder(lock) == record1.pid
+
+            # the collector SIGKILLed: the console takes the duties over, into the collector's own file
+            record1.send_signal(signal.SIGKILL)
+            record1.wait(10)
+            killed = time.time()
+            await wait_for(pilot, lambda: app.recorder is not None, 30, "the console recording")
+            took_s = time.time() - killed
+            assert app.recorder.store.path == db
+            assert "recording, guard and notifications: this console (collector gone)" in app.sub_title
+            assert app.core.guardian.threshold_s == 45 and app.notifier is not None     # the guard acts, it notifies
+            assert lock_holder(lock) == os.getpid()
+
+            # an alert raised while alone is sent, once
+            node2.kill()
+            await wait_for(pilot, lambda: hooks("raised"), 60, "node2's alert at the webhook")
+            while time.time() < killed + ALONE_S:
+                assert app.core.guardian.threshold_s == 45 and app.recorder is not None
+                await pilot.pause(0.5)
+            assert len(hooks("raised")) == 1, hooks("raised")
+
+            # the collector comes back: it waits for the console, which hands everything back once attached
+            record2 = procs.spawn("record2", "record", "--file", str(db))
+            writers: list[tuple[int | None, bool]] = []
+            while not (mon().attached and app.recorder is None and lock_holder(lock) == record2.pid):
+                writers.append((lock_holder(lock), app.recorder is not None))
+                assert record2.poll() is None and time.time() < killed + ALONE_S + 90, procs.out("record2")
+                await pilot.pause(0.05)
+            handed = time.time()
+            # never two writers: the console wrote only while it held the lock, the collector took it after
+            assert not any(holder == record2.pid and mine for holder, mine in writers), writers
+            out = procs.out("record2")
+            assert f"waiting for sparkconsole console (pid {os.getpid()}" in out, out
+            await until_out(procs, "record2", "took over recording, guard and notifications from sparkconsole console",
+                            record2)
+            await wait_for(pilot, lambda: f"recording, guard and notifications: the collector (pid {record2.pid})"
+                           in app.sub_title, 30, "the header naming the collector again")
+            assert app.notifier is None and app.core.guardian.threshold_s == 0
+
+            # the collector's own rules raise node2's alert again: not sent twice; its clear is sent, once
+            await until_out(procs, "record2", "node2 DOWN", record2)
+            await pilot.pause(2)
+            assert len(hooks("raised")) == 1, hooks("raised")
+            node2.restart()
+            await wait_for(pilot, lambda: hooks("cleared"), 60, "node2's clear at the webhook")
+            await pilot.pause(2)
+            assert len(hooks("cleared")) == 1 and len(hooks("raised")) == 1, rx.got
+
+            # the recording: node1's ticks without a hole past the takeover's, through the handback too
+            await pilot.pause(3)
+            gap, at = max_gap(db, "node1", started, time.time() - 1)
+            print(f"\ntakeover after the kill: {took_s:.2f} s; longest hole in node1's ticks: {gap:.2f} s at "
+                  f"{at - killed:+.2f} s from the kill (handback {handed - killed:+.2f} s)")
+            assert gap <= GAP_BOUND_S, (gap, at - killed)
+            await pilot.press("q")
+        assert record2.poll() is None
+    finally:
+        procs.kill_all()
+        rx.close()
+    assert integrity(db) == "ok"
+
+
+async def until_out(procs: Procs, name: str, text: str, proc: subprocess.Popen, timeout: float = 60) -> None:
+    import asyncio
+    deadline = time.monotonic() + timeout
+    while text not in procs.out(name):
+        assert proc.poll() is None and time.monotonic() < deadline, procs.out(name)
+        await asyncio.sleep(0.1)

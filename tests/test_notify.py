@@ -88,6 +88,19 @@ def test_rate_limit_lets_a_raise_through_again_after_the_window():
     assert n.submit(alert())
 
 
+def test_an_alert_announced_by_the_previous_holder_is_not_raised_again_but_its_clear_is():
+    """collector/duties.py hands notifications between a collector and a console: what the other raised counts as
+    sent (no second raise within the rate limit), its clear is sent; the rest as ever."""
+    now = [0.0]
+    n = Notifier(NotifySettings(rate_limit_s=60, bell=True), bell=lambda: None, clock=lambda: now[0])
+    n.announced(["node:spark1:headroom"])
+    assert not n.submit(alert())                                  # raised (and sent) by the previous holder
+    assert n.submit(alert(key="node:spark2:headroom"))            # not announced: sent
+    assert n.submit(alert(active=False))                          # its clear: sent
+    now[0] = 61
+    assert n.submit(alert())                                      # a new raise after the window: sent
+
+
 def test_a_receiver_that_is_down_is_retried_then_given_up_without_leaking_the_token(fast_retries):
     with socket.socket() as s:       # bound, not listening: refused at once
         s.bind(("127.0.0.1", 0))

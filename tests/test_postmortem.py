@@ -39,8 +39,10 @@ def tick(t, *, avail_gib=100.0, temp=60.0, reasons=0, psi_full=0.0, swap_free_gi
 
 def scenario(tmp_path, shape, *, incident=("state", {"state": "DOWN", "error": "no tick for 9.0 s"}),
              other_ticks=True, stale_first=True, containers=None) -> dict:
+    from sparkconsole.config import RecorderSettings
     path = tmp_path / "r.sqlite"
-    store = RecorderStore(path)
+    # rows stamped in 2023 (T0): retention, which runs after the writer's first batch, must keep them
+    store = RecorderStore(path, RecorderSettings(full_rate_hours=1e6, keep_days=1e5))
     store.put_event("*", "session", {"endpoints": {"spark1-vllm": "spark1"}}, T0 - 1)
     store.put_event("spark1", "state", {"state": "LIVE"}, T0)
     for i in range(100):

@@ -3,6 +3,7 @@ real ClusterMonitor and its line parsing), checked against what the screen shows
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -42,10 +43,10 @@ def state_dir(tmp_path, monkeypatch):
 
 
 def make_app(recording, n=2, *, simulated=False, **kw):
-    cfg = cluster(n)
+    cfg = dataclasses.replace(cluster(n), simulated=simulated)
     factory = replay_factory(lambda node: recording, interval=kw.pop("interval", 0.05), **kw)
     mon = ClusterMonitor(cfg, transport_factory=factory)
-    return SparkConsoleApp(cfg, monitor=mon, simulated=simulated), factory, mon
+    return SparkConsoleApp(cfg, monitor=mon), factory, mon
 
 
 async def test_dashboard_draws_the_recorded_readings(recording):

@@ -13,7 +13,6 @@ import pytest
 from textual.command import CommandList
 from textual.widgets import Input
 
-from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.nodes.monitor import ClusterMonitor
 from sparkconsole.nodes.recording import read_recording
@@ -71,8 +70,7 @@ def held_app(monkeypatch, tmp_path):
                   for i in (1, 2))
     cfg = ClusterConfig(nodes=nodes, endpoints=(EndpointConfig("router", "http://10.0.0.1:4000", kind="router"),),
                         source="sparkconsole.yaml")
-    alerts = AlertEngine(cfg.thresholds, clock=lambda: now)      # its default clock is bound when it is imported
-    app = SparkConsoleApp(cfg, monitor=HeldMonitor(cfg, [hello, *ticks], now), serving=HeldServing(), alerts=alerts)
+    app = SparkConsoleApp(cfg, monitor=HeldMonitor(cfg, [hello, *ticks], now), serving=HeldServing())
     notify = app.notify
     # A toast lasts its seconds of real time: on a loaded machine it could be gone before the frame is taken.
     app.notify = lambda *a, **k: notify(*a, **{**k, "timeout": 3600})

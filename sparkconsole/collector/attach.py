@@ -2,6 +2,7 @@
 
     mon = AttachedMonitor(cluster)                # same .nodes (NodeMonitors), .subscribe, .start, .stop
     mon.subscribe_status(lambda text, severity: ...)   # one line each time it attaches, loses or falls back
+    mon.subscribe_attached(lambda attached: ...)       # each time it attaches or loses its collector
     await mon.start()                             # attached (mon.attached) or on its own, said in one line
 
 Attached, the node monitors run no agent: they are fed the agent lines the collector took (collector/wire.py),
@@ -28,12 +29,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..config import ClusterConfig
+from ..config import ClusterConfig, NodeConfig, SshPolicy
 from ..nodes.connect import make_transport
 from ..nodes.monitor import ClusterMonitor
 from ..nodes.samples import NodeState
+from ..nodes.transport import Transport
 from ..subscribers import Subscribers
 from .lock import describe_holder, socket_path
+from .seams import Json
 from .wire import MAX_LINE, SILENT_S, ShortPath, decode
 
 if TYPE_CHECKING:
@@ -41,13 +44,15 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+TransportFactory = Callable[[NodeConfig, SshPolicy], Transport]
+
 RETRY_S = 2.0              # how often a viewer on its own looks for a collector again
 SNAPSHOT_TIMEOUT_S = 10.0  # a collector that answers sends its current state within this
 
 
 class AttachedMonitor(ClusterMonitor):
     def __init__(self, config: ClusterConfig, *, socket: Path | None = None,
-                 transport_factory: Callable[..., Any] = make_transport,
+                 transport_factory: TransportFactory = make_transport,
                  history: int = 600, retry_s: float = RETRY_S) -> None:
         super().__init__(config, transport_factory=lambda node, ssh: _LazyTransport(transport_factory, node, ssh),
                          history=history)
@@ -59,17 +64,18 @@ class AttachedMonitor(ClusterMonitor):
         self.socket = Path(socket) if socket is not None else None
         self.retry_s = retry_s
         self.attached = False
-        self.collector: dict[str, Any] | None = None          # the collector's own line while attached (pid, since, …)
-        self.collector_alerts: dict[str, dict[str, Any]] = {}  # its active alerts
+        self.collector: Json | None = None          # the collector's own line while attached (pid, since, …)
+        self.collector_alerts: dict[str, Json] = {}  # its active alerts
         self.status_line = ""
         self.attaches = 0
         self._status_subs: Subscribers[tuple[str, str]] = Subscribers("attach status")
+        self._attached_subs: Subscribers[bool] = Subscribers("attached")
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._loop_task: asyncio.Task[None] | None = None
         self._local = False
         self._servings: list[AttachedServing] = []
-        self.endpoint_msgs: dict[str, dict[str, Any]] = {}     # each endpoint's last poll from the collector
+        self.endpoint_msgs: dict[str, Json] = {}     # each endpoint's last poll from the collector
 
     def serving_for(self, cluster: ClusterConfig) -> AttachedServing:
         """The ServingMonitor a viewer's core builds (collector/core.py's serving_factory): only once the cluster
@@ -79,6 +85,10 @@ class AttachedMonitor(ClusterMonitor):
 
     def subscribe_status(self, cb: Callable[[str, str], None]) -> Callable[[], None]:
         return self._status_subs.add(lambda item: cb(*item))
+
+    def subscribe_attached(self, cb: Callable[[bool], None]) -> Callable[[], None]:
+        """cb(True) once it has attached (the collector's current state read), cb(False) once it has lost it."""
+        return self._attached_subs.add(cb)
 
     def _say(self, text: str, severity: str = "info") -> None:
         self.status_line = text
@@ -153,9 +163,10 @@ class AttachedMonitor(ClusterMonitor):
         self.attached = True
         self.attaches += 1
         self._servings_local(False)
+        self._attached_subs.notify(True)
         return True
 
-    async def _next(self) -> dict[str, Any] | None:
+    async def _next(self) -> Json | None:
         """The next message; None at the end of the stream."""
         while self._reader is not None:
             line = await self._reader.readline()
@@ -171,7 +182,7 @@ class AttachedMonitor(ClusterMonitor):
         if writer is not None:
             writer.close()
 
-    def _apply(self, d: dict[str, Any]) -> None:
+    def _apply(self, d: Json) -> None:
         kind = d["type"]
         if kind == "collector":
             self.collector = d
@@ -230,6 +241,7 @@ class AttachedMonitor(ClusterMonitor):
         self._say(f"lost the collector ({self._who()}: {why}): the nodes are STALE until this viewer's own agents "
                   "read them; it attaches again when a collector runs", "warn")
         self._go_local()
+        self._attached_subs.notify(False)
 
     async def _run(self) -> None:
         while True:
@@ -253,11 +265,11 @@ class AttachedMonitor(ClusterMonitor):
 class _LazyTransport:
     """A node's transport, made on its first use."""
 
-    def __init__(self, factory: Callable[..., Any], node: Any, ssh: Any) -> None:
+    def __init__(self, factory: TransportFactory, node: NodeConfig, ssh: SshPolicy) -> None:
         self._args = (factory, node, ssh)
-        self._real: Any = None
+        self._real: Transport | None = None
 
-    def _get(self) -> Any:
+    def _get(self) -> Transport:
         if self._real is None:
             factory, node, ssh = self._args
             self._real = factory(node, ssh)

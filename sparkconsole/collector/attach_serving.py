@@ -7,10 +7,12 @@ HTTP stack under serving/endpoint.py.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
-from ..config import ClusterConfig
+from ..config import ClusterConfig, EndpointConfig
 from ..serving.endpoint import ServingMonitor
+from .seams import Json
 from .wire import snapshot_from
 
 if TYPE_CHECKING:
@@ -21,8 +23,8 @@ class AttachedServing(ServingMonitor):
     """A viewer's endpoints: while its monitor is attached, no poll of its own, the collector's polls published as
     if they were; on its own, polled as ever."""
 
-    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, **kw: Any) -> None:
-        super().__init__(config, **kw)
+    def __init__(self, config: ClusterConfig, monitor: AttachedMonitor, *, interval: float = 1.0) -> None:
+        super().__init__(config, interval)
         self.monitor = monitor
         monitor._servings.append(self)
 
@@ -32,7 +34,7 @@ class AttachedServing(ServingMonitor):
             return
         await super().start()
 
-    async def follow(self, wanted: Any) -> tuple[list[str], list[str], list[str]]:
+    async def follow(self, wanted: Iterable[EndpointConfig]) -> tuple[list[str], list[str], list[str]]:
         started = self._started
         self._started = started and not self.monitor.attached     # attached: new endpoints are not polled here
         try:
@@ -44,7 +46,7 @@ class AttachedServing(ServingMonitor):
                 self.feed(d)
         return added, moved, removed
 
-    def feed(self, d: dict[str, Any]) -> None:
+    def feed(self, d: Json) -> None:
         em = self.endpoints.get(str(d.get("name")))
         if em is None or em.config.url != d.get("url") or self.monitor._local:
             return

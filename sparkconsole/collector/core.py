@@ -2,21 +2,22 @@
 the endpoints followed to where the launches serve. `sparkconsole record` (the collector), the console, the
 exporter and the demo each build one and only draw, print or serve what it publishes.
 
-    core = Collector(cluster, monitor=mon, say=print_line)    # monitor: a ClusterMonitor, or one attached to a
-    core.open_recorder()                                      # collector (collector/attach.py); None: built here
+    core = Collector(cluster, RECORD, monitor_for(cluster, attach=False), say=print_line)   # roles: roles.py
+    core.records_to(path, on_postmortem=cb)                   # where the recording goes while it holds the duties
     core.subscribe_endpoints(cb); core.subscribe_follow(cb)   # alerts: core.alerts.subscribe(cb)
     await core.start(); ...; await core.stop()
 
 The alert engine is fed on every node tick and every endpoint poll (never on a redraw), so alert timing is the
-same in every front end. A viewer attached to a collector builds one too, with `acting=False`: its alerts are
-computed from the same ticks, but the guard's `docker stop`, the notifications and the recording stay the
-collector's.
+same in every front end. The duties (recording, the guard's `docker stop`, notifications) are held by one process
+at a time (collector/duties.py): a console attached to a collector computes the same alerts from the same ticks
+but leaves them to the collector, and takes them over while the collector is gone.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable, Coroutine
 from dataclasses import replace
 from pathlib import Path
@@ -25,21 +26,27 @@ from typing import TYPE_CHECKING, Any
 from ..alerts import AlertEngine
 from ..config import ClusterConfig
 from ..nodes.guard import GuardResult, evaluate_guards
-from ..nodes.launches import launch_groups, served_endpoints
+from ..nodes.launches import LaunchGroup, launch_groups, served_endpoints
 from ..subscribers import Subscribers
+from .duties import Duties
+from .roles import Role
+from .seams import ClusterWatch, EndpointsWatch, Json, ServingFactory
 
 if TYPE_CHECKING:
+    from ..config import EndpointConfig
+    from ..nodes.monitor import NodeMonitor
     from ..notify.notifier import Notifier
     from ..protect import Guardian
     from ..recorder.feed import Recorder
-    from .lock import WriterLock
+    from ..serving.endpoint import EndpointMonitor, EndpointSnapshot
 
 log = logging.getLogger(__name__)
 
 Say = Callable[[str, str], None]      # say(text, severity): severity info | warn | bad
+Follow = tuple[tuple["EndpointConfig", ...], list[str], list[str], list[str]]   # (wanted, added, moved, removed)
 
 
-def guards_of(nm: Any) -> list[GuardResult]:
+def guards_of(nm: NodeMonitor) -> list[GuardResult]:
     """The OOM guards of a node from its last tick."""
     t = nm.last
     if t is None:
@@ -47,91 +54,76 @@ def guards_of(nm: Any) -> list[GuardResult]:
     return evaluate_guards(t.guards, t.mem, nm.containers, nm.config.container)
 
 
-class Collector:
-    """monitor: a ClusterMonitor (or anything with .nodes, .subscribe, .start, .stop), built from the cluster when
-    None. serving: a ServingMonitor, built for the cluster's endpoints when None (with_serving), or once a launch
-    serves somewhere (follow; serve_launches=False: only where the cluster file has endpoints). acting: False for a viewer (no guard action, no notification). replay: a recorded
-    past (the guard says what it would have done; nothing is followed)."""
+def _now() -> float:
+    return time.time()      # looked up per call: a test that sets time.time sees its alerts at its own time
 
-    def __init__(self, cluster: ClusterConfig, *, monitor: Any = None, serving: Any = None,
-                 alerts: AlertEngine | None = None,
-                 say: Say | None = None, acting: bool = True, replay: bool = False, follow: bool = True,
-                 with_serving: bool = True, serving_factory: Callable[[ClusterConfig], Any] | None = None,
-                 history: int = 600,
-                 bell: Callable[[], None] | None = None, serve_launches: bool = True) -> None:
+
+class Collector:
+    """role: what this front end is (roles.py: the duties it may hold, how it watches the endpoints). monitor: a
+    ClusterMonitor or one that acts as it (roles.monitor_for chooses). serving: a ServingMonitor, built for the
+    cluster's endpoints when None (serving_factory, else the monitor's `serving_for`, else a ServingMonitor), or
+    once a launch serves somewhere."""
+
+    def __init__(self, cluster: ClusterConfig, role: Role, monitor: ClusterWatch, *,
+                 serving: EndpointsWatch | None = None, serving_factory: ServingFactory | None = None,
+                 say: Say | None = None, bell: Callable[[], None] | None = None) -> None:
         self.cluster = cluster
-        if monitor is None:
-            from ..nodes.monitor import ClusterMonitor
-            monitor = ClusterMonitor(cluster, history=history)
-        self._serving_factory = serving_factory
-        if serving is None and with_serving and cluster.endpoints:
-            serving = self._make_serving(cluster)
+        self.role = role
         self.monitor = monitor
+        self._serving_factory = serving_factory or getattr(monitor, "serving_for", None)
+        if serving is None and role.serving and cluster.endpoints:
+            serving = self._make_serving(cluster)
         self.serving = serving
-        self.alerts = alerts or AlertEngine(cluster.thresholds)
+        self.alerts = AlertEngine(cluster.thresholds, clock=_now)
         self.say: Say = say or (lambda text, severity: None)
-        self.acting = acting
-        self.replay = replay
-        self.follow = follow and not replay
-        self.with_serving = with_serving
-        self.serve_launches = serve_launches
         self.bell = bell
-        self.recorder: Recorder | None = None
-        self.writer_lock: WriterLock | None = None
-        self.notifier: Notifier | None = None
         self.guardian: Guardian | None = None
+        self.duties = Duties(self)
         self._unsub: list[Callable[[], None]] = []
         self._guards: dict[str, tuple[object, object, list[GuardResult]]] = {}   # name -> (tick, containers, results)
         self._launch_key: tuple[tuple[int, object], ...] = ()
-        self.launches: list[Any] = []                  # the launch groups seen on the last change of any node
-        self._wanted: tuple[Any, ...] = tuple(cluster.endpoints)
+        self.launches: list[LaunchGroup] = []          # the launch groups seen on the last change of any node
+        self._wanted: tuple[EndpointConfig, ...] = tuple(cluster.endpoints)
         self._follow_lock = asyncio.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._endpoint_subs: Subscribers[Any] = Subscribers("collector endpoints")
-        self._follow_subs: Subscribers[tuple[Any, ...]] = Subscribers("collector follow")
+        self._endpoint_subs: Subscribers[EndpointMonitor] = Subscribers("collector endpoints")
+        self._follow_subs: Subscribers[Follow] = Subscribers("collector follow")
         self._started = False
         self._stopped = False
         self._closed = False
 
-    def _make_serving(self, cluster: ClusterConfig) -> Any:
+    def _make_serving(self, cluster: ClusterConfig) -> EndpointsWatch:
         if self._serving_factory is not None:
             return self._serving_factory(cluster)
         from ..serving.endpoint import ServingMonitor
         return ServingMonitor(cluster)
 
-    # --- the recorder (the only writer of the cluster's file: collector/lock.py) ------------------------------
-    def open_recorder(self, path: str | Path | None = None, *, role: str = "record", on_loop: bool = True,
-                      on_postmortem: Callable[[dict[str, Any]], None] | None = None) -> Recorder | None:
-        """Takes the cluster's writer lock (a UserError naming the running collector when another holds it), then
-        opens the recorder file; None when the cluster file turns the recorder off."""
-        from ..recorder.feed import Recorder
-        from .lock import WriterLock
-        if not self.cluster.recorder.enabled:
-            return None
-        lock = WriterLock.acquire(self.cluster, role)
-        if lock.error:
-            log.warning("recorder writer lock not taken (%s): recording without it", lock.error)
-        try:
-            rec = Recorder.open(self.cluster, path, on_status=self.say, on_loop=on_loop)
-        except BaseException:
-            lock.release()
-            raise
-        self.writer_lock = lock
-        self.recorder = rec
-        if rec is not None:
-            rec.on_postmortem = on_postmortem
-        return rec
+    # --- what the duties hold (collector/duties.py) -----------------------------------------------------------
+    def records_to(self, path: str | Path | None = None, *, on_loop: bool = True,
+                   on_postmortem: Callable[[Json], None] | None = None) -> None:
+        """Where this core records while it holds the duties (default: the collector's file it took them over from,
+        else the cluster's file in the state dir); on_loop: the recorder's fault lines said on the event loop
+        (False: in its writer thread, for a thread-safe say); on_postmortem(pm) after each incident."""
+        self.duties.path, self.duties.on_loop, self.duties.on_postmortem = path, on_loop, on_postmortem
+
+    @property
+    def recorder(self) -> Recorder | None:
+        return self.duties.recorder
+
+    @property
+    def notifier(self) -> Notifier | None:
+        return self.duties.notifier
 
     # --- what the front ends subscribe to ---------------------------------------------------------------------
-    def subscribe_endpoints(self, cb: Callable[[Any], None]) -> Callable[[], None]:
+    def subscribe_endpoints(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
         """cb(endpoint_monitor) after every endpoint poll, whichever ServingMonitor polls it now."""
         return self._endpoint_subs.add(cb)
 
-    def subscribe_follow(self, cb: Callable[[tuple[Any, ...]], None]) -> Callable[[], None]:
+    def subscribe_follow(self, cb: Callable[[Follow], None]) -> Callable[[], None]:
         """cb((wanted, added, moved, removed)) after the endpoints polled changed to follow the launches."""
         return self._follow_subs.add(cb)
 
-    def guards(self, nm: Any) -> list[GuardResult]:
+    def guards(self, nm: NodeMonitor) -> list[GuardResult]:
         """guards_of(nm), computed once per tick (the alert feed, the panels and every scrape read the same)."""
         cached = self._guards.get(nm.name)
         if cached is not None and cached[0] is nm.last and cached[1] is nm.containers:
@@ -149,16 +141,15 @@ class Collector:
         nm = self.monitor.nodes.get(node) if node else None
         if nm is None or nm.last is None or not nm.last.gpus:
             return None
-        power: float | None = nm.last.gpus[0].power_w
-        return power
+        return nm.last.gpus[0].power_w
 
-    def endpoint_snapshots(self) -> list[Any]:
+    def endpoint_snapshots(self) -> list[EndpointSnapshot]:
         if self.serving is None:
             return []
         return [em.latest for em in self.serving.endpoints.values() if em.latest is not None]
 
     # --- the feed: every tick and every poll ----------------------------------------------------------------
-    def _node_changed(self, nm: Any) -> None:
+    def _node_changed(self, nm: NodeMonitor) -> None:
         if self._stopped:
             return
         self.alerts.observe_node(nm, self.guards(nm))
@@ -169,7 +160,7 @@ class Collector:
         self._launch_key = key
         self.launches = launch_groups(nodes)
         self.alerts.observe_launches(self.launches)
-        if not self.follow:
+        if not self.role.follows:
             return
         # poll where the launches serve (a recipe's own port, a router)
         wanted = served_endpoints(self.launches, self.cluster.endpoints)
@@ -187,18 +178,19 @@ class Collector:
             if self._stopped:
                 return
             if self.serving is None:
-                if not (self.with_serving and self.serve_launches):
+                if not (self.role.serving and self.role.launch_endpoints):
                     return
                 self.serving = self._make_serving(replace(self.cluster, endpoints=()))
                 self._unsub.append(self.serving.subscribe(self._endpoint_changed))
+                self.duties.serving_started(self.serving)
                 await self.serving.start()
             wanted = self._wanted
             added, moved, removed = await self.serving.follow(wanted)
             if added or moved or removed:
                 self._follow_subs.notify((wanted, added, moved, removed))
 
-    def _endpoint_changed(self, em: Any) -> None:
-        snap = getattr(em, "latest", None)
+    def _endpoint_changed(self, em: EndpointMonitor) -> None:
+        snap = em.latest
         if snap is not None and not self._stopped:
             self.alerts.observe_endpoint(snap, self.endpoint_power(snap.name))
         self._endpoint_subs.notify(em)
@@ -206,25 +198,11 @@ class Collector:
     # --- lifecycle --------------------------------------------------------------------------------------------
     def _wire(self) -> None:
         from ..protect import Guardian
-        rec = self.recorder
-        if rec is not None:
-            rec.attach(self.monitor)
-            rec.attach_alerts(self.alerts)
-            if self.serving is not None:
-                rec.attach_serving(self.serving)
-        self.guardian = guardian = Guardian(self.cluster, self.alerts, recorder=rec, say=self.say, replay=self.replay)
-        if not self.acting:
-            guardian.threshold_s = 0       # the collector this viewer is attached to acts, once
+        # Everyone forecasts and warns; the guard's action is the duty holder's (duties.py sets its threshold).
+        self.guardian = guardian = Guardian(self.cluster, self.alerts, say=self.say, replay=self.role.replay)
+        guardian.threshold_s = 0
         self._unsub.append(self.monitor.subscribe(guardian.on_node))
         self._unsub.append(self.monitor.subscribe(self._node_changed))
-        if self.acting and not self.replay:
-            from ..notify.notifier import Notifier
-            self.notifier = notifier = Notifier(self.cluster.notify, bell=self.bell or (lambda: None),
-                                                cluster=self.cluster.source)
-
-            def send(alert: Any) -> None:
-                notifier.submit(alert)        # False when filtered or rate-limited: nothing to do then
-            self._unsub.append(self.alerts.subscribe(send))
         if self.serving is not None:
             self._unsub.append(self.serving.subscribe(self._endpoint_changed))
 
@@ -233,10 +211,17 @@ class Collector:
             return
         self._started = True
         self._wire()
+        # A console that may attach learns from its monitor's start whether a collector holds the duties; any other
+        # role takes them first, so what the monitor already holds is recorded and notified as it is judged.
+        attaching = self.duties.attaching()
+        if not attaching:
+            await self.duties.start()
         for nm in self.monitor.nodes.values():      # what a monitor already holds is judged now, not at its next tick
             if nm.last is not None:
                 self._node_changed(nm)
         await self.monitor.start()
+        if attaching:
+            await self.duties.start()
         if self.serving is not None:
             await self.serving.start()
 
@@ -247,6 +232,7 @@ class Collector:
         if self._stopped:
             return
         self._stopped = True
+        await self.duties.stop_pursuing()
         for task in list(self._tasks):
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -268,12 +254,4 @@ class Collector:
         if self._closed:
             return
         self._closed = True
-        if self.recorder is not None:
-            self.recorder.close()
-        if self.writer_lock is not None:
-            self.writer_lock.release()
-            self.writer_lock = None
-        if self.notifier is not None:
-            if flush_s > 0:
-                self.notifier.flush(flush_s)
-            self.notifier.close()
+        self.duties.close(flush_s=flush_s)

@@ -21,9 +21,15 @@ import os
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from .seams import Core, Json
 from .wire import BEAT_S, ShortPath, encode
+
+if TYPE_CHECKING:
+    from ..alerts import Alert
+    from ..nodes.monitor import AgentLine, NodeMonitor
+    from ..serving.endpoint import EndpointMonitor
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +48,7 @@ class _NodeWire:
 
 
 class CollectorServer:
-    def __init__(self, core: Any, path: Path, info: dict[str, Any]) -> None:
+    def __init__(self, core: Core, path: Path, info: Json) -> None:
         self.core = core
         self.path = Path(path)
         self.info = info
@@ -56,7 +62,7 @@ class CollectorServer:
         self._unsub: list[Callable[[], None]] = []
 
     # --- what the monitors say ------------------------------------------------------------------------------
-    def _on_line(self, item: tuple[Any, dict[str, Any], float, str]) -> None:
+    def _on_line(self, item: AgentLine) -> None:
         nm, d, rx, line = item
         w = self.nodes.get(nm.name)
         if w is None:
@@ -67,15 +73,16 @@ class CollectorServer:
             return
         if isinstance(d.get("containers"), list):
             w.containers = d["containers"]
+        assert nm.last is not None           # a tick line is passed on once it is the node's last tick
         t = nm.last.time
         w.ticks.append((rx, t, line))
         self._send(encode("tick", node=nm.name, rx=rx, time=t, line=line))
 
-    def _node_msg(self, nm: Any) -> bytes:
+    def _node_msg(self, nm: NodeMonitor) -> bytes:
         return encode("node", node=nm.name, state=nm.state.value, since=nm.since, error=nm.last_error,
                       bad_lines=nm.bad_lines, reboots=nm.reboots)
 
-    def _on_node(self, nm: Any) -> None:
+    def _on_node(self, nm: NodeMonitor) -> None:
         w = self.nodes.get(nm.name)
         state = (nm.state, nm.since, nm.last_error)
         if w is None or state == w.state:
@@ -83,15 +90,15 @@ class CollectorServer:
         w.state = state
         self._send(self._node_msg(nm))
 
-    def _on_endpoint(self, em: Any) -> None:
-        snap = getattr(em, "latest", None)
+    def _on_endpoint(self, em: EndpointMonitor) -> None:
+        snap = em.latest
         if snap is None:
             return
         data = encode("endpoint", name=snap.name, url=em.config.url, node=em.config.node, snap=asdict(snap))
         self.endpoints[snap.name] = data
         self._send(data)
 
-    def _on_alert(self, alert: Any) -> None:
+    def _on_alert(self, alert: Alert) -> None:
         self._send(encode("alert", **asdict(alert)))
 
     # --- viewers ---------------------------------------------------------------------------------------------

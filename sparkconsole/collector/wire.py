@@ -23,7 +23,12 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from .seams import Json
+
+if TYPE_CHECKING:
+    from ..serving.endpoint import EndpointSnapshot
 
 BEAT_S = 1.0              # the collector says something at least this often
 SILENT_S = 5.0            # a viewer that hears nothing for this long counts its collector gone (frozen, stopped)
@@ -35,7 +40,7 @@ def encode(kind: str, **fields: Any) -> bytes:
     return (json.dumps({"type": kind, **fields}, separators=(",", ":")) + "\n").encode()
 
 
-def decode(line: bytes) -> dict[str, Any] | None:
+def decode(line: bytes) -> Json | None:
     try:
         d = json.loads(line)
     except ValueError:
@@ -67,7 +72,7 @@ def _tuples(v: Any) -> Any:
     return tuple(_tuples(x) for x in v) if isinstance(v, list) else v
 
 
-def snapshot_from(d: dict[str, Any]) -> Any:
+def snapshot_from(d: Json) -> EndpointSnapshot:
     """An endpoint message's `snap` back into the EndpointSnapshot the collector polled (JSON lists → tuples)."""
     from dataclasses import fields
 

@@ -131,15 +131,16 @@ async def watch_headless(sim: SimCluster, emit: Callable[[dict[str, Any]], None]
     guard, if the cluster asks for it) and post-mortems — for `demo --headless --runaway`: `emit(dict)` gets each
     alert and post-mortem. Returns the coroutine function that stops it."""
     from ..collector.core import Collector
+    from ..collector.roles import DEMO, monitor_for
 
     cluster = sim.cluster
     assert cluster is not None          # the cluster serves (sim.start())
-    core = Collector(cluster, with_serving=False,
+    core = Collector(cluster, DEMO, monitor_for(cluster, attach=False),
                      say=lambda text, sev: emit({"guard": text, "severity": sev}) if "guard" in text else None)
     core.alerts.subscribe(lambda a: emit({"alert": a.key, "severity": a.severity, "active": a.active,
                                           "message": a.message}))
-    core.open_recorder(role="demo", on_postmortem=lambda pm: emit({"postmortem": pm["node"], "verdict": pm["verdict"],
-                                                                    "evidence": pm["evidence"]}))
+    core.records_to(on_postmortem=lambda pm: emit({"postmortem": pm["node"], "verdict": pm["verdict"],
+                                                   "evidence": pm["evidence"]}))
     await core.start()
     return core.stop
 
@@ -341,8 +342,7 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list[asyncio.T
     from ..recorder.feed import new_demo_recording
     recording = new_demo_recording()
     os.environ[paths.STATE_ENV] = str(sim.root / "state")
-    app = SparkConsoleApp(sim.cluster, simulated=True, serving_factory=staged, record=True,
-                          recording=str(recording))
+    app = SparkConsoleApp(sim.cluster, serving_factory=staged, record=True, recording=str(recording))
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 

@@ -39,9 +39,11 @@ async def run(args: argparse.Namespace) -> int:
     listener = make_listener(args.listen, token=read_token(args.token_file, TOKEN_ENV),
                              web_config_file=args.web_config_file)
     cluster = load(args)
+    from ..collector.seams import Attaching
     readings = Readings(cluster, attach=True)     # to the cluster's collector when one runs (collector/attach.py)
-    readings.monitor.subscribe_status(lambda text, severity: print(f"sparkconsole exporter: {text}", file=sys.stderr,
-                                                                    flush=True))
+    if isinstance(readings.monitor, Attaching):
+        readings.monitor.subscribe_status(lambda text, severity: print(f"sparkconsole exporter: {text}",
+                                                                        file=sys.stderr, flush=True))
     server = ExporterServer(readings, listener)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

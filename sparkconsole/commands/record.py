@@ -32,11 +32,13 @@ from ..exporter.listenargs import add_web_config_arg
 from .status import load
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from ..collector.core import Collector
+    from ..collector.lock import WriterLock
     from ..collector.server import CollectorServer
     from ..config import ClusterConfig
     from ..exporter.listener import Listener
-    from ..recorder.feed import Recorder
 
 # a --exporter / --serve listener: started with the collector, it returns its stop
 Stop = Callable[[], Awaitable[None]]
@@ -107,6 +109,8 @@ async def run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from ..collector.core import Collector
+    from ..collector.lock import SERVE_LOCK_NAME, LockHeld, WriterLock, describe_holder
+    from ..collector.roles import RECORD, monitor_for
     from ..recorder.postmortem import one_line
 
     cluster = load(args)
@@ -121,22 +125,40 @@ async def run(args: argparse.Namespace) -> int:
     # record goes on watching, alerting and guarding without it, and writes again once it can.
     def say(text: str, severity: str = "info") -> None:
         print(f"{time.strftime('%H:%M:%S')} {severity}: {text}", flush=True)
-    core = Collector(cluster, say=say, history=16, bell=lambda: print("\a", end="", flush=True))
-    # the writer lock first: a second collector for this cluster stops here, with one line naming the first
-    rec = core.open_recorder(args.file, role="record", on_loop=False,      # print is thread-safe: said in order
-                             on_postmortem=lambda pm: say(one_line(pm), "bad"))
-    assert rec is not None
+    core = Collector(cluster, RECORD, monitor_for(cluster, attach=False, history=16), say=say,
+                     bell=lambda: print("\a", end="", flush=True))
+    core.records_to(args.file, on_loop=False,      # print is thread-safe: said in order
+                    on_postmortem=lambda pm: say(one_line(pm), "bad"))
+    # One collector per cluster: a second `record` stops here, with one line naming the first. Then the duties
+    # (the writer lock): taken now, or, where a console holds them while no collector ran, once it hands them back
+    # (collector/duties.py); any other holder is refused in one line naming it.
+    serving_lock = WriterLock.acquire(cluster, "record", name=SERVE_LOCK_NAME)
+    try:
+        if not await core.duties.take():
+            holder = core.duties.other or {}
+            if not holder.get("hands_back"):
+                raise LockHeld(cluster, holder)
+            say(f"waiting for {describe_holder(holder)} to hand over {core.duties.names} (it does once it has "
+                "attached to this collector)")
+        return await _collect(args, core, cluster, listeners, serving_lock)
+    finally:
+        serving_lock.release()
+
+
+async def _collect(args: argparse.Namespace, core: Collector, cluster: ClusterConfig, listeners: list[Start],
+                   serving_lock: WriterLock) -> int:
     core.alerts.subscribe(lambda a: None if a.key.startswith("exhaust:") else      # the guardian says those
-                          say(a.message, a.severity if a.active else "info"))
+                          core.say(a.message, a.severity if a.active else "info"))
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    path = core.duties.record_path()
     server = None
     stops: list[Stop] = []
     try:
-        server = await _serve_viewers(core, cluster, rec)
-        print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {rec.store.path}; viewers attach "
+        server = await _serve_viewers(core, cluster, serving_lock, path)
+        print(f"recording {len(cluster.nodes)} node(s) of {cluster.source} to {path}; viewers attach "
               f"at {server.path}", flush=True)
         await core.start()
         for start in listeners:
@@ -149,22 +171,26 @@ async def run(args: argparse.Namespace) -> int:
         if server is not None:
             await server.stop()      # before the lock goes: the next collector's socket is never ours to remove
         await core.stop(flush_s=10)
-    lost = rec.store.rows_dropped
-    print(f"recorded {rec.store.rows_written} rows in {rec.store.batches} batches to {rec.store.path}"
+    recs = core.duties.recorded
+    written = sum(r.store.rows_written for r in recs)
+    lost = sum(r.store.rows_dropped for r in recs)
+    if not recs:
+        print(f"recorded nothing to {path}: the recording was never handed over", file=sys.stderr, flush=True)
+        return 1
+    print(f"recorded {written} rows in {sum(r.store.batches for r in recs)} batches to {path}"
           + (f"; {lost} rows lost (said above)" if lost else ""), file=sys.stderr if lost else sys.stdout, flush=True)
     return 1 if lost else 0
 
 
-async def _serve_viewers(core: Collector, cluster: ClusterConfig, rec: Recorder) -> CollectorServer:
+async def _serve_viewers(core: Collector, cluster: ClusterConfig, serving_lock: WriterLock,
+                         path: Path | None) -> CollectorServer:
     import os
 
     from ..collector.lock import socket_path
     from ..collector.server import CollectorServer
-    lock = core.writer_lock
-    assert lock is not None         # taken by open_recorder, before the viewers are served
     server = CollectorServer(core, socket_path(cluster), info={
-        "pid": os.getpid(), "since": lock.info["since"], "role": "record", "source": cluster.source,
-        "recorder": str(rec.store.path)})
+        "pid": os.getpid(), "since": serving_lock.info["since"], "role": "record", "source": cluster.source,
+        "recorder": str(path)})
     await server.start()
     return server
 

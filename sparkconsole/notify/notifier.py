@@ -26,7 +26,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 from urllib.parse import unquote, urlsplit, urlunsplit
 
@@ -118,6 +118,15 @@ class Notifier:
             self._q.append(alert)
             self._cv.notify()
         return True
+
+    def announced(self, keys: Iterable[str]) -> None:
+        """Alerts that another process raised and sent before this one took the notifications over (the collector
+        and a console hand them to each other: collector/duties.py): their raise counts as sent here, so it is not
+        sent again within rate_limit_s, and their clear is sent."""
+        now = self.clock()
+        for key in keys:
+            self._raised_sent.add(key)
+            self._last[(key, True)] = now
 
     def flush(self, timeout: float = 60.0) -> bool:
         """Until the queue is empty and nothing is in flight (tests, and `record` before it exits)."""

@@ -21,6 +21,7 @@ from textual.binding import Binding
 
 from ..config import ClusterConfig
 from ..nodes.launches import gates_closed, launch_groups
+from .facade import ConsoleFacade
 from .heap import HeapKeeper
 from .node_actions import NodeActions
 from .palette import ConsoleCommands
@@ -70,8 +71,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     # Textual re-parses every stylesheet and restyles the whole app twice first (~40 ms of the first frame).
     DEFAULT_MODE = "dashboard"
 
-    def __init__(self, cluster: ClusterConfig, *, monitor: ClusterMonitor | None = None, simulated: bool = False,
-                 serving: ServingMonitor | None = None, alerts: AlertEngine | None = None,
+    def __init__(self, cluster: ClusterConfig, *, monitor: ClusterMonitor | None = None,
+                 serving: ServingMonitor | None = None,
                  monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
                  read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
                  replay_at: float | None = None, record: bool = False, notice: str | None = None,
@@ -79,7 +80,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
         serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints.
-        attach: with neither, attach to the cluster's collector when one runs (then the collector records).
+        attach: with neither, attach to the cluster's collector when one runs (then the collector records, guards
+        and notifies; alone, this console does, and hands those duties back when a collector runs: the header says).
         notice: one line shown at start (where the cluster came from, clusterfile.py).
         recording: the recorder file: the one a replay (`replay_at`, console --at) plays, whose endpoint polls are
         shown too; or, with `record`, the one this console records into (the demo's, kept in the state dir)."""
@@ -89,10 +91,9 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._monitor_factory = monitor_factory
         self._serving_factory = serving_factory
         self._serving = serving
-        self.alerts = alerts
         self.attach = attach
         self.core: Collector | None = None
-        self.simulated = simulated or cluster.simulated
+        self.simulated = cluster.simulated       # labelled SIMULATED on every screen
         self.read_only = os.environ.get(READ_ONLY_ENV) == "1" if read_only is None else read_only
         self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
         self.record = record and replay_at is None
@@ -127,12 +128,19 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._heap_started = False
         self.first_frame_at: float | None = None
         self.heap = HeapKeeper()
+        self.facade = ConsoleFacade(self)   # what the screens and widgets reach the console through (tui/facade.py)
 
     def _title(self, t: float | None = None) -> str:
         replay = f"REPLAY {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(t or self.replay_at))} · " \
             if self.replay_at is not None else ""
+        duties = self.core.duties.line() if self.core is not None else ""     # whose: collector/duties.py
         return replay + ("SIMULATED · " if self.simulated else "") + ("READ-ONLY · " if self.read_only else "") \
-            + self.cluster.source
+            + self.cluster.source + (f" · {duties}" if duties else "")
+
+    @property
+    def alerts(self) -> AlertEngine | None:
+        """The core's alert engine (None until the core is up, after the first frame)."""
+        return self.core.alerts if self.core is not None else None
 
     @property
     def serving(self):
@@ -261,9 +269,6 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
 
     # --- lifecycle -------------------------------------------------------------------------------------------
     async def on_mount(self) -> None:
-        if self.alerts is None:
-            from ..alerts import AlertEngine
-            self.alerts = AlertEngine(self.cluster.thresholds)
         self.add_mode("dashboard", lambda: self.dashboard)   # already started: only `1` switching back needs it
         if self.read_only:
             self.notify("restart, stop, launch and guard fixes are hidden", title="read-only console", timeout=15)

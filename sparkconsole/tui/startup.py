@@ -2,8 +2,8 @@
 
 A mixin of SparkConsoleApp (tui/app.py): it uses the app's cluster, monitor, dashboard and the callbacks the app
 draws with. The first full frame is the dashboard composed with its focused panel's keys on the key bar; only
-then are the monitor's layers imported (in a thread), the monitor built (attached to the cluster's collector when
-one runs, else its own) and the core started over it, unless the layers were imported before the app was made
+then are the monitor's layers imported (in a thread), the monitor built (collector/roles.monitor_for: attached to
+the cluster's collector when one runs, else its own) and the core started over it, unless the layers were imported before the app was made
 (`monitors_before_first_frame`: a browser tab's console started ahead of its tab, webface/warm.py). The heap
 keeper (tui/heap.py) takes over once both the frame and the monitors are up. A browser tab's console also ends with
 the server that started it (`_watch_parent`).
@@ -51,7 +51,6 @@ class ConsoleStart(_App):
         cluster: ClusterConfig
         monitor: Any
         core: Collector | None
-        alerts: AlertEngine | None
         attach: bool
         record: bool
         replay_at: float | None
@@ -71,6 +70,11 @@ class ConsoleStart(_App):
 
         @property
         def serving(self) -> Any: ...
+
+        @property
+        def alerts(self) -> AlertEngine | None: ...
+
+        def _title(self, t: float | None = None) -> str: ...
 
         def mark_all_dirty(self) -> None: ...
 
@@ -148,21 +152,15 @@ class ConsoleStart(_App):
             if self.monitor is None:
                 if self._monitor_factory is not None:
                     self.monitor = self._monitor_factory(self.cluster)
-                elif self.attach:
-                    from ..collector.attach import AttachedMonitor
-                    self.monitor = AttachedMonitor(self.cluster)
                 else:
-                    from ..nodes.monitor import ClusterMonitor
-                    self.monitor = ClusterMonitor(self.cluster)
-            attached = False
-            if hasattr(self.monitor, "probe"):
-                self._unsubscribe.append(self.monitor.subscribe_status(self._say))   # attached, alone, lost: one line
-                attached = await self.monitor.probe()
-            if self._stopped:
-                return
+                    from ..collector.roles import monitor_for
+                    self.monitor = monitor_for(self.cluster, attach=self.attach)
+            from ..collector.seams import Attaching
+            if isinstance(self.monitor, Attaching):       # attached, alone, lost: one line each
+                self._unsubscribe.append(self.monitor.subscribe_status(self._say))
             self._unsubscribe.append(self.monitor.subscribe(self._node_changed))
             self._say_notes(self.monitor)
-            await self._start_core(attached).start()
+            await self._start_core().start()
         except Exception as exc:    # a UserError (host key, auth) is one line; show it, keep the console up
             self._monitor_failed(exc)
         finally:
@@ -185,27 +183,31 @@ class ConsoleStart(_App):
         self.heap.start()
         self.set_interval(TICK_S, self.heap.tick)
 
-    def _start_core(self, attached: bool) -> Collector:
-        """The core over the monitor: flight recorder (on its own only: attached, the collector records),
-        exhaustion warning + guard, notifications, post-mortems, endpoint following (all below the TUI)."""
+    def _start_core(self) -> Collector:
+        """The core over the monitor: flight recorder, exhaustion warning + guard, notifications, post-mortems,
+        endpoint following (all below the TUI). Its duties (recording, the guard's action, notifications) are the
+        collector's while one runs, and this console's while it is alone (collector/duties.py); the header says
+        whose they are."""
         from ..collector.core import Collector
-        self.core = core = Collector(self.cluster, monitor=self.monitor, serving=self._serving, alerts=self.alerts,
-                                     say=self._say, acting=not attached, replay=self.replay_at is not None,
-                                     serving_factory=self._serving_factory or getattr(self.monitor, "serving_for", None),
-                                     bell=self.bell)
-        if self.record and not attached:
-            from ..recorder.postmortem import one_line
-            # the demo's post-mortems are read with --demo: its recording is not the cluster file's
-            whole = "sparkconsole postmortem {node}" + (" --demo" if self.simulated else "")
-
-            def on_postmortem(pm: dict[str, Any]) -> None:
-                self._say(f"{one_line(pm)} · the whole of it: {whole.format(node=pm['node'])}", "bad")
-                self._show_postmortem(pm)
-            try:    # its file's faults are said here; another writer's lock is one line, and the console goes on
-                core.open_recorder(self._recording, role="console", on_postmortem=on_postmortem)
-            except Exception as exc:    # a disk problem must not take the console down: say it, run without
-                self.notify(f"flight recorder off: {' '.join(str(exc).split())[:200]}", severity="warning")
-        self._unsubscribe.append(core.alerts.subscribe(self._alert_changed))      # the app's engine (on_mount)
+        from ..collector.roles import console_role
+        role = console_role(record=self.record, replay=self.replay_at is not None)
+        self.core = core = Collector(self.cluster, role, self.monitor, serving=self._serving,
+                                     serving_factory=self._serving_factory, say=self._say, bell=self.bell)
+        if self.record:      # its file's faults are said here; a disk problem does not take the console down
+            # the demo's: its own file in the state dir, kept (recorder/feed.py new_demo_recording)
+            core.records_to(self._recording, on_postmortem=self._postmortem_found)
+        self._unsubscribe.append(core.alerts.subscribe(self._alert_changed))
         self._unsubscribe.append(core.subscribe_endpoints(self._endpoint_changed))
         self._unsubscribe.append(core.subscribe_follow(self._followed))
+        self._unsubscribe.append(core.duties.subscribe(self._duties_changed))
         return core
+
+    def _postmortem_found(self, pm: dict[str, Any]) -> None:
+        from ..recorder.postmortem import one_line
+        # the demo's post-mortems are read with --demo: its recording is not the cluster file's
+        whole = f"sparkconsole postmortem {pm['node']}" + (" --demo" if self.simulated else "")
+        self._say(f"{one_line(pm)} · the whole of it: {whole}", "bad")
+        self._show_postmortem(pm)
+
+    def _duties_changed(self) -> None:
+        self.sub_title = self._title()

@@ -29,6 +29,7 @@ async def collector(tmp_path, monkeypatch):
     """A collector serving its socket over a node replayed at 100 ticks a second."""
     from sparkconsole.collector.core import Collector
     from sparkconsole.collector.lock import socket_path
+    from sparkconsole.collector.roles import RECORD, Duty
     from sparkconsole.config import ClusterConfig, NodeConfig
     from sparkconsole.nodes.monitor import ClusterMonitor
     from sparkconsole.nodes.replay import replay_factory
@@ -37,7 +38,7 @@ async def collector(tmp_path, monkeypatch):
     replay = replay_factory(str(ROOT / "tests/fixtures/agent-h100-load.jsonl"), interval=0.01)
     cluster = ClusterConfig(nodes=(NodeConfig(name="spark1", address="127.0.0.1"),), endpoints=(),
                             source=str(tmp_path / "c.yaml"))
-    core = Collector(cluster, monitor=ClusterMonitor(cluster, transport_factory=replay))
+    core = Collector(cluster, RECORD.without(Duty.RECORD), ClusterMonitor(cluster, transport_factory=replay))
     server = collector_server.CollectorServer(core, socket_path(cluster), info={"pid": os.getpid(), "role": "record"})
     await server.start()
     await core.start()

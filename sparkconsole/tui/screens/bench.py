@@ -18,17 +18,16 @@ from textual.widgets import Header, Static
 from ...nodes.samples import THROTTLING
 from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS, DEMO_RESULTS
+from ..facade import OnConsole
 from ..fmt import plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 
 if TYPE_CHECKING:
-    from textual import getters
     from textual.worker import Worker
 
     from ...launch.steps import Plan
-    from ..app import SparkConsoleApp
 
 # (chart id, title, unit, LevelResult property)
 METRICS = (
@@ -61,10 +60,7 @@ COLOURS = (("cyan+", "bright_cyan"), ("magenta+", "bright_magenta"), ("green+", 
 _STYLE_WORD = {"line": "", "reference": " (published)", "past": " (past)"}
 
 
-class BenchScreen(Screen):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class BenchScreen(OnConsole, Screen):
     AUTO_FOCUS = None
     BINDINGS = [
         Binding("b", "start", "Start sweep"),
@@ -87,7 +83,7 @@ class BenchScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.app.simulated:
+        if self.facade.simulated:
             yield SimBadge()
         yield Static(Text("b starts a sweep against the router (else the first endpoint); levels appear as they "
                           "land; f overlays the published reference, p past runs", style="dim"), id="bench-status")
@@ -143,14 +139,13 @@ class BenchScreen(Screen):
 
     def target(self) -> tuple[str, str, Plan | None] | None:
         """(label, url, the plan launched from this console or None) of what `b` sweeps; None: nothing to sweep."""
-        app = self.app
-        scr = app.recipes_screen
+        app = self.facade
         from ...launch import gateway
         via = gateway.url(app.cluster)
         if via is not None and self.models():
             return "gateway", via, None                  # one endpoint for every model: the sweep names its model
-        g = scr._chosen_launch()
-        plan = scr.running_plans.get(g.name) if g is not None else None   # launched from this console: its topology
+        g = app.chosen_workload()
+        plan = app.launched_plan(g.name) if g is not None else None   # launched from this console: its topology
         if plan is not None and plan.endpoint:
             return plan.topology, plan.endpoint, plan
         if g is not None and g.endpoint:
@@ -162,7 +157,7 @@ class BenchScreen(Screen):
 
     def models(self) -> list[str]:
         """The served model names of the workloads that serve now (what the gateway lists)."""
-        return sorted({g.model for g in self.app.recipes_screen.running_groups() if g.model and g.verdict == "SERVING"})
+        return sorted({g.model for g in self.facade.workloads() if g.model and g.verdict == "SERVING"})
 
     def action_start(self) -> None:
         if self.sweep_worker is not None and self.sweep_worker.is_running:
@@ -182,10 +177,10 @@ class BenchScreen(Screen):
             self.sweep_worker = self.run_worker(self._sweep(), exit_on_error=False, group="sweep")
         label, url, _ = target
         models = tuple(self.models()) if label == "gateway" else ()
-        g = self.app.recipes_screen._chosen_launch()
+        g = self.facade.chosen_workload()
         model = (g.model if g is not None and g.model in models else None) or (models[0] if models else None)
-        self.app.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.app.simulated)),
-                                              SweepChoice(self.concurrency, self.runs, model), models), chosen)
+        self.facade.push_screen(BenchSetupScreen(f"{label} ({url})", str(store_path(self.facade.simulated)),
+                                                 SweepChoice(self.concurrency, self.runs, model), models), chosen)
 
     def action_stop(self) -> None:
         if self.sweep_worker is None or not self.sweep_worker.is_running:
@@ -200,7 +195,7 @@ class BenchScreen(Screen):
         except ImportError as exc:
             self.status(f"bench layer not available: {exc}", "red")
             return
-        app = self.app
+        app = self.facade
         target = self.target()
         if target is None:
             self.status("no endpoint in the cluster file to benchmark", "red")
@@ -231,7 +226,7 @@ class BenchScreen(Screen):
         self._forget("past")
         if self.show_past:
             from ...bench.results import ResultsStore
-            path = store_path(self.app.simulated)
+            path = store_path(self.facade.simulated)
             if not path.exists():
                 self.notify("no past runs yet", severity="warning")
                 return

@@ -13,6 +13,7 @@ from textual.screen import Screen
 from textual.widget import Widget
 from textual.widgets import Header
 
+from ..facade import OnConsole
 from ..widgets.alert_log import AlertLog
 from ..widgets.endpoint_panel import EndpointPanel
 from ..widgets.guard_list import GuardList
@@ -22,19 +23,14 @@ from ..widgets.node_panel import NodePanel
 from ..widgets.sim_badge import SimBadge
 
 if TYPE_CHECKING:
-    from textual import getters
     from textual.widgets import Input, Static
 
-    from ..app import SparkConsoleApp
 
 SHORT_ROWS = 40      # 80×24 and 100×30 are short; 160×48 and 220×60 are not
 NARROW_COLS = 120
 
 
-class DashboardScreen(Screen):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class DashboardScreen(OnConsole, Screen):
     AUTO_FOCUS = "NodePanel"
     BINDINGS = [Binding("slash", "filter", "Filter nodes"), Binding("escape", "clear_filter", "Clear filter", show=False)]
 
@@ -44,7 +40,7 @@ class DashboardScreen(Screen):
         self.endpoint_panels: dict[str, EndpointPanel] = {}
 
     def compose(self) -> ComposeResult:
-        app = self.app
+        app = self.facade
         yield Header()
         if app.simulated:
             yield SimBadge()
@@ -64,8 +60,8 @@ class DashboardScreen(Screen):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        self.query_one("#nodes").border_title = f"Nodes · {self.app.cluster.source}"
-        self._size_classes(self.app.size.width, self.app.size.height)
+        self.query_one("#nodes").border_title = f"Nodes · {self.facade.cluster.source}"
+        self._size_classes(self.size.width, self.size.height)
         if self.panels:
             next(iter(self.panels.values())).focus()
 
@@ -79,7 +75,7 @@ class DashboardScreen(Screen):
         figures whole."""
         self.set_class(height < SHORT_ROWS, "-short")
         self.set_class(width < NARROW_COLS, "-narrow")
-        self.app.mark_all_dirty()           # rows fitted to the new width, guards to the new height
+        self.facade.mark_all_dirty()        # rows fitted to the new width, guards to the new height
 
     @property
     def short(self) -> bool:
@@ -98,7 +94,7 @@ class DashboardScreen(Screen):
         elif self.panels:
             shown = [p for p in self.panels.values() if p.display]
             (shown or list(self.panels.values()))[0].focus()
-        self.app.mark_all_dirty()
+        self.facade.mark_all_dirty()
 
     async def follow_endpoints(self, endpoints: dict, added: list[str], moved: list[str], removed: list[str]) -> None:
         """Panels for the endpoints the serving monitor now polls (ServingMonitor.follow's answer)."""
@@ -175,7 +171,7 @@ class DashboardScreen(Screen):
     def on_guard_list_fix_requested(self, event: GuardList.FixRequested) -> None:
         panel = next((p for p in event.guard_list.ancestors if isinstance(p, NodePanel)), None)
         if panel is not None:
-            self.app.confirm_guard_fix(panel.node_name, event.result)
+            self.facade.confirm_guard_fix(panel.node_name, event.result)
 
     def drawn(self) -> Collection[Widget]:
         """The widgets worth updating now: those the last frame drew, at least in part (the compositor's cached
@@ -185,10 +181,10 @@ class DashboardScreen(Screen):
         return self._compositor.visible_widgets.keys() if self.is_current else ()
 
     def on_screen_resume(self) -> None:
-        self.app.mark_all_dirty()
+        self.facade.mark_all_dirty()
 
     def on_descendant_focus(self) -> None:
-        self.app.mark_all_dirty()     # focus may scroll other panels into view
+        self.facade.mark_all_dirty()     # focus may scroll other panels into view
 
     def complete(self) -> bool:
         """Composed, with the focused panel's keys on the key bar."""

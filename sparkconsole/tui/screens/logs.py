@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import collections
 import shlex
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual import work
@@ -14,14 +13,10 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
+from ..facade import OnConsole
 from ..fmt import plural
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
-
-if TYPE_CHECKING:
-    from textual import getters
-
-    from ..app import SparkConsoleApp
 
 MAX_LINES = 5000
 
@@ -31,10 +26,7 @@ def logs_command(container: str) -> str:
     return f"docker logs -f --tail 200 {shlex.quote(container)} 2>&1"
 
 
-class LogsScreen(Screen):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class LogsScreen(OnConsole, Screen):
     AUTO_FOCUS = "#log"
     BINDINGS = [
         Binding("slash", "search", "Search"),
@@ -52,7 +44,7 @@ class LogsScreen(Screen):
 
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.app.simulated:
+        if self.facade.simulated:
             yield SimBadge()
         yield Static("", id="logs-status")
         yield Input(placeholder="search the log (escape clears)", id="log-search")
@@ -60,7 +52,7 @@ class LogsScreen(Screen):
         yield KeyBar()
 
     def on_mount(self) -> None:
-        name = self.node_name or (self.app.cluster.nodes[0].name if self.app.cluster.nodes else None)
+        name = self.node_name or (self.facade.cluster.nodes[0].name if self.facade.cluster.nodes else None)
         if name:
             self._tail(name)
 
@@ -86,8 +78,8 @@ class LogsScreen(Screen):
     @work(exclusive=True, group="log-tail")
     async def _tail(self, node_name: str) -> None:
         self.node_name = node_name
-        nm = self.app.node_monitor(node_name)
-        node = self.app.cluster.node(node_name)
+        nm = self.facade.node_monitor(node_name)
+        node = self.facade.cluster.node(node_name)
         transport = getattr(nm, "transport", None) if nm else None
         if transport is None:
             self._status("no connection to the node yet; press n or l again once it is LIVE", "yellow")
@@ -146,7 +138,7 @@ class LogsScreen(Screen):
         self.query_one(RichLog).focus()
 
     def action_next_node(self) -> None:
-        names = [n.name for n in self.app.cluster.nodes]
+        names = [n.name for n in self.facade.cluster.nodes]
         if names:
             i = names.index(self.node_name) + 1 if self.node_name in names else 0
             self.node_name = None

@@ -18,6 +18,7 @@ from textual.widgets.option_list import Option
 
 from ... import severity
 from ...errors import UserError
+from ..facade import OnConsole
 from ..widgets.budget_bar import BudgetBars
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
@@ -25,14 +26,11 @@ from .dashboard import NARROW_COLS
 from .recipes_running import RecipeActions, _Finding, _one_line
 
 if TYPE_CHECKING:
-    from textual import getters
-
     from ...launch.runner import Runner
     from ...launch.steps import Plan
     from ...nodes.launches import LaunchGroup
     from ...recipes import Recipe
     from ...recipes.catalog import Entry
-    from ..app import SparkConsoleApp
 
 
 def verdict(findings) -> severity.Severity:
@@ -40,10 +38,7 @@ def verdict(findings) -> severity.Severity:
     return severity.worst(severity.of_finding(f) for f in findings)
 
 
-class RecipesScreen(RecipeActions, Screen):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class RecipesScreen(RecipeActions, OnConsole, Screen):
     AUTO_FOCUS = "#recipe-list"
     BINDINGS = [
         Binding("enter", "launch", "Launch", priority=False),
@@ -119,10 +114,9 @@ class RecipesScreen(RecipeActions, Screen):
         if key not in self.findings:
             try:
                 from ...launch import lint
-                app = self.app
-                found = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
-                                            plan=self._make_plan(recipe, topology)))
-                self.findings[key] = found
+                app = self.facade
+                self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
+                                                         plan=self._make_plan(recipe, topology)))
             except UserError as exc:
                 self.findings[key] = [_Finding("refuse", _one_line(exc), rule="plan")]
             except ImportError:
@@ -138,7 +132,7 @@ class RecipesScreen(RecipeActions, Screen):
             return placed[0]
         from ...launch.plan import make_plan
         try:
-            return make_plan(recipe, topology, self.app.cluster, {"workload": self.new_name(recipe)})
+            return make_plan(recipe, topology, self.facade.cluster, {"workload": self.new_name(recipe)})
         except UserError:
             return None      # preflight plans again and reports why
 
@@ -168,7 +162,7 @@ class RecipesScreen(RecipeActions, Screen):
         got: tuple[Any, Any, Any]
         try:
             placement = place(readings, [Ask(name, recipe, topology, {"workload": name})])
-            plan = make_plan(recipe, topology, self.app.cluster, {"workload": name, **launch_options(placement, name)})
+            plan = make_plan(recipe, topology, self.facade.cluster, {"workload": name, **launch_options(placement, name)})
             got = (plan, placement, None)
         except UserError as exc:
             got = (None, None, exc)
@@ -178,7 +172,7 @@ class RecipesScreen(RecipeActions, Screen):
     # --- view -------------------------------------------------------------------------------------------------
     def compose(self) -> ComposeResult:
         yield Header()
-        if self.app.simulated:
+        if self.facade.simulated:
             yield SimBadge()
         yield Input(placeholder="filter recipes (escape clears)", id="recipe-filter")
         with Horizontal():
@@ -198,7 +192,7 @@ class RecipesScreen(RecipeActions, Screen):
         self.set_class(event.size.width < NARROW_COLS, "-narrow")
 
     def on_mount(self) -> None:
-        self.set_class(self.app.size.width < NARROW_COLS, "-narrow")
+        self.set_class(self.size.width < NARROW_COLS, "-narrow")
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
         self.query_one("#workload-list").border_title = "Running (r restart · s stop)"
@@ -311,7 +305,7 @@ class RecipesScreen(RecipeActions, Screen):
         no longer takes the selection back (issue 39: a recipe entry opened the running gpt-oss-120b)."""
         self._pick_running = False
         self.selected, self.topology = recipe.key, None
-        self.app.run_worker(self.app.action_show("recipes"))
+        self.facade.show("recipes")
         if self.is_mounted:
             box = self.query_one("#recipe-filter", Input)
             box.value, box.display = "", False          # a filter hiding it would choose another
@@ -373,7 +367,7 @@ class RecipesScreen(RecipeActions, Screen):
         text = Text()
         try:
             from ...launch.plan import make_plan
-            self.plan = self._make_plan(recipe, topology) or make_plan(recipe, topology, self.app.cluster, {})
+            self.plan = self._make_plan(recipe, topology) or make_plan(recipe, topology, self.facade.cluster, {})
         except UserError as exc:
             self.plan = None
             text.append(_one_line(exc), style="red")
@@ -403,7 +397,7 @@ class RecipesScreen(RecipeActions, Screen):
         if self.plan is None:
             return []
         try:
-            return render(memory_estimates(recipe, self.plan, self.app.node_facts()))
+            return render(memory_estimates(recipe, self.plan, self.facade.node_facts()))
         except UserError as exc:
             return [f"memory: {_one_line(exc)}"]
 
@@ -439,14 +433,14 @@ class RecipesScreen(RecipeActions, Screen):
         # What runs as root on someone else's word is said first; confirming the launch confirms it.
         trust = "".join(f"needs confirmation: {u}\n" for u in plan.untrusted)
         plan = replace(plan, trusted=True) if plan.untrusted else plan
-        self.app.confirm(f"Launch {plan.name} ({r.key} as {self.topology}) on {', '.join(plan.nodes)}?",
-                         trust + where + shown + more, lambda: self._launch(r, plan),
-                         f"{len(changes)} changing steps; progress shows below the plan.")
+        self.facade.confirm(f"Launch {plan.name} ({r.key} as {self.topology}) on {', '.join(plan.nodes)}?",
+                            trust + where + shown + more, lambda: self._launch(r, plan),
+                            f"{len(changes)} changing steps; progress shows below the plan.")
 
     def _runner(self) -> Runner:
         from ...launch.runner import Runner
-        app = self.app
-        transports = {name: nm.transport for name, nm in app.monitor.nodes.items() if nm.transport is not None}
+        app = self.facade
+        transports = {name: nm.transport for name, nm in app.nodes().items() if nm.transport is not None}
         return Runner(app.cluster, transports)
 
     def _on_progress(self, ev) -> None:
@@ -471,12 +465,12 @@ class RecipesScreen(RecipeActions, Screen):
             await self.runner.launch(plan, self._on_progress)
             self.running_plans[plan.name] = plan
             from ...launch.gateway import keep_current
-            await keep_current(self.app.cluster, self.runner.transports)
-            self.app.notify(f"{plan.name} launched", title="recipes")
+            await keep_current(self.facade.cluster, self.runner.transports)
+            self.facade.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
-            self.app.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+            self.facade.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
 
     async def _before_start(self, plan) -> None:
         """The node's previous launch loaded, its memory back after a stop (launch/beside.py)."""
@@ -488,15 +482,15 @@ class RecipesScreen(RecipeActions, Screen):
             self.progress["launch"] = line[:160]
             self._draw_progress()
         await wait_loaded(self.running_groups(), plan.nodes, say, skip=plan.name)
-        log = StopLog(state_dir(), self.app.cluster.source)
-        await wait_recovered(self.app.monitor.nodes, plan.nodes, log, say)
+        log = StopLog(state_dir(), self.facade.cluster.source)
+        await wait_recovered(self.facade.nodes(), plan.nodes, log, say)
         for n in plan.nodes:
             log.clear(n)
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console or REPLAY: node-changing keys are hidden from the footer and do nothing.
         return not (action in ("restart", "stop", "launch", "copy_model", "copy_image")
-                    and (getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
+                    and (self.facade.read_only or self.facade.replay_at is not None))
 
     def action_filter(self) -> None:
         box = self.query_one("#recipe-filter", Input)

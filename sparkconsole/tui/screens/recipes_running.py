@@ -8,15 +8,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from ...errors import UserError
+from ..facade import OnConsole
 
 if TYPE_CHECKING:
-    from textual import getters
     from textual.screen import Screen
 
     from ...launch.runner import Runner
     from ...launch.steps import Plan
     from ...recipes import Recipe
-    from ..app import SparkConsoleApp
 
     _Screen = Screen[None]
 else:
@@ -37,9 +36,8 @@ class _Finding:
         self.severity, self.message, self.node, self.fix, self.rule = severity, message, node, fix, rule
 
 
-class RecipeActions(_Screen):
+class RecipeActions(OnConsole, _Screen):
     if TYPE_CHECKING:       # what RecipesScreen (screens/recipes.py) gives its actions
-        app = getters.app(SparkConsoleApp)
         selected: str | None
         plan: Plan | None
         running_plans: dict[str, Plan]
@@ -61,7 +59,7 @@ class RecipeActions(_Screen):
         def placed(self, recipe: Recipe, topology: str) -> tuple[Any, ...] | None: ...
 
     def _monitors(self) -> list:
-        mon = getattr(self.app, "monitor", None)
+        mon = self.facade.monitor
         return list(mon.nodes.values()) if mon is not None else []
 
     def running_groups(self) -> list:
@@ -96,8 +94,8 @@ class RecipeActions(_Screen):
     def readings(self):
         """What the app's node monitors say now, for placement (launch/beside.py)."""
         from ...launch.beside import Readings
-        mon = getattr(self.app, "monitor", None)
-        return Readings(self.app.cluster, mon.nodes if mon is not None else {})
+        mon = self.facade.monitor
+        return Readings(self.facade.cluster, mon.nodes if mon is not None else {})
 
     def show_workloads(self) -> None:
         """One row per running workload: name, recipe × topology, nodes, port, model, verdict."""
@@ -137,7 +135,7 @@ class RecipeActions(_Screen):
         from ...placement.bars import bars
         from ..widgets.budget_bar import BudgetBars
         r = self.readings()
-        self.query_one("#budget", BudgetBars).show(bars([r.budgets[n.name] for n in self.app.cluster.nodes], r.running))
+        self.query_one("#budget", BudgetBars).show(bars([r.budgets[n.name] for n in self.facade.cluster.nodes], r.running))
 
     def _budget(self, recipe, topology: str) -> list:
         """Preflight's word on the node's budget beside what runs (launch/lint_workloads.py)."""
@@ -174,7 +172,7 @@ class RecipeActions(_Screen):
             return None
         try:
             from ...launch.plan import make_plan
-            return make_plan(r, g.topology, self.app.cluster, running_options(g))
+            return make_plan(r, g.topology, self.facade.cluster, running_options(g))
         except UserError as exc:
             self.notify(f"{g.name} ({g.recipe} × {g.topology}) runs, but cannot be planned here: "
                         f"{_one_line(exc)}"[:300], severity="error")
@@ -216,13 +214,13 @@ class RecipeActions(_Screen):
         async def go() -> None:
             try:
                 await self._stop_workload(plan, group, runner)
-                self.app.notify(f"{plan.name}: stop done", title="recipes")
+                self.facade.notify(f"{plan.name}: stop done", title="recipes")
                 self.running_plans.pop(plan.name, None)
             except Exception as exc:
-                self.app.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
-        self.app.confirm(f"Stop {plan.name} ({plan.recipe} × {plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
-                         "Out of the gateway first, then routers, then the servers; only this workload's containers "
-                         "are removed, every other keeps serving.")
+                self.facade.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
+        self.facade.confirm(f"Stop {plan.name} ({plan.recipe} × {plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
+                            "Out of the gateway first, then routers, then the servers; only this workload's containers "
+                            "are removed, every other keeps serving.")
 
     async def _stop_workload(self, plan: Plan, group: Any, runner: Runner) -> None:
         """What the stop should give back recorded (the next launch waits for it), out of the gateway, stopped."""
@@ -231,8 +229,8 @@ class RecipeActions(_Screen):
         from ...paths import state_dir
         from ...placement.recovery import StopLog
         if group is not None:
-            record_stop(StopLog(state_dir(), self.app.cluster.source), self.readings(), group)
-            await keep_current(self.app.cluster, runner.transports, without=group.name)
+            record_stop(StopLog(state_dir(), self.facade.cluster.source), self.readings(), group)
+            await keep_current(self.facade.cluster, runner.transports, without=group.name)
         await runner.stop(plan, self._on_progress)
 
     def _confirm_restart(self, plan: Plan, runner: Runner) -> None:
@@ -247,14 +245,14 @@ class RecipeActions(_Screen):
             self.restarting, self.restart_plan = {}, plan
             try:
                 report = await rolling.restart(runner, plan, self._on_progress)
-                self.app.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
+                self.facade.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
-                self.app.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
+                self.facade.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
             finally:
                 self.restarting, self.restart_plan = None, None
-                self.app.restart_stages = {}
-        self.app.confirm(f"Restart {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
-                         rolling.restart_text(plan), go, detail)
+                self.facade.restart_stages = {}
+        self.facade.confirm(f"Restart {plan.recipe} ({plan.topology}) on {', '.join(plan.nodes)}?",
+                            rolling.restart_text(plan), go, detail)
 
     def restart_progress(self, ev) -> None:
         """A restart's stage per server (draining, restarting, back, failed): on the launch bar while it lasts,
@@ -265,15 +263,15 @@ class RecipeActions(_Screen):
         svc = next((x for x in plan.services if x.key == ev.service), None)
         if svc is None:
             return
-        self.app.restart_stages = {**self.app.restart_stages, (svc.node, svc.container): ev.stage}
+        self.facade.restart_stages = {**self.facade.restart_stages, (svc.node, svc.container): ev.stage}
         if self.restarting.get(svc.key) != ev.stage:
             self.restarting[svc.key] = ev.stage
-            recorder = getattr(self.app, "recorder", None)      # kept with the readings: replay and post-mortems
+            recorder = self.facade.recorder      # kept with the readings: replay and post-mortems
             if recorder is not None:
                 recorder.note(svc.node, "restart", {"recipe": plan.recipe, "topology": plan.topology,
                                                     "container": svc.container, "stage": ev.stage,
                                                     "message": ev.message})
-            events = getattr(self.app.dashboard, "events", None)
+            events = self.facade.events
             if events is not None:
                 events.note(f"{svc.node}: {ev.message}", "red" if ev.stage == "failed" else "yellow")
 
@@ -288,7 +286,7 @@ class RecipeActions(_Screen):
         if not item:
             return None
         argv = ["sparkconsole", what, "pull", item, *[a for n in self.plan.nodes for a in ("--node", n)], "--yes"]
-        source = self.app.cluster.source
+        source = self.facade.cluster.source
         if source and not source.startswith("<"):
             argv += ["--cluster", source]
         return argv
@@ -312,10 +310,10 @@ class RecipeActions(_Screen):
                     self.progress[what] = line[-160:]
                     self._draw_progress()
             ok = await proc.wait() == 0
-            self.app.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
-                            title="recipes", severity="information" if ok else "error")
-        self.app.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
-                         "Nodes that have it already are left as they are; progress shows below the plan.")
+            self.facade.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
+                               title="recipes", severity="information" if ok else "error")
+        self.facade.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
+                            "Nodes that have it already are left as they are; progress shows below the plan.")
 
     def action_copy_model(self) -> None:
         self._confirm_copy("model")

@@ -9,7 +9,6 @@ from __future__ import annotations
 import itertools
 import time
 from collections.abc import Collection, Sequence
-from typing import TYPE_CHECKING
 
 from rich.text import Text
 from textual.app import ComposeResult
@@ -20,15 +19,11 @@ from textual.widgets import Static
 from ...config import Thresholds
 from ...nodes.samples import NodeState
 from ...nodes.view import NodeView, fix_wanted, node_view
+from ..facade import OnConsole
 from ..fmt import DASH, duration, fit, gib, num
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
-
-if TYPE_CHECKING:
-    from textual import getters
-
-    from ..app import SparkConsoleApp
 
 
 def _g(b: float | None) -> str:
@@ -36,10 +31,7 @@ def _g(b: float | None) -> str:
     return "?" if b is None else f"{b / 2**30:.1f}"
 
 
-class NodePanel(Vertical, can_focus=True):
-    if TYPE_CHECKING:
-        app = getters.app(SparkConsoleApp)      # the console's App: its own attributes type-check
-
+class NodePanel(OnConsole, Vertical, can_focus=True):
     BINDINGS = [
         Binding("l", "logs", "Logs"),
         Binding("r", "restart", "Restart vLLM"),
@@ -97,7 +89,7 @@ class NodePanel(Vertical, can_focus=True):
         left as they are (a panel cut off by the bottom edge). None draws every row."""
         now = time.time() if now is None else now
         thresholds = thresholds or Thresholds()
-        v = node_view(nm, guards, now, thresholds, replay=getattr(self.app, "replay_at", None) is not None)
+        v = node_view(nm, guards, now, thresholds, replay=self.facade.replay_at is not None)
         self.state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
         stale = v.state.stale
         self.set_class(stale, "-stale")
@@ -273,23 +265,23 @@ class NodePanel(Vertical, can_focus=True):
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console, or a recorded moment (REPLAY): nothing to act on, so the keys are hidden too.
         return not (action in ("restart", "stop", "launch", "fix") and (
-            getattr(self.app, "read_only", False) or getattr(self.app, "replay_at", None) is not None))
+            self.facade.read_only or self.facade.replay_at is not None))
 
     def action_fix(self) -> None:
         """f / Enter: the fix of the worst guard that has one (what Enter on its row in the checklist asks)."""
         results = self._checklist.results
         wanted = fix_wanted(results)
         if wanted is None:
-            self.app.notify(f"{self.node_name}: every guard is ok" if results
+            self.facade.notify(f"{self.node_name}: every guard is ok" if results
                             else f"{self.node_name}: no guard reading yet", title="guards")
             return
-        self.app.confirm_guard_fix(self.node_name, wanted)
+        self.facade.confirm_guard_fix(self.node_name, wanted)
 
     def action_logs(self) -> None:
-        self.app.open_logs(self.node_name)
+        self.facade.open_logs(self.node_name)
 
     def action_restart(self) -> None:
-        self.app.confirm_container(self.node_name, "restart")
+        self.facade.confirm_container(self.node_name, "restart")
 
     def action_stop(self) -> None:
-        self.app.confirm_container(self.node_name, "stop")
+        self.facade.confirm_container(self.node_name, "stop")

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 from textual.widgets import Static
 
+from ..facade import OnConsole
+
 LIVE = " SIMULATED — readings come from the simulator, not from hardware "
 
 
-class SimBadge(Static):
+class SimBadge(OnConsole, Static):
     DEFAULT_CSS = """
     SimBadge { dock: top; width: 100%; height: 1; background: $warning; color: $background; text-style: bold;
                content-align: center middle; }
@@ -18,7 +20,7 @@ class SimBadge(Static):
         super().__init__(LIVE, **kwargs)
 
     def on_mount(self) -> None:
-        self.watch(self.app, "sub_title", self._title_changed)
+        self.facade.watch_title(self, self._title_changed)
 
     def _title_changed(self, sub_title: str) -> None:
         # the app's subtitle starts "REPLAY <time> · " while a recorded moment plays (tui/app.py _title)
