@@ -109,9 +109,16 @@ VIEWS = {
 }
 
 
+# plotext places the reference charts' axis ticks differently from one run to the next at 80×24 (16 or 32 on a
+# chart some twenty cells wide): that frame is walked (docs/UX.md), not pinned.
+UNPINNED = {("bench-reference", (80, 24))}
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("view", list(VIEWS))
 def test_screen(snap_compare, held_app, view, size):
+    if (view, size) in UNPINNED:
+        pytest.skip("its axis ticks move between runs at this size")
     async def before(pilot) -> None:
         await dashboard_drawn(pilot)
         for key in VIEWS[view]:
