@@ -29,8 +29,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 class _Finding:
-    def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None) -> None:
-        self.severity, self.message, self.node, self.fix = severity, message, node, fix
+    """A finding of the screen's own (a container in the way, a plan that cannot be made), shaped as preflight's."""
+
+    def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None,
+                 rule: str = "in_the_way") -> None:
+        self.severity, self.message, self.node, self.fix, self.rule = severity, message, node, fix, rule
 
 
 class RecipeActions(OnConsole, _Screen):
