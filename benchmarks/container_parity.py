@@ -211,6 +211,9 @@ DELIBERATE: tuple[Rule, ...] = (
          lambda a, r, o, c: c.mode != "solo" and a.startswith("env RAY_") and o is None),
     Rule("mn-if-name", "`MN_IF_NAME`: read by nothing in vLLM, NCCL or the forks' mods (a name from the upstream's "
          "run-cluster-node.sh)", lambda a, r, o, c: a == "env MN_IF_NAME" and o is None),
+    Rule("b12x-cache", "the node's `~/.cache/b12x` mounted like the other compile caches: the B12X image family's "
+         "CuTeDSL kernels, which compile again on every launch without it (some forks' runners mount it; issue 39)",
+         lambda a, r, o, c: a == "volume /root/.cache/b12x" and r is None and o == "$HOME/.cache/b12x"),
     Rule("newer-runner", "as forwis's newer launch-cluster.sh (`--ulimit nofile=1048576:1048576`, ~/.tilelang "
          "mounted, `--entrypoint=`); this fork's older runner lacks it",
          lambda a, r, o, c: r is None and a in NEWER_RUNNER and o == NEWER_RUNNER[a]),

@@ -37,7 +37,7 @@ def resolve(explicit: str | None = None, cwd: Path | None = None) -> Resolved:
         if not path.is_file():
             raise UserError("cluster file not found", file=str(path), fix="check the path given to --cluster")
         return Resolved(load_cluster(path), f"cluster: {path.resolve()}")
-    from .dotenv_cluster import checkout_env, cluster_from_dotenv
+    from .dotenv_cluster import checkout_env, checkout_gap, cluster_from_dotenv
     env = checkout_env(here)
     if env is not None:
         got = cluster_from_dotenv(env)
@@ -46,8 +46,10 @@ def resolve(explicit: str | None = None, cwd: Path | None = None) -> Resolved:
         return Resolved(got.cluster, f"cluster: .env of the spark-vllm-docker checkout at {here} "
                                      f"({n} node{'s' if n != 1 else ''}{notes})")
     xdg = _home_short(Path(os.environ.get("XDG_CONFIG_HOME", Path.home() / ".config")) / "sparkconsole")
-    return Resolved(local_cluster(), f"cluster: no sparkconsole.yaml found (looked in ./ and {xdg}/): watching this "
-                                     "machine — write one with `sparkconsole init`")
+    gap = checkout_gap(here)
+    return Resolved(local_cluster(), f"cluster: no sparkconsole.yaml found (looked in ./ and {xdg}/)"
+                                     + (f"; {gap}" if gap else "")
+                                     + ": watching this machine — write one with `sparkconsole init`")
 
 
 def cluster_for(args: object, *, say: Callable[[str], object] | None = None) -> ClusterConfig:

@@ -65,9 +65,22 @@ class NodeConfig:
     # Environment for the vLLM containers a launch starts on this node, after the recipe's own: what differs per
     # node (e.g. VLLM_CPU_OMP_THREADS_BIND on a CPU test bed whose "nodes" share one machine's cores).
     vllm_env: tuple[tuple[str, str], ...] = ()
-    # Set programmatically only (the simulator): extra agent flags and environment for local commands.
+    # The node's Hugging Face cache when it is not the node's own $HF_HOME (or ~/.cache/huggingface): the HF_HOME
+    # a spark-vllm-docker checkout's .env names. Put in `env`, so every command on the node (the plan's cache
+    # mount, `model pull`, preflight's model probe) looks there.
+    hf_home: str | None = None
+    # Set programmatically only (the simulator, hf_home): extra agent flags and environment for node commands.
     agent_args: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()
+
+
+# An absolute path, as a node's shell takes it literally (the value is quoted: no ~ or $ expansion there).
+HF_HOME_RE = re.compile(r"^/[A-Za-z0-9._/+@:=,-]{0,511}$")
+
+
+def hf_home_env(hf_home: str | None) -> tuple[tuple[str, str], ...]:
+    """A node's hf_home as the environment of the commands run on it."""
+    return (("HF_HOME", hf_home),) if hf_home else ()
 
 
 @dataclass(frozen=True)
@@ -261,7 +274,7 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         if not isinstance(rn, dict):
             raise doc.error(p, "each node must be a mapping", "write '- name: spark1' then 'address: 192.168.100.10'")
         _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if",
-                                 "vllm_env"})
+                                 "vllm_env", "hf_home"})
         name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
         if name is None or not NAME_RE.match(name):
             raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
@@ -293,9 +306,13 @@ def parse_cluster(doc: Located) -> ClusterConfig:
             if v is not None and not IFACE_RE.match(v):
                 raise doc.error(p + (key,), f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f0np0")
             ifaces[key] = v
+        hf_home = _get(doc, rn, p, "hf_home", str, None, "write the absolute path of the node's Hugging Face cache")
+        if hf_home is not None and not HF_HOME_RE.match(hf_home):
+            raise doc.error(p + ("hf_home",), f"hf_home {hf_home[:60]!r} is not an absolute path",
+                            "write the node's Hugging Face cache as an absolute path, e.g. /data/huggingface")
         nodes.append(NodeConfig(name=name, address=address, ssh=ssh, role=role, container=container,
                                 vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local,
-                                vllm_env=_env_map(doc, rn, p), **ifaces))
+                                vllm_env=_env_map(doc, rn, p), hf_home=hf_home, env=hf_home_env(hf_home), **ifaces))
     if sum(1 for n in nodes if n.role == "head") > 1:
         raise doc.error(("nodes",), "more than one node has role head", "mark exactly one node 'role: head'")
 

@@ -27,6 +27,7 @@ from typing import Any
 from . import secrets
 from .config import (
     CONTAINER_RE,
+    HF_HOME_RE,
     IFACE_RE,
     NAME_RE,
     ClusterConfig,
@@ -34,6 +35,7 @@ from .config import (
     SshPolicy,
     check_address,
     default_endpoints,
+    hf_home_env,
 )
 from .errors import UserError
 from .yamlsrc import read_user_file
@@ -56,6 +58,20 @@ def checkout_env(directory: Path) -> Path | None:
     env = directory / ".env"
     if env.is_file() and any((directory / f).is_file() for f in RUNNER_FILES):
         return env
+    return None
+
+
+def checkout_gap(directory: Path) -> str | None:
+    """What keeps `directory` from being read as a spark-vllm-docker checkout when half of one is there: a `.env`
+    with no runner beside it, or a runner with no `.env`. None when neither is there (or both are)."""
+    env = (directory / ".env").is_file()
+    runner = next((f for f in RUNNER_FILES if (directory / f).is_file()), None)
+    if env and runner is None:
+        return (f"./.env is not read: none of {', '.join(RUNNER_FILES)} is beside it, so this is not a "
+                "spark-vllm-docker checkout (run sparkconsole in the checkout's own directory)")
+    if runner is not None and not env:
+        return (f"./{runner} is here but no .env beside it: the runner finds the nodes by its autodiscovery, which "
+                "sparkconsole does not run (its `--discover` writes the .env, with CLUSTER_NODES)")
     return None
 
 
@@ -129,7 +145,13 @@ def cluster_from_dotenv(path: Path, ssh_config: Path | None = None) -> DotenvClu
             notes.append(f"{key} not passed by value (a plan holds no secret): each node's own {name} is passed")
             continue
         vllm_env.append((name, v))
-    settings: dict[str, Any] = dict(container=container, vllm_env=tuple(vllm_env), **ifaces)
+    hf_home = value("HF_HOME")
+    if hf_home is not None and not HF_HOME_RE.match(hf_home):
+        # the runner expands it once, on the head; a node's shell here takes it literally
+        raise bad("HF_HOME", f"{hf_home[:60]!r} is not an absolute path",
+                  "write the Hugging Face cache's absolute path, e.g. HF_HOME=/data/huggingface")
+    settings: dict[str, Any] = dict(container=container, vllm_env=tuple(vllm_env), hf_home=hf_home,
+                                    env=hf_home_env(hf_home), **ifaces)
 
     nodes: list[NodeConfig] = []
     known_hosts: str | None = None

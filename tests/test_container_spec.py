@@ -142,6 +142,37 @@ def test_the_gate_waits_for_the_mods_then_becomes_the_server(tmp_path):
     assert out == f"served {proc.pid}\n"        # exec'd: the server is the gate's own process
 
 
+def test_a_mod_runs_without_the_recipe_s_env_as_the_runners_run_it(tmp_path):
+    """Issue 39: the runners export a recipe's `env:` in the script they start after the mods, so a mod never saw
+    it. The mod's run step, run by a real shell with the container's environment: the recipe's own variables are
+    gone, the topology's and the node's stay."""
+    path = checkout(tmp_path, ["mods/a"])
+    mod_dir(tmp_path, "a")
+    r = replace(load_recipe(path), env={"HF_HUB_OFFLINE": "1", "VLLM_X": "2", "NCCL_SOCKET_IFNAME": "eth9"})
+    plan = make_plan(r, "cluster-tp2", NODES, {"eth_if": "enp1s0f0np0"})
+    step = next(s for s in plan.steps if s.node == "spark2" and s.what == "mod a: run its run.sh")
+    k = step.argv.index("bash")
+    mod_dir_ = tmp_path / "workspace" / "mods" / "a"
+    mod_dir_.mkdir(parents=True)
+    (mod_dir_ / "run.sh").write_text('#!/bin/bash\necho "${HF_HUB_OFFLINE-unset} ${VLLM_X-unset} '
+                                     '${NCCL_SOCKET_IFNAME-unset} $WORKSPACE_DIR"\n')
+    argv = [a if a != "/workspace/mods/a" else str(mod_dir_) for a in step.argv[k:]]
+    container_env = {"PATH": "/usr/bin:/bin", **dict(r.env), "NCCL_SOCKET_IFNAME": "enp1s0f0np0"}
+    out = subprocess.run(argv, cwd=tmp_path / "workspace", env=container_env, capture_output=True, text=True,
+                         check=True).stdout
+    assert out == f"unset unset enp1s0f0np0 {tmp_path / 'workspace'}\n"
+
+
+def test_custom_ops_all_needs_the_b12x_kernels_to_persist_too():
+    from sparkconsole.launch.lint_compile import compile_cache_mounted
+    plan = make_plan(find_recipe("gpt-oss-120b"), "solo", NODES)
+    assert compile_cache_mounted(plan)
+    run = next(s for s in plan.steps if s.service == "spark1/server")
+    i = run.argv.index(next(a for a in run.argv if str(a).endswith(":/root/.cache/b12x")))
+    lacking = replace(run, argv=run.argv[:i - 1] + run.argv[i + 1:])
+    assert not compile_cache_mounted(replace(plan, steps=tuple(lacking if s is run else s for s in plan.steps)))
+
+
 def docker_run(plan, key="spark1/server") -> list[str]:
     return list(next(s for s in plan.steps if s.service == key).argv)
 
@@ -156,9 +187,12 @@ def test_the_runners_container_privileged_ulimit_caches_and_affinity():
     vols = [argv[i + 1] for i, a in enumerate(argv) if a == "-v"]
     assert vols == ['"${HF_HOME:-$HOME/.cache/huggingface}":/root/.cache/huggingface',
                     '"$HOME"/.cache/vllm:/root/.cache/vllm', '"$HOME"/.cache/flashinfer:/root/.cache/flashinfer',
-                    '"$HOME"/.triton:/root/.triton', '"$HOME"/.tilelang:/root/.tilelang']
-    # the deliberate difference: a memory cap (an OOM-kill of the container instead of a frozen Spark)
+                    '"$HOME"/.triton:/root/.triton', '"$HOME"/.tilelang:/root/.tilelang',
+                    '"$HOME"/.cache/b12x:/root/.cache/b12x']      # the B12X images' kernels (issue 39)
+    # the deliberate differences: a memory cap (an OOM-kill of the container instead of a frozen Spark), and no
+    # restart policy (issue 39, docs/RECIPES_PARITY.md: an OOM-killed server would come back for the same memory)
     assert argv[argv.index("--memory") + 1] == "100g" == argv[argv.index("--memory-swap") + 1]
+    assert not [a for a in argv if str(a).startswith("--restart")]
     mkdir = next(s for s in plan.steps if s.argv[:2] == ("mkdir", "-p"))
     assert plan.steps.index(mkdir) < plan.steps.index(next(s for s in plan.steps if s.service))
 

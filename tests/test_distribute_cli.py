@@ -92,3 +92,18 @@ def test_from_node_is_added_to_the_nodes_it_reads():
     assert [n.name for n in picked(c, ["s2"], "s1")] == ["s2", "s1"]
     assert [n.name for n in picked(c, None, "s1")] == ["s1", "s2", "s3"]
     assert [n.name for n in picked(c, ["s3,s2"])] == ["s3", "s2"]
+
+
+def test_image_commands_exit_1_when_docker_cannot_be_reached(here, capsys, monkeypatch, tmp_path):
+    # The node answers, its docker does not (no engine at that socket): every image command says so in its row
+    # and in its exit status, with or without an IMAGE (issue 39: `image list` alone exited 0).
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{tmp_path}/no-engine.sock")
+    assert main(["image", "list"]) == 1
+    out = capsys.readouterr().out
+    assert ": ERROR " in out and "no-engine.sock" in out
+    assert main(["image", "list", "vllm-node"]) == 1
+    assert ": ERROR " in capsys.readouterr().out
+    assert main(["model", "list", "--json"]) == 0          # the node itself answers: its cache is listed
+    node = json.loads(capsys.readouterr().out)[0]["node"]
+    assert main(["image", "rm", "vllm-node", "--node", node, "--yes"]) == 1
+    assert "no-engine.sock" in capsys.readouterr().out

@@ -100,6 +100,7 @@ def test_no_cluster_nodes_is_this_machine_with_the_file_s_settings(tmp_path):
     ('CLUSTER_NODES=10.0.0.1,10.0.0.1\n', 1, "CLUSTER_NODES", "listed twice"),
     ('ETH_IF="eth0; rm -rf /"\n', 1, "ETH_IF", "bad interface name"),
     ('CONTAINER_NAME=-x\n', 1, "CONTAINER_NAME", "bad container name"),
+    ('CLUSTER_NODES=10.0.0.1\nHF_HOME=~/hf\n', 2, "HF_HOME", "is not an absolute path"),
 ])
 def test_a_bad_env_is_one_line_naming_file_line_variable_and_fix(tmp_path, text, line, field, words):
     env = checkout(tmp_path, text) / ".env"
@@ -142,6 +143,22 @@ def test_origin_lines(tmp_path, home, monkeypatch):
                           "this machine — write one with `sparkconsole init`")
     with pytest.raises(UserError, match="cluster file not found"):
         resolve(str(tmp_path / "missing.yaml"))
+
+
+def test_half_a_checkout_is_named(tmp_path):
+    # Issue 39: a .env with no runner beside it was ignored with only "no sparkconsole.yaml found"; the line now
+    # names what is missing, and so does a runner with no .env.
+    lone = tmp_path / "lone"
+    lone.mkdir()
+    (lone / ".env").write_text(EXAMPLE)
+    got = resolve(cwd=lone)
+    assert got.cluster.nodes[0].local
+    assert "./.env is not read: none of launch-cluster.sh, run-recipe.py, run-recipe.sh is beside it" in got.origin
+    assert got.origin.endswith("watching this machine — write one with `sparkconsole init`")
+    runner = tmp_path / "runner"
+    runner.mkdir()
+    (runner / "run-recipe.py").write_text("")
+    assert "./run-recipe.py is here but no .env beside it" in resolve(cwd=runner).origin
 
 
 def test_master_port_in_the_cluster_file(tmp_path):
@@ -203,3 +220,27 @@ async def test_the_console_shows_where_its_cluster_came_from(tmp_path, monkeypat
         said = [n.message for n in app._notifications]
         assert any(m.startswith(f"cluster: .env of the spark-vllm-docker checkout at {d.resolve()}") for m in said)
         await app.stop_monitors()
+
+
+def test_the_env_s_hf_home_is_where_every_node_command_finds_the_models(tmp_path, monkeypatch):
+    # Issue 39: forks' runners mount the HF_HOME their .env names. sparkconsole passes it to every command it runs
+    # on the node (the plan's cache mount, `model pull`, preflight's model probe), and `init` keeps it.
+    from sparkconsole.commands.init import render
+    from sparkconsole.launch.runner import Runner
+    hub = tmp_path / "hf"
+    d = checkout(tmp_path, EXAMPLE + f"HF_HOME={hub}\n")
+    got = cluster_from_dotenv(d / ".env")
+    assert all(n.hf_home == str(hub) and dict(n.env) == {"HF_HOME": str(hub)} for n in got.cluster.nodes)
+    assert Runner(got.cluster, {}).node_prefix("spark2") == f"HF_HOME={hub} "
+    (tmp_path / "again.yaml").write_text(render(got.cluster, "a test"))
+    again = load_cluster(tmp_path / "again.yaml")
+    assert [n.hf_home for n in again.nodes] == [str(hub)] * 2 and dict(again.nodes[1].env) == {"HF_HOME": str(hub)}
+    # on this machine as the one node: `model list` reads that cache
+    (hub / "hub" / "models--org--m" / "snapshots" / "a").mkdir(parents=True)
+    (tmp_path / "local").mkdir()
+    local = checkout(tmp_path / "local", f"HF_HOME={hub}\n")
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    monkeypatch.delenv("HF_HOME", raising=False)
+    r = sc(local, "model", "list", "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)[0]["hub"] == str(hub / "hub")

@@ -79,7 +79,7 @@ def test_swap_fix_comments_out_fstab_swap_lines_only(tmp_path):
     assert fstab.read_text() == "UUID=1 / ext4 defaults 0 1\n#/swap.img\tnone\tswap\tsw\t0\t0\n# /old none swap sw 0 0\n"
 
 
-@pytest.mark.parametrize("limit,status", [(None, "bad"), (0, "bad"), (100 * 2**30, "ok"), (200 * 2**30, "warn")])
+@pytest.mark.parametrize("limit,status", [(None, "bad"), (0, "bad"), (100 * 2**30, "ok"), (200 * 2**30, "bad")])
 def test_container_cap(limit, status):
     from sparkconsole.nodes.samples import HostMemory
     name = "vllm node;rm -rf ~"                # a hostile name must reach the shell as one word

@@ -114,8 +114,16 @@ def test_a_node_that_does_not_answer_is_said_and_nothing_is_written(sshd_nodes, 
 
 def test_init_with_nothing_to_read_says_what_to_give(tmp_path, home):
     r = sc(tmp_path, home, "init")
-    assert r.returncode == 2 and "no spark-vllm-docker checkout with a .env here" in r.stderr
+    assert r.returncode == 2 and "no spark-vllm-docker checkout (.env beside launch-cluster.sh) here" in r.stderr
     assert "--from-ssh-config" in r.stderr
+    # half a checkout: what is missing is named (issue 39: "no … checkout with a .env here" beside a .env)
+    (tmp_path / ".env").write_text("CLUSTER_NODES=192.0.2.1,192.0.2.2\n")
+    r = sc(tmp_path, home, "init")
+    assert r.returncode == 2 and "./.env is not read: none of launch-cluster.sh" in r.stderr
+    (tmp_path / ".env").unlink()
+    (tmp_path / "launch-cluster.sh").write_text("#!/bin/bash\n")
+    r = sc(tmp_path, home, "init")
+    assert r.returncode == 2 and "./launch-cluster.sh is here but no .env beside it" in r.stderr
     r = sc(tmp_path, home, "init", "--from-ssh-config", "nosuch")
     assert r.returncode == 2 and "no SSH client config" in r.stderr
 

@@ -64,7 +64,7 @@ def test_what_the_cap_refused_before_is_now_judged_by_the_node(frac):
     """0.85 and 0.9 were refused as "over the container's 100g cap: OOM-killed while the model loads". The cap never
     held the claim; the node's budget (112.2 GiB) does, so they are warnings now, each saying why."""
     [f] = mem_findings(frac, good_facts())
-    assert f.severity == "warn" and "above 0.78, where seed 004 saw OOM" in f.message
+    assert f.severity == "warn" and "above 0.78 of the memory, where a published two-node run saw OOM" in f.message
     with_cpu = frac * 121.7 + 5 > 112.2
     assert ("with vLLM's own CPU side (~5 GiB)" in f.message) is with_cpu
     assert ("the budget has room (112.2 GiB)" in f.message) is not with_cpu
@@ -140,7 +140,8 @@ def test_guard_state_and_sizes():
 
 
 CUSTOM_ALL = ["--compilation-config", '{"cudagraph_mode":"PIECEWISE","custom_ops":["all"]}']
-CACHES = ("/srv/caches/vllm:/workspace/.cache/vllm", "/srv/caches/tilelang:/workspace/.tilelang")   # node:container
+CACHES = ("/srv/caches/vllm:/workspace/.cache/vllm", "/srv/caches/tilelang:/workspace/.tilelang",   # node:container
+          "/srv/caches/b12x:/workspace/.cache/b12x")
 
 
 def custom_ops(recipe, facts=None, caches=False):
@@ -165,8 +166,32 @@ def test_with_the_compile_caches_mounted_it_is_said_when_the_compiled_path_is_sa
     # the launch's own mounts of the node's caches (the runner's, on by default) count the same
     assert compile_cache_mounted(make_plan(r, "solo", ClusterConfig(nodes=NODES, endpoints=()), {}))
     assert [f.severity for f in custom_ops(r, caches=True)] == ["warn"]
-    # one cache of the two is not enough (TileLang's kernels compile during the load)
+    # one cache of the three is not enough (TileLang's kernels compile during the load)
     half = replace(r, container_settings=replace(r.container_settings, volumes=CACHES[:1]))
     assert [f.severity for f in custom_ops(half)] == ["refuse"]
     # the fact, when the caller knows it, wins over the plan's volumes
     assert [f.severity for f in custom_ops(r, Facts(compile_cache_mounted=True))] == ["warn"]
+
+
+def test_a_claim_in_gib_is_judged_like_a_fraction():
+    # Issue 39: `--gpu-memory-utilization-gb 108` (newer vLLM, used by published recipes) passed preflight, judged
+    # neither against the cap nor the budget that judge 0.85. It is an exact GiB target, which wins over the
+    # fraction; the node's budget here is 112.2 GiB.
+    r = find_recipe("gpt-oss-120b")
+
+    def mem(extra, facts=None):
+        return [f for f in preflight(r, "solo", NODES, facts or good_facts(), overrides={"extra_args": extra})
+                if f.rule in ("gpu_memory_utilization", "memory_fit", "weights_over_claim")]
+    [f] = mem(["--gpu-memory-utilization-gb", "108"])
+    assert f.severity == "warn" and f.message.startswith("--gpu-memory-utilization-gb 108 = 108.0 GiB: with vLLM's "
+                                                         "own CPU side (~5 GiB) it is 113.0 GiB, over the node's budget")
+    assert "above 0.78 of the memory" in f.message
+    assert f.fix.startswith("--gpu-memory-utilization-gb 94")            # 0.78 × 121.7 GiB, rounded down
+    [f] = mem(["--gpu-memory-utilization-gb=115"])                       # over the budget itself
+    assert f.severity == "refuse" and "--gpu-memory-utilization-gb 115 = 115.0 GiB, over the node's budget" in f.message
+    assert mem(["--gpu-memory-utilization-gb", "90"]) == []
+    # a fraction beside it is overruled, as vLLM does
+    assert mem(["--gpu-memory-utilization", "0.2", "--gpu-memory-utilization-gb", "90"]) == []
+    # the GiB figure is the budget the model must fit in, not the default fraction
+    [f] = mem(["--gpu-memory-utilization-gb", "40"])
+    assert f.rule == "weights_over_claim" and "over the claim 40.0 GiB" in f.message

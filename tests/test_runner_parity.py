@@ -203,7 +203,8 @@ def test_the_container_is_classified_same_deliberate_or_different(tmp_path):
     agrees = _container(tmp_path, fork, "agrees", "solo")
     # everything sparkconsole does on purpose is listed with its rule, and nothing else differs
     assert agrees["verdict"] == "deliberate" and agrees["different"] == [], agrees
-    assert agrees["deliberate"] == {"memory-cap": 2, "no-rm": 1, "labels": 1, "main-process": 1, "secret-ref": 1}
+    assert agrees["deliberate"] == {"memory-cap": 2, "no-rm": 1, "labels": 1, "main-process": 1, "secret-ref": 1,
+                                    "b12x-cache": 1}
     assert agrees["same"] >= 15 and not agrees["stray"] and not agrees["skipped"]
     drifts = _container(tmp_path, fork, "env-drifts", "solo")
     assert drifts["verdict"] == "different"

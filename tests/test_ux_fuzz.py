@@ -58,6 +58,22 @@ def test_fuzz_quick_every_key_sequence_keeps_the_console_up(nodes_only):
     assert nodes_only.sequences >= QUICK_SEQUENCES and not nodes_only.errors and not nodes_only.changes
 
 
+def test_fuzz_the_palette_finds_every_key_by_its_words(nodes_only):
+    """Every key a key bar shows, typed as the bar words it into the palette, finds its action (issue 39: fix,
+    guard, swap, replay, model, image, topology, launch, filter found nothing)."""
+    assert nodes_only.palette_check() == []
+
+
+def test_fuzz_checks_what_the_screen_shows(nodes_only):
+    """The screen checks themselves: a filter that hides every node, the Events pane, another screen, a recorded
+    moment: Escape (and 1) brings every node back, and the replayed frame shows its time."""
+    for seq in ([Step("filter", "zzz")], [Step("key", "e")], [Step("key", "2"), Step("filter", "tiny")],
+                [Step("key", "question_mark")], [Step("resize", (80, 24)), Step("key", "e")]):
+        nodes_only.play(seq)
+    nodes_only.play([Step("key", "left_square_bracket")])
+    assert nodes_only.app.replay_at is not None or nodes_only.app.recorder is None
+
+
 def test_fuzz_harness_counts_a_confirmed_action_and_runs_nothing(nodes_only):
     """The watch itself: r then y on a node is one confirmation answered yes, its restart not run, no node
     changed; the same restart reached past its confirmation is a change the check reports."""

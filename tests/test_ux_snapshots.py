@@ -1,4 +1,4 @@
-"""Every screen and modal at 100×30, 160×48 and 220×60, against the SVG snapshots in __snapshots__/ (pytest-textual-
+"""Every screen and modal at 80×24, 100×30, 160×48 and 220×60, against the SVG snapshots in __snapshots__/ (pytest-textual-
 snapshot's snap_compare). Fed by the recorded H100 session: its first ticks parsed by the real monitor and then
 held (no stream, no staleness timer), the clock pinned to just after the last of them, local time in UTC, so each
 frame is the same on every run. Update after a deliberate change of the screens with `--snapshot-update`, and look
@@ -19,7 +19,7 @@ from sparkconsole.nodes.recording import read_recording
 from sparkconsole.tui.app import SparkConsoleApp
 from tests.test_tui_app import RECORDING
 
-SIZES = [(100, 30), (160, 48), (220, 60)]
+SIZES = [(80, 24), (100, 30), (160, 48), (220, 60)]
 TICKS = 40          # recorded ticks fed before the frame: 20 s of the session, enough for the temperature graph
 
 
@@ -98,6 +98,7 @@ async def dashboard_drawn(pilot) -> None:
 # (name, keys pressed once the dashboard is drawn): every screen and every modal
 VIEWS = {
     "dashboard": (),
+    "events": ("e",),                    # the Events pane over the dashboard, at every size
     "help": ("question_mark",),
     "confirm-restart": ("r",),
     "recipes": ("2",),
@@ -108,9 +109,16 @@ VIEWS = {
 }
 
 
+# plotext places the reference charts' axis ticks differently from one run to the next at 80×24 (16 or 32 on a
+# chart some twenty cells wide): that frame is walked (docs/UX.md), not pinned.
+UNPINNED = {("bench-reference", (80, 24))}
+
+
 @pytest.mark.parametrize("size", SIZES, ids=lambda s: f"{s[0]}x{s[1]}")
 @pytest.mark.parametrize("view", list(VIEWS))
 def test_screen(snap_compare, held_app, view, size):
+    if (view, size) in UNPINNED:
+        pytest.skip("its axis ticks move between runs at this size")
     async def before(pilot) -> None:
         await dashboard_drawn(pilot)
         for key in VIEWS[view]:

@@ -12,7 +12,11 @@ Invariants checked after each sequence (`Fuzz.check`):
 - the focused widget, if any, is on the screen shown, displayed, and inside the terminal;
 - no node-changing action ran without a confirmation. A confirmation answered yes is counted and its action is
   NOT run (a fuzzer pressing `y` would otherwise launch recipes and run guard fixes); every path that changes a
-  node (the audit log, the recipe runner, a command run on a node) is watched, and any call of one is a failure.
+  node (the audit log, the recipe runner, a command run on a node) is watched, and any call of one is a failure;
+- what the screen shows (issue 39): a recorded moment on screen ([ pressed) shows REPLAY and its time; and after
+  the sequence, Escape (then 1 for the dashboard, where another screen keeps the keys) shows every node's panel
+  on the terminal, its name on screen. Once per console, the palette finds every key's action by the words the
+  key bar shows for it (`palette_check`).
 
 `q`, ctrl+q and the palette's Quit are drawn too: the app's quit is replaced by a counter, so they are pressed
 without ending the run.
@@ -26,6 +30,7 @@ import contextlib
 import functools
 import logging
 import os
+import re
 import tempfile
 from dataclasses import dataclass, field
 
@@ -280,6 +285,9 @@ class Fuzz:
                 break
         await _idle(0, 0.5)
         self.check(seq, before)
+        self.check_replay_time(seq)
+        await self.back_to_the_nodes()
+        self.check_nodes_visible(seq)
 
     async def _reset(self) -> None:
         """Back to the dashboard at the start size, no modal open, no filter, the first node focused: each sequence
@@ -293,11 +301,26 @@ class Fuzz:
             await self.pilot.pause()
         if app.current_mode != "dashboard":
             await app.switch_mode("dashboard")
+        if app._scrub_back:
+            await app.action_scrub(app._scrub_back)          # live again
         if app.size != START_SIZE:
             await self.pilot.resize_terminal(*START_SIZE)
         app.dashboard.action_clear_filter()
         next(iter(app.dashboard.panels.values())).focus()      # the focus the console starts with
         await self.pilot.pause()
+
+    def check_replay_time(self, seq: list[Step]) -> None:
+        check_replay_time_of(self.app, f"after {seq!r}")
+
+    async def back_to_the_nodes(self) -> None:
+        await nodes_back(self.pilot, self.app)
+
+    def check_nodes_visible(self, seq: list[Step]) -> None:
+        problem = nodes_visible_problem(self.app)
+        assert problem is None, f"after {seq!r} and Escape: {problem}"
+
+    def palette_check(self) -> list[str]:
+        return palette_misses(self.app)
 
     def check(self, seq: list[Step], before: tuple[int, int]) -> None:
         app = self.app
@@ -319,3 +342,74 @@ class Fuzz:
                 raise AssertionError(f"{focused!r} has the focus but was not laid out on the screen {where}") from None
             assert region.area > 0 and region.overlaps(screen.region), \
                 f"{focused!r} has the focus at {region}, outside the terminal {screen.region} {where}"
+
+
+REPLAY_TIME = re.compile(r"REPLAY \d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+# Where the palette's entries stand for a binding (tui/palette.py, Command.action): owner of the binding → prefix.
+OWNERS = {"SparkConsoleApp": "app", "DashboardScreen": "dashboard", "NodePanel": "node", "RecipesScreen": "recipes",
+          "BenchScreen": "bench", "LogsScreen": "logs"}
+
+
+def _screen_text(app) -> str:
+    from tests.screen import screen_text
+    return screen_text(app)
+
+
+def check_replay_time_of(app, where: str) -> None:
+    if app.replay_at is None or app.monitor is None or not any(nm.last for nm in app.monitor.nodes.values()):
+        return
+    text = _screen_text(app)
+    if app.screen is app.dashboard or app.screen.id in ("recipes", "bench", "logs"):
+        assert REPLAY_TIME.search(text), f"a recorded moment on screen without its time {where}:\n{text}"
+
+
+def palette_misses(app) -> list[str]:
+    """Every key on a key bar (a binding shown, of the app, its screens and the node panel) whose words the palette
+    does not find for its action: [] when the palette is every action."""
+    from textual.fuzzy import Matcher
+
+    from sparkconsole.tui.app import SparkConsoleApp
+    from sparkconsole.tui.screens.bench import BenchScreen
+    from sparkconsole.tui.screens.dashboard import DashboardScreen
+    from sparkconsole.tui.screens.logs import LogsScreen
+    from sparkconsole.tui.screens.recipes import RecipesScreen
+    from sparkconsole.tui.widgets.node_panel import NodePanel
+    cmds = app.palette_commands()
+    missed = []
+    for cls in (SparkConsoleApp, DashboardScreen, NodePanel, RecipesScreen, BenchScreen, LogsScreen):
+        for b in cls.BINDINGS:
+            if not isinstance(b, Binding) or not b.show or b.action == "command_palette":
+                continue
+            action = f"{OWNERS[cls.__name__]}.{b.action.split('(', 1)[0]}"
+            words = Matcher(b.description)
+            if not any(c.action == action and b.description.lower() in c.title.lower() and words.match(c.title) > 0
+                       for c in cmds):
+                missed.append(f"{b.key} {b.description!r} ({action})")
+    return missed
+
+
+async def nodes_back(pilot, app) -> None:
+    """Escape, as an operator presses it to get back: modals, filters and the Events pane close; from another
+    screen, 1 goes to the dashboard (after Escape, so it is not typed into a filter); Escape once more there."""
+    for _ in range(3):
+        if len(app.screen_stack) == 1 and app.current_mode == "dashboard" and not app.dashboard.events_only:
+            break
+        await pilot.press("escape")
+    if app.current_mode != "dashboard" and len(app.screen_stack) == 1:
+        await pilot.press("1")
+    await pilot.press("escape")
+    await _idle(0, 0.5)
+
+
+def nodes_visible_problem(app) -> str | None:
+    """None when every node's panel is drawn on the dashboard with its name on screen; else what is wrong."""
+    if app.screen is not app.dashboard:
+        return f"not on the dashboard but {app.screen!r}"
+    drawn = app.dashboard.drawn()
+    text = _screen_text(app)
+    for name, panel in app.dashboard.panels.items():
+        if not panel.display or panel not in drawn:
+            return f"{name}'s panel is not on the terminal"
+        if name not in text:
+            return f"{name} is not on screen"
+    return None

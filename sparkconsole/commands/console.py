@@ -46,7 +46,7 @@ def build_app(args: argparse.Namespace) -> SparkConsoleApp:
         cluster, rec, _ = recording_for(cluster, file=None, demo=getattr(args, "demo", False),
                                         cluster_given=cluster.source != "<this machine>")
         return SparkConsoleApp(cluster, monitor_factory=replay_monitor_factory(rec, when), replay_at=when,
-                               notice=resolved.origin)
+                               notice=resolved.origin, recording=str(rec))
     replay = getattr(args, "replay", None)
     if replay:
         from ..nodes.recording import read_recording, split_recording

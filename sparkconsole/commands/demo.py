@@ -334,12 +334,15 @@ def console_app(sim: SimCluster, args: argparse.Namespace, tasks: list[asyncio.T
         from ..sim.staged import StagedServing
         return StagedServing(cluster, sim.ready)
 
-    # The demo's state (audit log, flight recorder) lives in the simulated cluster's own directory, removed at
-    # exit: a simulated launch is never written to the operator's audit log. The flight recorder runs as on a live
-    # cluster: [ / ] scrub back through it, and post-mortems need it.
+    # The demo's state (audit log, collector lock) lives in the simulated cluster's own directory, removed at exit:
+    # a simulated launch is never written to the operator's audit log. The flight recorder runs as on a live
+    # cluster ([ / ] scrub back through it, post-mortems need it), into a file of its own in the operator's state
+    # directory, kept: `sparkconsole postmortem NODE --demo` and `console --at … --demo` read it after the demo.
     assert sim.root is not None and sim.cluster is not None      # its nodes are up (sim.start_nodes())
+    from ..recorder.feed import new_demo_recording
+    recording = new_demo_recording()
     os.environ[paths.STATE_ENV] = str(sim.root / "state")
-    app = SparkConsoleApp(sim.cluster, serving_factory=staged, record=True)
+    app = SparkConsoleApp(sim.cluster, serving_factory=staged, record=True, recording=str(recording))
     tasks.append(asyncio.create_task(_bring_up(sim, args, _Notes(app).say, _nodes_shown(app))))
     return app
 

@@ -58,14 +58,18 @@ async def run(args: argparse.Namespace) -> int:
                     print(f"{s.node}: " + (f"ERROR {s.error}" if s.error else
                                            f"{s.id[:19]}  {images.size_text(s.size)}" if s.id else "missing"))
                 return 1 if bad else 0
+            bad = 0
             for node, rows in (await images.list_images(ts)).items():
                 if isinstance(rows, str):
+                    # a node whose docker cannot be reached: its row says why, and the exit status says so too,
+                    # as with an IMAGE (and `model list`)
+                    bad += 1
                     print(f"{node}: ERROR {rows}")
                     continue
                 print(node)
                 for ref, ident, size in rows:
                     print(f"  {ref:<56} {ident:<14} {size}")
-            return 0
+            return 1 if bad else 0
         if action == "pull":
             confirm(args, f"copy image {args.image} to {', '.join(n.name for n in nodes)}?")
             report = await images.pull(args.image, ts, source=args.source, on_progress=Printer())
@@ -75,8 +79,10 @@ async def run(args: argparse.Namespace) -> int:
                 print(f"{node}: already has it")
             return 0
         confirm(args, f"remove image {args.image} from {', '.join(n.name for n in nodes)}?")
+        failed = 0
         for node, what in (await images.remove(args.image, ts)).items():
+            failed += what not in ("removed", "absent")
             print(f"{node}: {what}")
-        return 0
+        return 1 if failed else 0
     finally:
         await close_all(ts)

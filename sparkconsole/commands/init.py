@@ -68,10 +68,12 @@ def source_cluster(args: argparse.Namespace) -> tuple[ClusterConfig, str]:
         cluster = ClusterConfig(nodes=tuple(nodes), endpoints=default_endpoints(nodes),
                                 ssh=SshPolicy(known_hosts=known), source=str(cfg_path))
         return cluster, f"hosts {', '.join(args.hosts)} of {cfg_path}"
-    from ..dotenv_cluster import checkout_env, cluster_from_dotenv
+    from ..dotenv_cluster import checkout_env, checkout_gap, cluster_from_dotenv
     env = checkout_env(Path.cwd())
     if env is None:
-        raise UserError("nothing to write the cluster file from: no spark-vllm-docker checkout with a .env here",
+        gap = checkout_gap(Path.cwd())
+        raise UserError("nothing to write the cluster file from: "
+                        + (gap if gap else "no spark-vllm-docker checkout (.env beside launch-cluster.sh) here"),
                         fix="run it in your spark-vllm-docker checkout, or name your nodes: "
                             "sparkconsole init --from-ssh-config spark1 spark2")
     got = cluster_from_dotenv(env, ssh_config)
@@ -138,6 +140,8 @@ def render(cluster: ClusterConfig, made_from: str) -> str:
                 d[k] = getattr(n, k)
         if n.vllm_env:
             d["vllm_env"] = dict(n.vllm_env)
+        if n.hf_home:
+            d["hf_home"] = n.hf_home
         nodes.append(d)
     data: dict[str, Any] = {"nodes": nodes}
     if cluster.ssh.known_hosts:

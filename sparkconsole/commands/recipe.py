@@ -104,7 +104,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp.add_argument("--eth-if", help="interface linking the nodes (NCCL/GLOO/UCX)")
         sp.add_argument("--ib-if", help="RDMA device for NCCL_IB_HCA")
         sp.add_argument("--master-port", type=int)
-        sp.add_argument("--drop-caches", action="store_true", help="drop the page cache before the load (seed 004)")
+        sp.add_argument("--drop-caches", action="store_true", help="drop the page cache before the load, so it sees the memory really free")
         sp.add_argument("--apply-mod", action="append", default=[], dest="apply_mods", metavar="PATH",
                         help="a mod (directory or .zip holding run.sh) applied after the recipe's own (repeat)")
         sp.add_argument("--non-privileged", action="store_true",
@@ -117,6 +117,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "outside the recipe's checkout)")
         sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
         sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
+        if name in ("lint", "launch"):
+            sp.add_argument("--explain", action="store_true",
+                            help="print each finding's evidence (published runs, public threads) under it")
+        if name == "lint":
+            sp.add_argument("--demo", action="store_true",
+                            help="judge against the demo's two simulated GB10 nodes (SIMULATED), as `sparkconsole "
+                                 "demo` starts them: spark1 hardened, spark2 an untouched install")
         sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
         if name == "launch":
             sp.add_argument("--pack", action="store_true",
@@ -134,6 +141,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
+    demo: ClusterConfig | None = getattr(args, "demo_cluster", None)
+    if demo is not None:
+        return demo
     from ..clusterfile import cluster_for
     return cluster_for(args)
 
@@ -193,7 +203,7 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
                 print(line)
             findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
             for f in findings:
-                print(f.line())
+                print(f.line(explain=args.explain))
             blocking = lint_mod.refusals(findings, force=args.force)
             if action == "lint":
                 print(f"preflight: {len(findings)} finding(s), {len(lint_mod.refusals(findings))} refusing")
@@ -304,7 +314,26 @@ def run(args: argparse.Namespace) -> int | Coroutine[Any, Any, int]:
     if args.recipe_command == "registry":
         from .registry import run as run_registry
         return run_registry(args)
+    if getattr(args, "demo", False):
+        return _on_the_demo(args)
     return _main(args)
+
+
+async def _on_the_demo(args: argparse.Namespace) -> int:
+    """`recipe lint --demo`: the demo's simulated nodes started (no model served), judged as live nodes are, then
+    stopped. Everything it says is about SIMULATED nodes."""
+    from ..sim.cluster import SimCluster
+    if args.offline:
+        raise UserError("--demo reads the simulated nodes", field="--offline", fix="give one of --demo, --offline")
+    sim = SimCluster()
+    try:
+        await sim.start_nodes()
+        print("SIMULATED: the demo's nodes (spark1 hardened, spark2 an untouched install), no model served",
+              file=sys.stderr, flush=True)
+        args.demo_cluster = sim.cluster
+        return await _main(args)
+    finally:
+        await sim.stop()
 
 
 async def _main(args: argparse.Namespace) -> int:
@@ -364,7 +393,7 @@ async def _main(args: argparse.Namespace) -> int:
             print(line)
         findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)
         for f in findings:
-            print(f.line())
+            print(f.line(explain=args.explain))
         n = len(lint_mod.refusals(findings, force=args.force))
         print(f"preflight: {len(findings)} finding(s), {n} refusing")
         return 1 if n else 0

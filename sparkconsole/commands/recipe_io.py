@@ -101,11 +101,15 @@ async def gather_facts(plan: Plan, cluster: ClusterConfig, recipe: Recipe,
     # The model as each node's Hugging Face cache has it (the memory fit), and whether every node has it at all.
     info, missing = None, []
     source = lint_mod.plan_model(plan)
+    if cluster.simulated:
+        source = None           # a simulated node serves any model: its weights are nowhere to look for
     for name in plan.nodes:
         mon = monitor.nodes.get(name)
         if mon is None or mon.transport is None or not source:
             continue
-        got, absent = await read_node(mon.transport, source, getattr(recipe, "model_revision", None))
+        # the node's own environment in front (hf_home: where its cache is)
+        got, absent = await read_node(mon.transport, source, getattr(recipe, "model_revision", None),
+                                      env=mon.config.env)
         if absent:
             missing.append(name)
         elif info is None:

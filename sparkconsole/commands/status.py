@@ -53,6 +53,7 @@ def node_record(nm: NodeMonitor) -> dict[str, Any]:
     t = nm.last
     guards = evaluate_guards(t.guards if t else None, t.mem if t else None, nm.containers, nm.config.container) \
         if t else []
+    from .. import severity
     return {
         "name": nm.name, "address": nm.config.address, "local": nm.config.local,
         "state": nm.state.value if nm.last is not None or nm.state == NodeState.DOWN else NodeState.DOWN.value,
@@ -65,7 +66,9 @@ def node_record(nm: NodeMonitor) -> dict[str, Any]:
             "pressure": asdict(t.pressure) if t.pressure else None, "guards_in": asdict(t.guards) if t.guards else None,
             "gpu_procs": asdict(t.gpu_procs) if t.gpu_procs else None, "errors": list(t.errors)},
         "containers": [asdict(c) for c in nm.containers],
-        "guards": [asdict(g) for g in guards],
+        # each guard with the severity every view draws (severity.py) and the fix every view says
+        "guards": [{**asdict(g), "severity": severity.of_guard(g).name, "fix": severity.guard_fix(g)}
+                   for g in guards],
         # what each running container measurably holds: its processes' GPU memory (NVML) + its cgroup's usage;
         # a part not measured is null, with the reason
         "workloads": {} if t is None else {
@@ -83,6 +86,7 @@ def _fmt(v: float | None, unit: str = "", nd: int = 0) -> str:
 
 
 def render_table(records: list[dict[str, Any]]) -> str:
+    from .. import severity
     from ..nodes.samples import REASON_WORDS, NodeState
 
     head = ("NODE", "STATE", "GPU", "TEMP °C", "POWER W", "SM MHz", "UTIL", "REASONS", "HOST MEM", "GUARDS")
@@ -106,9 +110,10 @@ def render_table(records: list[dict[str, Any]]) -> str:
             host_mem = f"{_fmt((mem.get('available_kb') or 0) / 1048576, nd=1)}/{_fmt(mem['total_kb'] / 1048576, nd=1)} GiB free"
             if g.get("unified"):
                 host_mem += " (unified)"
-        bad = [x for x in r["guards"] if x["status"] in ("bad", "warn")]
+        bad = [x for x in r["guards"] if severity.named(x["severity"]).rank >= severity.WARN.rank]
         guards = "—" if not r["guards"] else ("ok" if not bad else
-                                             ", ".join(f"{x['key']}:{x['status']}" for x in bad))
+                                             ", ".join(f"{severity.named(x['severity']).mark} {x['key']}"
+                                                       for x in bad))
         rows.append((r["name"], r["state"], gpu, temp, power, clock, _fmt(g.get("util_pct"), "%"), reasons,
                      host_mem, guards))
         if r["error"] and r["state"] != NodeState.LIVE.value:
@@ -124,7 +129,8 @@ def render_table(records: list[dict[str, Any]]) -> str:
         for name, w in (r.get("workloads") or {}).items():
             notes.append(f"{r['name']}: workload {name}: " + workload_words(w))
         for x in bad:
-            notes.append(f"{r['name']}: {x['title']} — {x['status']}: {x['reason']}" +
+            sev = severity.named(x["severity"])
+            notes.append(f"{r['name']}: {sev.mark} {x['title']} — {sev.says}: {x['reason']}" +
                          (f"\n    fix: {x['fix']}" if x["fix"] else ""))
     widths = [max(len(str(c)) for c in col) for col in zip(head, *rows, strict=False)]
     lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=False)).rstrip() for row in (head, *rows)]

@@ -6,16 +6,18 @@ As the runner:
   narrower set: `--cap-add IPC_LOCK --device /dev/infiniband`, a shm size and a pids limit;
 - `--ulimit nofile=N:N` (1048576) and `-e NCCL_IGNORE_CPU_AFFINITY=1`;
 - the node's Hugging Face cache (`${HF_HOME:-$HOME/.cache/huggingface}`, where `model pull` writes and preflight
-  looks) at /root/.cache/huggingface, and the compile caches (vLLM, FlashInfer, Triton, TileLang) unless
+  looks) at /root/.cache/huggingface, and the compile caches (vLLM, FlashInfer, Triton, TileLang, B12X) unless
   `--no-cache-dirs`, each made first on the node;
-- mods copied in and run before vLLM starts (launch/mods.py), then a v2 recipe's pre_exec commands (and copies);
+- mods copied in and run before vLLM starts (launch/mods.py), without the recipe's own env, then a v2 recipe's
+  pre_exec commands (and copies);
 - a v2 recipe's executor_config (recipes/executor.py): its capabilities, devices, security options, ulimits,
   user and entrypoint; its HF cache where sparkrun mounts it (/cache/huggingface, HF_HOME set there).
 Deliberately different: a memory cap always (`--memory` = `--memory-swap`), so a runaway of the container's CPU side
 is an OOM-kill of the container and not a frozen Spark — the cap does not hold GPU memory, which a GB10 does not
 charge to the container's cgroup (docs/RECIPES_PARITY.md, memory-cap); no `--rm`, so a dead server's log can still
-be read; behind LiteLLM (2x-solo), the drain gate's file mount, its flag's tmpfs and command wrapper (launch/gate.py), passed in by the
-planner.
+be read; no `--restart` policy (docs/RECIPES_PARITY.md: an OOM-killed server would come back for the same memory);
+behind LiteLLM (2x-solo), the drain gate's file mount, its flag's tmpfs and command wrapper (launch/gate.py), passed
+in by the planner.
 """
 
 from __future__ import annotations
@@ -32,7 +34,9 @@ from .steps import NodeExpr, Step, launch_labels
 HF_CACHE = '"${HF_HOME:-$HOME/.cache/huggingface}"'
 HF_CACHE_TARGET = "/root/.cache/huggingface"      # where spark-vllm-docker mounts it (and HF looks by default)
 COMPILE_CACHES = (('"$HOME"/.cache/vllm', "/root/.cache/vllm"), ('"$HOME"/.cache/flashinfer', "/root/.cache/flashinfer"),
-                  ('"$HOME"/.triton', "/root/.triton"), ('"$HOME"/.tilelang', "/root/.tilelang"))
+                  ('"$HOME"/.triton', "/root/.triton"), ('"$HOME"/.tilelang', "/root/.tilelang"),
+                  # the B12X image family's CuTeDSL kernels: without it they compile again on every launch
+                  ('"$HOME"/.cache/b12x', "/root/.cache/b12x"))
 # Always first, as the runner's DOCKER_ARGS: NCCL must not pin its threads to the cores the container was given.
 BASE_ENV = (("NCCL_IGNORE_CPU_AFFINITY", "1"),)
 NON_PRIVILEGED_SHM = "64g"          # launch-cluster.sh --shm-size-gb default
@@ -92,7 +96,7 @@ class ContainerSpec:
         and a stopped leftover of the same name removed."""
         steps = []
         if drop_caches:
-            steps.append(Step(node.name, "drop the page cache before the model load (seed 004)",
+            steps.append(Step(node.name, "drop the page cache before the model load (an OOM guard)",
                               ("sh", "-c", 'sync; if [ "$(id -u)" = 0 ]; then echo 3 > /proc/sys/vm/drop_caches; '
                                            'else sudo -n sh -c "echo 3 > /proc/sys/vm/drop_caches"; fi')))
         steps.append(Step(node.name, "make the node's model and compile cache directories (mounted below)",
@@ -165,8 +169,11 @@ class ContainerSpec:
         memory = ROUTER_MEMORY["vllm-router" if router == "vllm-router" else "litellm"]
         return service_argv(name, labels, image, command, memory=memory, volumes=volumes, env=env, secrets=secrets)
 
-    def after_start(self, node: NodeConfig, name: str) -> list[Step]:
-        return [*mod_steps(node.name, name, self.mods),
+    def after_start(self, node: NodeConfig, name: str, env: Sequence[tuple[str, str]] = ()) -> list[Step]:
+        """The mods, run without the recipe's own `env:` (the runners export it after the mods); a name the
+        topology or the node also sets (`env`, as the runner's `-e`) stays. Then a v2 recipe's pre_exec."""
+        kept = {k for k, _ in (*BASE_ENV, *env, *node.vllm_env)}
+        return [*mod_steps(node.name, name, self.mods, [k for k in self.recipe.env if k not in kept]),
                 *pre_exec_steps(node.name, name, self.pre_exec, self.recipe.source)]
 
     def release(self, node: NodeConfig, name: str) -> list[Step]:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import severity
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
 from ..nodes.samples import Tick
@@ -35,18 +36,27 @@ from .steps import Plan
 GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = lint_memory.GB10_MEMTOTAL_GIB
 
+# Each rule's section, which a user can open (a heading per rule name: GitHub's anchor is the name itself).
+PREFLIGHT_DOC = "docs/PREFLIGHT.md"
+# Published material a user can find by its title or number (the evidence `recipe lint --explain` prints).
+SRC_DEEPSEEK = "the published run 'Two-Node DGX Spark Cluster: Running DeepSeek V4 Flash'"
 SRC_MXFP4 = ("eugr/spark-vllm-docker recipes/openai-gpt-oss-120b.yaml: --mxfp4-layers moe,qkv,o,lm_head is "
              "solo_only (\"Only solo now\")")
-SRC_MDNS = "seed 000/002: mDNS (.local) names caused hard crashes at c64 and do not resolve inside containers"
-SRC_LEAST_BUSY = ("seed 000: least-busy over identical backends oscillates and starves one backend "
-                  "(c64 decode 338 t/s vs 568 t/s with simple-shuffle)")
-SRC_COMPROMISED = "seed 001: LiteLLM 1.82.7 and 1.82.8 were compromised releases (supply-chain attack)"
-SRC_GUARDS = ("seed 004: an OOM on unified memory freezes the whole host; swap off, overcommit 0, "
+SRC_MDNS = ("the published two-Spark topology runs ('Solo vs Cluster: Where Two Sparks Beat One', 'GPT-OSS-120B: "
+            "Topology Benchmark on DGX Spark'): mDNS (.local) names crashed runs at c64, and they do not resolve "
+            "inside containers")
+SRC_LEAST_BUSY = ("'Solo vs Cluster: Where Two Sparks Beat One': least-busy over identical backends oscillates "
+                  "and starves one backend (c64 decode 338 t/s vs 568 t/s with simple-shuffle)")
+SRC_COMPROMISED = ("LiteLLM 1.82.7 and 1.82.8 were compromised releases (a supply-chain attack through LiteLLM's "
+                   "CI, disclosed by LiteLLM)")
+SRC_GUARDS = ("an OOM on a GB10's unified memory freezes the whole host (NVIDIA/open-gpu-kernel-modules#1358; "
+              f"{SRC_DEEPSEEK}); the mitigations published with it: swap off, overcommit 0, "
               "container cap, min_free_kbytes 1.5 GiB, drop caches before the load (the cap holds the container's "
               "CPU side only: CUDA memory is not charged to it on a GB10, graphistry/pygraphistry PR 1671, "
               "Blackwellboy/model-serving-minefield issue 57)")
 SRC_IMAGE = "eugr/spark-vllm-docker launch-cluster.sh: verify_cluster_image_consistency (same image ID on every node)"
-SRC_MEMORY = "gb10-facts.md: MemTotal ~121.7 GiB, an OOM wedges the host; seed 004: ~75 GiB loaded per node"
+SRC_MEMORY = ("a GB10 reports MemTotal ~121.7 GiB (leptonai/gpud#1170, Syllo/nvtop#449) and an OOM wedges it "
+              f"(NVIDIA/open-gpu-kernel-modules#1358); {SRC_DEEPSEEK}: ~75 GiB loaded per node")
 SRC_TP = "a GB10 node has one GPU: tensor × pipeline parallel must equal the number of nodes"
 
 
@@ -61,14 +71,21 @@ class Finding:
 
     @property
     def refuses(self) -> bool:
-        return self.severity in ("refuse", "block")
+        return severity.of_finding(self).refuses
 
-    def line(self) -> str:
+    def line(self, *, explain: bool = False) -> str:
+        """One line: severity, rule, node, message, fix, and the page that says why (docs/PREFLIGHT.md, one
+        section per rule). `explain`: the evidence under it (published runs and public threads, by name)."""
         where = f"[{self.node}] " if self.node else ""
         text = f"{self.severity.upper()} {self.rule}: {where}{self.message}"
         if self.fix:
             text += f" — fix: {self.fix}"
-        return text + f" (source: {self.source})"
+        text += f" (why: {self.why})"
+        return text + (f"\n    evidence: {self.source}" if explain and self.source else "")
+
+    @property
+    def why(self) -> str:
+        return f"{PREFLIGHT_DOC}#{self.rule}"
 
 
 @dataclass(frozen=True)
@@ -125,7 +142,8 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
     if facts is not None and not isinstance(facts, Facts):
         facts = facts_from_monitors(facts)
     facts = facts or Facts()
-    findings: list[Finding] = [Finding("recipe", "warn", w, "recipe loader") for w in recipe.warnings]
+    # the reader's and the planner's own words: no evidence beyond the line itself
+    findings: list[Finding] = [Finding("recipe", "warn", w, "") for w in recipe.warnings]
     findings += _compromised(recipe)
     if plan is None:
         cluster = ClusterConfig(nodes=tuple(nodes), endpoints=(), source="<preflight>")
@@ -135,7 +153,7 @@ def preflight(recipe: Recipe, topology: str, nodes: Sequence[NodeConfig],
         except UserError as err:
             if any(f.rule == "router_compromised" for f in findings):
                 return findings          # the plan refused for the same reason
-            return [*findings, Finding("plan", "refuse", str(err), "plan")]
+            return [*findings, Finding("plan", "refuse", str(err), "")]
     used = [n for n in nodes if n.name in plan.nodes]
     for rule in (_gpu_mem, _custom_ops, _cluster_eager, _mxfp4_lm_head, _tp_nodes, _mdns, _router, _guards,
                  _images, _memory, _model_missing, _metrics_off, container_options, _budget):
@@ -217,20 +235,21 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
     if not runtime.claim_fraction:
         return []
     cap_text = recipe.container_settings.memory if recipe.container_settings.gpus is not None else None
-    claims: dict[str, list[float]] = {}
+    claims: dict[str, list[lint_memory.Claim]] = {}
     ours: dict[str, set[str]] = {}
     for key, argv in plan.server_args.items():
         svc = plan.service(key)
         ours.setdefault(svc.node, set()).add(svc.container)
-        v = flag_value(argv, *runtime.claim_fraction)
-        try:
-            frac = float(v) if v is not None else None
-        except ValueError:
-            frac = None
-        if frac is not None and facts.unified.get(svc.node, True):
-            claims.setdefault(svc.node, []).append(frac)
+        if not facts.unified.get(svc.node, True):
+            continue
+        total_kb = getattr(facts.mem.get(svc.node), "total_kb", None)
+        # the runtime's fraction of the total, or vLLM's --gpu-memory-utilization-gb: GiB, which wins over it
+        claim = lint_memory.claim_of(argv, total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB,
+                                     fraction_flags=runtime.claim_fraction, gib_flags=runtime.claim_gib)
+        if claim is not None:
+            claims.setdefault(svc.node, []).append(claim)
     out = []
-    for node, fracs in claims.items():
+    for node, cs in claims.items():
         total_kb = getattr(facts.mem.get(node), "total_kb", None)
         total = total_kb / 1048576 if total_kb else GB10_MEMTOTAL_GIB
         tick = facts.ticks.get(node)
@@ -241,7 +260,7 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
             budget = offline_budget(node, int(total * GIB), headroom_floor_gib=facts.headroom_floor_gib,
                                     reason="what runs on the node was not read" if total_kb else
                                     "the node was not read: a GB10 assumed, nothing held")
-        got = lint_memory.judge(fracs, total, budget, cap_text, bool(total_kb))
+        got = lint_memory.judge(cs, total, budget, cap_text, bool(total_kb))
         if got:
             message, fix = got[1], got[2]
             if runtime.name == SGLANG:   # the same claim, in SGLang's words
@@ -252,15 +271,52 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
 
 
 def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
+    """A warning, not a refusal: the upstream recipe keeps lm_head in MXFP4 for solo only ("Only solo now"), which
+    says it was not made to work with TP > 1, not that it freezes a node. A recipe whose author set TP 2 on purpose
+    is theirs to run."""
     if plan.runtime != VLLM:
         return []
     out = []
     for node, argv in _servers(plan):
         layers = flag_value(argv, "--mxfp4-layers") or ""
         if "lm_head" in [x.strip() for x in layers.split(",")] and _tp(argv) > 1:
-            out.append(Finding("mxfp4_lm_head_tp", "refuse", f"MXFP4 lm_head with tensor parallel {_tp(argv)}",
+            out.append(Finding("mxfp4_lm_head_tp", "warn",
+                               f"MXFP4 lm_head with tensor parallel {_tp(argv)}: the upstream recipe runs it on one "
+                               "node only; with TP > 1 it may fail to load or give wrong output (not a known freeze)",
                                SRC_MXFP4, "drop lm_head from --mxfp4-layers (e.g. moe,qkv,o) for TP>1", node))
     return _dedupe(out)
+
+
+
+
+def _parallel_fix(recipe: Recipe, plan: Plan, runtime: Runtime, tp: int, pp: int, want: int) -> str:
+    """A fix that changes the plan: `--set KEY=N` only for the size that is wrong and only where the recipe's
+    command takes it from that placeholder; else where the size really comes from (a number written in the
+    command, or the arguments after --), in the runtime's own flags."""
+    if (plan.topology != "cluster-tp2" and tp * pp == len(plan.nodes) and "cluster-tp2" in recipe.topologies
+            and not recipe.solo_only):
+        # a recipe written for parallelism over the nodes, asked for one-node servers: the topology is wrong
+        return "use --topology cluster-tp2 (the recipe's parallelism spans the nodes)"
+    target = {"tensor_parallel": want // pp, "pipeline_parallel": pp} if want % pp == 0 else \
+        {"tensor_parallel": want, "pipeline_parallel": 1}
+    have = {"tensor_parallel": tp, "pipeline_parallel": pp}
+    flags = {"tensor_parallel": runtime.tp, "pipeline_parallel": runtime.pp}
+    fixes = []
+    for key, value in target.items():
+        if have[key] == value or not flags[key]:
+            continue
+        flag = flags[key][0]
+        command = recipe.command or ""
+        from_placeholder = "{" + key + "}" in command and str(have[key]) == str(plan.params.get(key, 1))
+        written = re.search(rf"(^|\s)({'|'.join(map(re.escape, flags[key]))})(\s+|=)\d", command)
+        if from_placeholder:
+            fixes.append(f"--set {key}={value}")
+        elif written and "{" + key + "}" not in command:
+            fixes.append(f"the recipe's command writes {flag} {have[key]} itself, which --set cannot change: "
+                         f"write {{{key}}} there instead of the number")
+        else:       # the arguments after -- come last and win
+            fixes.append(f"the arguments after -- give {flag} {have[key]}: drop it, or give {value}")
+    return "; ".join(fixes)
 
 
 def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
@@ -272,7 +328,8 @@ def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts)
         if tp * pp != want:
             out.append(Finding("parallel_size", "refuse",
                                f"tensor parallel {tp} × pipeline parallel {pp} ≠ {want} GPU(s) for "
-                               f"{plan.topology}", SRC_TP, f"--set tensor_parallel={want}", plan.service(key).node))
+                               f"{plan.topology}", SRC_TP, _parallel_fix(recipe, plan, runtime, tp, pp, want),
+                               plan.service(key).node))
     return _dedupe(out)
 
 
@@ -328,24 +385,16 @@ def _guards(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                                    SRC_GUARDS, None, n.name))
             continue
         for g in results:
-            key, status = getattr(g, "key", ""), getattr(g, "status", "unknown")
+            key = getattr(g, "key", "")
             text = f"{getattr(g, 'title', key)}: {getattr(g, 'reason', '')}".strip()
-            if key == "container_cap":
-                # Before a launch the container does not exist yet: the plan's own --memory is what counts.
+            if key == "container_cap" or (key == "page_cache" and drops_cache):
+                # Before a launch the container does not exist yet: the plan's own --memory is what counts. A plan
+                # that drops the page cache before the load fixes that guard itself.
                 continue
-            if key == "page_cache":
-                if status != "ok" and not drops_cache:
-                    out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, "add --drop-caches", n.name))
-                continue
-            if key == "earlyoom":
-                # a backstop, not a setting a launch can freeze without: said with its fix, never refusing
-                if status == "warn":
-                    out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
-                continue
-            if status in ("bad", "warn"):
-                out.append(Finding("oom_guards", "refuse", text, SRC_GUARDS, getattr(g, "fix", None), n.name))
-            elif status == "unknown":
-                out.append(Finding("oom_guards", "warn", text, SRC_GUARDS, None, n.name))
+            # The guard's own severity, as the dashboard and `status` draw it (severity.py): one judgement.
+            sev = severity.preflight_of_guard(g)
+            if sev is not None:
+                out.append(Finding("oom_guards", sev, text, SRC_GUARDS, severity.guard_fix(g), n.name))
         mem = facts.mem.get(n.name)
         cap = lint_memory.size_gib(recipe.container_settings.memory)
         total = getattr(mem, "total_kb", None)

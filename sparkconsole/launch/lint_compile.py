@@ -19,15 +19,17 @@ if TYPE_CHECKING:
     from .lint import Facts, Finding
     from .steps import Plan
 
-SRC_CUSTOM_OPS = ("seed 004: custom_ops [\"all\"] made TileLang/nvcc compile fusion kernels during the load, "
-                  "exhausting RAM and freezing both nodes; usable only with the compiled kernels cached on a "
-                  "persistent volume")
-SRC_EAGER = ("seed 004: the TP=2 lockup when CUDA graphs were enabled was custom_ops [\"all\"] compiling during "
-             "the load (refused by custom_ops_all); PIECEWISE graphs then ran safely; seed 000/002 ran the cluster "
-             "with --enforce-eager")
-# Container paths of the compile caches the runner mounts from the node (vLLM's torch.compile cache, TileLang's
-# kernels: seed 004's compiler): both must persist for custom_ops ["all"] to skip compiling during the load.
-COMPILE_CACHES = (".cache/vllm", ".tilelang")
+SRC_CUSTOM_OPS = ("the published run 'Two-Node DGX Spark Cluster: Running DeepSeek V4 Flash': custom_ops "
+                  "[\"all\"] made TileLang/nvcc compile fusion kernels during the load, exhausting RAM and freezing "
+                  "both nodes; usable only with the compiled kernels cached on a persistent volume")
+SRC_EAGER = ("the same published run: its TP=2 lockup when CUDA graphs were enabled was custom_ops [\"all\"] "
+             "compiling during the load (refused by custom_ops_all), and PIECEWISE graphs then ran safely; 'Solo vs "
+             "Cluster: Where Two Sparks Beat One' and 'GPT-OSS-120B: Topology Benchmark on DGX Spark' ran the "
+             "cluster with --enforce-eager")
+# Container paths of the compile caches mounted from the node (vLLM's torch.compile cache, TileLang's kernels: the
+# compiler of the published freeze; the B12X image family's CuTeDSL kernels): all must persist for custom_ops
+# ["all"] to skip compiling during the load.
+COMPILE_CACHES = (".cache/vllm", ".tilelang", ".cache/b12x")
 
 
 def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
@@ -84,7 +86,7 @@ def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
             out.append(lint.Finding("cluster_cudagraphs", "warn",
                                     "cluster launch with full CUDA graphs"
                                     + (f" (cudagraph_mode {mode})" if mode else " (vLLM's default mode)")
-                                    + ": PIECEWISE is the mode seed 004 ran safely across nodes", SRC_EAGER,
+                                    + ": PIECEWISE is the mode a published two-node run ran safely", SRC_EAGER,
                                     "--compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}' (or --enforce-eager)",
                                     node))
     return lint._dedupe(out)

@@ -26,7 +26,8 @@ if TYPE_CHECKING:
 
 SRC_SOCKET = "Docker's own docs: access to the Docker socket is root on the host"
 SRC_CAPS = "docker run reference: SYS_ADMIN / ALL grant what --privileged grants; seccomp and AppArmor confine it"
-SRC_SHM = "gb10-facts.md: shared memory is the node's unified RAM; the container's memory cap does not bound it"
+SRC_SHM = ("a GB10's shared memory is the node's unified RAM (leptonai/gpud#1170); the container's memory cap does not "
+           "bound it")
 SRC_RDMA = "eugr/spark-vllm-docker launch-cluster.sh: --privileged, or IPC_LOCK and /dev/infiniband, for NCCL over RDMA"
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from ..placement.budget import GIB as GIB_B
@@ -39,10 +40,11 @@ GUARD_KEYS = ("swap", "overcommit", "min_free")     # nodes/guard.py keys
 
 CAP_CONTAINS = ("the container's memory cap holds vLLM's CPU side (Python, compile workers, host buffers), not "
                 "its GPU claim: CUDA memory is not charged to the container's cgroup on a GB10")
-SRC_BUDGET = ("gb10-facts.md: a GB10's GPU memory is the host's ~121.7 GiB MemTotal, an OOM freezes the host; "
-              "graphistry/pygraphistry PR 1671: a container reached 8 GB under a 4 GB docker --memory cap; "
-              "Blackwellboy/model-serving-minefield issue 57: 12 GiB of CUDA memory in a MemoryMax=8G scope moved "
-              "memory.current 5.7 → 409 MB, no OOM kill; seed 004: 0.78 ran stable, 0.82 hit OOM")
+SRC_BUDGET = ("a GB10's GPU memory is the host's ~121.7 GiB MemTotal (leptonai/gpud#1170) and an OOM freezes the host "
+              "(NVIDIA/open-gpu-kernel-modules#1358); graphistry/pygraphistry PR 1671: a container reached 8 GB under "
+              "a 4 GB docker --memory cap; Blackwellboy/model-serving-minefield issue 57: 12 GiB of CUDA memory in a "
+              "MemoryMax=8G scope moved memory.current 5.7 → 409 MB, no OOM kill; the published run 'Two-Node DGX "
+              "Spark Cluster: Running DeepSeek V4 Flash': 0.78 ran stable, 0.82 hit OOM")
 
 
 def size_gib(size: str | None) -> float | None:
@@ -72,6 +74,53 @@ def _fraction(value: float) -> str:
     return f"{max(math.floor(value * 100) / 100, 0.0):.2f}"
 
 
+@dataclass(frozen=True)
+class Claim:
+    """What one server claims of the node's memory, as its command says it: a fraction of the GPU's total
+    (`--gpu-memory-utilization`), or a size in GiB (`--gpu-memory-utilization-gb`, newer vLLM: an exact GiB
+    target, which wins over a fraction)."""
+    gib: float
+    fraction: float | None      # None: given in GiB
+
+
+GB_FLAG = "--gpu-memory-utilization-gb"
+
+
+def claim_of(argv: Sequence[str], total_gib: float, *, default: float | None = None,
+             fraction_flags: Sequence[str] = ("--gpu-memory-utilization",),
+             gib_flags: Sequence[str] = (GB_FLAG,)) -> Claim | None:
+    """The server's claim from its argv, in its runtime's flags; `default`: the fraction it takes when neither flag
+    is given (None: no claim judged)."""
+    from .argv import flag_value
+    gb = flag_value(argv, *gib_flags) if gib_flags else None
+    if gb is not None:
+        try:
+            gib = float(gb)
+        except ValueError:
+            gib = -1.0
+        if gib > 0:
+            return Claim(gib, None)
+    raw = flag_value(argv, *fraction_flags) if fraction_flags else None
+    try:
+        frac = float(raw) if raw is not None else default
+    except ValueError:
+        frac = default
+    return None if frac is None else Claim(frac * total_gib, frac)
+
+
+def claim_words(claims: Sequence[Claim], total_gib: float, total_known: bool = True) -> str:
+    """How a message says the claims: the fractions × the total (as before), or the GiB each asks for."""
+    total = sum(c.gib for c in claims)
+    many = f" for {len(claims)} servers" if len(claims) > 1 else ""
+    if all(c.fraction is not None for c in claims):
+        each = " + ".join(f"{c.fraction:g}" for c in claims)
+        return (f"gpu_memory_utilization {each} × {total_gib:.1f} GiB{'' if total_known else ' (a GB10)'} = "
+                f"{total:.1f} GiB{many}")
+    each = " + ".join(f"{GB_FLAG} {c.gib:g}" if c.fraction is None else
+                      f"gpu_memory_utilization {c.fraction:g} × {total_gib:.1f} GiB" for c in claims)
+    return f"{each} = {total:.1f} GiB{many}"
+
+
 def _g(b: float) -> str:
     return f"{b / GIB_B:.1f}"
 
@@ -92,19 +141,21 @@ def _budget_words(b: NodeBudget, total_gib: float) -> str:
     return text
 
 
-def judge(fracs: Sequence[float], total_gib: float, budget: NodeBudget, cap_text: str | None,
+def judge(claims: Sequence[float | Claim], total_gib: float, budget: NodeBudget, cap_text: str | None,
           total_known: bool) -> tuple[str, str, str] | None:
-    """(severity, message, fix) for the claims the plan puts on one node, or None when they fit."""
-    claim_b = sum(fracs) * total_gib * GIB_B
+    """(severity, message, fix) for the claims the plan puts on one node (Claims, or gpu_memory_utilization
+    fractions), or None when they fit."""
+    cs = [c if isinstance(c, Claim) else Claim(c * total_gib, c) for c in claims]
+    claim_b = sum(c.gib for c in cs) * GIB_B
     free = budget.free_b if budget.free_b is not None else 0
-    each = " + ".join(f"{f:g}" for f in fracs)
-    of = (f"gpu_memory_utilization {each} × {total_gib:.1f} GiB{'' if total_known else ' (a GB10)'} = "
-          f"{_g(claim_b)} GiB" + (f" for {len(fracs)} servers" if len(fracs) > 1 else ""))
+    of = claim_words(cs, total_gib, total_known)
     where = f"the node's budget of {_g(free)} GiB ({_budget_words(budget, total_gib)})"
     cap = (f"; the container's {cap_text} cap would not stop it (it holds vLLM's CPU side, not CUDA memory)"
            if cap_text else "")
-    best = (free - CPU_SIDE_GIB * GIB_B) / len(fracs) / (total_gib * GIB_B)
-    fix = f"--set gpu_memory_utilization={_fraction(min(best, SEED_STABLE_FRACTION))}"
+    best = (free - CPU_SIDE_GIB * GIB_B) / len(cs) / (total_gib * GIB_B)
+    safe = min(best, SEED_STABLE_FRACTION)
+    fix = (f"--set gpu_memory_utilization={_fraction(safe)}" if all(c.fraction is not None for c in cs) else
+           f"{GB_FLAG} {max(math.floor(safe * total_gib), 0)}")
     if any((w.total_b or 0) > 0 for w in budget.held):
         fix += ", or stop what holds the memory"
     if claim_b > free:
@@ -114,10 +165,10 @@ def judge(fracs: Sequence[float], total_gib: float, budget: NodeBudget, cap_text
     if claim_b + CPU_SIDE_GIB * GIB_B > free:
         said.append(f"with vLLM's own CPU side (~{CPU_SIDE_GIB:g} GiB) it is {_g(claim_b + CPU_SIDE_GIB * GIB_B)} "
                     f"GiB, over {where}")
-    high = [f for f in fracs if f > SEED_STABLE_FRACTION]
+    high = [c for c in cs if c.gib > SEED_STABLE_FRACTION * total_gib + 1e-9]
     if high:
-        said.append(f"above {SEED_STABLE_FRACTION}, where seed 004 saw OOM on its nodes (0.82 with an MTP drafter; "
-                    "0.78 ran stable)")
+        said.append(f"above {SEED_STABLE_FRACTION} of the memory, where a published two-node run saw OOM on its "
+                    "nodes (0.82 with an MTP drafter; 0.78 ran stable)")
     if said:
         room = "" if claim_b + CPU_SIDE_GIB * GIB_B > free else f"; the budget has room ({_g(free)} GiB)"
         return "warn", f"{of}: " + "; ".join(said) + room + cap, fix

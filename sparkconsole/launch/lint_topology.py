@@ -16,9 +16,9 @@ from .steps import Plan
 if TYPE_CHECKING:
     from .lint import Facts, Finding
 
-SRC_RAY_CPU = ("test bed, vLLM 0.32 CPU: --distributed-executor-backend ray dies with \"current platform cpu does "
+SRC_RAY_CPU = ("sparkconsole's test bed (docs/TESTBED.md), vLLM 0.32 CPU: --distributed-executor-backend ray dies with \"current platform cpu does "
                "not support ray\" (the CPU platform has no Ray device key)")
-SRC_BIND = ("test bed, vLLM 0.32 CPU: two ranks on one machine without VLLM_CPU_OMP_THREADS_BIND die on \"Not "
+SRC_BIND = ("sparkconsole's test bed (docs/TESTBED.md), vLLM 0.32 CPU: two ranks on one machine without VLLM_CPU_OMP_THREADS_BIND die on \"Not "
             "enough allowed NUMA nodes\"; with a core each (\"0\", \"1\") they serve")
 SRC_SIDE_CHANNEL = ("vLLM NixlConnector: the decode side connects to the prefill side's VLLM_NIXL_SIDE_CHANNEL_HOST; "
                     "a loopback host there is the decode node itself")

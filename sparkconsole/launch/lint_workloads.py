@@ -18,8 +18,9 @@ if TYPE_CHECKING:
     from ..placement.fit import Placement
 
 RULE = "memory_budget"
-SRC_BUDGET = ("gb10-facts.md: unified memory, an OOM freezes the host; a container's cap does not hold its GPU "
-              "memory, so the node's budget counts every workload's claim and measured use")
+SRC_BUDGET = ("a GB10's memory is unified and an OOM freezes the host (NVIDIA/open-gpu-kernel-modules#1358); a "
+              "container's cap does not hold its GPU memory (graphistry/pygraphistry PR 1671), so the node's budget "
+              "counts every workload's claim and measured use")
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,11 @@ GATE_FILE = f"{WORKSPACE}/.sparkconsole-mods-applied"
 GATE_SCRIPT = f'while [ ! -e {GATE_FILE} ]; do sleep 0.2; done; exec "$@"'
 # As the runner runs a mod: from its own directory, with WORKSPACE_DIR the container's working directory
 # (mods copy files there for the vLLM command to find, e.g. a chat template).
-RUN_SCRIPT = "export WORKSPACE_DIR=$PWD && cd \"$1\" && chmod +x run.sh && ./run.sh"
+# $1: the mod's directory; the rest: the recipe's own `env:` names, unset for run.sh. The runners export the
+# recipe's env in the launch script they start after the mods, so a mod written for them never saw those values
+# (one such as HF_HUB_OFFLINE=1 would change what a mod that downloads does).
+RUN_SCRIPT = ('export WORKSPACE_DIR=$PWD && cd "$1" && shift && for v in "$@"; do unset -v "$v"; done; '
+              "chmod +x run.sh && ./run.sh")
 MAX_MOD_BYTES = 64 * 1024 * 1024
 
 
@@ -155,8 +159,9 @@ def _from_zip(path: Path, *, file: str | None, field: str) -> Mod:
     return Mod(path.stem, str(path), "zip", buf.getvalue(), files)
 
 
-def mod_steps(node: str, container: str, mods: Sequence[Mod]) -> list[Step]:
-    """Each mod into one node's idle container, in order: make its directory, copy it in, run its run.sh."""
+def mod_steps(node: str, container: str, mods: Sequence[Mod], hidden: Sequence[str] = ()) -> list[Step]:
+    """Each mod into one node's idle container, in order: make its directory, copy it in, run its run.sh (without
+    the variables named in `hidden`: the recipe's own env, as the runners do)."""
     steps: list[Step] = []
     for m in mods:
         steps.append(Step(node, f"mod {m.name}: make {m.dest} in {container}",
@@ -165,7 +170,7 @@ def mod_steps(node: str, container: str, mods: Sequence[Mod]) -> list[Step]:
                           ("docker", "cp", "-", f"{container}:{m.dest}"), input=m.archive,
                           input_label=f"a tar of {m.source}: {m.files} file(s), {len(m.archive):,} bytes"))
         steps.append(Step(node, f"mod {m.name}: run its run.sh",
-                          ("docker", "exec", container, "bash", "-c", RUN_SCRIPT, "mod", m.dest),
+                          ("docker", "exec", container, "bash", "-c", RUN_SCRIPT, "mod", m.dest, *hidden),
                           report_output=True))
     return steps
 

@@ -207,7 +207,9 @@ def _check_topology(recipe: Recipe, topology: str) -> None:
     if topology not in TOPOLOGIES:
         raise UserError(f"unknown topology {topology[:30]!r}", field="--topology", fix=f"use one of: {', '.join(TOPOLOGIES)}")
     if recipe.cluster_only and topology in ("solo", "2x-solo", "disagg"):
-        raise UserError(f"recipe {recipe.key!r} requires cluster mode (the model is too large for one node)",
+        # The recipe's own words, no more: cluster_only may be about memory, or about a model only tested over
+        # nodes; the file does not say which.
+        raise UserError(f"recipe {recipe.key!r} requires cluster mode (it sets cluster_only: true)",
                         file=recipe.source, field="cluster_only", fix="use --topology cluster-tp2")
     if recipe.solo_only and topology == "cluster-tp2":
         raise UserError(f"recipe {recipe.key!r} is solo only", file=recipe.source, field="solo_only",

@@ -148,7 +148,7 @@ class PlanBuilder:
                                                                       command, mounts, tmpfs, model=svc.model,
                                                                       claim_b=self.claim(node)),
                                secrets=self.recipe.secrets, service=svc.key))
-        self.steps += self.container.after_start(node, name)
+        self.steps += self.container.after_start(node, name, env)
         self._unreleased.append((node, name))
         self.services.append(svc)
         self.server_env[svc.key] = tuple(full_env)

@@ -54,7 +54,7 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
     if choice == "vllm-router":
         impl = recipe.router.vllm_router
         if compromised_versions(impl, litellm=False):
-            raise UserError("the router image is a compromised LiteLLM release (seed 001)", file=recipe.source,
+            raise UserError("the router image is a compromised LiteLLM release (a supply-chain attack)", file=recipe.source,
                             field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
         # Its Prometheus exporter takes 29000 unless told: beside the router's own port instead, so two routers on
         # one machine (two launches, or the test bed's) never fight over it, and preflight checks it with the rest.
@@ -78,7 +78,7 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
         impl = recipe.router.litellm
         bad = compromised_versions(impl, litellm=True)
         if bad:
-            raise UserError(f"LiteLLM {bad[0]} is a compromised release (supply-chain attack, seed 001)",
+            raise UserError(f"LiteLLM {bad[0]} is a compromised release (a supply-chain attack)",
                             file=recipe.source, field="sparkconsole.router.litellm",
                             fix="pin a known-good LiteLLM, e.g. version 1.106.2")
         cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"

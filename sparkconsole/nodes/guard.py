@@ -1,4 +1,6 @@
 """OOM guards for GB10 nodes: each check says ok / warn / bad / unknown, why, and the exact command that fixes it.
+Its state is its severity everywhere (severity.py: bad refuses a launch, warn is said): the dashboard, `status`,
+the recipes screen and `recipe lint` draw the same judgement.
 
 Why these matter: a GB10's GPU shares the host's unified memory, and an OOM there does not kill a process —
 it freezes the whole machine (no OOM kill, no panic; a power cycle is needed; see the published mitigations in
@@ -111,7 +113,8 @@ def check_container_cap(containers: Sequence[ContainerInfo], container_name: str
                            f"the cap does not hold its GPU memory ({WHY})", fix)
     cap_kb = c.memory_limit_b / 1024
     if mem is not None and mem.total_kb and cap_kb >= mem.total_kb:
-        return GuardResult("container_cap", title, "warn",
+        # as good as no cap (and preflight refuses a recipe's cap of that size): bad, as no cap is
+        return GuardResult("container_cap", title, "bad",
                            f"cap {_gib(cap_kb)} is not below the host's {_gib(mem.total_kb)}: it cannot fire "
                            "before the host runs out", fix)
     return GuardResult("container_cap", title, "ok", f"capped at {_gib(cap_kb)}: holds its CPU side, not its GPU "

@@ -128,7 +128,8 @@ def _judge(topology: str, members: list[Member]) -> tuple[str, str]:
 
 def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
     """Groups of labelled containers across `nodes` (objects with .name and .containers), largest first."""
-    seen: dict[tuple[str, str], tuple[tuple[str, str, str | None], Member]] = {}
+    seen: dict[tuple[str, str], tuple[tuple[str, str, str], Member]] = {}
+    labelled: set[tuple[str, str, str]] = set()      # the groups with a workload label on some member
     for node in nodes:
         for c in getattr(node, "containers", ()) or ():
             labels = dict(getattr(c, "labels", None) or ())
@@ -136,19 +137,25 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
             if not recipe or not topology:
                 continue
             where = labels.get(LABEL + "node") or str(node.name)
-            seen[(where, c.name)] = ((recipe, topology, labels.get(LABEL + "workload") or None),
+            # A workload's name is its label, else its recipe: a container without the label (from before, or
+            # relaunched by a path that did not set it) belongs with the labelled ones of the same name.
+            workload = labels.get(LABEL + "workload") or None
+            if workload:
+                labelled.add((recipe, topology, workload))
+            seen[(where, c.name)] = ((recipe, topology, workload or recipe),
                                      Member(where, labels.get(LABEL + "role") or "?", c.name, c.state, c.exit_code,
                                             c.oom_killed, (labels.get(LABEL + "url") or "").rstrip("/") or None,
                                             labels.get(LABEL + "router") or None, labels.get(LABEL + "model") or None,
                                             _int(labels.get(LABEL + "claim"))))
-    groups: dict[tuple[str, str, str | None], list[Member]] = {}
+    groups: dict[tuple[str, str, str], list[Member]] = {}
     for key, member in seen.values():
         groups.setdefault(key, []).append(member)
     out = []
     for (recipe, topology, workload), members in groups.items():
         members.sort(key=lambda m: (m.role not in ("server", "prefill", "router"), m.node, m.container))
         verdict, reason = _judge(topology, members)
-        out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason, workload))
+        named = workload if (recipe, topology, workload) in labelled else None
+        out.append(LaunchGroup(recipe, topology, tuple(members), verdict, reason, named))
     out.sort(key=lambda g: (-len(g.members), g.key))
     return out
 

@@ -16,7 +16,7 @@ import math
 import os
 import re
 import shlex
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -343,11 +343,13 @@ def resolve(node_cache: ModelInfo | None, metadata: Mapping[str, Any] | None, hu
 
 
 async def read_node(transport: Any, source: str, revision: str | None = None,
-                    timeout: float = 30.0) -> tuple[ModelInfo | None, bool]:
+                    timeout: float = 30.0, env: Sequence[tuple[str, str]] = ()) -> tuple[ModelInfo | None, bool]:
     """NODE_SCRIPT over a node's transport: (the model as its cache has it, whether the cache lacks it). A node that
-    cannot be read gives (None, False): the estimate falls back to the recipe's metadata."""
+    cannot be read gives (None, False): the estimate falls back to the recipe's metadata. `env`: the node's own
+    environment for sparkconsole's commands (a .env's HF_HOME: where its cache is), put in front."""
+    prefix = "".join(f"{k}={shlex.quote(v)} " for k, v in env)
     try:
-        res = await transport.run(probe_command(source, revision), timeout=timeout)
+        res = await transport.run(prefix + probe_command(source, revision), timeout=timeout)
     except Exception:  # noqa: BLE001 — an unreadable node is an unknown, not a failed plan
         return None, False
     if res.rc == MISSING_RC:

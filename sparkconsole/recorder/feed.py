@@ -73,6 +73,25 @@ def latest_demo_recording() -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
+DEMO_RECORDINGS_KEPT = 5
+
+
+def new_demo_recording(now: float | None = None) -> Path:
+    """Where an interactive `sparkconsole demo` records: in the operator's state directory (not the demo's own,
+    which goes at exit), one file per demo, so `postmortem --demo` and `console --at … --demo` find it after the
+    demo ends (latest_demo_recording). The newest DEMO_RECORDINGS_KEPT are kept; older ones are removed."""
+    import os
+    import time as _time
+    folder = paths.state_dir() / "recorder"
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = _time.strftime("%Y%m%d-%H%M%S", _time.localtime(now))
+    old = sorted(folder.glob("SIMULATED-demo-*.sqlite"), key=lambda p: p.stat().st_mtime)
+    for gone in old[:max(len(old) - (DEMO_RECORDINGS_KEPT - 1), 0)]:
+        for part in (gone, gone.with_name(gone.name + "-wal"), gone.with_name(gone.name + "-shm")):
+            part.unlink(missing_ok=True)
+    return folder / f"SIMULATED-demo-{stamp}-{os.getpid()}.sqlite"
+
+
 class Recorder:
     def __init__(self, cluster: ClusterConfig, store: RecorderStore) -> None:
         self.cluster = cluster

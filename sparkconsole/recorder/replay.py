@@ -109,6 +109,50 @@ def replay_monitor_factory(path: str | Path, at: float) -> Callable[[ClusterConf
     return factory
 
 
+class EndpointReplay:
+    """The recorded endpoint polls (recorder/feed.py: each poll's non-empty fields) around a replayed moment, as the
+    console's endpoint panels show them: `at(t)` gives each endpoint's last poll at or before t, none older than
+    STALE_S. Read once, from LOOKBACK_S before `at` to REPLAY_SPAN_S after it; the file is closed again."""
+
+    LOOKBACK_S = 120.0
+    STALE_S = 60.0
+
+    def __init__(self, path: str | Path, at: float) -> None:
+        r = RecorderReader(path)
+        try:
+            self.samples = {name: r.endpoint_samples(name, at - self.LOOKBACK_S, at + REPLAY_SPAN_S)
+                            for name in r.endpoint_names()}
+        finally:
+            r.close()
+
+    def at(self, t: float) -> dict[str, Any]:
+        """name → EndpointSnapshot of its last recorded poll at or before t (none for an endpoint not polled then)."""
+        out = {}
+        for name, rows in self.samples.items():
+            row = next((x for x in reversed(rows) if x["t"] <= t), None)
+            if row is not None and t - row["t"] <= self.STALE_S:
+                out[name] = snapshot_of(name, row)
+        return out
+
+
+def snapshot_of(name: str, row: dict[str, Any]) -> Any:
+    """An EndpointSnapshot back from its recorded row (the fields left out were empty: None, or () for lists)."""
+    import dataclasses
+
+    from ..serving.endpoint import EndpointSnapshot
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(EndpointSnapshot):
+        v = row.get(f.name)
+        if isinstance(v, list):
+            v = tuple(tuple(x) if isinstance(x, list) else x for x in v)
+        if v is None and f.default is dataclasses.MISSING:
+            v = {"name": name, "url": "", "kind": "vllm", "time": row["t"]}.get(f.name)
+        if v is not None or f.default is dataclasses.MISSING:
+            values[f.name] = v
+    values.update(name=name, time=row["t"])
+    return EndpointSnapshot(**values)
+
+
 def recording_for(cluster: ClusterConfig, *, file: str | None, demo: bool, cluster_given: bool,
                   node: str | None = None) -> tuple[ClusterConfig, Path, str | None]:
     """Which recorder file `console --at` / `postmortem` read, for which cluster: --file; --demo (the latest demo

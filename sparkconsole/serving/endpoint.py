@@ -381,7 +381,7 @@ class ServingMonitor:
             self.endpoints[name] = mon = self._monitor(ep)
             (moved if old is not None else added).append(name)
             if self._started:
-                await mon.start()
+                await self._start_endpoint(name, mon)
         return added, moved, removed
 
     def subscribe(self, cb: Callable[[EndpointMonitor], None]) -> Callable[[], None]:
@@ -402,8 +402,11 @@ class ServingMonitor:
             for mon in self.endpoints.values():
                 mon._client, mon._own_client = self._client, False
         self._started = True
-        for mon in self.endpoints.values():
-            await mon.start()
+        for name, mon in self.endpoints.items():
+            await self._start_endpoint(name, mon)
+
+    async def _start_endpoint(self, name: str, mon: EndpointMonitor) -> None:
+        await mon.start()
 
     async def stop(self) -> None:
         self._started = False

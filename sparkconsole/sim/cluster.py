@@ -244,7 +244,8 @@ class SimCluster:
         """The labels a recipe plan puts on a launch's containers (launch/steps.py launch_labels)."""
         if not self.serving.recipe:
             return []
-        labels = [f"recipe={self.serving.recipe}", f"topology={self.serving.topology}", f"role={role}", f"node={node}"]
+        labels = [f"recipe={self.serving.recipe}", f"topology={self.serving.topology}", f"role={role}", f"node={node}",
+                  f"workload={self.serving.recipe}"]       # a plan's name: its recipe's key unless --name
         if url:
             labels += [f"url={url}", f"model={self.serving.name}"]
         if role in ("server", "worker"):

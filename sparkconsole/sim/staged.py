@@ -18,13 +18,14 @@ class StagedServing(ServingMonitor):
         self._ready = ready
         self._waiters: list[asyncio.Task[None]] = []
 
-    async def start(self) -> None:
-        for name, mon in self.endpoints.items():
-            event = self._ready.get(name)
-            if event is None or event.is_set():
-                await mon.start()
-            else:
-                self._waiters.append(asyncio.create_task(self._start_when_ready(event, mon), name=f"staged-{name}"))
+    async def _start_endpoint(self, name: str, mon: EndpointMonitor) -> None:
+        # Also for an endpoint followed later (a workload's, once its containers are listed): ServingMonitor.follow
+        # starts it through here.
+        event = self._ready.get(name)
+        if event is None or event.is_set():
+            await mon.start()
+        else:
+            self._waiters.append(asyncio.create_task(self._start_when_ready(event, mon), name=f"staged-{name}"))
 
     async def _start_when_ready(self, event: asyncio.Event, mon: EndpointMonitor) -> None:
         await event.wait()

@@ -13,7 +13,6 @@ import asyncio
 import os
 import time
 from collections.abc import Callable
-from functools import partial
 from typing import TYPE_CHECKING
 
 from textual import events
@@ -36,12 +35,14 @@ if TYPE_CHECKING:        # imported for real off the event loop, once the first 
     from ..alerts import AlertEngine
     from ..collector.core import Collector
     from ..nodes.monitor import ClusterMonitor
+    from ..recorder.replay import EndpointReplay
     from ..serving.endpoint import ServingMonitor
     from .screens.bench import BenchScreen
     from .screens.logs import LogsScreen
     from .screens.recipes import RecipesScreen
 
 REDRAW_HZ = 4.0
+TOAST_SHORT = 48        # a toast's words on a small terminal (the rest: the Events pane)
 AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its age and STALE / DOWN move on
 # Read-only (`sparkconsole serve --read-only`, which starts this app in a child process and says so here): every
 # node-changing action (restart, stop, launch, guard fixes) is hidden, and refused should one be reached anyway.
@@ -57,6 +58,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         Binding("2", "show('recipes')", "Recipes"),
         Binding("3", "show('bench')", "Bench"),
         Binding("4", "show('logs')", "Logs"),
+        Binding("e", "events", "Events"),
         Binding("question_mark", "help", "Help"),
         Binding("colon", "command_palette", "Commands", show=False),   # not priority: ':' still types in inputs
         Binding("ctrl+p", "command_palette", "Commands", show=False, priority=True),
@@ -74,13 +76,15 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
                  monitor_factory: Callable[[ClusterConfig], ClusterMonitor] | None = None,
                  read_only: bool | None = None, serving_factory: Callable[[ClusterConfig], ServingMonitor] | None = None,
                  replay_at: float | None = None, record: bool = False, notice: str | None = None,
-                 attach: bool = False) -> None:
+                 attach: bool = False, recording: str | None = None) -> None:
         """monitor: a ClusterMonitor to draw (started and stopped by the app); or monitor_factory(cluster),
         called once the first frame is up (the SSH stack's import costs more than the first frame).
         serving_factory(cluster): likewise for the ServingMonitor of the cluster's endpoints.
         attach: with neither, attach to the cluster's collector when one runs (then the collector records, guards
         and notifies; alone, this console does, and hands those duties back when a collector runs: the header says).
-        notice: one line shown at start (where the cluster came from, clusterfile.py)."""
+        notice: one line shown at start (where the cluster came from, clusterfile.py).
+        recording: the recorder file: the one a replay (`replay_at`, console --at) plays, whose endpoint polls are
+        shown too; or, with `record`, the one this console records into (the demo's, kept in the state dir)."""
         super().__init__()
         self.cluster = cluster
         self.monitor = monitor
@@ -97,6 +101,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
         self._scrub_back = 0                # minutes
         self._scrub_unsub: Callable[[], None] | None = None
+        self._recording = recording
+        self._ep_replay: EndpointReplay | None = None      # while a recorded moment plays
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
         self._recipes_screen: RecipesScreen | None = None
@@ -152,8 +158,20 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         if not self._drawing() or self._not_yet(self._say, text, sev):
             return
         self.dashboard.events.note(text, {"bad": "red", "warn": "yellow"}.get(sev, "cyan"))
-        if sev in ("warn", "bad"):
-            self.notify(text, severity="error" if sev == "bad" else "warning", timeout=10)
+        if sev == "bad" or (sev == "warn" and not self._small()):
+            self.notify(self._toast_text(text), severity="error" if sev == "bad" else "warning", timeout=10)
+
+    def _small(self) -> bool:
+        from .screens.dashboard import NARROW_COLS, SHORT_ROWS
+        return self.size.height < SHORT_ROWS or self.size.width < NARROW_COLS
+
+    def _toast_text(self, text: str) -> str:
+        """A toast on a small terminal says the gist and where the rest is: whole, three of them covered a node's
+        panel at 80×24 (its guards under them). The Events pane (`e`) keeps every word."""
+        from .fmt import clip_words
+        if not self._small():
+            return text
+        return clip_words(text, TOAST_SHORT) + (" (e: Events)" if len(text) > TOAST_SHORT else "")
 
     def _say_notes(self, mon) -> None:
         """A replay's notes (recorder/replay.py: the unreadable parts of a damaged recorder file), said on screen."""
@@ -193,9 +211,12 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         await self._end_scrub()
         self._scrub_back = back
         if mon is not None:
+            from ..recorder.replay import EndpointReplay
             self._live_monitor = self.monitor
             self._scrub_unsub = mon.subscribe(self._node_changed)
             self.monitor, self.replay_at = mon, at
+            # the endpoint panels go back with the nodes: the recorded polls of that moment, not the live ones
+            self._ep_replay = await asyncio.to_thread(EndpointReplay, path, at)
             self._say_notes(mon)
             await mon.start()
         self.sub_title = self._title()
@@ -219,6 +240,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         if self._scrub_unsub is not None:
             self._scrub_unsub()
         self.replay_at = None
+        self._ep_replay = None
+        self._dirty_eps.update(self.dashboard.endpoint_panels)     # live again: the last live polls
         await replayed.stop()
 
     @property
@@ -357,6 +380,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             shown = [nm.last.time for nm in self.monitor.nodes.values() if nm.last is not None]
             if shown:
                 self.sub_title = self._title(max(shown))
+            self._show_replayed_endpoints(max(shown, default=self.replay_at))
         # Drawing only for panels in view (the rest on scroll or resume).
         drawn = self.dashboard.drawn() if dirty else ()
         # In the cluster file's order, not the set's (which hash seeds shuffle): events and toasts read the same
@@ -375,6 +399,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         eps, self._dirty_eps = self._dirty_eps, set()
         if eps and self._closed_urls() != self._closed_shown:
             self._show_launches()
+        if self.replay_at is not None:
+            eps = set()                         # a recorded moment: the panels show its polls, not the live ones
         for name in sorted(eps):
             em = self.serving.endpoints.get(name) if self.serving else None
             snap = em.latest if em else None
@@ -389,6 +415,28 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             return frozenset()
         return frozenset(em.latest.url for em in self.serving.endpoints.values()
                          if em.latest is not None and em.latest.drain_closed)
+
+    def _show_replayed_endpoints(self, t: float) -> None:
+        """The endpoint panels at the replayed time t: each endpoint's recorded poll then (console --at reads its
+        file's polls once, on the first frame that needs them)."""
+        if self._ep_replay is None:
+            if not self._recording:
+                return
+            from ..recorder.replay import EndpointReplay
+            try:
+                self._ep_replay = EndpointReplay(self._recording, self.replay_at or t)
+            except Exception as exc:        # an unreadable file: the nodes still replay; say why the panels do not
+                self._recording = None
+                self.notify(f"recorded endpoint polls unreadable: {' '.join(str(exc).split())[:160]}",
+                            severity="warning")
+                return
+        snaps = self._ep_replay.at(t)
+        for name, panel in self.dashboard.endpoint_panels.items():
+            snap = snaps.get(name)
+            if snap is not None:
+                panel.show(snap, t, replayed=True)
+            else:
+                panel.show_unrecorded(t)
 
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
@@ -434,11 +482,12 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         # The engine returns changes only (raised, severity changed, cleared): each one is news.
         for a in alerts or ():
             self.dashboard.events.add(a)
-            if a.active:
+            if a.active and (a.severity == "bad" or not self._small()):
+                # a small terminal toasts only what is BAD: the rest is in the Events pane (`e`), the panels say it
                 sev: SeverityLevel = "error" if a.severity == "bad" else "warning" if a.severity == "warn" \
                     else "information"
                 # The toast's title names the source already: its text need not say it again.
-                self.notify(a.message.removeprefix(a.source + " "), title=a.source, severity=sev,
+                self.notify(self._toast_text(a.message.removeprefix(a.source + " ")), title=a.source, severity=sev,
                             timeout=8 if a.severity == "bad" else 5)
                 if a.severity == "bad":
                     self.bell()
@@ -447,6 +496,15 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
     async def action_show(self, mode: str) -> None:
         if self.current_mode != mode:
             await self.switch_mode(mode)
+
+    async def action_events(self) -> None:
+        """e: the Events pane (alerts, restart progress, collector messages) over the whole dashboard, whatever the
+        terminal's size; e or escape brings the nodes back. From another screen: the dashboard's Events."""
+        if self.current_mode != "dashboard":
+            await self.switch_mode("dashboard")
+            self.dashboard.show_events(True)
+            return
+        self.dashboard.show_events(not self.dashboard.events_only)
 
     def action_help(self) -> None:
         if not isinstance(self.screen, HelpScreen):
@@ -458,28 +516,14 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self.logs_screen.follow(node_name)
         self.run_worker(self.action_show("logs"))
 
-    # --- the command palette's list --------------------------------------------------------------------------
-    def palette_commands(self) -> list[tuple[str, Callable[[], object], str]]:
-        cmds: list[tuple[str, Callable[[], object], str]] = [
-            ("Show dashboard", lambda: self.action_show("dashboard"), "1"),
-            ("Show recipes", lambda: self.action_show("recipes"), "2"),
-            ("Show bench", lambda: self.action_show("bench"), "3"),
-            ("Show logs", lambda: self.action_show("logs"), "4"),
-            ("Help: keys", self.action_help, "?"),
-            ("Quit", self.action_quit, "q: agents end, connections close"),
-            ("Bench: start sweep", lambda: self.bench_screen.action_start(), "b on the bench screen"),
-            ("Bench: stop sweep", lambda: self.bench_screen.action_stop(), "x on the bench screen"),
-        ]
-        cmds += [(f"Logs: {n.name}", partial(self.open_logs, n.name), f"docker logs -f {n.container}")
-                 for n in self.cluster.nodes]
-        if self.read_only:
-            return cmds
-        cmds += [("Running recipe: restart", self.recipes_screen.action_restart, "asks first"),
-                 ("Running recipe: stop", self.recipes_screen.action_stop, "asks first")]
-        for node in self.cluster.nodes:
-            n = node.name
-            cmds += [(f"Restart vLLM on {n}", partial(self.confirm_container, n, "restart"), "asks first"),
-                     (f"Stop vLLM on {n}", partial(self.confirm_container, n, "stop"), "asks first")]
-        for label, recipe in self.recipes_screen.recipe_choices():
-            cmds.append((f"Recipe: {label}", partial(self.recipes_screen.choose, recipe), "show its plan; enter launches"))
-        return cmds
+    # --- the command palette ------------------------------------------------------------------------------
+    def palette_commands(self) -> list:
+        """Every action, by its key's words (tui/palette.py)."""
+        from .palette import console_commands
+        return console_commands(self)
+
+    def get_system_commands(self, screen):
+        """Textual's own palette entries but Quit and Keys: the console's Quit and Help stand for them, once each."""
+        for cmd in super().get_system_commands(screen):
+            if cmd.title not in ("Quit", "Keys"):
+                yield cmd

@@ -137,6 +137,11 @@ class ConsoleFacade:
         """A worker of the console's (it outlives a screen switch)."""
         return self._app.run_worker(work, **kw)
 
+    def watch_title(self, widget: Any, callback: Callable[[str], None]) -> None:
+        """callback(sub_title) each time the console's title line changes (a REPLAY and its time): what a widget
+        that takes the header's row (the SIMULATED badge) says."""
+        widget.watch(self._app, "sub_title", callback)
+
     def mark_all_dirty(self) -> None:
         """Redraw every node panel at the next frame (a scroll or a focus change may have shown others)."""
         self._app.mark_all_dirty()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import datetime as _dt
+from rich.text import Text
 
 DASH = "—"
 
@@ -51,22 +51,38 @@ def duration(seconds: float | None) -> str:
     return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
-def since_iso(stamp: str | None, now: float) -> float | None:
-    """Seconds since a Docker timestamp (RFC 3339 with nanoseconds), or None when unreadable."""
-    if not stamp or stamp.startswith("0001-"):
-        return None
-    s = stamp.rstrip("Z")
-    if "." in s:
-        head, frac = s.split(".", 1)
-        digits = "".join(ch for ch in frac if ch.isdigit())[:6]
-        s = f"{head}.{digits}" if digits else head
-    try:
-        t = _dt.datetime.fromisoformat(s).replace(tzinfo=_dt.UTC)
-    except ValueError:
-        return None
-    return now - t.timestamp()
-
-
 def plural(n: int, word: str, many: str | None = None) -> str:
     """'1 line', '2 lines', '1 past run'."""
     return f"{n} {word if n == 1 else (many or word + 's')}"
+
+
+def clip_words(text: str, room: int) -> str:
+    """`text` in `room` cells, cut at a space outside parentheses and marked …: a figure, with its unit in
+    parentheses ("(0.1 GiB)"), is shown whole or not at all."""
+    if len(text) <= room:
+        return text
+    if room <= 1:
+        return ""
+    depth, cut = 0, 0
+    for i, ch in enumerate(text[:room - 1]):
+        depth += (ch == "(") - (ch == ")")
+        if ch == " " and depth <= 0:
+            cut = i
+    # " …": words left out; an ellipsis against a figure would read as the figure cut short
+    return text[:cut].rstrip(" ,:;") + " …" if cut else "…"
+
+
+def fit(parts: list[tuple[str, str, int]], width: int | None) -> Text:
+    """One row of (text, style, priority) parts in `width` cells: the parts of the highest priority number go
+    first, each whole, until the row fits (0: never left out). A figure is drawn whole or not at all; only what
+    is left after that is cut, with an ellipsis."""
+    keep = list(parts)
+    if width:
+        while sum(len(t) for t, _, _ in keep) > width and any(p for _, _, p in keep):
+            worst = max(p for _, _, p in keep)
+            drop = max(i for i, (_, _, p) in enumerate(keep) if p == worst)
+            keep.pop(drop)
+    line = Text(no_wrap=True, overflow="ellipsis")
+    for t, style, _ in keep:
+        line.append(t, style=style)
+    return line

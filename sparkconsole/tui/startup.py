@@ -54,6 +54,8 @@ class ConsoleStart(_App):
         attach: bool
         record: bool
         replay_at: float | None
+        simulated: bool
+        _recording: str | None
         dashboard: DashboardScreen
         heap: HeapKeeper
         first_frame_at: float | None
@@ -192,7 +194,8 @@ class ConsoleStart(_App):
         self.core = core = Collector(self.cluster, role, self.monitor, serving=self._serving,
                                      serving_factory=self._serving_factory, say=self._say, bell=self.bell)
         if self.record:      # its file's faults are said here; a disk problem does not take the console down
-            core.records_to(on_postmortem=self._postmortem_found)
+            # the demo's: its own file in the state dir, kept (recorder/feed.py new_demo_recording)
+            core.records_to(self._recording, on_postmortem=self._postmortem_found)
         self._unsubscribe.append(core.alerts.subscribe(self._alert_changed))
         self._unsubscribe.append(core.subscribe_endpoints(self._endpoint_changed))
         self._unsubscribe.append(core.subscribe_follow(self._followed))
@@ -201,7 +204,9 @@ class ConsoleStart(_App):
 
     def _postmortem_found(self, pm: dict[str, Any]) -> None:
         from ..recorder.postmortem import one_line
-        self._say(f"{one_line(pm)} · the whole of it: sparkconsole postmortem {pm['node']}", "bad")
+        # the demo's post-mortems are read with --demo: its recording is not the cluster file's
+        whole = f"sparkconsole postmortem {pm['node']}" + (" --demo" if self.simulated else "")
+        self._say(f"{one_line(pm)} · the whole of it: {whole}", "bad")
         self._show_postmortem(pm)
 
     def _duties_changed(self) -> None:

@@ -26,6 +26,9 @@ if TYPE_CHECKING:
     from textual.widgets import Input, Static
 
 
+SHORT_ROWS = 40      # 80×24 and 100×30 are short; 160×48 and 220×60 are not
+NARROW_COLS = 120
+
 
 class DashboardScreen(OnConsole, Screen):
     AUTO_FOCUS = "NodePanel"
@@ -58,8 +61,40 @@ class DashboardScreen(OnConsole, Screen):
 
     def on_mount(self) -> None:
         self.query_one("#nodes").border_title = f"Nodes · {self.facade.cluster.source}"
+        self._size_classes(self.size.width, self.size.height)
         if self.panels:
             next(iter(self.panels.values())).focus()
+
+    def on_resize(self, event) -> None:         # events.Resize
+        self._size_classes(event.size.width, event.size.height)
+
+    def _size_classes(self, width: int, height: int) -> None:
+        """What each size shows (docs/UX.md): below SHORT_ROWS rows the node panels leave out the temperature
+        graph and their ok guards (one row says how many are ok; a guard that is not ok always has its row) and
+        the Events pane is reached with `e`; below NARROW_COLS columns the panels' rows drop their least needed
+        figures whole."""
+        self.set_class(height < SHORT_ROWS, "-short")
+        self.set_class(width < NARROW_COLS, "-narrow")
+        self.facade.mark_all_dirty()        # rows fitted to the new width, guards to the new height
+
+    @property
+    def short(self) -> bool:
+        return self.has_class("-short")
+
+    @property
+    def events_only(self) -> bool:
+        return self.has_class("-events")
+
+    def show_events(self, on: bool) -> None:
+        """The Events pane over the whole dashboard (`e`), or the nodes back."""
+        self.set_class(on, "-events")
+        if on:
+            self.events.focus()
+            self.events.scroll_end(animate=False)
+        elif self.panels:
+            shown = [p for p in self.panels.values() if p.display]
+            (shown or list(self.panels.values()))[0].focus()
+        self.facade.mark_all_dirty()
 
     async def follow_endpoints(self, endpoints: dict, added: list[str], moved: list[str], removed: list[str]) -> None:
         """Panels for the endpoints the serving monitor now polls (ServingMonitor.follow's answer)."""
@@ -98,6 +133,8 @@ class DashboardScreen(OnConsole, Screen):
         box.focus()
 
     def action_clear_filter(self) -> None:
+        if self.events_only:        # escape brings the nodes back from the Events pane
+            self.show_events(False)
         found = self.query("#node-filter")
         if not found:
             return

@@ -16,11 +16,13 @@ from textual.screen import Screen
 from textual.widgets import Header, Input, OptionList, Static
 from textual.widgets.option_list import Option
 
+from ... import severity
 from ...errors import UserError
 from ..facade import OnConsole
 from ..widgets.budget_bar import BudgetBars
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
+from .dashboard import NARROW_COLS
 from .recipes_running import RecipeActions, _Finding, _one_line
 
 if TYPE_CHECKING:
@@ -30,17 +32,10 @@ if TYPE_CHECKING:
     from ...recipes import Recipe
     from ...recipes.catalog import Entry
 
-_VERDICT = {"ok": ("✓", "green"), "warn": ("!", "yellow"), "bad": ("✗", "red"), "error": ("✗", "red")}
 
-
-def finding_level(f) -> str:
-    """lint severities (refuse | block | warn) as the screen's verdict colours."""
-    return {"refuse": "bad", "block": "bad", "warn": "warn"}.get(f.severity, "warn")
-
-
-def verdict(findings) -> str:
-    levels = {finding_level(f) for f in findings}
-    return "bad" if "bad" in levels else ("warn" if "warn" in levels else "ok")
+def verdict(findings) -> severity.Severity:
+    """The recipe's mark in the list: its worst finding's (severity.py), ✓ when there is none."""
+    return severity.worst(severity.of_finding(f) for f in findings)
 
 
 class RecipesScreen(RecipeActions, OnConsole, Screen):
@@ -123,7 +118,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
                                                          plan=self._make_plan(recipe, topology)))
             except UserError as exc:
-                self.findings[key] = [_Finding("refuse", _one_line(exc))]
+                self.findings[key] = [_Finding("refuse", _one_line(exc), rule="plan")]
             except ImportError:
                 self.findings[key] = []
             self.findings[key] += self._in_the_way(recipe, topology) + self._budget(recipe, topology)
@@ -193,7 +188,11 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 yield Static("", id="launch-progress")
         yield KeyBar()
 
+    def on_resize(self, event) -> None:         # events.Resize: a narrow terminal gives the plan the room
+        self.set_class(event.size.width < NARROW_COLS, "-narrow")
+
     def on_mount(self) -> None:
+        self.set_class(self.size.width < NARROW_COLS, "-narrow")
         self.load()
         self.query_one("#recipe-list").border_title = "Recipes"
         self.query_one("#workload-list").border_title = "Running (r restart · s stop)"
@@ -252,8 +251,8 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                     line.append(f"  {g.topology} {g.verdict.lower()}", style=colour)
                 else:
                     topo = (self.topology if self.selected == key and self.topology else None) or self.topologies(r)[0]
-                    mark, colour = _VERDICT[verdict(self.preflight(r, topo))]
-                    line.append(f"{mark} ", style=colour)
+                    v = verdict(self.preflight(r, topo))
+                    line.append(f"{v.mark} ", style=v.colour)
                     line.append(key, style="bold")
                 line.append(f"  {r.name}", style="dim")
             opts.append(Option(line, id=key))
@@ -287,6 +286,8 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
+        if event.option_list.id != "recipe-list":
+            return          # the workloads' list highlights a workload, not a recipe (it chose the running one)
         if event.option_index != event.option_list.highlighted:
             return          # a refill moved the highlight since: the newer one stands
         if event.option.id != self.selected:
@@ -296,13 +297,18 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             self._show()
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        self.action_launch()
+        if event.option_list.id == "recipe-list":
+            self.action_launch()
 
     def choose(self, recipe) -> None:
-        """From the command palette: show this recipe's plan on the recipes screen."""
+        """From the command palette: show this recipe's plan on the recipes screen. The operator chose: what runs
+        no longer takes the selection back (issue 39: a recipe entry opened the running gpt-oss-120b)."""
+        self._pick_running = False
         self.selected, self.topology = recipe.key, None
         self.facade.show("recipes")
         if self.is_mounted:
+            box = self.query_one("#recipe-filter", Input)
+            box.value, box.display = "", False          # a filter hiding it would choose another
             self._fill_list("")
             self._show()
 
@@ -339,10 +345,13 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                      f"{g.verdict}{': ' + g.reason if g.reason else ''}", style="green" if g.verdict == "SERVING"
                      else "yellow")
             t.append("   (r: restart, s: stop)\n", style="dim")
+            t.append("  preflight and plan below: another launch of it, beside this one (its own name, port and "
+                     "memory); r restarts this one as it runs" + (f" (router {g.router})" if g.router else "")
+                     + "\n", style="dim")
         findings = self.preflight(r, topology)
         for f in findings:
-            mark, colour = _VERDICT.get(finding_level(f), ("!", "yellow"))
-            t.append(f"{mark} ", style=colour)
+            sev = severity.of_finding(f)
+            t.append(f"{sev.mark} ", style=sev.colour)
             if getattr(f, "node", None):
                 t.append(f"{f.node}: ", style="bold")
             t.append(" ".join(f.message.split())[:220])
@@ -405,7 +414,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         if r is None or self.plan is None or self.topology is None:      # a plan is made for a topology
             self.notify("choose a recipe with a plan first", severity="warning")
             return
-        if verdict(self.preflight(r, self.topology)) == "bad":
+        if verdict(self.preflight(r, self.topology)).refuses:
             self.notify("preflight refuses this launch: fix the ✗ findings first", severity="error")
             return
         plan = self.plan
@@ -453,12 +462,13 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         try:
             self.runner = self._runner()
             await self._before_start(plan)
+            self.running_plans[plan.name] = plan     # s stops it while it starts, before the nodes list it
             await self.runner.launch(plan, self._on_progress)
-            self.running_plans[plan.name] = plan
             from ...launch.gateway import keep_current
             await keep_current(self.facade.cluster, self.runner.transports)
             self.facade.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
+            self.running_plans.pop(plan.name, None)  # the runner cleaned up what it started
             self.progress["launch"] = f"failed: {_one_line(exc)}"
             self._draw_progress()
             self.facade.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)

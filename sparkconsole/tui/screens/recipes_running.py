@@ -29,8 +29,11 @@ def _one_line(exc: BaseException) -> str:
 
 
 class _Finding:
-    def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None) -> None:
-        self.severity, self.message, self.node, self.fix = severity, message, node, fix
+    """A finding of the screen's own (a container in the way, a plan that cannot be made), shaped as preflight's."""
+
+    def __init__(self, severity: str, message: str, node: str | None = None, fix: str | None = None,
+                 rule: str = "in_the_way") -> None:
+        self.severity, self.message, self.node, self.fix, self.rule = severity, message, node, fix, rule
 
 
 class RecipeActions(OnConsole, _Screen):
@@ -156,7 +159,8 @@ class RecipeActions(OnConsole, _Screen):
         its recipe and labels (nodes, port, router, containers); a stop needs no recipe (its containers alone)."""
         g = self._chosen_launch()
         if g is None:
-            return None
+            # a launch this console is starting, whose containers the nodes do not list yet
+            return self.running_plans.get(self.plan.name) if self.plan is not None else None
         if g.name in self.running_plans:
             return self.running_plans[g.name]
         from ...launch.workloads import plan_of, running_options

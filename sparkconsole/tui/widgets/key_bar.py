@@ -26,6 +26,11 @@ class Key(NamedTuple):
     display: str        # how the key is written ("^p", "?")
     description: str
     enabled: bool
+    action: str = ""    # the binding's action (which keys the bar always keeps)
+
+
+# Kept on the bar, with their words, however narrow the terminal: what an operator lost needs first.
+ALWAYS = ("help", "quit", "events")
 
 
 def shown_keys(screen: Screen) -> tuple[tuple[Key, ...], Key | None]:
@@ -36,9 +41,9 @@ def shown_keys(screen: Screen) -> tuple[tuple[Key, ...], Key | None]:
     palette = None
     for key, (_, binding, enabled, _tooltip) in screen.active_bindings.items():
         if key == palette_key:
-            palette = Key(key, app.get_key_display(binding), binding.description, enabled)
+            palette = Key(key, app.get_key_display(binding), binding.description, enabled, binding.action)
         elif binding.show:
-            keys.append(Key(key, app.get_key_display(binding), binding.description, enabled))
+            keys.append(Key(key, app.get_key_display(binding), binding.description, enabled, binding.action))
     return tuple(keys), palette
 
 
@@ -98,22 +103,43 @@ class KeyBar(Widget, can_focus=False):
         self._drawn, self._text = drawn, self._draw()
         return self._text
 
+    def fitted(self, width: int) -> tuple[tuple[Key, bool], ...]:
+        """The keys drawn in `width` columns, each with whether its words are: all of them when they fit; else the
+        keys lose their words from the end of the bar (the app's, then the screen's, then the focused widget's),
+        then go, from the end. `? Help`, `q Quit` and `e Events` always stay, with their words."""
+        def cells(keys: list[tuple[Key, bool]]) -> int:
+            return sum(len(k.display) + 2 + (len(k.description) + 1 if worded and k.description else 0)
+                       for k, worded in keys)
+        keys = [(k, True) for k in self.keys]
+        for i in reversed(range(len(keys))):
+            if cells(keys) <= width:
+                break
+            if not self._always(keys[i][0]):
+                keys[i] = (keys[i][0], False)
+        while cells(keys) > width and any(not self._always(k) for k, _ in keys):
+            keys.pop(max(i for i, (k, _) in enumerate(keys) if not self._always(k)))
+        return tuple(keys)
+
+    @staticmethod
+    def _always(k: Key) -> bool:
+        return k.action.split("(", 1)[0] in ALWAYS
+
     def _draw(self) -> Text:
         key_style = self.get_component_rich_style("key-bar--key")
         desc_style = self.get_component_rich_style("key-bar--description")
         text = Text(no_wrap=True, overflow="crop", end="")
         spans: list[tuple[int, int, Key]] = []
 
-        def add(k: Key) -> None:
+        def add(k: Key, worded: bool = True) -> None:
             start = text.cell_len
             dim = Style() if k.enabled else DIM
             text.append(f" {k.display} ", key_style + dim)
-            if k.description:
+            if k.description and worded:
                 text.append(f"{k.description} ", desc_style + dim)
             spans.append((start, text.cell_len, k))
 
-        for k in self.keys:
-            add(k)
+        for k, worded in self.fitted(self.size.width):
+            add(k, worded)
         if self.palette is not None:
             right = len(f" {self.palette.display} {self.palette.description} ") + 1
             gap = self.size.width - text.cell_len - right

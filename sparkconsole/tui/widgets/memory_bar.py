@@ -8,6 +8,8 @@ from textual.widget import Widget
 from ...nodes.samples import HostMemory, Pressure
 from ..fmt import DASH
 
+MIN_BAR = 4
+
 
 class MemoryBar(Widget):
     DEFAULT_CSS = "MemoryBar { height: 1; }"
@@ -39,10 +41,14 @@ class MemoryBar(Widget):
             return text
         head = mem.headroom_gib or 0.0
         total = (mem.total_kb or 0) / 1048576
-        tail = f" {head:.1f} of {total:.1f} GiB free"
-        if pressure and pressure.some_avg10 is not None:
-            tail += f"  PSI {pressure.some_avg10:.1f}/{(pressure.full_avg10 or 0):.1f}"
-        width = max(cols - 4 - len(tail), 4)
+        # The figures whole or not at all (a narrow panel said "PSI" with no value): pressure goes first, then
+        # the shorter way of saying what is free; the bar takes what is left, four cells at least.
+        psi = (f"  PSI {pressure.some_avg10:.1f}/{(pressure.full_avg10 or 0):.1f}"
+               if pressure and pressure.some_avg10 is not None else "")
+        tails = [f" {head:.1f} of {total:.1f} GiB free{psi}", f" {head:.1f} of {total:.1f} GiB free",
+                 f" {head:.1f}/{total:.0f} GiB free"]
+        tail = next((t for t in tails if cols - 4 - len(t) >= MIN_BAR), tails[-1])
+        width = max(cols - 4 - len(tail), MIN_BAR)
         used = int(round((1 - frac) * width))
         style = "grey50" if stale else ("red" if head < self.floor_gib else ("yellow" if frac < 0.25 else "green"))
         text.append("█" * used, style=style)

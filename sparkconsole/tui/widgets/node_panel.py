@@ -17,11 +17,10 @@ from textual.containers import Vertical
 from textual.widgets import Static
 
 from ...config import Thresholds
-from ...nodes.samples import REASON_SEVERITY, REASON_WORDS, NodeState, Tick
-from ...nodes.thermal import reason_durations
-from ...nodes.workload_memory import host_gpu_processes, workload_memory
+from ...nodes.samples import NodeState
+from ...nodes.view import NodeView, fix_wanted, node_view
 from ..facade import OnConsole
-from ..fmt import DASH, duration, gib, num, since_iso
+from ..fmt import DASH, duration, fit, gib, num
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
@@ -30,10 +29,6 @@ from .temp_graph import TempGraph
 def _g(b: float | None) -> str:
     """GiB without the unit (the row says GiB once); `?` where not measured."""
     return "?" if b is None else f"{b / 2**30:.1f}"
-
-
-_SEVERITY_STYLE = {"bad": "bold red", "warn": "yellow", "dim": "dim", "info": "cyan"}
-_STATE_STYLE = {"LIVE": "green", "CONNECTING": "yellow", "STALE": "bold yellow", "DOWN": "bold red"}
 
 
 class NodePanel(OnConsole, Vertical, can_focus=True):
@@ -89,110 +84,105 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
 
     def show(self, nm, guards: Sequence, now: float | None = None, thresholds: Thresholds | None = None,
              drawn: Collection | None = None) -> None:
-        """Draw a NodeMonitor's latest state (nothing here blocks; cheap enough for 32 nodes at a few Hz).
-        `drawn`: the widgets on screen (DashboardScreen.drawn); the panel's rows outside it are left as they are
-        (a panel cut off by the bottom edge). None draws every row."""
+        """Draw a NodeMonitor's latest state as nodes/view.py judges it (nothing here blocks; cheap enough for 32
+        nodes at a few Hz). `drawn`: the widgets on screen (DashboardScreen.drawn); the panel's rows outside it are
+        left as they are (a panel cut off by the bottom edge). None draws every row."""
         now = time.time() if now is None else now
         thresholds = thresholds or Thresholds()
-        state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
-        self.state = state
-        stale = state in ("STALE", "DOWN")
+        v = node_view(nm, guards, now, thresholds, replay=self.facade.replay_at is not None)
+        self.state = nm.state.value if isinstance(nm.state, NodeState) else str(nm.state)
+        stale = v.state.stale
         self.set_class(stale, "-stale")
-        self.set_class(state == "DOWN", "-down")
-        last: Tick | None = nm.last
-        info = nm.info
-        sub = Text()
-        if state == "LIVE" and self.facade.replay_at is not None:
-            sub.append("REPLAY", style="bold magenta")     # a recorded moment plays: nothing here is live
-        else:
-            sub.append(state, style=_STATE_STYLE.get(state, ""))
-        if state != "LIVE":
-            sub.append(f" {duration(now - nm.since)}")
-            if nm.last_error and state == "DOWN":
-                sub.append(f" · {nm.last_error[:60]}", style="red")
-        if last is not None and state != "LIVE":
-            # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
-            sub.append(f" · last tick {duration(now - last.received)} ago", style="dim")
-        self._set_border("border_subtitle", sub)
-        gname = info.gpu_names[0] if info and info.gpu_names else None
+        self.set_class(v.state.label == "DOWN", "-down")
+        self._set_border("border_subtitle", self._subtitle(v))
         title = Text(self.node_name, style="bold")
-        if gname:
-            title.append(f" · {gname}", style="dim")
-        if info and info.simulated:
+        if v.gpu_name:
+            title.append(f" · {v.gpu_name}", style="dim")
+        if v.simulated:
             title.append(" · sim", style="magenta")
         self._set_border("border_title", title)
-
         grey = "grey50" if stale else None
-        gpu = last.gpus[0] if last and last.gpus else None
-        temp_line = Text(no_wrap=True, overflow="ellipsis")
-        if gpu is None:
-            temp_line.append("GPU ", style="bold")
-            if last is None:
-                temp_line.append("waiting for the agent…", style="dim")
-            else:
-                source = info.gpu_source if info and info.gpu_source else "?"
-                temp_line.append(f"{DASH} no GPU readings (source: {source})", style="dim")
-                if last.errors:
-                    temp_line.append(f"  {last.errors[0][:80]}", style="red")
-        else:
-            margin = gpu.slowdown_margin_c
-            t_style = grey or ("bold red" if margin is not None and margin <= thresholds.temp_margin_c else "bold")
-            temp_line.append("GPU ", style="bold")
-            temp_line.append(num(gpu.temp_c, "°C"), style=t_style)
-            temp_line.append(f"  slowdown {num(gpu.slowdown_c, '°C')}", style=grey or "")
-            if margin is not None:
-                temp_line.append(f" ({margin:.0f}° margin)", style=grey or "dim")
-            if gpu.shutdown_c is not None:
-                temp_line.append(f"  shutdown {num(gpu.shutdown_c, '°C')}", style=grey or "dim")
-            if last and len(last.gpus) > 1:
-                temp_line.append(f"  GPU 0 of {len(last.gpus)}", style="dim")
-        self._put("temp-line", temp_line, drawn)
-
+        self._put("temp-line", self._temp_line(v, grey), drawn)
         graph = self._graph
         if drawn is None or graph in drawn:
-            graph.set_data(self._recent_temps(nm.history, graph.wanted), gpu.slowdown_c if gpu else None, stale)
-
-        reasons = Text(no_wrap=True, overflow="ellipsis")
-        reasons.append("Clocks ", style="bold")
-        if gpu is None or gpu.reasons_mask is None and not gpu.reasons:
-            reasons.append(DASH, style="dim")
-        elif not gpu.reasons:
-            reasons.append("no clock-event reason active", style=grey or "green")
-        else:
-            spans = reason_durations(nm.history, last) if last is not None else {}
-            for i, r in enumerate(sorted(gpu.reasons, key=lambda r: ("bad", "warn", "info", "dim").index(
-                    REASON_SEVERITY.get(r, "info")))):
-                if i:
-                    reasons.append(" · ", style="dim")
-                reasons.append(REASON_WORDS.get(r, r), style=grey or _SEVERITY_STYLE.get(REASON_SEVERITY.get(r, ""), ""))
-                reasons.append(f" {duration(spans.get(r))}", style="dim")
-        self._put("reasons", reasons, drawn)
-
-        power = Text(no_wrap=True, overflow="ellipsis")
-        if gpu is not None:
-            power.append("Power ", style="bold")
-            power.append(num(gpu.power_w, " W"), style=grey or "")
-            if gpu.power_limit_w is not None:
-                power.append(f" / {gpu.power_limit_w:.0f} W", style="dim")
-            power.append("  SM ", style="bold")
-            power.append(num(gpu.sm_clock_mhz, " MHz"), style=grey or "")
-            if gpu.sm_clock_max_mhz is not None:
-                power.append(f" / {gpu.sm_clock_max_mhz:.0f}", style="dim")
-            power.append("  Util ", style="bold")
-            power.append(num(gpu.util_pct, "%"), style=grey or "")
-        self._put("power", power, drawn)
-
+            graph.set_data(self._recent_temps(nm.history, graph.wanted), v.gpu.slowdown_c if v.gpu else None, stale)
+        self._put("reasons", self._reasons_line(v, grey), drawn)
+        self._put("power", self._power_line(v, grey), drawn)
+        last = nm.last
         bar = self._bar
         if drawn is None or bar in drawn:
             bar.floor_gib = thresholds.headroom_floor_gib
             bar.set_data(last.mem if last else None, last.pressure if last else None, stale)
         checklist = self._checklist
         if drawn is None or checklist in drawn:
-            checklist.set_results(guards, stale)
-        self._put("container", self._container_line(nm.containers, now, grey), drawn)
-        self._put("workloads", self._workloads_line(last, grey), drawn)
+            checklist.set_results(guards, stale, compact=getattr(self.screen, "short", False))
+        self._put("container", self._container_line(v, grey), drawn)
+        self._put("workloads", self._workloads_line(v, grey), drawn)
         if self.postmortem is not None:
             self._draw_postmortem()
+
+    @staticmethod
+    def _subtitle(v: NodeView) -> Text:
+        sub = Text()
+        sub.append(v.state.label, style=v.state.colour)
+        if v.state.for_s is not None:
+            sub.append(f" {duration(v.state.for_s)}")
+        if v.state.error:
+            sub.append(f" · {v.state.error[:60]}", style="red")
+        if v.state.last_tick_age_s is not None:
+            # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
+            sub.append(f" · last tick {duration(v.state.last_tick_age_s)} ago", style="dim")
+        return sub
+
+    def _width(self, row: str) -> int | None:
+        """The cells a one-row line has (None before the first layout: the whole row is kept)."""
+        return self._rows[row].size.width or None
+
+    def _temp_line(self, v: NodeView, grey: str | None) -> Text:
+        g = v.gpu
+        if g is None:
+            said, _, source = (v.no_gpu or "").partition(" (source: ")
+            parts = [("GPU ", "bold", 0), (said if said == "waiting for the agent…" else f"{DASH} {said}", "dim", 0)]
+            if source:
+                parts.append((f" (source: {source}", "dim", 2))
+            if v.gpu_error:
+                parts.append((f"  {v.gpu_error}", "red", 1))
+            return fit(parts, self._width("temp-line"))
+        parts = [("GPU ", "bold", 0), (num(g.temp_c, "°C"), grey or ("bold red" if g.temp_bad else "bold"), 0),
+                 (f"  slowdown {num(g.slowdown_c, '°C')}", grey or "", 1)]
+        if g.margin_c is not None:
+            parts.append((f" ({g.margin_c:.0f}° margin)", grey or "dim", 2))
+        if g.shutdown_c is not None:
+            parts.append((f"  shutdown {num(g.shutdown_c, '°C')}", grey or "dim", 3))
+        if g.count > 1:
+            parts.append((f"  GPU 0 of {g.count}", "dim", 4))
+        return fit(parts, self._width("temp-line"))
+
+    def _reasons_line(self, v: NodeView, grey: str | None) -> Text:
+        parts = [("Clocks ", "bold", 0)]
+        if v.gpu is None or v.gpu.reasons is None:
+            parts.append((DASH, "dim", 0))
+        elif not v.gpu.reasons:
+            width = self._width("reasons")
+            parts.append(("no clock-event reason active" if not width or width >= 36 else "none active",
+                          grey or "green", 0))
+        for i, r in enumerate(v.gpu.reasons or () if v.gpu else ()):
+            # the worst first; a reason that does not fit is left out whole, with its time
+            parts += [(" · " if i else "", "dim", i), (r.word, grey or r.colour, i), (f" {duration(r.active_s)}", "dim", i)]
+        return fit(parts, self._width("reasons"))
+
+    def _power_line(self, v: NodeView, grey: str | None) -> Text:
+        g = v.gpu
+        if g is None:
+            return Text()
+        parts = [("Power ", "bold", 0), (num(g.power_w, " W"), grey or "", 0)]
+        if g.power_limit_w is not None:
+            parts.append((f" / {g.power_limit_w:.0f} W", "dim", 3))
+        parts += [("  SM ", "bold", 2), (num(g.sm_mhz, " MHz"), grey or "", 2)]
+        if g.sm_max_mhz is not None:
+            parts.append((f" / {g.sm_max_mhz:.0f}", "dim", 4))
+        parts += [("  Util ", "bold", 1), (num(g.util_pct, "%"), grey or "", 1)]
+        return fit(parts, self._width("power"))
 
     @staticmethod
     def _recent_temps(history, wanted: int) -> list[float]:
@@ -221,63 +211,56 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
             line.append(f" — {pm['evidence'][0]}")
         self._put("postmortem", line)
 
-    def _container_line(self, containers, now: float, grey: str | None) -> Text:
-        line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("vLLM ", style="bold")
-        c = next((c for c in containers if c.name == self.container_name), None)
+    def _container_line(self, v: NodeView, grey: str | None) -> Text:
+        c = v.container
         if c is None:
-            line.append(f"{self.container_name}: not reported", style="dim")
-            return line
-        state_style = grey or ("green" if c.state == "running" else "red")
-        line.append(f"{c.name} ", style=grey or "")
-        line.append(c.state or DASH, style=state_style)
+            return fit([("vLLM ", "bold", 0), (f"{v.container_name}: not reported", "dim", 0)],
+                       self._width("container"))
+        parts = [("vLLM ", "bold", 0), (f"{c.name} ", grey or "", 5), (c.state or DASH, grey or c.state_colour, 0)]
         if c.health:
-            line.append(f" {c.health}", style=grey or {"healthy": "green", "unhealthy": "red"}.get(c.health, "yellow"))
-        if c.state == "running":
-            line.append(f"  up {duration(since_iso(c.started_at, now))}", style=grey or "")
-        line.append(f"  restarts {num(c.restart_count)}", style=grey or ("yellow" if c.restart_count else ""))
-        line.append(f"  cap {gib(c.memory_limit_b) if c.memory_limit_b else 'none'}",
-                    style=grey or ("" if c.memory_limit_b else "yellow"))
+            parts.append((f" {c.health}", grey or c.health_colour, 1))
+        if c.up_s is not None:
+            parts.append((f"  up {duration(c.up_s)}", grey or "", 2))
+        parts.append((f"  restarts {num(c.restarts)}", grey or ("yellow" if c.restarts else ""), 3 if not c.restarts else 1))
+        parts.append((f"  cap {gib(c.cap_b) if c.cap_b else 'none'}", grey or ("" if c.cap_b else "yellow"),
+                      4 if c.cap_b else 1))
         if c.oom_killed:
-            line.append("  OOMKilled", style="bold red")
+            parts.append(("  OOMKilled", "bold red", 0))
         elif c.state == "exited":
-            line.append(f"  exit {num(c.exit_code)}", style=grey or "red")
-        labels = dict(c.labels)
-        if labels.get("sparkconsole.topology"):
+            parts.append((f"  exit {num(c.exit_code)}", grey or "red", 0))
+        if c.launch:
             # which launch it belongs to: a worker's row alone does not say it serves another node's endpoint
-            line.append(f"  {labels.get('sparkconsole.recipe', '?')} × {labels['sparkconsole.topology']} "
-                        f"{labels.get('sparkconsole.role', '')}", style=grey or "cyan")
-        return line
+            parts.append((f"  {c.launch}", grey or "cyan", 6))
+        return fit(parts, self._width("container"))
 
-    @staticmethod
-    def _workloads_line(last: Tick | None, grey: str | None) -> Text:
+    def _workloads_line(self, v: NodeView, grey: str | None) -> Text:
         """What each workload holds, largest first: GPU memory of its processes (NVML) and its cgroup against its cap
-        — on a GB10 the cap holds only the cgroup part. A part not measured is `?`, and the reason is said."""
-        line = Text(no_wrap=True, overflow="ellipsis")
-        line.append("Workloads ", style="bold")
-        works = sorted(workload_memory(last).values(), key=lambda w: -(w.total_b or 0)) if last else []
-        loose = host_gpu_processes(last) if last else ()
-        if not works and not loose:
-            line.append(DASH if last is None else "none running", style="dim")
-            return line
+        — on a GB10 the cap holds only the cgroup part. A part not measured is `?`, and the reason is said. On a
+        narrow panel the smaller workloads go first, each whole."""
+        if not v.workloads and not v.loose:
+            return fit([("Workloads ", "bold", 0), ("none running" if v.read else DASH, "dim", 0)],
+                       self._width("workloads"))
+        parts: list[tuple[str, str, int]] = [("Workloads ", "bold", 0)]
         why = None
-        for i, w in enumerate(works):
-            if i:
-                line.append(" · ", style="dim")
-            line.append(f"{w.container} ", style=grey or "")
+        for i, w in enumerate(v.workloads):
+            # each workload its name and total, then its breakdown, each group whole: the later workloads go first,
+            # then the first one's breakdown
+            parts += [(" · " if i else "", "dim", 2 * i), (f"{w.container} ", grey or "", 2 * i)]
             if w.measured:
-                line.append(gib(w.total_b), style=grey or "bold")
-            line.append(" (" if w.measured else "(", style="dim")
-            line.append(f"GPU {_g(w.gpu_b)}", style=grey or "")
-            line.append(f" + CPU {_g(w.cgroup_b)}" + (f" of {_g(w.cap_b)} cap" if w.cap_b else ""), style=grey or "dim")
-            line.append(")", style="dim")
+                parts.append((gib(w.total_b), grey or "bold", 2 * i))
+            parts.append(((" (" if w.measured else "(") + f"GPU {_g(w.gpu_b)} + CPU {_g(w.cgroup_b)}"
+                          + (f" of {_g(w.cap_b)} cap" if w.cap_b else "") + ")", grey or "dim", 2 * i + 1))
             why = why or w.reason
-        for p in loose[:2]:
-            line.append(" · ", style="dim")
-            line.append(f"PID {p.pid}" + (f" {p.comm}" if p.comm else "") + f" {gib(p.used_b)}", style=grey or "yellow")
+        for j, p in enumerate(v.loose[:2]):
+            # a GPU process in no container: its PID and memory whole, its command name the first thing to go
+            at = 2 * len(v.workloads) + 2 * j
+            parts += [(" · " if v.workloads or j else "", "dim", at), (f"PID {p.pid}", grey or "yellow", at)]
+            if p.comm:
+                parts.append((f" {p.comm}", grey or "yellow", at + 1))
+            parts.append((f" {gib(p.used_b)}", grey or "yellow", at))
         if why:
-            line.append(f"  {why}", style=grey or "yellow")
-        return line
+            parts.append((f"  {why}", grey or "yellow", 99))
+        return fit(parts, self._width("workloads"))
 
     def check_action(self, action: str, parameters) -> bool | None:
         # Read-only console, or a recorded moment (REPLAY): nothing to act on, so the keys are hidden too.
@@ -285,10 +268,9 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
             self.facade.read_only or self.facade.replay_at is not None))
 
     def action_fix(self) -> None:
-        """f / Enter: the fix of the first guard that is not ok (what Enter on its row in the checklist asks)."""
+        """f / Enter: the fix of the worst guard that has one (what Enter on its row in the checklist asks)."""
         results = self._checklist.results
-        wanted = next((r for r in results if r.status in ("bad", "warn") and r.fix), None) \
-            or next((r for r in results if r.status != "ok"), None)
+        wanted = fix_wanted(results)
         if wanted is None:
             self.facade.notify(f"{self.node_name}: every guard is ok" if results
                             else f"{self.node_name}: no guard reading yet", title="guards")
