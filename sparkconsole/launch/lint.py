@@ -9,24 +9,23 @@ router releases), "warn" (shown, never refuses).
 
 from __future__ import annotations
 
-import ast
-import json
 import re
 import shlex
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from .. import severity
 from ..config import ClusterConfig, NodeConfig, check_address
 from ..errors import UserError
-from ..nodes.samples import Tick
 from ..placement.estimate import MemoryEstimate, estimate_plan, gib
-from ..placement.modelinfo import ModelInfo
 from ..recipes import Recipe
 from ..runtimes import RUNTIMES, SGLANG, VLLM, Runtime, has_flag, model_source, parallel
 from . import lint_memory, lint_topology, lint_workloads
 from .argv import flag_value
+from .findings import PREFLIGHT_DOC as PREFLIGHT_DOC
+from .findings import Facts as Facts
+from .findings import Finding as Finding
+from .findings import dedupe, servers, tp
 from .lint_compile import _cluster_eager, _custom_ops
 from .lint_container import container_options
 from .plan import make_plan
@@ -36,8 +35,6 @@ from .steps import Plan
 GIB = 1024 ** 3
 GB10_MEMTOTAL_GIB = lint_memory.GB10_MEMTOTAL_GIB
 
-# Each rule's section, which a user can open (a heading per rule name: GitHub's anchor is the name itself).
-PREFLIGHT_DOC = "docs/PREFLIGHT.md"
 # Published material a user can find by its title or number (the evidence `recipe lint --explain` prints).
 SRC_DEEPSEEK = "the published run 'Two-Node DGX Spark Cluster: Running DeepSeek V4 Flash'"
 SRC_MXFP4 = ("eugr/spark-vllm-docker recipes/openai-gpt-oss-120b.yaml: --mxfp4-layers moe,qkv,o,lm_head is "
@@ -58,52 +55,6 @@ SRC_IMAGE = "eugr/spark-vllm-docker launch-cluster.sh: verify_cluster_image_cons
 SRC_MEMORY = ("a GB10 reports MemTotal ~121.7 GiB (leptonai/gpud#1170, Syllo/nvtop#449) and an OOM wedges it "
               f"(NVIDIA/open-gpu-kernel-modules#1358); {SRC_DEEPSEEK}: ~75 GiB loaded per node")
 SRC_TP = "a GB10 node has one GPU: tensor × pipeline parallel must equal the number of nodes"
-
-
-@dataclass(frozen=True)
-class Finding:
-    rule: str
-    severity: str                       # refuse | block | warn
-    message: str
-    source: str
-    fix: str | None = None
-    node: str | None = None
-
-    @property
-    def refuses(self) -> bool:
-        return severity.of_finding(self).refuses
-
-    def line(self, *, explain: bool = False) -> str:
-        """One line: severity, rule, node, message, fix, and the page that says why (docs/PREFLIGHT.md, one
-        section per rule). `explain`: the evidence under it (published runs and public threads, by name)."""
-        where = f"[{self.node}] " if self.node else ""
-        text = f"{self.severity.upper()} {self.rule}: {where}{self.message}"
-        if self.fix:
-            text += f" — fix: {self.fix}"
-        text += f" (why: {self.why})"
-        return text + (f"\n    evidence: {self.source}" if explain and self.source else "")
-
-    @property
-    def why(self) -> str:
-        return f"{PREFLIGHT_DOC}#{self.rule}"
-
-
-@dataclass(frozen=True)
-class Facts:
-    """What was learned from the nodes; anything missing is simply not checked (or reported as unknown)."""
-    guards: Mapping[str, Sequence[Any]] = field(default_factory=dict)   # node → GuardResult list (nodes/guard.py)
-    image_ids: Mapping[str, str | None] = field(default_factory=dict)   # node → image ID, None when absent
-    mem: Mapping[str, Any] = field(default_factory=dict)                # node → HostMemory (total_kb, available_kb)
-    unified: Mapping[str, bool] = field(default_factory=dict)           # node → unified memory (GB10)
-    model_info: ModelInfo | None = None                                 # the model as the node's HF cache has it
-    headroom_floor_gib: float = 8.0                                     # thresholds.headroom_floor_gib
-    boot_ids: Mapping[str, str] = field(default_factory=dict)           # node → boot id: which nodes share a machine
-    busy_ports: Mapping[str, Sequence[tuple[str, int, str]]] = field(default_factory=dict)  # node → (addr, port, why)
-    unreachable: Mapping[str, Sequence[tuple[str, str, str]]] = field(default_factory=dict)  # node → (peer, addr, why)
-    model_missing: Sequence[str] = ()                                   # nodes whose cache lacks the model
-    compile_cache_mounted: bool | None = None                           # None: read from the plan's volumes
-    ticks: Mapping[str, Tick] = field(default_factory=dict)             # node → its last tick: what runs there
-    placement: Any = None          # where placement put this launch beside what runs (Placement), or why it could not
 
 
 def facts_from_monitors(monitors: Mapping[str, Any], *, headroom_floor_gib: float = 8.0) -> Facts:
@@ -174,54 +125,9 @@ def refusals(findings: Iterable[Finding], *, force: bool = False) -> list[Findin
     return [f for f in findings if f.severity == "block" or (f.severity == "refuse" and not force)]
 
 
-# --- argument helpers -------------------------------------------------------------------------------------------
-
-def compilation_config(argv: Sequence[str]) -> dict[str, Any]:
-    """--compilation-config / -cc as JSON (or a Python literal), plus dotted -cc.key=value forms."""
-    out: dict[str, Any] = {}
-    raw = flag_value(argv, "--compilation-config", "-cc")
-    if raw:
-        out.update(_literal(raw) if isinstance(_literal(raw), dict) else {})
-    for i, a in enumerate(argv):
-        m = re.match(r"^(?:--compilation-config|-cc)\.([A-Za-z_]+)(?:=(.*))?$", a)
-        if m:
-            val = m.group(2) if m.group(2) is not None else (argv[i + 1] if i + 1 < len(argv) else "")
-            out[m.group(1)] = _literal(val)
-    return out
-
-
-def _literal(text: str) -> Any:
-    for parse in (json.loads, ast.literal_eval):
-        try:
-            return parse(text)
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
-            continue
-    return text
-
-
-def _int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
-    v = flag_value(argv, *names)
-    try:
-        return int(v) if v is not None else default
-    except ValueError:
-        return default
-
-
-def _tp(argv: Sequence[str]) -> int:
-    return _int_flag(argv, "--tensor-parallel-size", "-tp")
-
-
-def _pp(argv: Sequence[str]) -> int:
-    return _int_flag(argv, "--pipeline-parallel-size", "-pp")
-
-
 def runtime_of(plan: Plan) -> Runtime:
     """The runtime the plan's servers run: each rule asks its flags in that runtime's words."""
     return RUNTIMES.get(plan.runtime, RUNTIMES[VLLM])
-
-
-def _servers(plan: Plan) -> list[tuple[str, tuple[str, ...]]]:
-    return [(plan.service(k).node, argv) for k, argv in plan.server_args.items()]
 
 
 # --- rules ------------------------------------------------------------------------------------------------------
@@ -267,7 +173,7 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
                 message = message.replace("gpu_memory_utilization", "mem_fraction_static")
                 fix = fix.replace("gpu_memory_utilization", "mem_fraction_static")
             out.append(Finding("gpu_memory_utilization", got[0], message, lint_memory.SRC_BUDGET, fix, node))
-    return _dedupe(out)
+    return dedupe(out)
 
 
 def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
@@ -277,14 +183,14 @@ def _mxfp4_lm_head(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
     if plan.runtime != VLLM:
         return []
     out = []
-    for node, argv in _servers(plan):
+    for node, argv in servers(plan):
         layers = flag_value(argv, "--mxfp4-layers") or ""
-        if "lm_head" in [x.strip() for x in layers.split(",")] and _tp(argv) > 1:
+        if "lm_head" in [x.strip() for x in layers.split(",")] and tp(argv) > 1:
             out.append(Finding("mxfp4_lm_head_tp", "warn",
-                               f"MXFP4 lm_head with tensor parallel {_tp(argv)}: the upstream recipe runs it on one "
+                               f"MXFP4 lm_head with tensor parallel {tp(argv)}: the upstream recipe runs it on one "
                                "node only; with TP > 1 it may fail to load or give wrong output (not a known freeze)",
                                SRC_MXFP4, "drop lm_head from --mxfp4-layers (e.g. moe,qkv,o) for TP>1", node))
-    return _dedupe(out)
+    return dedupe(out)
 
 
 
@@ -330,7 +236,7 @@ def _tp_nodes(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts)
                                f"tensor parallel {tp} × pipeline parallel {pp} ≠ {want} GPU(s) for "
                                f"{plan.topology}", SRC_TP, _parallel_fix(recipe, plan, runtime, tp, pp, want),
                                plan.service(key).node))
-    return _dedupe(out)
+    return dedupe(out)
 
 
 def _mdns(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
@@ -347,7 +253,7 @@ def _mdns(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> 
                 if word.lower().rstrip(".").endswith(".local") and len(word) > 6:
                     out.append(Finding("mdns_address", "refuse", f"command uses the mDNS name {word!r}", SRC_MDNS,
                                        "use the IP address instead", s.node))
-    return _dedupe(out)
+    return dedupe(out)
 
 
 def _router(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
@@ -459,7 +365,7 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                                    f"the server would take {gib(e.claim_b)} but only {avail_kb / 1048576:.1f} GiB is "
                                    f"available (keeping {facts.headroom_floor_gib:g} GiB free)", SRC_MEMORY,
                                    "stop what holds the memory, drop the page cache, or claim less", e.node))
-    return _dedupe(out)
+    return dedupe(out)
 
 
 SRC_METRICS = ("SGLang docs (production_metrics.md): /metrics with --enable-metrics; llama.cpp tools/server: /metrics "
@@ -500,14 +406,4 @@ def _model_missing(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
         fix = (f"copy {source} to that node (same path)" if source.startswith(("/", "~/"))
                else f"sparkconsole model pull {shlex.quote(source)} --node {node} --yes")
         out.append(Finding("model_missing", "refuse", f"model {source} is not on this node", SRC_MODEL, fix, node))
-    return out
-
-
-def _dedupe(findings: list[Finding]) -> list[Finding]:
-    seen, out = set(), []
-    for f in findings:
-        k = (f.rule, f.node, f.message)
-        if k not in seen:
-            seen.add(k)
-            out.append(f)
     return out

@@ -9,14 +9,18 @@ model's kernels), and full graphs on a cluster are a warning carrying the PIECEW
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+import ast
+import json
+import re
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
-from .argv import has_flag
+from .argv import flag_value, has_flag
+from .findings import Facts, Finding, dedupe, servers
 
 if TYPE_CHECKING:
     from ..config import NodeConfig
     from ..recipes import Recipe
-    from .lint import Facts, Finding
     from .steps import Plan
 
 SRC_CUSTOM_OPS = ("the published run 'Two-Node DGX Spark Cluster: Running DeepSeek V4 Flash': custom_ops "
@@ -37,26 +41,25 @@ def _custom_ops(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Fact
         return []        # vLLM's compilation config; another runtime's command has none
     out = []
     cached = facts.compile_cache_mounted if facts.compile_cache_mounted is not None else compile_cache_mounted(plan)
-    from . import lint  # lint.py imports this module: its Finding and helpers are read at call time
     fix = "drop custom_ops and use --compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}'"
-    for node, argv in lint._servers(plan):
-        ops = lint.compilation_config(argv).get("custom_ops")
+    for node, argv in servers(plan):
+        ops = compilation_config(argv).get("custom_ops")
         if isinstance(ops, str):
             ops = [ops]
         if not (isinstance(ops, (list, tuple)) and any(str(o).strip().lower() == "all" for o in ops)):
             continue
         if cached:
-            out.append(lint.Finding("custom_ops_all", "warn", 'compilation config has custom_ops ["all"], with the '
+            out.append(Finding("custom_ops_all", "warn", 'compilation config has custom_ops ["all"], with the '
                                     "compile caches on persistent volumes: safe once they hold this model's kernels "
                                     "(a launch that compiled them before); the first launch still compiles during "
                                     "the load", SRC_CUSTOM_OPS,
                                     "fill the cache once with a lower gpu_memory_utilization, or " + fix, node))
         else:
-            out.append(lint.Finding("custom_ops_all", "refuse", 'compilation config has custom_ops ["all"] and no '
+            out.append(Finding("custom_ops_all", "refuse", 'compilation config has custom_ops ["all"] and no '
                                     "persistent compile cache is mounted: the fusion kernels compile during the load",
                                     SRC_CUSTOM_OPS, fix + ", or mount the compile caches (" +
                                     ", ".join("~/" + c for c in COMPILE_CACHES) + ")", node))
-    return lint._dedupe(out)
+    return dedupe(out)
 
 
 def compile_cache_mounted(plan: Plan) -> bool:
@@ -79,14 +82,52 @@ def _cluster_eager(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: F
     if plan.topology != "cluster-tp2" or plan.runtime != "vllm":
         return []
     out = []
-    from . import lint  # lint.py imports this module: its Finding and helpers are read at call time
-    for node, argv in lint._servers(plan):
-        mode = str(lint.compilation_config(argv).get("cudagraph_mode", "")).upper()
+    for node, argv in servers(plan):
+        mode = str(compilation_config(argv).get("cudagraph_mode", "")).upper()
         if not has_flag(argv, "--enforce-eager") and mode != "PIECEWISE":
-            out.append(lint.Finding("cluster_cudagraphs", "warn",
+            out.append(Finding("cluster_cudagraphs", "warn",
                                     "cluster launch with full CUDA graphs"
                                     + (f" (cudagraph_mode {mode})" if mode else " (vLLM's default mode)")
                                     + ": PIECEWISE is the mode a published two-node run ran safely", SRC_EAGER,
                                     "--compilation-config '{\"cudagraph_mode\":\"PIECEWISE\"}' (or --enforce-eager)",
                                     node))
-    return lint._dedupe(out)
+    return dedupe(out)
+
+
+def compilation_config(argv: Sequence[str]) -> dict[str, Any]:
+    """--compilation-config / -cc as JSON (or a Python literal), plus dotted -cc.key=value forms."""
+    out: dict[str, Any] = {}
+    raw = flag_value(argv, "--compilation-config", "-cc")
+    if raw:
+        out.update(_literal(raw) if isinstance(_literal(raw), dict) else {})
+    for i, a in enumerate(argv):
+        m = re.match(r"^(?:--compilation-config|-cc)\.([A-Za-z_]+)(?:=(.*))?$", a)
+        if m:
+            val = m.group(2) if m.group(2) is not None else (argv[i + 1] if i + 1 < len(argv) else "")
+            out[m.group(1)] = _literal(val)
+    return out
+
+
+def _literal(text: str) -> Any:
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return text
+
+
+def _int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
+    v = flag_value(argv, *names)
+    try:
+        return int(v) if v is not None else default
+    except ValueError:
+        return default
+
+
+def _tp(argv: Sequence[str]) -> int:
+    return _int_flag(argv, "--tensor-parallel-size", "-tp")
+
+
+def _pp(argv: Sequence[str]) -> int:
+    return _int_flag(argv, "--pipeline-parallel-size", "-pp")

@@ -17,11 +17,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from . import lint_memory
+from .findings import Facts, Finding
 
 if TYPE_CHECKING:
     from ..config import NodeConfig
     from ..recipes import Recipe
-    from .lint import Facts, Finding
     from .steps import Plan
 
 SRC_SOCKET = "Docker's own docs: access to the Docker socket is root on the host"
@@ -32,8 +32,7 @@ SRC_RDMA = "eugr/spark-vllm-docker launch-cluster.sh: --privileged, or IPC_LOCK 
 
 
 def _finding(rule: str, severity: str, message: str, source: str, fix: str) -> Finding:
-    from . import lint  # lint.py imports this module: its Finding is read at call time
-    return lint.Finding(rule, severity, message, source, fix)
+    return Finding(rule, severity, message, source, fix)
 
 
 def container_options(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:

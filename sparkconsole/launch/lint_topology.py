@@ -8,13 +8,11 @@ lint.py: what the nodes said comes in through Facts (boot ids, ports in use, pee
 from __future__ import annotations
 
 import ipaddress
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..config import NodeConfig
+from .findings import Facts, Finding, pp, tp
 from .steps import Plan
-
-if TYPE_CHECKING:
-    from .lint import Facts, Finding
 
 SRC_RAY_CPU = ("sparkconsole's test bed (docs/TESTBED.md), vLLM 0.32 CPU: --distributed-executor-backend ray dies with \"current platform cpu does "
                "not support ray\" (the CPU platform has no Ray device key)")
@@ -40,7 +38,6 @@ def _is_loopback(host: str) -> bool:
 
 
 def _finding(*args: Any, **kwargs: Any) -> Finding:
-    from .lint import Finding
     return Finding(*args, **kwargs)
 
 
@@ -64,7 +61,6 @@ def cpu_threads_bind(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[
     share a machine (one server with TP>1, or several "nodes" on one host) need VLLM_CPU_OMP_THREADS_BIND."""
     if not plan.cpu_build:
         return []
-    from .lint import _pp, _tp
     by_name = {n.name: n for n in nodes}
     out = []
     per_host: dict[str, list[tuple[str, str | None]]] = {}
@@ -72,7 +68,7 @@ def cpu_threads_bind(plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[
         node = plan.service(key).node
         bind = dict(env).get("VLLM_CPU_OMP_THREADS_BIND")
         argv = plan.server_args.get(key, ())
-        local_ranks = _tp(argv) * _pp(argv) if plan.topology != "cluster-tp2" else 1
+        local_ranks = tp(argv) * pp(argv) if plan.topology != "cluster-tp2" else 1
         if local_ranks > 1 and (bind is None or bind == "auto" or len(bind.split("|")) < local_ranks):
             out.append(_finding("cpu_threads_bind", "refuse",
                                 f"{local_ranks} CPU ranks in one server without a core list each", SRC_BIND,
