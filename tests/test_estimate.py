@@ -16,10 +16,10 @@ import pytest
 
 from sparkconsole.config import ClusterConfig, NodeConfig
 from sparkconsole.launch.plan import make_plan
-from sparkconsole.launch.recipe import load_recipe
 from sparkconsole.placement import modelinfo
 from sparkconsole.placement.estimate import FP8_DS_MLA_ENTRY_B, GB10_MEMTOTAL_B, estimate_plan, render
 from sparkconsole.placement.modelinfo import GIB, parse_probe, probe_command
+from sparkconsole.recipes import load_recipe
 
 safetensors = pytest.importorskip("safetensors")
 

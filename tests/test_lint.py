@@ -238,7 +238,7 @@ sparkconsole:
 def test_a_parallel_size_fix_changes_the_plan(tmp_path, parallel, sets):
     # Issue 39: a disagg recipe was told `--set tensor_parallel=…`, which changed nothing. A `--set` fix must clear
     # the refusal once applied; any other fix names where the size really comes from.
-    from sparkconsole.launch.recipe import load_recipe
+    from sparkconsole.recipes import load_recipe
     path = tmp_path / "fork.yaml"
     path.write_text(FORK_DISAGG.format(parallel=parallel))
     r = load_recipe(path)

@@ -8,8 +8,8 @@ from __future__ import annotations
 from sparkconsole import severity
 from sparkconsole.commands.status import node_record, render_table
 from sparkconsole.launch.lint import preflight
-from sparkconsole.launch.recipe import find_recipe
 from sparkconsole.nodes.guard import GuardResult
+from sparkconsole.recipes import find_recipe
 from tests.helpers import wait_for
 from tests.test_tui_app import make_app, recording, state_dir, widget_text  # noqa: F401  (fixtures)
 

@@ -34,7 +34,7 @@ if TYPE_CHECKING:      # the benchmark code is imported in the functions: `bench
     from ..bench.matrix import Launcher, StaticLauncher
     from ..bench.results import LevelResult, ResultsStore, ThermalNote
     from ..bench.sweep import Progress, SweepSpec
-    from ..launch import runner
+    from ..launch import progress as launch_progress
     from ..launch.lint import Finding
     from ..nodes.monitor import ClusterMonitor
     from ..sim.cluster import SimCluster
@@ -304,11 +304,11 @@ def _static_launcher(text: str) -> StaticLauncher:
 
 
 def _launch_printer(args: argparse.Namespace, line: _ProgressLine
-                    ) -> tuple[Callable[[runner.Progress], None], Callable[[Finding], None]]:
+                    ) -> tuple[Callable[[launch_progress.Progress], None], Callable[[Finding], None]]:
     """Runner progress and preflight findings as progress lines: readiness and failures, every step with -v."""
     shown = {"ready", "failed", "info"} | ({"step", "stopped"} if args.verbose else set())
 
-    def progress(ev: runner.Progress) -> None:
+    def progress(ev: launch_progress.Progress) -> None:
         if ev.stage in shown:
             line.text(f"  {ev.node}: {ev.message}")
 

@@ -17,7 +17,7 @@ from ..errors import UserError
 if TYPE_CHECKING:
     from ..config import ClusterConfig
     from ..launch import lint as lint_mod
-    from ..launch.runner import Progress
+    from ..launch.progress import Progress
     from ..launch.steps import Plan
     from ..recipes import Recipe
 

@@ -18,11 +18,12 @@ docker on the node can close or open it. A new container starts open.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
 from .drain_gate import FLAG, FLAG_DIR, HEADER, LEASE_S, MIDDLEWARE_ARGS, MODULE, reopen_command
+from .progress import Emit
 from .steps import NodeExpr, Step
 
 __all__ = ["FLAG", "HEADER", "LEASE_S", "MIDDLEWARE_ARGS", "Held", "close_step", "keep_step", "mount",
@@ -76,7 +77,7 @@ def reopen_step(node: str, container: str) -> Step:
 class StepRunner(Protocol):
     """What a held server's touches run through (launch/runner.Runner)."""
 
-    async def run_step(self, step: Step, action: str, emit: Callable[..., None]) -> str | None: ...
+    async def run_step(self, step: Step, action: str, emit: Emit) -> str | None: ...
 
 
 class Held:
@@ -84,7 +85,7 @@ class Held:
     `let_go()` (its container is about to be replaced); `reopen()` when the roll stops before that."""
 
     def __init__(self, runner: StepRunner, node: str, container: str, key: str, action: str,
-                 emit: Callable[..., None]) -> None:
+                 emit: Emit) -> None:
         self.runner, self.node, self.container, self.key, self.action, self.emit = \
             runner, node, container, key, action, emit
         self._keep: asyncio.Task[None] | None = asyncio.ensure_future(self._keep_closed())

@@ -26,15 +26,16 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..config import ClusterConfig, GatewaySettings
 from ..errors import UserError
 from ..nodes.launches import LABEL, SERVING, LaunchGroup
+from ..recipes import RouterImpl
 from .container import ROUTER_MEMORY, service_argv
-from .recipe import RouterImpl
+from .progress import Emit
 from .routers import DEFAULT_ROUTER_DIR, LITELLM_COOLDOWN_S, compromised_versions
 from .runner import LaunchError, Runner
 from .steps import Step, url_host
@@ -137,7 +138,7 @@ class SyncReport:
 class Gateway:
     """The gateway's container on the head, kept to the workloads that serve (see the module's docstring)."""
 
-    def __init__(self, cluster: ClusterConfig, runner: Runner, emit: Callable[..., None] | None = None) -> None:
+    def __init__(self, cluster: ClusterConfig, runner: Runner, emit: Emit | None = None) -> None:
         if cluster.gateway is None:
             raise UserError("the cluster file has no gateway", file=cluster.source, field="gateway",
                             fix="add 'gateway: {port: 4100}' to the cluster file")
@@ -223,7 +224,7 @@ class Gateway:
             await self._step(st)
 
 
-async def keep_current(cluster: ClusterConfig, transports: Mapping[str, Any], emit: Callable[..., None] | None = None,
+async def keep_current(cluster: ClusterConfig, transports: Mapping[str, Any], emit: Emit | None = None,
                        *, without: str | None = None) -> SyncReport | None:
     """The gateway (when the cluster file has one) listing the workloads that serve now, read from every node's
     Docker (launch/workloads.py), `without` one about to stop: called after a launch and before a stop."""

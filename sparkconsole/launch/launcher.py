@@ -32,7 +32,8 @@ from . import lint
 from .ifaces import plan_links
 from .plan import make_plan
 from .probe import probe_nodes
-from .runner import READY_TIMEOUT_S, Progress, Runner
+from .progress import Progress
+from .runner import READY_TIMEOUT_S, Runner
 from .steps import Plan
 
 FACTS_TIMEOUT_S = 15.0

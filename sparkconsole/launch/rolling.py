@@ -33,9 +33,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import httpx
 
@@ -44,12 +43,13 @@ from ..nodes.launches import LABEL
 from ..recipes import ROUTER_CHOICES
 from ..serving import metrics as vmetrics
 from . import gate
+from .progress import Emit, ProgressCallback, emit_to, emitter
 from .routers import LITELLM_COOLDOWN_S
 from .steps import Plan, Service, Step
 
 if TYPE_CHECKING:
     from ..nodes.transport import Transport
-    from .runner import ProgressCallback, Runner
+    from .runner import Runner
 
 DRAIN_TIMEOUT_S = 120.0
 DRAIN_POLL_S = 0.5
@@ -246,7 +246,7 @@ async def back_in_rotation(client: httpx.AsyncClient, svc: Service, *, wait: flo
     return False
 
 
-async def drain(client: httpx.AsyncClient, svc: Service, timeout: float, emit: Callable[..., None],
+async def drain(client: httpx.AsyncClient, svc: Service, timeout: float, emit: Emit,
                 poll: float = DRAIN_POLL_S) -> tuple[int, int, float]:
     """Wait until the server has no request left (two readings in a row, so a request still on its way from the
     router is seen); returns (requests that finished, requests left at the deadline, seconds). A server without
@@ -287,7 +287,7 @@ async def rolling_restart(runner: Runner, plan: Plan, on_progress: ProgressCallb
     """One server at a time: out of the router, drained, restarted, healthy and answering, back in."""
     router = router_of(plan)
     assert router is not None and router.url
-    roll = _Roll(runner, plan, router, runner._emitter(on_progress), drain_timeout)
+    roll = _Roll(runner, plan, router, emitter(on_progress), drain_timeout)
     async with httpx.AsyncClient(timeout=10.0, trust_env=False) as client:
         roll.client = client
         api = WorkerApi(client, router.url)
@@ -307,7 +307,7 @@ async def rolling_restart(runner: Runner, plan: Plan, on_progress: ProgressCallb
 class _Roll:
     """One rolling restart's state: the router, its worker API (None behind LiteLLM), the report so far."""
 
-    def __init__(self, runner: Runner, plan: Plan, router: Service, emit: Callable[..., None],
+    def __init__(self, runner: Runner, plan: Plan, router: Service, emit: Emit,
                  drain_timeout: float) -> None:
         self.runner, self.plan, self.router, self.emit, self.drain_timeout = runner, plan, router, emit, drain_timeout
         self.report = RestartReport("rolling")
@@ -413,7 +413,7 @@ async def restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | No
     return await graceful_restart(runner, plan, on_progress, drain_timeout=drain_timeout)
 
 
-async def restart_one(runner: Runner, plan: Plan, svc: Service, emit: Callable[..., None], action: str) -> str | None:
+async def restart_one(runner: Runner, plan: Plan, svc: Service, emit: Emit, action: str) -> str | None:
     """Launch one server again from the plan and wait until it is ready; None, or why it did not come back (its
     log line). A new container, not `docker restart`: operators restart to take a new image or a changed flag,
     which a restarted container would not have."""
@@ -438,15 +438,10 @@ def relaunch_steps(plan: Plan, svc: Service, router: Service | None) -> list[Ste
     return [st for st in plan.steps if st.node == svc.node and not routers(st)]
 
 
-def emit_to(emit: Callable[..., None]) -> Callable[[Any], None]:
-    """The runner's callbacks take Progress events; `emit` takes their fields."""
-    return lambda ev: emit(ev.node, ev.stage, ev.message, ev.service)
-
-
 async def graceful_restart(runner: Runner, plan: Plan, on_progress: ProgressCallback | None = None, *,
                            drain_timeout: float = DRAIN_TIMEOUT_S) -> RestartReport:
     """Every server drained (when drain_timeout > 0), then the launch restarted as a whole."""
-    emit = runner._emitter(on_progress)
+    emit = emitter(on_progress)
     report = RestartReport("graceful")
     t0 = time.monotonic()
     if drain_timeout > 0:

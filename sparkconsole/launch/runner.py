@@ -18,9 +18,7 @@ import re
 import shlex
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
 
 import httpx
 
@@ -31,24 +29,13 @@ from ..nodes.transport import CommandResult, LineStream, Transport, TransportErr
 from . import gate
 from .health import LaunchHealth, MemberState, judge
 from .logread import error_line, exit_line, known_refusal_fix
+from .progress import Emit, ProgressCallback, emitter
 from .readiness import ProbeFailed, generates, inference_probe, ready_timeout
 from .steps import EXIT_MARK, Plan, Service, Step
 
-ProgressCallback = Callable[["Progress"], Any]
 STEP_TIMEOUT_S = 300.0            # docker run of a large image can take a while to create the container
 READY_TIMEOUT_S = 1800.0          # a 120B model loads in minutes (seed 004: ~7 min with warm-up)
 LOG_LINES_KEPT = 200
-@dataclass(frozen=True)
-class Progress:
-    node: str
-    stage: str                    # step | ok | failed | log | waiting | ready | stopping | stopped | info |
-                                  # draining | restarting | back (a rolling or graceful restart: launch/rolling.py)
-    message: str
-    service: str | None = None
-    time: float = 0.0
-
-    def __str__(self) -> str:
-        return f"{self.node}: {self.message}"
 
 
 def check_trusted(plan: Plan) -> None:
@@ -72,7 +59,7 @@ class LaunchError(UserError):
 class _Follower:
     """Follows one service's log and answers whether it is ready, still starting, or dead (and why)."""
 
-    def __init__(self, runner: Runner, svc: Service, emit: Callable[..., None]) -> None:
+    def __init__(self, runner: Runner, svc: Service, emit: Emit) -> None:
         self.runner = runner
         self.svc = svc
         self.emit = emit
@@ -191,17 +178,7 @@ class Runner:
                 members.append(MemberState(svc, status, detail, answers, why, closed))
         return judge(plan, members)
 
-    @staticmethod
-    def _emitter(on_progress: ProgressCallback | None) -> Callable[..., None]:
-        def emit(node: str, stage: str, message: str, service: str | None = None) -> None:
-            if on_progress is None:
-                return
-            ev = Progress(node, stage, " ".join(secrets.redact(message).split()), service, time.time())
-            with contextlib.suppress(Exception):  # a broken display must not break a launch
-                on_progress(ev)
-        return emit
-
-    async def run_step(self, step: Step, action: str, emit: Callable[..., None]) -> str | None:
+    async def run_step(self, step: Step, action: str, emit: Emit) -> str | None:
         """Run one step; None on success, else a one-line reason (stderr's last line)."""
         emit(step.node, "step", step.what, step.service)
         cmd = self.node_prefix(step.node) + step.shell()
@@ -246,7 +223,7 @@ class Runner:
     # --- launch -------------------------------------------------------------------------------------------
     async def launch(self, plan: Plan, on_progress: ProgressCallback | None = None, *, wait: bool = True) -> dict[str, float]:
         """Run every step in order; wait until every service is ready. Returns seconds to ready per service."""
-        emit = self._emitter(on_progress)
+        emit = emitter(on_progress)
         check_trusted(plan)
         started: list[Service] = []
         try:
@@ -270,7 +247,7 @@ class Runner:
             await self._cleanup(plan, started, emit)
             raise
 
-    async def _probe(self, plan: Plan, emit: Callable[..., None]) -> None:
+    async def _probe(self, plan: Plan, emit: Emit) -> None:
         """A v2 recipe's readiness: one real streamed answer from the endpoint (launch/readiness.py)."""
         r = plan.readiness
         if r is None or not r.inference or not plan.endpoint:
@@ -289,7 +266,7 @@ class Runner:
                                              "readiness: {inference: false} in the recipe") from None
         emit(node, "ready", f"readiness: first text after {seconds:g} s")
 
-    async def _start_all(self, plan: Plan, started: list[Service], emit: Callable[..., None]) -> None:
+    async def _start_all(self, plan: Plan, started: list[Service], emit: Emit) -> None:
         for step in plan.steps:
             if step.service:
                 # Counted as started before its `docker run` returns: a failed or interrupted run can still
@@ -313,7 +290,7 @@ class Runner:
                      + " (run the recipe's stop once the node is back)")
         return note
 
-    async def _cleanup(self, plan: Plan, services: Sequence[Service], emit: Callable[..., None]) -> list[Service]:
+    async def _cleanup(self, plan: Plan, services: Sequence[Service], emit: Emit) -> list[Service]:
         """Stop and remove `services` (last started first); returns those that could not be stopped."""
         left: list[Service] = []
         for svc in reversed(services):
@@ -333,7 +310,7 @@ class Runner:
     # --- readiness ----------------------------------------------------------------------------------------
     async def wait_ready(self, plan: Plan, on_progress: ProgressCallback | None = None, *,
                          services: Sequence[Service] | None = None, timeout: float | None = None) -> dict[str, float]:
-        emit = self._emitter(on_progress)
+        emit = emitter(on_progress)
         services = list(plan.services if services is None else services)
         timeout = timeout or self.ready_timeout
         followers = {s.key: _Follower(self, s, emit) for s in services}
@@ -405,7 +382,7 @@ class Runner:
             return False
 
     async def _measure_router(self, client: httpx.AsyncClient, plan: Plan, services: Sequence[Service],
-                              emit: Callable[..., None]) -> None:
+                              emit: Emit) -> None:
         """The router's added latency: one-token completions through the router and straight to a backend,
         alternated (so load drifts hit both alike), median of 5 each. Routers that need a key are skipped."""
         routers = [s for s in services if s.role == "router" and s.models_path]
@@ -441,7 +418,7 @@ class Runner:
     # --- stop / restart -----------------------------------------------------------------------------------
     async def stop(self, plan: Plan, on_progress: ProgressCallback | None = None) -> None:
         """Stop and remove every container of the plan, routers first, on every node; report what failed."""
-        emit = self._emitter(on_progress)
+        emit = emitter(on_progress)
         failures = []
         # Routers first (no traffic to dying servers), then servers in reverse launch order (workers before head).
         order = [s for s in plan.services if s.role == "router"] + \
@@ -462,7 +439,7 @@ class Runner:
 
     async def restart(self, plan: Plan, on_progress: ProgressCallback | None = None) -> dict[str, float]:
         """Single-node servers restart in place (docker restart, head first); a TP group is stopped and relaunched."""
-        emit = self._emitter(on_progress)
+        emit = emitter(on_progress)
         if not plan.restartable_in_place:
             await self.stop(plan, on_progress)
             return await self.launch(plan, on_progress)
