@@ -128,6 +128,10 @@ class PlanBuilder:
     def note(self, text: str) -> None:
         self.notes.append(text)
 
+    def add_service(self, svc: Service) -> None:
+        """A service that is not a vLLM server (a router): readiness waits for it, a stop removes it."""
+        self.services.append(svc)
+
     def server_command(self, node: NodeConfig, port: int, *, multi_node: bool = False) -> tuple[list[str], bool]:
         """The recipe's command for a server on `node`, as argv (see argv.command_argv), in this plan's runtime."""
         return command_argv(self.recipe, self.server_params(node, port), self.extra_args, multi_node=multi_node,

@@ -42,14 +42,14 @@ LITELLM_COOLDOWN_S = 10
 
 def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
     """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
-    recipe, params, steps = b.recipe, b.params, b.steps
+    recipe, params = b.recipe, b.params
     router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
     port = b.router_port()
     name = f"{b.cname(head)}_router"
     url = f"http://{url_host(head.address)}:{port}"
     model = servers[0].model
     impl: RouterImpl
-    steps.append(Step(head.name, f"remove a stopped leftover router container {name} (refused if it is running)",
+    b.add_step(Step(head.name, f"remove a stopped leftover router container {name} (refused if it is running)",
                       ("docker", "rm", name), tolerate=("No such container",)))
     if choice == "vllm-router":
         impl = recipe.router.vllm_router
@@ -73,7 +73,7 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
         env: list[tuple[str, str]] = []
         mounts: list[str] = []
         secrets: tuple[SecretRef, ...] = ()
-        b.notes.append(ROUTER_OVERHEAD_NOTE["vllm-router"])
+        b.note(ROUTER_OVERHEAD_NOTE["vllm-router"])
     else:
         impl = recipe.router.litellm
         bad = compromised_versions(impl, litellm=True)
@@ -83,7 +83,7 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
                             fix="pin a known-good LiteLLM, e.g. version 1.106.2")
         cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
         cfg = litellm_config(model or "model", servers, choice)
-        steps.append(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
+        b.add_step(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
                           ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", cfg_path),
                           input=cfg.encode()))
         args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.litellm.command") for c in impl.command],
@@ -93,7 +93,7 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
         env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")]
         mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
         secrets = (SecretRef("LITELLM_MASTER_KEY"),)
-        b.notes.append(ROUTER_OVERHEAD_NOTE["litellm"])
+        b.note(ROUTER_OVERHEAD_NOTE["litellm"])
     if not impl.image:
         raise UserError(f"no image for the {choice} router", file=recipe.source, field="sparkconsole.router",
                         fix="set the router's image in the recipe's sparkconsole.router section")
@@ -101,10 +101,10 @@ def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Serv
     argv = b.container.router_argv(head, name, choice, url, model, impl.image, args, volumes=volumes, env=env,
                                    secrets=[s.name for s in secrets])
     key = f"{head.name}/router"
-    steps.append(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
+    b.add_step(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
     b.listen(head, port)
-    b.services.append(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
-                            health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
+    b.add_service(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
+                          health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
     return url
 
 
