@@ -169,10 +169,10 @@ def load_figures(tmp: Path, n: int, seconds: float, keys: int) -> dict:
             time.sleep(0.5)
             t = time.perf_counter()
             s.send("?")
-            s.wait(lambda sc: "tail the node's vLLM container log" in sc, timeout=10)
+            s.wait(lambda sc: "dashboard · recipes · bench · logs" in sc, timeout=10)
             lat.append(time.perf_counter() - t)
             s.send("Escape")
-            s.wait(lambda sc: "tail the node's vLLM container log" not in sc, timeout=10)
+            s.wait(lambda sc: "dashboard · recipes · bench · logs" not in sc, timeout=10)
         rss = s.proc.memory_info().rss
         return {"nodes": n, "ticks_per_s": 2 * n, "cpu_share_of_one_core": round(cpu, 4),
                 "key_latency_ms": {"median": round(statistics.median(lat) * 1000, 1),

@@ -51,12 +51,18 @@ async def test_the_demo_recipe_runs_on_the_recipes_screen_and_r_restarts_it_audi
         assert scr.running_of("gpt-oss-120b").topology == "2x-solo"
         # what runs is shown first (once the console has drawn the launch: its next redraw)
         await wait_for(pilot, lambda: (scr.selected, scr.topology) == ("gpt-oss-120b", "2x-solo"), 10, "it chosen")
-        assert "● gpt-oss-120b  2x-solo serving" in widget_text(scr.query_one("#recipe-list"))
+        await wait_for(pilot, lambda: "● gpt-oss-120b  2x-solo serving" in widget_text(scr.query_one("#recipe-list")),
+                       10, "the list drawn with it first")
         # issue 39: what r acts on is the running launch as it runs (its LiteLLM, not the recipe's default
         # vllm-router), and the detail says the preflight shown is of another launch beside it, not of itself
-        g = scr.running_of("gpt-oss-120b")
-        restart = scr._running_plan("restart")
-        assert g.router and restart is not None and restart.router == g.router != "vllm-router"
+        # (planned again from the running containers' labels: wait for a poll that lists every member, as a loaded
+        # machine's late tick can leave one out for a moment)
+        plans: list = []
+        await wait_for(pilot, lambda: plans.append(scr._running_plan("restart")) or plans[-1] is not None, 20,
+                       "the running launch planned again")
+        g, restart = scr.running_of("gpt-oss-120b"), plans[-1]
+        assert g.router and restart.router == g.router != "vllm-router", (
+            g, [n.message for n in app._notifications])
         head = widget_text(scr.query_one("#recipe-head"))
         assert "another launch of it, beside this one" in " ".join(head.split()), head
         # a recipe chosen in the palette stays chosen while another runs

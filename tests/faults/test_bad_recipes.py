@@ -258,16 +258,20 @@ def test_bad_v2_inputs_are_one_line_each(tmp_path, ledger):
             assert words in msg and (field is None or f": {field}:" in msg), msg
         else:
             raise AssertionError(f"{path.name} was accepted")
-    ledger.bad_inputs()
+    # SGLang plans with its own multi-node flags, never vLLM's rendezvous ones; a runtime it does not run is refused
     sglang = load_recipe(_v2(tmp_path, "sg", "model: m\nruntime: sglang\ncontainer: c\n"
                                              "command: python3 -m sglang.launch_server --model-path m\n"))
+    lines = " ".join(step.shell() for step in make_plan(sglang, "cluster-tp2", CLUSTER, {"eth_if": "eth0"}).steps)
+    assert "--dist-init-addr" in lines and "--headless" not in lines, lines
+    ledger.bad_inputs()
+    trt = load_recipe(_v2(tmp_path, "trt", "model: m\nruntime: trtllm\ncontainer: c\ncommand: trtllm-serve m\n"))
     try:
-        make_plan(sglang, "solo", CLUSTER)
+        make_plan(trt, "solo", CLUSTER)
     except UserError as err:
-        msg = check_error(err, str(tmp_path / "sg.yaml"))
-        assert ": runtime: runtime 'sglang' is not one sparkconsole runs" in msg
+        msg = check_error(err, str(tmp_path / "trt.yaml"))
+        assert ": runtime: runtime 'trtllm' is not one sparkconsole runs" in msg, msg
     else:
-        raise AssertionError("an sglang recipe planned")
+        raise AssertionError("a trtllm recipe planned")
 
 
 def test_bad_registries_are_one_line_and_leave_nothing_behind(tmp_path, monkeypatch, ledger):
