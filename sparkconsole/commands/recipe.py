@@ -170,50 +170,20 @@ def _list(args: argparse.Namespace) -> int:
 async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan,
                overrides: dict[str, Any]) -> int:
     from ..launch import lint as lint_mod
-    from ..launch.runner import Runner
-    from ..nodes.connect import make_transport
-    from ..nodes.transport import TransportError
 
     action = args.recipe_command
+    if action == "status":
+        return await _status(cluster, plan)
     monitor = None
     facts = lint_mod.Facts(headroom_floor_gib=cluster.thresholds.headroom_floor_gib)
     try:
-        if action == "status":
-            transports = {}
-            for name in plan.nodes:
-                t = make_transport(cluster.node(name), cluster.ssh)
-                try:
-                    await t.connect()
-                except TransportError:
-                    continue            # its members read as unreachable
-                transports[name] = t
-            try:
-                health = await Runner(cluster, transports).health(plan)
-            finally:
-                for t in transports.values():
-                    await t.close()
-            print(health.render())
-            return 0 if health.ok else 1
         if action in ("lint", "launch") and not args.offline:
             from .recipe_workloads import read_beside
             plan, facts, monitor = await read_beside(args, recipe, cluster, plan, overrides)
         if action in ("lint", "launch"):
-            from ..placement.estimate import render as render_fit
-            for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts)):
-                print(line)
-            findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
-            for f in findings:
-                print(f.line(explain=args.explain))
-            blocking = lint_mod.refusals(findings, force=args.force)
+            refused = _preflight(args, recipe, plan, cluster, facts)
             if action == "lint":
-                print(f"preflight: {len(findings)} finding(s), {len(lint_mod.refusals(findings))} refusing")
-                return 1 if blocking else 0
-            if blocking:
-                first = blocking[0]
-                raise UserError(f"preflight refuses the launch: {first.rule}: {first.message}"
-                                + (f" (+{len(blocking) - 1} more)" if len(blocking) > 1 else ""),
-                                fix=(first.fix or "see the findings above")
-                                + ("" if first.severity == "block" else "; or pass --force"))
+                return 1 if refused else 0
         print(plan.render({n.name: n.address for n in cluster.nodes}))
         if action == "restart":
             from ..launch.rolling import restart_text
@@ -221,37 +191,90 @@ async def _act(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig,
         if action in ("launch", "restart"):          # what they run again: mods, pre_exec
             plan = _confirm_trust(args, plan)
         _confirm(args, f"{action} {plan.recipe} as {plan.topology} on {', '.join(plan.nodes)}?")
-        transports = {}
-        if monitor is not None:
-            transports = {n: nm.transport for n, nm in monitor.nodes.items() if nm.transport is not None}
-        for name in plan.nodes:
-            if name not in transports:
-                t = make_transport(cluster.node(name), cluster.ssh)
-                await t.connect()
-                transports[name] = t
-        runner = Runner(cluster, transports)
-        show = _print_progress(args.verbose)
-        if action == "launch":
-            if monitor is not None:
-                from .recipe_workloads import before_start
-                await before_start(cluster, plan, monitor)
-            ready = await runner.launch(plan, show)
-            print(f"ready: {plan.endpoint} ({', '.join(f'{k} {v:g} s' for k, v in ready.items())})")
-            from .recipe_workloads import sync_gateway
-            await sync_gateway(cluster, transports)
-        elif action == "restart":
-            from ..launch.rolling import restart
-            report = await restart(runner, plan, show, drain_timeout=args.drain_timeout, all_at_once=args.all_at_once)
-            if report is not None:
-                print(report.line())
-            print(f"ready again: {plan.endpoint}")
-        else:
-            await runner.stop(plan, show)
-            print(f"stopped {plan.recipe} on {', '.join(plan.nodes)}")
-        return 0
+        return await _run_action(args, cluster, plan, monitor)
     finally:
         if monitor is not None:
             await monitor.stop()
+
+
+async def _status(cluster: ClusterConfig, plan: Plan) -> int:
+    """`recipe status`: each member's health, read over the nodes that answer (the others' members: unreachable)."""
+    from ..launch.runner import Runner
+    from ..nodes.connect import make_transport
+    from ..nodes.transport import TransportError
+    transports = {}
+    for name in plan.nodes:
+        t = make_transport(cluster.node(name), cluster.ssh)
+        try:
+            await t.connect()
+        except TransportError:
+            continue
+        transports[name] = t
+    try:
+        health = await Runner(cluster, transports).health(plan)
+    finally:
+        for t in transports.values():
+            await t.close()
+    print(health.render())
+    return 0 if health.ok else 1
+
+
+def _preflight(args: argparse.Namespace, recipe: Recipe, plan: Plan, cluster: ClusterConfig, facts: Any) -> bool:
+    """The memory fit and preflight's findings (facts None: on paper, no node read), printed; True when they
+    refuse. A launch they refuse is a one-line UserError naming the first refusal; `lint` prints its count."""
+    from ..launch import lint as lint_mod
+    from ..placement.estimate import render as render_fit
+    for line in render_fit(lint_mod.memory_estimates(recipe, plan, facts or lint_mod.Facts())):
+        print(line)
+    findings = lint_mod.preflight(recipe, plan.topology, cluster.nodes, facts, plan=plan)
+    for f in findings:
+        print(f.line(explain=args.explain))
+    blocking = lint_mod.refusals(findings, force=args.force)
+    if args.recipe_command == "lint":
+        print(f"preflight: {len(findings)} finding(s), {len(lint_mod.refusals(findings))} refusing")
+        return bool(blocking)
+    if blocking:
+        first = blocking[0]
+        raise UserError(f"preflight refuses the launch: {first.rule}: {first.message}"
+                        + (f" (+{len(blocking) - 1} more)" if len(blocking) > 1 else ""),
+                        fix=(first.fix or "see the findings above")
+                        + ("" if first.severity == "block" else "; or pass --force"))
+    return False
+
+
+async def _run_action(args: argparse.Namespace, cluster: ClusterConfig, plan: Plan, monitor: Any) -> int:
+    """Launch, restart or stop the confirmed plan over the nodes' transports (the preflight monitor's, else new)."""
+    from ..launch.runner import Runner
+    from ..nodes.connect import make_transport
+    transports = {}
+    if monitor is not None:
+        transports = {n: nm.transport for n, nm in monitor.nodes.items() if nm.transport is not None}
+    for name in plan.nodes:
+        if name not in transports:
+            t = make_transport(cluster.node(name), cluster.ssh)
+            await t.connect()
+            transports[name] = t
+    runner = Runner(cluster, transports)
+    show = _print_progress(args.verbose)
+    action = args.recipe_command
+    if action == "launch":
+        if monitor is not None:
+            from .recipe_workloads import before_start
+            await before_start(cluster, plan, monitor)
+        ready = await runner.launch(plan, show)
+        print(f"ready: {plan.endpoint} ({', '.join(f'{k} {v:g} s' for k, v in ready.items())})")
+        from .recipe_workloads import sync_gateway
+        await sync_gateway(cluster, transports)
+    elif action == "restart":
+        from ..launch.rolling import restart
+        report = await restart(runner, plan, show, drain_timeout=args.drain_timeout, all_at_once=args.all_at_once)
+        if report is not None:
+            print(report.line())
+        print(f"ready again: {plan.endpoint}")
+    else:
+        await runner.stop(plan, show)
+        print(f"stopped {plan.recipe} on {', '.join(plan.nodes)}")
+    return 0
 
 
 async def _memory_fit(recipe: Recipe, plan: Plan, *, offline: bool) -> list[str]:
@@ -267,6 +290,22 @@ async def _memory_fit(recipe: Recipe, plan: Plan, *, offline: bool) -> list[str]
     if source and not offline and all(e.weights_b is None for e in estimate_plan(recipe, plan, {})):
         hub = await modelinfo.read_hub(source, getattr(recipe, "model_revision", None))
     return render(estimate_plan(recipe, plan, {}, hub=hub))
+
+
+async def _as_the_router_runs(args: argparse.Namespace, recipe: Recipe, cluster: ClusterConfig, plan: Plan,
+                              overrides: dict[str, Any]) -> Plan:
+    """A 2x-solo restart planned with the router that runs (a restart keeps the router container and restarts the
+    servers: with another router named it would wait for one that never comes)."""
+    from ..launch.plan import make_plan
+    runs = await _running_router(cluster, plan)
+    if not runs or runs == plan.router:
+        return plan
+    if args.router:
+        raise UserError(f"the running launch's router is {runs}, not {args.router}", field="--router",
+                        fix=f"restart with --router {runs} (or without --router); to change routers, "
+                            f"`recipe stop`, then `recipe launch` with --router {args.router}")
+    print(f"the running router is {runs}: restarting the launch as it was made (--router {runs})")
+    return make_plan(recipe, plan.topology, cluster, {**overrides, "router": runs})
 
 
 async def _running_router(cluster: ClusterConfig, plan: Plan) -> str | None:
@@ -337,7 +376,6 @@ async def _on_the_demo(args: argparse.Namespace) -> int:
 
 
 async def _main(args: argparse.Namespace) -> int:
-    from ..launch import lint as lint_mod
     from ..launch.plan import make_plan
     from ..recipes import find_recipe
 
@@ -377,24 +415,7 @@ async def _main(args: argparse.Namespace) -> int:
             print(restart_text(plan, all_at_once=args.all_at_once, drain_timeout=args.drain_timeout))
         return 0
     if args.recipe_command == "restart" and topology == "2x-solo":
-        runs = await _running_router(cluster, plan)
-        if runs and runs != plan.router:
-            if args.router:
-                # a restart keeps the router container (it restarts servers): it would wait for a router that
-                # never comes
-                raise UserError(f"the running launch's router is {runs}, not {args.router}", field="--router",
-                                fix=f"restart with --router {runs} (or without --router); to change routers, "
-                                    f"`recipe stop`, then `recipe launch` with --router {args.router}")
-            print(f"the running router is {runs}: restarting the launch as it was made (--router {runs})")
-            plan = make_plan(recipe, topology, cluster, {**overrides, "router": runs})
+        plan = await _as_the_router_runs(args, recipe, cluster, plan, overrides)
     if args.recipe_command == "lint" and args.offline:
-        from ..placement.estimate import render as render_fit
-        for line in render_fit(lint_mod.memory_estimates(recipe, plan, lint_mod.Facts())):
-            print(line)
-        findings = lint_mod.preflight(recipe, topology, cluster.nodes, None, plan=plan)
-        for f in findings:
-            print(f.line(explain=args.explain))
-        n = len(lint_mod.refusals(findings, force=args.force))
-        print(f"preflight: {len(findings)} finding(s), {n} refusing")
-        return 1 if n else 0
+        return 1 if _preflight(args, recipe, plan, cluster, None) else 0
     return await _act(args, recipe, cluster, plan, overrides)
