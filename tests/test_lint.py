@@ -204,6 +204,20 @@ def test_memory_headroom_rule():
     assert "memory_headroom" not in rules(check("gpt-oss-120b", "solo", facts=good_facts()))
 
 
+def test_a_placed_launch_is_refused_for_memory_once_by_its_placement():
+    """The nodes read and the launch placed beside what runs: a claim over the room is one refusal (memory_budget,
+    which counts MemAvailable), not also memory_headroom's and gpu_memory_utilization's; the warning stays."""
+    from sparkconsole.errors import UserError
+    tight = replace(GB10_MEM, available_kb=40 * GIB_KB)
+    unplaced = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.97}, facts=good_facts(mem={"spark1": tight}))
+    assert {"memory_headroom", "gpu_memory_utilization"} <= {f.rule for f in refusals(unplaced)}
+    short = UserError("gpt-oss-120b does not fit: it takes 117.8 GiB per node (claim)", fix="stop a workload")
+    placed = check("gpt-oss-120b", "solo", {"gpu_memory_utilization": 0.97},
+                   facts=good_facts(mem={"spark1": tight}, placement=short))
+    assert [f.rule for f in refusals(placed)] == ["memory_budget"], placed
+    assert "memory_headroom" not in rules(placed)
+
+
 def test_parallel_size_must_match_nodes():
     assert rules(check("llama-3.1-8b", "solo", {"tensor_parallel": 2})) == ["parallel_size"]
     assert rules(check("gpt-oss-120b", "cluster-tp2", {"tensor_parallel": 1})) == ["parallel_size"]

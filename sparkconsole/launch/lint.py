@@ -167,6 +167,10 @@ def _gpu_mem(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) 
                                     reason="what runs on the node was not read" if total_kb else
                                     "the node was not read: a GB10 assumed, nothing held")
         got = lint_memory.judge(cs, total, budget, cap_text, bool(total_kb))
+        if got and got[0] == "refuse" and facts.placement is not None:
+            # the nodes were read and the launch placed beside what runs: a claim over the room is the placement's
+            # one refusal (memory_budget), which counts MemAvailable too; said once, not three times
+            continue
         if got:
             message, fix = got[1], got[2]
             if runtime.name == SGLANG:   # the same claim, in SGLang's words
@@ -342,7 +346,7 @@ def memory_estimates(recipe: Recipe, plan: Plan, facts: Facts) -> list[MemoryEst
 
 def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -> list[Finding]:
     """The weights alone over the claim (refused); weights + one full-length sequence's KV + overhead over the claim
-    (refused); the claim over what the node has available now (refused, GPU nodes)."""
+    (refused); the claim over what the node has available now (refused, GPU nodes, when no placement judged it)."""
     out = []
     for e in memory_estimates(recipe, plan, facts):
         src = f"{SRC_MEMORY}; the model: {e.source}"
@@ -358,7 +362,8 @@ def _memory(recipe: Recipe, plan: Plan, nodes: list[NodeConfig], facts: Facts) -
                                f"{gib(e.kv_b)} + overhead {gib(e.overhead_b)} = {gib(e.need_b)} on this node, over "
                                f"{claim}", src, "lower max_model_len, use more nodes, or a smaller model", e.node))
         avail_kb = getattr(facts.mem.get(e.node), "available_kb", None)
-        if avail_kb is not None and e.claim_b is not None and recipe.container_settings.gpus is not None:
+        # (with the launch placed beside what runs, the placement judged the claim against MemAvailable already)
+        if facts.placement is None and avail_kb is not None and e.claim_b is not None and recipe.container_settings.gpus is not None:
             spare = avail_kb / 1048576 - facts.headroom_floor_gib
             if e.claim_b / GIB > spare:
                 out.append(Finding("memory_headroom", "refuse",
