@@ -128,8 +128,11 @@ def test_prometheus_scrapes_over_tls_with_basic_auth_and_client_certificates(tmp
             job("mtls_no_cert", p_mtls, tls=ca_tls),
         ]))
         want = {"tls_basic": "up", "mtls": "up", "wrong_password": "down", "plain_http": "down", "mtls_no_cert": "down"}
+        # (a wrong password's scrape can also run past its 1 s timeout on a loaded machine: bcrypt is slow on
+        # purpose; wait for a scrape of it that was answered)
         got = _wait(lambda: (t := targets(pport)) and all(t.get(j, {}).get("health") == h for j, h in want.items())
-                    and t, 90, f"Prometheus's targets to be {want}")
+                    and "401" in t["wrong_password"].get("lastError", "") and t, 90,
+                    f"Prometheus's targets to be {want}, the wrong password's answered with a 401")
         assert "401" in got["wrong_password"]["lastError"], got["wrong_password"]["lastError"]
         assert got["plain_http"]["lastError"], got["plain_http"]
         assert got["mtls_no_cert"]["lastError"], got["mtls_no_cert"]
