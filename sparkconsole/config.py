@@ -262,6 +262,16 @@ def parse_cluster(doc: Located) -> ClusterConfig:
         raise doc.error((), "the cluster file must be a mapping with a 'nodes' list", "start the file with 'nodes:'")
     _unknown(doc, data, (), {"nodes", "endpoints", "thresholds", "ssh", "agent", "recorder", "protect", "notify",
                              "master_port", "gateway"})
+    nodes = _nodes(doc, data)
+    return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(_endpoints(doc, data, nodes)),
+                         thresholds=_thresholds(doc, data), ssh=_ssh_policy(doc, data),
+                         agent_interval_s=_agent_interval(doc, data), source=doc.file, recorder=_recorder(doc, data),
+                         protect=_protect(doc, data), notify=_notify(doc, data),
+                         master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0),
+                         gateway=_gateway(doc, data))
+
+
+def _nodes(doc: Located, data: dict[str, Any]) -> list[NodeConfig]:
     raw_nodes = data.get("nodes")
     if not isinstance(raw_nodes, list) or not raw_nodes:
         raise doc.error(("nodes",), "at least one node is required", "add a 'nodes:' list with name and address")
@@ -270,111 +280,126 @@ def parse_cluster(doc: Located) -> ClusterConfig:
     nodes: list[NodeConfig] = []
     seen: set[str] = set()
     for i, rn in enumerate(raw_nodes):
-        p = ("nodes", i)
-        if not isinstance(rn, dict):
-            raise doc.error(p, "each node must be a mapping", "write '- name: spark1' then 'address: 192.168.100.10'")
-        _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if",
-                                 "vllm_env", "hf_home"})
-        name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
-        if name is None or not NAME_RE.match(name):
-            raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
-        if name in seen:
-            raise doc.error(p + ("name",), f"duplicate node name {name!r}", "give each node its own name")
-        seen.add(name)
-        if "address" not in rn:
-            raise doc.error(p, f"node {name!r} has no address", "add 'address: <IP>'")
-        address = check_address(rn["address"], doc, p + ("address",))
-        rs = rn.get("ssh") or {}
-        if not isinstance(rs, dict):
-            raise doc.error(p + ("ssh",), "ssh must be a mapping", "write 'ssh: {user: ops, port: 22}'")
-        _unknown(doc, rs, p + ("ssh",), {"user", "port", "identity"})
-        user = _get(doc, rs, p + ("ssh",), "user", str, None, "write the SSH user name")
-        if user is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", user):
-            raise doc.error(p + ("ssh", "user"), f"bad user name {user[:40]!r}", "write a plain Unix user name")
-        ssh = SshSettings(user=user, port=_port(doc, rs, p + ("ssh",), "port", 22),
-                          identity=_get(doc, rs, p + ("ssh",), "identity", str, None, "write the path of a private key"))
-        role = _get(doc, rn, p, "role", str, "head" if i == 0 else "worker", "write head or worker")
-        if role not in ("head", "worker"):
-            raise doc.error(p + ("role",), f"unknown role {role[:20]!r}", "write head or worker")
-        container = _get(doc, rn, p, "container", str, "vllm_node", "write the vLLM container's name")
-        if not CONTAINER_RE.match(container):
-            raise doc.error(p + ("container",), f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
-        local = _get(doc, rn, p, "local", bool, False, "write true or false")
-        ifaces = {}
-        for key in ("eth_if", "ib_if"):
-            v = _get(doc, rn, p, key, str, None, "write the interface name, e.g. enp1s0f0np0")
-            if v is not None and not IFACE_RE.match(v):
-                raise doc.error(p + (key,), f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f0np0")
-            ifaces[key] = v
-        hf_home = _get(doc, rn, p, "hf_home", str, None, "write the absolute path of the node's Hugging Face cache")
-        if hf_home is not None and not HF_HOME_RE.match(hf_home):
-            raise doc.error(p + ("hf_home",), f"hf_home {hf_home[:60]!r} is not an absolute path",
-                            "write the node's Hugging Face cache as an absolute path, e.g. /data/huggingface")
-        nodes.append(NodeConfig(name=name, address=address, ssh=ssh, role=role, container=container,
-                                vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local,
-                                vllm_env=_env_map(doc, rn, p), hf_home=hf_home, env=hf_home_env(hf_home), **ifaces))
+        node = _node(doc, rn, i)
+        if node.name in seen:
+            raise doc.error(("nodes", i, "name"), f"duplicate node name {node.name!r}", "give each node its own name")
+        seen.add(node.name)
+        nodes.append(node)
     if sum(1 for n in nodes if n.role == "head") > 1:
         raise doc.error(("nodes",), "more than one node has role head", "mark exactly one node 'role: head'")
+    return nodes
 
-    endpoints: list[EndpointConfig] = []
+
+def _node(doc: Located, rn: Any, i: int) -> NodeConfig:
+    p: tuple[str | int, ...] = ("nodes", i)
+    if not isinstance(rn, dict):
+        raise doc.error(p, "each node must be a mapping", "write '- name: spark1' then 'address: 192.168.100.10'")
+    _unknown(doc, rn, p, {"name", "address", "ssh", "role", "container", "vllm_port", "local", "eth_if", "ib_if",
+                          "vllm_env", "hf_home"})
+    name = _get(doc, rn, p, "name", str, None, "give the node a short name, e.g. spark1")
+    if name is None or not NAME_RE.match(name):
+        raise doc.error(p + ("name",), f"bad node name {str(name)[:40]!r}", "use letters, digits, '-', '_' or '.' (max 63)")
+    if "address" not in rn:
+        raise doc.error(p, f"node {name!r} has no address", "add 'address: <IP>'")
+    address = check_address(rn["address"], doc, p + ("address",))
+    role = _get(doc, rn, p, "role", str, "head" if i == 0 else "worker", "write head or worker")
+    if role not in ("head", "worker"):
+        raise doc.error(p + ("role",), f"unknown role {role[:20]!r}", "write head or worker")
+    container = _get(doc, rn, p, "container", str, "vllm_node", "write the vLLM container's name")
+    if not CONTAINER_RE.match(container):
+        raise doc.error(p + ("container",), f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
+    local = _get(doc, rn, p, "local", bool, False, "write true or false")
+    ifaces = {}
+    for key in ("eth_if", "ib_if"):
+        v = _get(doc, rn, p, key, str, None, "write the interface name, e.g. enp1s0f0np0")
+        if v is not None and not IFACE_RE.match(v):
+            raise doc.error(p + (key,), f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f0np0")
+        ifaces[key] = v
+    hf_home = _get(doc, rn, p, "hf_home", str, None, "write the absolute path of the node's Hugging Face cache")
+    if hf_home is not None and not HF_HOME_RE.match(hf_home):
+        raise doc.error(p + ("hf_home",), f"hf_home {hf_home[:60]!r} is not an absolute path",
+                        "write the node's Hugging Face cache as an absolute path, e.g. /data/huggingface")
+    return NodeConfig(name=name, address=address, ssh=_node_ssh(doc, rn, p), role=role, container=container,
+                      vllm_port=_port(doc, rn, p, "vllm_port", 8000), local=local,
+                      vllm_env=_env_map(doc, rn, p), hf_home=hf_home, env=hf_home_env(hf_home), **ifaces)
+
+
+def _node_ssh(doc: Located, rn: dict[str, Any], p: tuple[str | int, ...]) -> SshSettings:
+    rs = rn.get("ssh") or {}
+    if not isinstance(rs, dict):
+        raise doc.error(p + ("ssh",), "ssh must be a mapping", "write 'ssh: {user: ops, port: 22}'")
+    _unknown(doc, rs, p + ("ssh",), {"user", "port", "identity"})
+    user = _get(doc, rs, p + ("ssh",), "user", str, None, "write the SSH user name")
+    if user is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_.-]{0,31}$", user):
+        raise doc.error(p + ("ssh", "user"), f"bad user name {user[:40]!r}", "write a plain Unix user name")
+    return SshSettings(user=user, port=_port(doc, rs, p + ("ssh",), "port", 22),
+                       identity=_get(doc, rs, p + ("ssh",), "identity", str, None, "write the path of a private key"))
+
+
+def _endpoints(doc: Located, data: dict[str, Any], nodes: list[NodeConfig]) -> list[EndpointConfig]:
     raw_eps = data.get("endpoints")
     if raw_eps is None:
-        endpoints = list(default_endpoints(nodes))
-    else:
-        if not isinstance(raw_eps, list):
-            raise doc.error(("endpoints",), "endpoints must be a list", "write '- {name: router, url: http://IP:4000, kind: router}'")
-        for i, re_ in enumerate(raw_eps):
-            p = ("endpoints", i)
-            if not isinstance(re_, dict):
-                raise doc.error(p, "each endpoint must be a mapping", "write '{name: NAME, url: http://IP:PORT}'")
-            _unknown(doc, re_, p, {"name", "url", "kind", "node", "metrics_url"})
-            name = _get(doc, re_, p, "name", str, None, "name the endpoint")
-            url = _get(doc, re_, p, "url", str, None, "write http://IP:PORT")
-            if not name or not url:
-                raise doc.error(p, "an endpoint needs a name and a url", "write '{name: NAME, url: http://IP:PORT}'")
-            _check_url(doc, p + ("url",), url)
-            metrics_url = _get(doc, re_, p, "metrics_url", str, None, "write http://IP:PORT/metrics")
-            if metrics_url is not None:
-                _check_url(doc, p + ("metrics_url",), metrics_url)
-            kind = _get(doc, re_, p, "kind", str, "vllm", "write vllm or router")
-            if kind not in ("vllm", "router"):
-                raise doc.error(p + ("kind",), f"unknown kind {kind[:20]!r}", "write vllm or router")
-            node = _get(doc, re_, p, "node", str, None, "name one of the nodes")
-            if node is not None and node not in seen:
-                raise doc.error(p + ("node",), f"no node named {node[:40]!r}", "name one of: " + ", ".join(sorted(seen)))
-            endpoints.append(EndpointConfig(name=name, url=url.rstrip("/"), kind=kind, node=node,
-                                            metrics_url=metrics_url.rstrip("/") if metrics_url else None))
+        return list(default_endpoints(nodes))
+    if not isinstance(raw_eps, list):
+        raise doc.error(("endpoints",), "endpoints must be a list", "write '- {name: router, url: http://IP:4000, kind: router}'")
+    names = {n.name for n in nodes}
+    endpoints: list[EndpointConfig] = []
+    for i, re_ in enumerate(raw_eps):
+        p: tuple[str | int, ...] = ("endpoints", i)
+        if not isinstance(re_, dict):
+            raise doc.error(p, "each endpoint must be a mapping", "write '{name: NAME, url: http://IP:PORT}'")
+        _unknown(doc, re_, p, {"name", "url", "kind", "node", "metrics_url"})
+        name = _get(doc, re_, p, "name", str, None, "name the endpoint")
+        url = _get(doc, re_, p, "url", str, None, "write http://IP:PORT")
+        if not name or not url:
+            raise doc.error(p, "an endpoint needs a name and a url", "write '{name: NAME, url: http://IP:PORT}'")
+        _check_url(doc, p + ("url",), url)
+        metrics_url = _get(doc, re_, p, "metrics_url", str, None, "write http://IP:PORT/metrics")
+        if metrics_url is not None:
+            _check_url(doc, p + ("metrics_url",), metrics_url)
+        kind = _get(doc, re_, p, "kind", str, "vllm", "write vllm or router")
+        if kind not in ("vllm", "router"):
+            raise doc.error(p + ("kind",), f"unknown kind {kind[:20]!r}", "write vllm or router")
+        node = _get(doc, re_, p, "node", str, None, "name one of the nodes")
+        if node is not None and node not in names:
+            raise doc.error(p + ("node",), f"no node named {node[:40]!r}", "name one of: " + ", ".join(sorted(names)))
+        endpoints.append(EndpointConfig(name=name, url=url.rstrip("/"), kind=kind, node=node,
+                                        metrics_url=metrics_url.rstrip("/") if metrics_url else None))
+    return endpoints
 
+
+def _thresholds(doc: Located, data: dict[str, Any]) -> Thresholds:
     rt = data.get("thresholds") or {}
     if not isinstance(rt, dict):
         raise doc.error(("thresholds",), "thresholds must be a mapping", "write 'thresholds: {temp_margin_c: 5}'")
     _unknown(doc, rt, ("thresholds",), {"temp_margin_c", "headroom_floor_gib", "stall_seconds", "stall_power_w"})
     t = ("thresholds",)
-    thresholds = Thresholds(
+    return Thresholds(
         temp_margin_c=_number(doc, rt, t, "temp_margin_c", 5.0, 0, 50),
         headroom_floor_gib=_number(doc, rt, t, "headroom_floor_gib", 8.0, 0, 4096),
         stall_seconds=_number(doc, rt, t, "stall_seconds", 30.0, 1, 3600),
         stall_power_w=_number(doc, rt, t, "stall_power_w", 30.0, 0, 2000),
     )
+
+
+def _ssh_policy(doc: Located, data: dict[str, Any]) -> SshPolicy:
     rs = data.get("ssh") or {}
     if not isinstance(rs, dict):
         raise doc.error(("ssh",), "ssh must be a mapping", "write 'ssh: {known_hosts: ~/.ssh/known_hosts}'")
     _unknown(doc, rs, ("ssh",), {"known_hosts", "trust_on_first_use", "connect_timeout_s"})
-    policy = SshPolicy(
+    return SshPolicy(
         known_hosts=_get(doc, rs, ("ssh",), "known_hosts", str, None, "write a known_hosts path"),
         trust_on_first_use=_get(doc, rs, ("ssh",), "trust_on_first_use", bool, False, "write true or false"),
         connect_timeout_s=_number(doc, rs, ("ssh",), "connect_timeout_s", 10.0, 0.5, 300),
     )
+
+
+def _agent_interval(doc: Located, data: dict[str, Any]) -> float:
     ra = data.get("agent") or {}
     if not isinstance(ra, dict):
         raise doc.error(("agent",), "agent must be a mapping", "write 'agent: {interval_s: 0.5}'")
     _unknown(doc, ra, ("agent",), {"interval_s"})
-    interval = _number(doc, ra, ("agent",), "interval_s", 0.5, 0.05, 60)
-    return ClusterConfig(nodes=tuple(nodes), endpoints=tuple(endpoints), thresholds=thresholds, ssh=policy,
-                         agent_interval_s=interval, source=doc.file, recorder=_recorder(doc, data),
-                         protect=_protect(doc, data), notify=_notify(doc, data),
-                         master_port=None if data.get("master_port") is None else _port(doc, data, (), "master_port", 0),
-                         gateway=_gateway(doc, data))
+    return _number(doc, ra, ("agent",), "interval_s", 0.5, 0.05, 60)
 
 
 def _section(doc: Located, data: dict[str, Any], key: str, example: str, allowed: set[str]) -> dict[str, Any]:

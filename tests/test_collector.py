@@ -396,7 +396,7 @@ def max_gap(db: Path, node: str, since: float, until: float) -> tuple[float, flo
 
 
 GAP_BOUND_S = 15.0       # the takeover's hole: the console's own agents connecting (seconds on a loaded machine)
-ALONE_S = 30.0           # how long the console is left alone: a console that does not record leaves this hole
+ALONE_S = 20.0           # how long the console is left alone: a console that does not record leaves this hole
 
 
 @pytest.mark.alone

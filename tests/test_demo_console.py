@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import re
 import time
 
@@ -14,6 +13,7 @@ import pytest
 
 from sparkconsole.commands import demo
 from sparkconsole.sim.cluster import Serving, SimCluster
+from tests.helpers import cancel_tasks
 
 # Starts a simulated cluster (model servers, router, load) like tests/test_demo.py, which conftest routes to slow.
 pytestmark = pytest.mark.slow
@@ -53,10 +53,7 @@ async def test_demo_console_shows_nodes_then_brings_the_model_up_behind_them():
             assert "unhealthy" not in text          # no endpoint was polled while it loaded
             await pilot.press("q")
     finally:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(tasks)
         await sim.stop()
         await sim.stop()        # twice is harmless (once-only: a second pass must not reach the host's docker)
 
@@ -87,8 +84,5 @@ async def test_a_server_closed_by_its_drain_gate_reads_closed_with_the_line_that
             await until(lambda: "SERVING" in bar() and "CLOSED" not in bar(), 30, "SERVING again")
             await pilot.press("q")
     finally:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(tasks)
         await sim.stop()

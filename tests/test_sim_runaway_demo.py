@@ -100,9 +100,8 @@ def test_headless_demo_runaway_ends_in_the_consoles_post_mortem(tmp_path):
 @pytest.mark.slow
 async def test_demo_console_notes_the_runaway_and_shows_its_post_mortem(tmp_path, monkeypatch):
     import asyncio
-    import contextlib
 
-    from tests.helpers import until
+    from tests.helpers import cancel_tasks, until
     monkeypatch.setenv("SPARKCONSOLE_STATE_DIR", str(tmp_path / "state"))
     sim = SimCluster(serving=Serving(topology="solo"), load_speedup=demo.DEMO_LOAD_SPEEDUP, keepalive_s=3.0)
     await sim.start_nodes()
@@ -120,8 +119,5 @@ async def test_demo_console_notes_the_runaway_and_shows_its_post_mortem(tmp_path
             assert app.monitor.nodes["spark2"].state.value == "LIVE"
             await pilot.press("q")
     finally:
-        for t in tasks:
-            t.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await t
+        await cancel_tasks(tasks)
         await sim.stop()
