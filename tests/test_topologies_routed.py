@@ -1,7 +1,8 @@
 """The topologies that serve through a router, on two SSH test nodes of this module's own (its own worker and
 Docker engine, so it runs beside tests/test_topologies.py instead of after it): prefill/decode disaggregated over
 NIXL with vllm-router in PD mode, swept with the KV figures; the bench matrix over solo and 2x solo behind LiteLLM,
-the pair left serving for a rolling restart under a sweep; the same roll behind vllm-router. The bed, its helpers
+the pair left serving for a rolling restart under a sweep and a third workload beside it behind one gateway (the
+roll behind vllm-router is test_rolling_restart.py's, on the stand-ins behind the real vllm-router). The bed, its helpers
 and its rules (a launch shared by the checks of its class, the destructive ones last) are tests/test_topologies.py's.
 """
 
@@ -276,23 +277,9 @@ def roll_under_a_sweep(bed, router: str, url: str, results: str) -> None:
     assert alone > 0                                                               # one at a time: 2 -> 1 -> 2
 
 
-class TestPairBehindVllmRouter:
-    """2x solo behind vllm-router, which takes each server out through its worker API (/remove_worker,
-    /add_worker): one launch, rolled under a sweep."""
-
-    shares_a_launch = True
-
-    @pytest.fixture(scope="class")
-    def pair(self, bed):
-        launch = bed.sc("recipe", "launch", *bed.recipe_args("-T", "2x-solo", "--router", "vllm-router", "--yes",
-                                                             "--force"))
-        assert launch.returncode == 0, launch.stdout + launch.stderr[-3000:]
-        yield re.search(r"ready: (http://\S+)", launch.stdout).group(1)
-        bed.clear("2x-solo-vllm-router")
-
-    @pytest.mark.timeout(1500)
-    def test_a_rolling_restart_drops_no_request(self, bed, pair):
-        roll_under_a_sweep(bed, "vllm-router", pair, "roll.sqlite")
+# (The roll behind vllm-router, which takes each server out through its worker API, is test_rolling_restart.py's,
+# on the stand-ins behind the real vllm-router: a pair of real vLLM servers and their roll here, 131 s of the
+# suite's two cores, showed again what the LiteLLM pair's roll below shows on real vLLM.)
 
 
 class TestPairBehindLiteLLM:
