@@ -190,7 +190,14 @@ class ConsoleServer(Server):
         not a websocket handshake (a plain GET) gets one 400 and nothing in the log; a tab that ends in an error
         is one log line, never a traceback (any local user can open this URL on the default loopback `serve`)."""
         websocket = web.WebSocketResponse(heartbeat=15, max_msg_size=MAX_MESSAGE)
-        if not websocket.can_prepare(request).ok:
+        try:
+            ready = websocket.can_prepare(request).ok
+        except ValueError:
+            # A handshake header aiohttp's check cannot read raised out of it, a 500: a byte it cannot quote back in
+            # its refusal (the fuzzer's `Upgrade: \x80`, UnicodeEncodeError) or a key that is not base64
+            # (`Sec-WebSocket-Key: \x80`). Not a handshake either way.
+            ready = False
+        if not ready:
             raise web.HTTPBadRequest(text="400: /ws is the console's websocket: open / in a browser\n")
         width = _size(request.query.get("width"), 80)
         height = _size(request.query.get("height"), 24)

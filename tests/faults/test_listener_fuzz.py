@@ -332,6 +332,21 @@ def test_each_route_of_the_router_answers_plain_requests_cleanly(servers, name):
     assert COVERED[name] == {r.canonical for r in routes}
 
 
+@pytest.mark.parametrize("bad", [b"Upgrade: \x80", b"Sec-WebSocket-Key: \x80"])
+def test_a_handshake_header_aiohttp_cannot_read_is_a_400(servers, bad):
+    """Found by the fuzz above: `Upgrade: \\x80` made aiohttp's own refusal (which quotes the header) raise
+    UnicodeEncodeError, and `Sec-WebSocket-Key: \\x80` a ValueError, each a 500. Neither is a handshake: one 400."""
+    headers = {b"Upgrade": b"Upgrade: websocket", b"Sec-WebSocket-Key": b"Sec-WebSocket-Key: MDEyMzQ1Njc4OWFiY2RlZg=="}
+    headers[bad.split(b":")[0]] = bad
+    raw = (b"GET /ws HTTP/1.1\r\nHost: 127.0.0.1\r\n" + GOOD_AUTH[0] + b"\r\n" + headers[b"Upgrade"]
+           + b"\r\nConnection: Upgrade\r\nSec-WebSocket-Version: 13\r\n" + headers[b"Sec-WebSocket-Key"]
+           + b"\r\nContent-Length: 0\r\n\r\n")
+    log_from = len(servers.log)
+    answer = exchange(servers.ports["serve"], raw)
+    check(servers, "serve", raw, answer, log_from)
+    assert status(answer) == 400 and b"websocket" in answer, answer[:300]
+
+
 WS_MESSAGES = (st.text(max_size=60)
                | st.sampled_from(['["stdin"]', '["stdin", 5]', '["resize", {"width": "x"}]', '["resize", 7]',
                                   '["resize", {"width": 1e308, "height": -1}]', '["resize", {"width": true, '
