@@ -46,6 +46,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
 SPARKCONSOLE = ROOT / ".venv" / "bin" / "sparkconsole"
+# A tmux server of this run's own: on the default one, another user of tmux (the suite runs the benchmarks side by
+# side) closing its last session ends the server under this run's next command ("server exited unexpectedly").
+TMUX = ["tmux", "-L", f"sc-bench-{os.getpid()}"]
 POLL_S = 0.005
 
 
@@ -65,14 +68,14 @@ class Session:
                f"--cluster {shlex.quote(str(cluster))} console --replay {shlex.quote(str(RECORDING))} "
                f"--replay-interval {interval}")
         self.started = time.perf_counter()
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
+        subprocess.run([*TMUX, "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
                        env={**os.environ, "TERM": "xterm-256color"})
-        pid = subprocess.run(["tmux", "display-message", "-p", "-t", self.name, "#{pane_pid}"],
+        pid = subprocess.run([*TMUX, "display-message", "-p", "-t", self.name, "#{pane_pid}"],
                              capture_output=True, text=True, check=True).stdout.strip()
         self.proc = psutil.Process(int(pid))
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
 
     def wait(self, pred, timeout: float = 30.0, *, since_start: bool = False) -> float:
         """Seconds until pred(screen) holds, from now (or from the spawn)."""
@@ -84,7 +87,7 @@ class Session:
         raise TimeoutError(f"screen never matched; it shows:\n{self.screen()}")
 
     def send(self, *keys: str) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, *keys], check=True)
+        subprocess.run([*TMUX, "send-keys", "-t", self.name, *keys], check=True)
 
     def close(self) -> None:
         try:
@@ -92,7 +95,7 @@ class Session:
             self.proc.wait(10)
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, subprocess.CalledProcessError):
             pass
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", self.name], capture_output=True)
 
 
 def full_frame(screen: str) -> bool:
@@ -121,18 +124,18 @@ def minimal_first_frame(tmp: Path, runs: int) -> dict:
     for _ in range(runs):
         name = f"scb-{uuid.uuid4().hex[:8]}"
         t = time.perf_counter()
-        subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "60",
+        subprocess.run([*TMUX, "new-session", "-d", "-s", name, "-x", "200", "-y", "60",
                         f"exec {shlex.quote(str(python))} {shlex.quote(str(script))}"], check=True,
                        env={**os.environ, "TERM": "xterm-256color"})
         try:
             while time.perf_counter() - t < 30:
-                sc = subprocess.run(["tmux", "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+                sc = subprocess.run([*TMUX, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
                 if "minimal" in sc and "Quit" in sc:
                     times.append(time.perf_counter() - t)
                     break
                 time.sleep(POLL_S)
         finally:
-            subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+            subprocess.run([*TMUX, "kill-session", "-t", name], capture_output=True)
     return {"median": round(statistics.median(times), 3), "runs": [round(x, 3) for x in times]}
 
 
@@ -185,19 +188,19 @@ def load_figures(tmp: Path, n: int, seconds: float, keys: int) -> dict:
 def tmux_round_trip(tmp: Path) -> float:
     """send-keys + capture-pane on an idle pane: what every end-to-end key figure includes."""
     name = f"scb-{uuid.uuid4().hex[:8]}"
-    subprocess.run(["tmux", "new-session", "-d", "-s", name, "-x", "200", "-y", "60", "cat"], check=True)
+    subprocess.run([*TMUX, "new-session", "-d", "-s", name, "-x", "200", "-y", "60", "cat"], check=True)
     try:
         times = []
         for i in range(10):
             t = time.perf_counter()
-            subprocess.run(["tmux", "send-keys", "-t", name, f"x{i}"], check=True)
-            while f"x{i}" not in subprocess.run(["tmux", "capture-pane", "-p", "-t", name],
+            subprocess.run([*TMUX, "send-keys", "-t", name, f"x{i}"], check=True)
+            while f"x{i}" not in subprocess.run([*TMUX, "capture-pane", "-p", "-t", name],
                                                 capture_output=True, text=True).stdout:
                 time.sleep(POLL_S)
             times.append(time.perf_counter() - t)
         return round(statistics.median(times) * 1000, 1)
     finally:
-        subprocess.run(["tmux", "kill-session", "-t", name], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", name], capture_output=True)
 
 
 def import_cost(runs: int) -> dict:
@@ -358,4 +361,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        subprocess.run([*TMUX, "kill-server"], capture_output=True)

@@ -37,6 +37,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
+# A tmux server of this run's own: on the default one, another user of tmux (the suite runs the benchmarks side by
+# side) closing its last session ends the server under this run's next command ("server exited unexpectedly").
+TMUX = ["tmux", "-L", f"sc-bench-{os.getpid()}"]
 POLL_S = 0.01
 TEMP = re.compile(r"GPU \d+°C")
 UP = re.compile(r"\bUP\b")
@@ -46,11 +49,11 @@ class Pane:
     def __init__(self, cmd: str, env: dict) -> None:
         self.name = f"scd-{uuid.uuid4().hex[:8]}"
         self.started = time.perf_counter()
-        subprocess.run(["tmux", "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
+        subprocess.run([*TMUX, "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
                        env={**env, "TERM": "xterm-256color"})
 
     def screen(self) -> str:
-        return subprocess.run(["tmux", "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
 
     def wait(self, pred, timeout: float = 60.0) -> float:
         while time.perf_counter() - self.started < timeout:
@@ -60,12 +63,12 @@ class Pane:
         raise TimeoutError(f"screen never matched; it shows:\n{self.screen()}")
 
     def close(self) -> None:
-        subprocess.run(["tmux", "send-keys", "-t", self.name, "q"], capture_output=True)
+        subprocess.run([*TMUX, "send-keys", "-t", self.name, "q"], capture_output=True)
         deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and subprocess.run(["tmux", "has-session", "-t", self.name],
+        while time.monotonic() < deadline and subprocess.run([*TMUX, "has-session", "-t", self.name],
                                                              capture_output=True).returncode == 0:
             time.sleep(0.1)
-        subprocess.run(["tmux", "kill-session", "-t", self.name], capture_output=True)
+        subprocess.run([*TMUX, "kill-session", "-t", self.name], capture_output=True)
 
 
 def full_frame(screen: str) -> bool:
@@ -174,4 +177,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        subprocess.run([*TMUX, "kill-server"], capture_output=True)
