@@ -422,10 +422,11 @@ def _specs_by_fixture() -> dict[str, VenvSpec]:
 
 
 # A pytest-xdist worker builds in the background: its tests that need no venv (most of the suite) run meanwhile, on
-# a fresh clone for the minutes pip takes; one that needs a venv waits for the build before its timeout starts.
+# a fresh clone for the minutes pip takes; one that needs a venv waits for the build before its timeout starts. The
+# vLLM, router and llama-benchy venvs and the tiny model are ready minutes before llama-server's compile ends (on a
+# fresh machine: +255 s against +450 s), so a test that needs no llama-server waits only for those (`_core_ready`).
 _build: threading.Thread | None = None
-
-
+_core_ready = threading.Event()
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the venvs (side by side) and the tiny model that the selected tests need, before any test that needs
     them runs."""
@@ -453,7 +454,11 @@ def _needs_testbed(item: pytest.Item) -> bool:
 @pytest.hookimpl(hookwrapper=True, tryfirst=True)       # outside pytest-timeout's timer
 def pytest_runtest_protocol(item: pytest.Item, nextitem):
     if _build is not None and _build.is_alive() and _needs_testbed(item):
-        _build.join()
+        if "llamacpp_env" in getattr(item, "fixturenames", ()):
+            _build.join()
+        else:
+            while not _core_ready.wait(1.0) and _build.is_alive():
+                pass
     yield
 
 
@@ -464,23 +469,42 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 
 def build_testbed(specs: list[VenvSpec], say: Callable[[str], object]) -> None:
+    """The venvs side by side, llama-server's beside the others; `_core_ready` is set once every other venv and the
+    tiny model are done (or failed: the fixtures raise it again in the tests that need them)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tests.testbed.llamacpp import LLAMACPP_VENV, ensure_tiny_gguf
     from tests.testbed.model import ensure_tiny_model
 
     start = time.monotonic()
-    results = ensure_venvs(specs)
+    late = [s for s in specs if s.name == LLAMACPP_VENV.name]
+    model = None
+    with ThreadPoolExecutor(1) as pool:
+        llama = pool.submit(ensure_venvs, late)
+        try:
+            results = ensure_venvs([s for s in specs if s not in late])
+            _say_venvs(results, say)
+            vllm = results.get(VLLM_VENV.name)
+            if isinstance(vllm, Venv):
+                add_vllm_dist_alias(vllm)
+                with contextlib.suppress(TestbedError):
+                    model = ensure_tiny_model(vllm)
+                    say("testbed: tiny model: " + (f"built in {model.build_seconds} s" if model.build_seconds
+                                                   else "cached"))
+        finally:
+            _core_ready.set()
+        late_results = llama.result()
+    _say_venvs(late_results, say)
+    built = late_results.get(LLAMACPP_VENV.name)
+    if isinstance(built, Venv) and model is not None:
+        with contextlib.suppress(TestbedError):
+            gguf = ensure_tiny_gguf(built, model)
+            say("testbed: tiny GGUF: " + (f"built in {gguf.build_seconds} s" if gguf.build_seconds else "cached"))
+    say(f"testbed: ready in {time.monotonic() - start:.1f} s")
+
+
+def _say_venvs(results: dict[str, Venv | TestbedError], say: Callable[[str], object]) -> None:
     for name, got in results.items():
         # a failure is raised again by the fixture, in the tests that need it
         say(f"testbed: {name}: " + (f"install failed: {got}" if isinstance(got, TestbedError) else
                                      f"installed in {got.install_seconds} s" if got.install_seconds else "cached"))
-    vllm = results.get(VLLM_VENV.name)
-    if isinstance(vllm, Venv):
-        add_vllm_dist_alias(vllm)
-        with contextlib.suppress(TestbedError):
-            model = ensure_tiny_model(vllm)
-            say("testbed: tiny model: " + (f"built in {model.build_seconds} s" if model.build_seconds else "cached"))
-            from tests.testbed.llamacpp import LLAMACPP_VENV, ensure_tiny_gguf
-            llama = results.get(LLAMACPP_VENV.name)
-            if isinstance(llama, Venv):
-                gguf = ensure_tiny_gguf(llama, model)
-                say("testbed: tiny GGUF: " + (f"built in {gguf.build_seconds} s" if gguf.build_seconds else "cached"))
-    say(f"testbed: ready in {time.monotonic() - start:.1f} s")
