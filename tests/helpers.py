@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import sqlite3
@@ -145,3 +146,33 @@ def git_repo(root: Path, files: dict[str, str]) -> Path:
                  ["-c", "user.email=t@t", "-c", "user.name=t", "commit", "-qm", "init"]):
         subprocess.run(["git", *args], cwd=root, check=True, capture_output=True)
     return root
+
+
+@contextlib.asynccontextmanager
+async def sim_pair_runner(third_octet: int, topology: str, options: dict):
+    """A simulated pair serving nothing on loopback addresses of its own (127.X.third_octet.2/.3: the bundled
+    recipe's fixed router port must not meet a demo on .2/.3), the bundled gpt-oss-120b planned on it as `topology`
+    with `options`, and the real Runner over connected local transports: yields (sim, plan, runner); the transports
+    closed and the simulator stopped on the way out."""
+    from sparkconsole.launch.plan import make_plan
+    from sparkconsole.launch.runner import Runner
+    from sparkconsole.nodes.connect import make_transport
+    from sparkconsole.recipes import bundled_recipes
+    from sparkconsole.sim.cluster import Serving, SimCluster
+
+    base = f"127.{os.getpid() % 200 + 20}.{third_octet}"
+    sim = SimCluster(speed=5, load_speedup=100, serving=Serving(topology="none"),
+                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
+    await sim.start()
+    transports = {}
+    try:
+        recipe = next(r for r in bundled_recipes() if r.model == "openai/gpt-oss-120b")
+        plan = make_plan(recipe, topology, sim.cluster, {**options, "router_dir": str(sim.root / "routers")})
+        transports = {n.name: make_transport(n, sim.cluster.ssh) for n in sim.cluster.nodes}
+        for t in transports.values():
+            await t.connect()
+        yield sim, plan, Runner(sim.cluster, transports, ready_timeout=90, poll_interval=0.5)
+    finally:
+        for t in transports.values():
+            await t.close()
+        await sim.stop()

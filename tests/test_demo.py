@@ -196,24 +196,10 @@ def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
 async def test_recipe_plan_launches_through_the_shims(topology, options):
     """The bundled gpt-oss-120b recipe, planned and run by the real launch runner over the local transport:
     every docker command it sends is answered by the sim nodes' shims, and the endpoint serves."""
-    from sparkconsole.launch.plan import make_plan
-    from sparkconsole.launch.runner import Runner
-    from sparkconsole.nodes.connect import make_transport
-    from sparkconsole.recipes import bundled_recipes
+    from tests.helpers import sim_pair_runner
 
-    # Loopback addresses of their own: the recipe's fixed router port must not meet a demo running on .2/.3.
-    base = f"127.{os.getpid() % 200 + 20}.{len(topology)}"
-    sim = SimCluster(speed=5, load_speedup=100, serving=Serving(topology="none"),
-                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
-    await sim.start()
-    transports = {}
-    try:
-        recipe = next(r for r in bundled_recipes() if r.model == "openai/gpt-oss-120b")
-        plan = make_plan(recipe, topology, sim.cluster, {**options, "router_dir": str(sim.root / "routers")})
-        transports = {n.name: make_transport(n, sim.cluster.ssh) for n in sim.cluster.nodes}
-        for t in transports.values():
-            await t.connect()
-        runner = Runner(sim.cluster, transports, ready_timeout=90, poll_interval=0.5)
+    # Loopback addresses of their own, per topology
+    async with sim_pair_runner(len(topology), topology, options) as (sim, plan, runner):
         ready = await runner.launch(plan)
         assert set(ready) == {s.key for s in plan.services}
         stats = await sim.run_load(plan.endpoint, concurrency=4, seconds=1.5, max_tokens=(8, 16))
@@ -221,10 +207,6 @@ async def test_recipe_plan_launches_through_the_shims(topology, options):
         await runner.stop(plan)
         for n in sim.nodes:
             assert (await sim.docker(n, "ps", "-aq"))[1].strip() == ""
-    finally:
-        for t in transports.values():
-            await t.close()
-        await sim.stop()
 
 
 async def test_killed_demo_leaves_no_processes():

@@ -268,26 +268,9 @@ async def test_a_roll_cancelled_mid_drain_opens_the_server_it_closed_on_the_simu
     """The real runner and roll over the simulator's shims (its servers keep the gate's rule, launch/drain_gate.py):
     a roll behind LiteLLM closes server 1, which `recipe status` reads as CLOSED with the command that opens it;
     cancelled while a long request holds the drain (Ctrl-C), the roll opens it on its way out."""
-    import os
+    from tests.helpers import sim_pair_runner
 
-    from sparkconsole.launch.plan import make_plan
-    from sparkconsole.nodes.connect import make_transport
-    from sparkconsole.recipes import bundled_recipes
-    from sparkconsole.sim.cluster import Serving, SimCluster
-
-    base = f"127.{os.getpid() % 200 + 20}.77"
-    sim = SimCluster(speed=5, load_speedup=100, serving=Serving(topology="none"),
-                     nodes=(("spark1", base + ".2"), ("spark2", base + ".3")))
-    await sim.start()
-    transports = {}
-    try:
-        recipe = next(r for r in bundled_recipes() if r.model == "openai/gpt-oss-120b")
-        plan = make_plan(recipe, "2x-solo", sim.cluster, {"router": "simple-shuffle",
-                                                          "router_dir": str(sim.root / "routers")})
-        transports = {n.name: make_transport(n, sim.cluster.ssh) for n in sim.cluster.nodes}
-        for t in transports.values():
-            await t.connect()
-        runner = Runner(sim.cluster, transports, ready_timeout=90, poll_interval=0.5)
+    async with sim_pair_runner(77, "2x-solo", {"router": "simple-shuffle"}) as (_sim, plan, runner):
         await runner.launch(plan)
         s1 = next(s for s in plan.services if s.role == "server")
         async with httpx.AsyncClient(trust_env=False, timeout=120) as client:
@@ -307,10 +290,6 @@ async def test_a_roll_cancelled_mid_drain_opens_the_server_it_closed_on_the_simu
             assert r.status_code == 200 and "x-sparkconsole-drain" not in r.headers
             long.cancel()
         await runner.stop(plan)
-    finally:
-        for t in transports.values():
-            await t.close()
-        await sim.stop()
 
 
 # What vLLM 0.32 serves that the gate lets through (besides GETs): sorted by hand from its routers' code. A route
