@@ -318,22 +318,6 @@ def _launch_printer(args: argparse.Namespace, line: _ProgressLine
     return progress, finding
 
 
-def _set_overrides(items: list[str]) -> dict[str, Any]:
-    """`--set key=value` items as plan overrides; values read as YAML scalars (8192 is a number)."""
-    import yaml
-    out: dict[str, Any] = {}
-    for item in items:
-        key, sep, val = item.partition("=")
-        if not sep or not key.strip().isidentifier():
-            raise UserError(f"bad --set {item[:40]!r}", field="--set", fix="write --set name=value")
-        try:
-            v = yaml.safe_load(val)
-        except yaml.YAMLError:
-            v = val
-        out[key.strip()] = v if isinstance(v, (str, int, float, bool)) else val
-    return out
-
-
 def _demo_nodes() -> tuple[tuple[str, str], ...]:
     """Two loopback addresses whose router and server ports are free (a demo may already run on .2/.3)."""
     import socket
@@ -406,7 +390,8 @@ async def _matrix(args: argparse.Namespace) -> int:
             find_recipe(args.recipe)                      # wrong names fail before anything starts
             for topo in topologies:
                 resolve_topology(topo)
-            overrides = _set_overrides(args.sets)
+            from .recipe_io import overrides_from_sets
+            overrides = overrides_from_sets(args.sets)
             if args.demo:
                 from ..sim.cluster import Serving, SimCluster
                 from ..sim.node import NodeTuning

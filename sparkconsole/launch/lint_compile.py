@@ -115,19 +115,3 @@ def _literal(text: str) -> Any:
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
     return text
-
-
-def _int_flag(argv: Sequence[str], *names: str, default: int = 1) -> int:
-    v = flag_value(argv, *names)
-    try:
-        return int(v) if v is not None else default
-    except ValueError:
-        return default
-
-
-def _tp(argv: Sequence[str]) -> int:
-    return _int_flag(argv, "--tensor-parallel-size", "-tp")
-
-
-def _pp(argv: Sequence[str]) -> int:
-    return _int_flag(argv, "--pipeline-parallel-size", "-pp")
