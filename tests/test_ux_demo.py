@@ -25,7 +25,19 @@ pytestmark = pytest.mark.slow        # a simulated cluster with its model server
 def serving_launch(scr):
     """The demo's launch once the console has seen every member, its router too (the router starts last)."""
     g = scr.running_of("gpt-oss-120b") if scr.is_mounted else None
-    return g if g is not None and g.verdict == "SERVING" else None
+    return g if g is not None and g.verdict == "SERVING" and g.router is not None else None
+
+
+def spy_notifications(app) -> list[str]:
+    """Every message the console shows from now on, kept after its toast has gone (a spy: it still shows them)."""
+    said: list[str] = []
+    shown = app.notify
+
+    def notify(message, *args, **kwargs):
+        said.append(str(message))
+        return shown(message, *args, **kwargs)
+    app.notify = notify
+    return said
 
 
 @pytest.fixture
@@ -151,8 +163,13 @@ async def test_r_in_the_demo_rolls_behind_its_router_and_drops_nothing(demo_behi
         scr = app.recipes_screen
         await wait_for(pilot, lambda: serving_launch(scr) is not None, 30, "it serving, its router seen")
         await wait_for(pilot, lambda: scr.selected == "gpt-oss-120b", 10, "it chosen")
+        said = spy_notifications(app)
         await pilot.press("r")
-        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
+        try:
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), 30, "the restart's confirmation")
+        except AssertionError:
+            raise AssertionError(f"r asked nothing; the console said {said}; on screen {app.screen!r}, focus "
+                                 f"{app.focused!r}; r acts on {scr._chosen_launch()}") from None
         shown = app.screen.command
         assert "rolling, one server at a time behind" in shown, shown
         assert ("take it out of the router (POST /remove_worker)" if worker_api else
