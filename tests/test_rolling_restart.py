@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 from pathlib import Path
 
@@ -315,69 +316,87 @@ from starlette.websockets import WebSocketDisconnect
 from vllm.entrypoints.launchers.app import build_app
 from vllm.entrypoints.launchers.cli_args import make_arg_parser
 from vllm.utils.argparse_utils import FlexibleArgumentParser
-root, flag = sys.argv[1], os.environ["SPARKCONSOLE_DRAIN_FLAG"]
-argv = ["--model", "x", "--middleware", "sparkconsole_drain_gate.DrainGate", "--enable-fault-tolerance"]
-args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv + (["--root-path", root] if root else []))
-# every task vLLM 0.32 knows, so every router it has is in the app
-app = build_app(args, supported_tasks=("generate", "transcription", "realtime", "embed", "classify", "token_embed",
-                                       "token_classify", "render"))
-client = TestClient(app, raise_server_exceptions=False)
-out = []
-for r in app.routes:
-    methods = sorted(set(getattr(r, "methods", None) or ()) - {"HEAD", "GET"})
-    path = r.path.replace("{response_id}", "resp-1").replace("{adapter_name}", "lora-1")
-    if type(r).__name__ == "APIWebSocketRoute":
-        open(flag, "w").close()
-        try:
-            with client.websocket_connect(root + path):
-                got = "accepted"
-        except WebSocketDisconnect as exc:
-            got = exc.code
-        out.append(["WEBSOCKET", r.path, got, None])
-        continue
-    for m in methods:
-        for prefix in ({root, ""} if root else {""}):
+flag = os.environ["SPARKCONSOLE_DRAIN_FLAG"]
+
+
+def sort_routes(root):
+    argv = ["--model", "x", "--middleware", "sparkconsole_drain_gate.DrainGate", "--enable-fault-tolerance"]
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv + (["--root-path", root] if root else []))
+    # every task vLLM 0.32 knows, so every router it has is in the app
+    app = build_app(args, supported_tasks=("generate", "transcription", "realtime", "embed", "classify", "token_embed",
+                                           "token_classify", "render"))
+    client = TestClient(app, raise_server_exceptions=False)
+    out = []
+    for r in app.routes:
+        methods = sorted(set(getattr(r, "methods", None) or ()) - {"HEAD", "GET"})
+        path = r.path.replace("{response_id}", "resp-1").replace("{adapter_name}", "lora-1")
+        if type(r).__name__ == "APIWebSocketRoute":
             open(flag, "w").close()
-            closed = client.request(m, prefix + path, json={})
-            os.unlink(flag)
-            opened = client.request(m, prefix + path, json={})
-            gate = "draining for a restart"            # the gate's own 503, not a handler's
-            # no engine runs: a handler that needs it raises, and Starlette's outermost error handler answers
-            # 500 past every middleware of the app, the gate's mark too (None for those)
-            out.append([m, r.path, closed.status_code == 503 and gate in closed.text,
-                        closed.headers.get("x-sparkconsole-drain") if closed.status_code != 500 else "500",
-                        gate in opened.text, opened.headers.get("x-sparkconsole-drain")])
-open(flag, "w").close()
-version = client.get(root + "/version")        # a GET that answers without an engine (/health asks the engine)
-print(json.dumps({"routes": out, "version": [version.status_code, version.headers.get("x-sparkconsole-drain")]}))
+            try:
+                with client.websocket_connect(root + path):
+                    got = "accepted"
+            except WebSocketDisconnect as exc:
+                got = exc.code
+            out.append(["WEBSOCKET", r.path, got, None])
+            continue
+        for m in methods:
+            for prefix in ({root, ""} if root else {""}):
+                open(flag, "w").close()
+                closed = client.request(m, prefix + path, json={})
+                os.unlink(flag)
+                opened = client.request(m, prefix + path, json={})
+                gate = "draining for a restart"            # the gate's own 503, not a handler's
+                # no engine runs: a handler that needs it raises, and Starlette's outermost error handler answers
+                # 500 past every middleware of the app, the gate's mark too (None for those)
+                out.append([m, r.path, closed.status_code == 503 and gate in closed.text,
+                            closed.headers.get("x-sparkconsole-drain") if closed.status_code != 500 else "500",
+                            gate in opened.text, opened.headers.get("x-sparkconsole-drain")])
+    open(flag, "w").close()
+    version = client.get(root + "/version")        # a GET that answers without an engine (/health asks the engine)
+    return {"routes": out, "version": [version.status_code, version.headers.get("x-sparkconsole-drain")]}
+
+
+# every root asked for, in one process: one import of vLLM (most of the cost)
+print(json.dumps({root: sort_routes(root) for root in sys.argv[1:]}))
 """
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-@pytest.mark.parametrize("root_path", ["", "/api"])
-def test_the_gate_in_front_of_vllm_032_sorts_every_route_it_serves(vllm_env, tmp_path, root_path):
+ROOT_PATHS = ("", "/api")
+
+
+@pytest.fixture(scope="module")
+def gate_routes(vllm_env, tmp_path_factory) -> dict:
     """The real gate, loaded by vLLM 0.32's own `--middleware` from a directory holding only its file, in front of
-    vLLM's own app (`build_app` with every task: the test bed's vLLM venv; no engine is started, so what a route
-    does past the gate is beside the point). Closed: every route of GENERATING answers 503 (under --root-path, and
-    without the prefix, as vLLM routes both) and the realtime websocket is refused; every other POST route goes
-    through marked closed. A route in neither list (a new vLLM) fails here until it is sorted."""
-    import json as _json
+    vLLM's own app, for each root path: what every route answered closed and open (VLLM_APP)."""
     import os
     import shutil
     import subprocess
 
     from sparkconsole.launch import drain_gate
-    only = tmp_path / "gate"
+    tmp = tmp_path_factory.mktemp("gate")
+    only = tmp / "gate"
     only.mkdir()
     shutil.copy(Path(drain_gate.__file__), only / f"{drain_gate.MODULE}.py")
-    env = {**os.environ, "PYTHONPATH": str(only), "SPARKCONSOLE_DRAIN_FLAG": str(tmp_path / "closed"),
+    env = {**os.environ, "PYTHONPATH": str(only), "SPARKCONSOLE_DRAIN_FLAG": str(tmp / "closed"),
            "VLLM_SERVER_DEV_MODE": "1", "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1", "VLLM_TARGET_DEVICE": "cpu",
            "VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([str(vllm_env.python), "-c", VLLM_APP, root_path], env=env, capture_output=True, text=True,
+    r = subprocess.run([str(vllm_env.python), "-c", VLLM_APP, *ROOT_PATHS], env=env, capture_output=True, text=True,
                        timeout=500)
     assert r.returncode == 0, r.stderr[-3000:]
-    got = _json.loads(r.stdout.strip().splitlines()[-1])
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("root_path", ROOT_PATHS)
+def test_the_gate_in_front_of_vllm_032_sorts_every_route_it_serves(gate_routes, root_path):
+    """The real gate in front of vLLM's own app (`build_app` with every task: the test bed's vLLM venv; no engine is
+    started, so what a route does past the gate is beside the point). Closed: every route of GENERATING answers 503
+    (under --root-path, and without the prefix, as vLLM routes both) and the realtime websocket is refused; every
+    other POST route goes through marked closed. A route in neither list (a new vLLM) fails here until it is
+    sorted."""
+    from sparkconsole.launch import drain_gate
+    got = gate_routes[root_path]
     rows = got["routes"]
     assert got["version"] == [200, "closed"]          # a GET through the app's middleware, marked as /health is
     paths = {row[1] for row in rows if row[0] != "WEBSOCKET"}
