@@ -14,7 +14,7 @@ Textual's own App API that a widget needs as a widget (a key's display, the bell
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     from textual.notifications import SeverityLevel
@@ -29,14 +29,73 @@ if TYPE_CHECKING:
     from ..nodes.launches import LaunchGroup
     from ..nodes.monitor import ClusterMonitor, NodeMonitor
     from ..recorder.feed import Recorder
-    from .app import SparkConsoleApp
     from .widgets.alert_log import AlertLog
+
+
+class _Running(Protocol):
+    """What the facade reads of the recipes screen: the workloads it lists and the plans it launched."""
+    running_plans: dict[str, Plan]
+
+    def running_groups(self) -> list[Any]: ...
+
+    def _chosen_launch(self) -> Any: ...
+
+
+class _Dashboard(Protocol):
+    @property
+    def events(self) -> AlertLog: ...
+
+
+class Console(Protocol):
+    """What the facade reads of the App it wraps (tui/app.py's SparkConsoleApp), named here so that the facade
+    does not import the App that builds it."""
+    cluster: ClusterConfig
+    simulated: bool
+    read_only: bool
+    replay_at: float | None
+    monitor: Any
+    restart_stages: dict[tuple[str, str], str]
+    sub_title: Any
+
+    @property
+    def dashboard(self) -> _Dashboard: ...
+
+    @property
+    def recipes_screen(self) -> _Running: ...
+
+    @property
+    def recorder(self) -> Any: ...
+
+    def node_monitor(self, name: str) -> Any: ...
+
+    def node_facts(self) -> Any: ...
+
+    def thermal_note(self) -> Any: ...
+
+    def mark_all_dirty(self) -> None: ...
+
+    def notify(self, message: str, *, title: str = ..., severity: SeverityLevel = ...,
+               timeout: float | None = ..., markup: bool = ...) -> None: ...
+
+    def confirm(self, title: str, command: str, then: Callable[[], Any], detail: str = "") -> None: ...
+
+    def confirm_guard_fix(self, node_name: str, result: Any) -> None: ...
+
+    def confirm_container(self, node_name: str, action: str) -> None: ...
+
+    def open_logs(self, node_name: str) -> None: ...
+
+    def action_show(self, mode: str) -> Any: ...
+
+    def push_screen(self, screen: Any, callback: Any = ..., wait_for_dismiss: bool = ...) -> Any: ...
+
+    def run_worker(self, work: Any, *args: Any, **kw: Any) -> Worker[Any]: ...
 
 
 class ConsoleFacade:
     """What the screens read of the console and what they ask it to do."""
 
-    def __init__(self, app: SparkConsoleApp) -> None:
+    def __init__(self, app: Console) -> None:
         self._app = app
 
     # --- what the console shows ---------------------------------------------------------------------------
