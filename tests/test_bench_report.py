@@ -10,8 +10,9 @@ import pytest
 
 from sparkconsole.bench import advisor, report
 from sparkconsole.bench.benchy_io import bundled_published_csv, export_benchy, import_benchy, import_file
+from sparkconsole.bench.measure import run_sweep
 from sparkconsole.bench.results import ResultsStore
-from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from sparkconsole.bench.sweep import SweepSpec
 from sparkconsole.errors import UserError
 from tests.test_bench_helpers import Behaviour, FakeVllm
 

@@ -6,8 +6,9 @@ from __future__ import annotations
 import pytest
 
 from sparkconsole.bench.matrix import run_matrix
+from sparkconsole.bench.measure import run_sweep
 from sparkconsole.bench.results import ResultsStore
-from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from sparkconsole.bench.sweep import SweepSpec
 from tests.test_bench_helpers import Behaviour, FakeVllm
 
 

@@ -11,8 +11,9 @@ import httpx
 import pytest
 
 from sparkconsole.bench.matrix import StaticLauncher, run_matrix
+from sparkconsole.bench.measure import run_sweep
 from sparkconsole.bench.results import ResultsStore, ThermalNote
-from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from sparkconsole.bench.sweep import SweepSpec
 from sparkconsole.errors import UserError
 from tests.test_bench_helpers import Behaviour, FakeVllm
 

@@ -24,8 +24,9 @@ import os
 
 import pytest
 
+from sparkconsole.bench.measure import run_sweep
 from sparkconsole.bench.results import ResultsStore
-from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from sparkconsole.bench.sweep import SweepSpec
 from tests.testbed.timing import compare_rounds, interquartile_mean, merge_rounds, split_cpus
 from tests.testbed.vllm import start_vllm_server
 

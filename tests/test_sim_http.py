@@ -378,7 +378,8 @@ async def test_bench_sweep_through_the_simulated_router_agrees_with_the_headless
 
 async def _served_against_headless(monkeypatch) -> list[str]:
     """One served sweep, replayed headless; the figures that disagree."""
-    from sparkconsole.bench.sweep import SweepSpec, run_sweep
+    from sparkconsole.bench.measure import run_sweep
+    from sparkconsole.bench.sweep import SweepSpec
     from sparkconsole.sim import experiment
     from sparkconsole.sim.cluster import SimCluster
     from sparkconsole.sim.routing import RoutingPolicy

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from ..errors import UserError
+from .measure import run_sweep
 from .results import LevelResult, ResultsStore, ThermalNote
-from .sweep import Progress, SweepSpec, run_sweep
+from .sweep import Progress, SweepSpec
 
 MATRIX_TOPOLOGIES = ("solo", "cluster-tp2", "2x-solo-shuffle", "2x-solo-least-busy", "disagg")
 

@@ -1,5 +1,9 @@
 """A sweep: pp × tg × depth × concurrency levels, `runs` batches per level, each level stored as it finishes.
 
+This module holds what a sweep is (SweepSpec, its Progress and SweepOutcome, the ETA's BatchClock) and what it
+learns of its endpoint before it measures (reachable, the model, vLLM's version, a simulator's clock, the latency
+probe, the request options the endpoint accepts, the KV connector's counters); bench/measure.py measures it.
+
 Order and definitions follow llama-benchy (depth, pp, tg, then concurrency; one unrecorded warm-up batch per
 level unless `warmup=False`; latency probe api | generation | none subtracted from TTFR for the prefill
 estimate). Failed requests are stored with their error; a level with any failed request is marked failed
@@ -11,24 +15,18 @@ nodes: the caller injects `thermal_probe`, and the TUI draws curves from `on_lev
 from __future__ import annotations
 
 import asyncio
-import json
 import math
 import os
-import random
 import time
-import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import aiohttp
 
-from .. import __version__
 from ..errors import UserError
-from .client import RequestResult, StallWatch, api_base, chat_payload, open_session, server_root, stream_chat
-from .metrics import level_metrics, percentiles, request_figures
-from .prompts import PromptShape, calibrate, messages
-from .results import LevelKey, LevelResult, ResultsStore, ThermalNote
+from .client import api_base, chat_payload, server_root, stream_chat
+from .results import LevelKey, LevelResult
 
 if TYPE_CHECKING:
     from ..serving.metrics import Scrape
@@ -177,7 +175,7 @@ def _fmt_duration(s: float) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m" if s >= 3600 else f"{s // 60}m{s % 60:02d}s"
 
 
-async def _kv_scrapes(session: aiohttp.ClientSession, urls: Sequence[str]) -> list[Scrape | None]:
+async def kv_scrapes(session: aiohttp.ClientSession, urls: Sequence[str]) -> list[Scrape | None]:
     """One /metrics page per receiving server (None where it did not answer), parsed for the KV figures."""
     from ..serving import metrics as m
     out: list[Scrape | None] = []
@@ -322,178 +320,3 @@ async def accepted_options(session: aiohttp.ClientSession, spec: SweepSpec, mode
         if r.status != 400:
             return token_ids, exact        # accepted, or failing for another reason the sweep will record
     return spec.token_ids, spec.exact_tg
-
-
-def request_row(r: RequestResult, *, expected_prompt: int, latency_s: float, scale: float) -> dict[str, Any]:
-    f = request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale)
-
-    def ms(v: float | None) -> float | None:
-        return None if v is None else v * 1000
-    tt = r.token_times
-    itl = [(tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt))]
-    gaps = percentiles(itl) or {}
-    return {"ok": r.ok, "error": r.error, "status": r.status, "prompt_tokens": r.prompt_tokens,
-            "completion_tokens": r.completion_tokens if r.ok else None, "tokens_estimated": r.tokens_estimated,
-            "ttfr_ms": ms(f.ttfr_s), "ttft_ms": ms(f.ttft_s), "est_ppt_ms": ms(f.est_ppt_s),
-            "prefill_tps": f.prefill_tps, "decode_tps": f.decode_tps, "tpot_ms": ms(f.tpot_s),
-            "itl_p50_ms": gaps.get("p50"), "itl_p99_ms": gaps.get("p99"),
-            "itl_max_ms": max(itl, default=None)}
-
-
-class _ThermalWatch:
-    """Polls the injected probe while a level runs, keeping the hottest reading and every throttle reason."""
-
-    def __init__(self, probe: Callable[[], ThermalNote | None] | None, interval: float) -> None:
-        self.probe, self.interval = probe, interval
-        self.note: ThermalNote | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    def sample(self) -> None:
-        if self.probe is None:
-            return
-        try:
-            got = self.probe()
-        except Exception:   # a broken probe must not stop a measurement; the level just lacks the note
-            return
-        if got is not None:
-            self.note = got if self.note is None else self.note.merge(got)
-
-    async def _loop(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval)
-            self.sample()
-
-    def __enter__(self) -> _ThermalWatch:
-        self.sample()
-        if self.probe is not None:
-            self._task = asyncio.ensure_future(self._loop())
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        if self._task:
-            self._task.cancel()
-        self.sample()
-
-
-async def run_sweep(spec: SweepSpec, store: ResultsStore | None = None, *, resume: bool = False,
-                    thermal_probe: Callable[[], ThermalNote | None] | None = None,
-                    on_level: Callable[[LevelResult], None] | None = None,
-                    on_progress: Callable[[Progress], None] | None = None,
-                    thermal_interval: float = 1.0) -> SweepOutcome:
-    """Measure every level of `spec` against its endpoint; with `store`, write each batch and level as it lands.
-
-    With `resume`, the newest run of the same spec in `store` continues: finished levels are skipped (and
-    re-announced through `on_level`), an interrupted level is measured again from its start.
-    """
-    headers = api_headers()
-    max_c = max(spec.concurrency)
-    async with open_session(max_c) as session:
-        facts = await discover(session, spec, headers)
-        token_ids, exact_tg = await accepted_options(session, spec, facts.model, headers)
-        latency = await probe_latency(session, spec, facts.model, headers)
-        prov = {"topology": spec.topology, "recipe": spec.recipe, "recipe_hash": spec.recipe_hash,
-                "endpoint": spec.url, "model": facts.model, "vllm_version": facts.vllm_version,
-                "simulated": facts.simulated, "speed": facts.speed, "latency_mode": spec.latency_mode,
-                "latency_ms": latency * 1000, "tool_version": f"sparkconsole {__version__}"}
-        ident = spec.identity()
-        ident["model"] = facts.model
-        if store is not None:
-            run_id, resumed = store.begin_run(source="sparkconsole", label=spec.run_label, spec=ident, resume=resume,
-                                              **prov)
-            done = store.finished_keys(run_id) if resumed else set()
-        else:
-            run_id, resumed, done = uuid.uuid4().hex[:12], False, set()
-        outcome = SweepOutcome(run_id, resumed, provenance=prov)
-        levels = spec.levels()
-        if store is not None and done:
-            for lv in store.levels(run_id):
-                if lv.key in done:
-                    outcome.skipped.append(lv.key)
-                    if on_level:
-                        on_level(lv)
-        todo = [k for k in levels if k not in done]
-        shapes: dict[tuple[int, int], PromptShape] = {}
-        # Fresh orders every time, also when a level is measured again after an interruption: a repeated
-        # prompt would find its prefix in the server's cache.
-        rng = random.Random()
-        chat_url = api_base(spec.url) + "/chat/completions"
-        batches_per_level = spec.runs + (1 if spec.warmup else 0)
-        remaining = [k.concurrency for k in todo for _ in range(batches_per_level)]
-        clock = BatchClock(spec.pace)
-        failed = 0
-        last_start: float | None = None
-
-        def progress(idx: int, key: LevelKey, run_index: int) -> None:
-            if on_progress:
-                on_progress(Progress(key, idx, len(levels), run_index, spec.runs, clock.left(remaining), failed))
-
-        async def batch(key: LevelKey, shape: PromptShape) -> list[RequestResult]:
-            nonlocal last_start
-            bodies = [json.dumps(chat_payload(facts.model, messages(shape, rng), key.tg, exact_tg=exact_tg,
-                                              token_ids=token_ids)).encode() for _ in range(key.concurrency)]
-            if spec.pace and last_start is not None:
-                await asyncio.sleep(last_start + spec.pace - time.perf_counter())
-            t0 = last_start = time.perf_counter()
-            results = list(await asyncio.gather(*(stream_chat(session, chat_url, b, headers=headers,
-                                                              timeout=spec.request_timeout, watch=watch)
-                                                  for b in bodies)))
-            clock.add(key.concurrency, time.perf_counter() - t0)
-            if key.concurrency in remaining:
-                remaining.remove(key.concurrency)
-            return results
-
-        watch = StallWatch(spec.stall_timeout, spec.first_timeout)    # one timer task for every stream
-        try:
-            for key in todo:
-                idx = levels.index(key) + 1
-                if (key.pp, key.depth) not in shapes:
-                    shapes[(key.pp, key.depth)] = await calibrate(session, spec.url, facts.model, key.pp, key.depth,
-                                                                  headers, token_ids=token_ids)
-                shape = shapes[(key.pp, key.depth)]
-                expected = shape.target
-                if store is not None:
-                    store.clear_level(run_id, key)
-                started = time.time()
-                batches: list[list[RequestResult]] = []
-                with _ThermalWatch(thermal_probe, thermal_interval) as thermal:
-                    if spec.warmup:
-                        progress(idx, key, 0)
-                        await batch(key, shape)
-                    kv_before = await _kv_scrapes(session, spec.kv_metrics)
-                    for run_index in range(1, spec.runs + 1):
-                        progress(idx, key, run_index)
-                        results = await batch(key, shape)
-                        failed += sum(1 for r in results if not r.ok)
-                        batches.append(results)
-                        if store is not None:
-                            store.record_requests(run_id, key, run_index, [
-                                request_row(r, expected_prompt=expected, latency_s=latency * facts.speed,
-                                            scale=facts.speed) for r in results])
-                metrics = level_metrics(batches, expected_prompt=expected, latency_s=latency * facts.speed,
-                                        scale=facts.speed)
-                metrics["prompt_source"] = shape.source
-                if spec.kv_metrics:
-                    metrics["kv"] = kv_level(kv_before, await _kv_scrapes(session, spec.kv_metrics),
-                                             metrics.get("requests_ok") or 0)
-                metrics["request_options"] = {"return_token_ids": token_ids, "exact_tg": exact_tg}
-                if metrics["requests_failed"]:
-                    errors = metrics["errors"] or {"unknown error": metrics["requests_failed"]}
-                    reason = max(errors.items(), key=lambda kv: kv[1])[0]
-                    total = metrics["requests_failed"] + metrics["requests_ok"]
-                    metrics["failure"] = f"{metrics['requests_failed']} of {total} requests failed: {reason}"
-                level = LevelResult(run_id=run_id, label=spec.run_label, key=key, runs=spec.runs, metrics=metrics,
-                                    thermal=thermal.note, started=started, finished=time.time())
-                if store is not None:
-                    store.record_level(level)
-                outcome.levels.append(level)
-                if on_level:
-                    on_level(level)
-                if "failure" in metrics and spec.on_failure == "pause":
-                    outcome.paused_after = key
-                    break
-        finally:
-            watch.close()
-        if store is not None and outcome.paused_after is None:
-            store.finish_run(run_id)
-        return outcome
-

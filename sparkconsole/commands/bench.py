@@ -223,8 +223,9 @@ async def _cluster_probe(args: argparse.Namespace) -> tuple[ThermalProbe | None,
 
 async def _run(args: argparse.Namespace) -> int:
     from ..bench.matrix import recipe_hash
+    from ..bench.measure import run_sweep
     from ..bench.results import ResultsStore
-    from ..bench.sweep import check_reachable, run_sweep
+    from ..bench.sweep import check_reachable
     if not args.url:
         args.url = _gateway_url(args)
     spec = _spec(args, args.url, topology=args.topology, label=args.label, recipe=args.recipe,

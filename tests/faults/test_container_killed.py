@@ -24,8 +24,9 @@ from pathlib import Path
 import pytest
 
 import sparkconsole
+from sparkconsole.bench.measure import run_sweep
 from sparkconsole.bench.results import ResultsStore
-from sparkconsole.bench.sweep import SweepSpec, run_sweep
+from sparkconsole.bench.sweep import SweepSpec
 from tests.testbed.docker import DockerEngine, TestbedImage
 from tests.testbed.vllm import VllmContainer, chat, start_vllm_container
 

@@ -54,7 +54,7 @@ class Ours:
         self.shape = None
 
     async def start(self, max_c: int) -> None:
-        self.session = open_session(max_c)          # as bench.sweep.run_sweep opens its session
+        self.session = open_session(max_c)          # as bench.measure.run_sweep opens its session
         self.shape = await calibrate(self.session, self.base, self.model, self.pp, 0)
 
     def prepare(self, c: int) -> list[bytes]:

@@ -192,6 +192,7 @@ class BenchScreen(OnConsole, Screen):
     async def _sweep(self) -> None:
         try:
             from ...bench import sweep as sweep_mod
+            from ...bench.measure import run_sweep
         except ImportError as exc:
             self.status(f"bench layer not available: {exc}", "red")
             return
@@ -214,7 +215,7 @@ class BenchScreen(OnConsole, Screen):
             await sweep_mod.check_reachable(url)
             path.parent.mkdir(parents=True, exist_ok=True)
             with ResultsStore(path) as store:
-                out = await sweep_mod.run_sweep(spec, store, on_level=self.add_level, thermal_probe=app.thermal_note,
+                out = await run_sweep(spec, store, on_level=self.add_level, thermal_probe=app.thermal_note,
                                                 on_progress=lambda p: self.status(f"{spec.run_label}: {p.line()}", "cyan"))
             self.status(f"sweep of {spec.run_label} done: {plural(len(out.levels), 'level')} (run {out.run_id}) in "
                         f"{path}; sparkconsole bench report {path}", "green")
