@@ -33,7 +33,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-AGENT = ROOT / "sparkconsole" / "agent.py"
 GIB = 1 << 30
 CAP = 1 << 30          # the cap each allocator's cgroup gets: 1 GiB, under the 3 GiB it allocates
 
@@ -217,8 +216,9 @@ def device(args: argparse.Namespace) -> dict:
         (bindir / "docker").chmod(0o755)
         (tmp / "state.json").write_text(json.dumps(state))
         env = {**os.environ, "PATH": f"{bindir}:{os.environ['PATH']}", "GPU_PROCS_DOCKER_STATE": str(tmp / "state.json")}
-        r = subprocess.run([sys.executable, str(AGENT), "--gpu-source", "nvml", "--count", "8", "--interval", "0.5",
-                            "--container-interval", "0.5"], capture_output=True, text=True, env=env, timeout=120)
+        r = subprocess.run([sys.executable, "-m", "sparkconsole.agent", "--gpu-source", "nvml", "--count", "8",
+                            "--interval", "0.5", "--container-interval", "0.5"], capture_output=True, text=True,
+                           env=env, timeout=120, cwd=ROOT)
         lines = [json.loads(x) for x in r.stdout.splitlines() if x.startswith("{")]
         rec["agent"] = {"rc": r.returncode, "stderr": r.stderr[-2000:], "lines": lines}
         last = Tick.from_json(lines[-1], time.time()) if len(lines) > 1 else None

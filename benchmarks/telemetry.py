@@ -38,14 +38,22 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-AGENT = ROOT / "sparkconsole" / "agent.py"
+AGENT = ROOT / "sparkconsole" / "agent"
+# the agent run in place, as a node runs it (from ROOT: the device machine need not have the package installed)
+AGENT_ARGV = [sys.executable, "-m", "sparkconsole.agent"]
 
 
 def _load_agent(path: Path = AGENT, name: str = "sc_agent"):
-    """The agent module by path: the device machine need not have the package's dependencies."""
+    """The agent by path: its package folder (sparkconsole/agent/), or one agent.py file as older checkouts have it.
+    The device machine need not have the package's dependencies."""
     import importlib.util
-    spec = importlib.util.spec_from_file_location(name, path)
+    if path.is_dir():
+        spec = importlib.util.spec_from_file_location(name, path / "__init__.py",
+                                                      submodule_search_locations=[str(path)])
+    else:
+        spec = importlib.util.spec_from_file_location(name, path)
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod          # its modules import each other by the package's name
     spec.loader.exec_module(mod)
     return mod
 
@@ -80,8 +88,8 @@ def per_tick_cpu(fn, n: int) -> dict:
 def agent_process_cpu(source: str, ticks: int, interval: float) -> dict:
     """The whole agent as a process: CPU seconds per tick (startup included, then amortised)."""
     k0, w0 = _children_cpu(), time.perf_counter()
-    r = subprocess.run([sys.executable, str(AGENT), "--gpu-source", source, "--count", str(ticks), "--interval",
-                        str(interval), "--containers", "none"], capture_output=True, text=True, timeout=600)
+    r = subprocess.run([*AGENT_ARGV, "--gpu-source", source, "--count", str(ticks), "--interval",
+                        str(interval), "--containers", "none"], capture_output=True, text=True, timeout=600, cwd=ROOT)
     k1, w1 = _children_cpu(), time.perf_counter()
     lines = r.stdout.splitlines()
     return {"source": source, "ticks": ticks, "rc": r.returncode, "lines": len(lines),
@@ -91,9 +99,9 @@ def agent_process_cpu(source: str, ticks: int, interval: float) -> dict:
 
 def record(out: Path, name: str, seconds: float, interval: float = 0.5) -> subprocess.Popen:
     fh = open(out / name, "w")  # noqa: SIM115 — closed when the process ends
-    return subprocess.Popen([sys.executable, str(AGENT), "--gpu-source", "nvml", "--interval", str(interval),
+    return subprocess.Popen([*AGENT_ARGV, "--gpu-source", "nvml", "--interval", str(interval),
                              "--count", str(int(seconds / interval)), "--containers", "none"], stdout=fh,
-                            stderr=subprocess.PIPE, text=True)
+                            stderr=subprocess.PIPE, text=True, cwd=ROOT)
 
 
 LOAD = """
@@ -272,12 +280,22 @@ def nvml_floor(n: int) -> dict:
                                                          "memory"]), n)}
 
 
+def _agent_run(path: Path) -> tuple[list[str], Path]:
+    """(argv, cwd) that run the agent at `path`: a package folder as a module from the checkout holding it, an older
+    checkout's agent.py as a script."""
+    if path.is_dir():
+        return [sys.executable, "-m", f"{path.parent.name}.{path.name}"], path.parent.parent
+    return [sys.executable, str(path)], ROOT
+
+
 def process_cost(path: Path, source: str, ticks: int, interval: float) -> dict:
     """The agent as a process: CPU per tick with its start-up (the same command with --count 1) taken out."""
+    argv, cwd = _agent_run(path)
+
     def run(count: int) -> float:
         k0 = _children_cpu()
-        r = subprocess.run([sys.executable, str(path), "--gpu-source", source, "--count", str(count), "--interval",
-                            str(interval), "--containers", "none"], capture_output=True, text=True, timeout=600)
+        r = subprocess.run([*argv, "--gpu-source", source, "--count", str(count), "--interval",
+                            str(interval), "--containers", "none"], capture_output=True, text=True, timeout=600, cwd=cwd)
         if r.returncode != 0:
             raise RuntimeError(r.stderr[-300:])
         return _children_cpu() - k0
@@ -423,7 +441,7 @@ def main() -> int:
     d.add_argument("--idle-s", type=float, default=10)
     d.add_argument("--load-s", type=float, default=35)
     c = sub.add_parser("agent-cost")
-    c.add_argument("--agent", action="append", help="agent.py to measure (repeat; default: this checkout's)")
+    c.add_argument("--agent", action="append", help="agent to measure: its package folder, or an older checkout's agent.py (repeat; default: this checkout's)")
     c.add_argument("--n", type=int, default=2000)
     c.add_argument("--ticks", type=int, default=500)
     c.add_argument("--ticks-2hz", type=int, default=30, help="ticks of the 2 Hz process run (0: skip)")

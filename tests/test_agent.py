@@ -8,6 +8,7 @@ the recording has nothing — exactly how the driver answers for a reading it ca
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -29,7 +30,9 @@ from sparkconsole.nodes.samples import REASON_BITS, GpuSample, Tick
 FIX = Path(__file__).parent / "fixtures"
 PROBE = json.loads((FIX / "nvidia-h100-probe.json").read_text())
 SMI_Q = (FIX / "nvidia-h100-smi-q.txt").read_text()
-AGENT = Path(agent.__file__)
+# the agent run in place, as a node runs it (python3 -m sparkconsole.agent)
+AGENT = ("-m", "sparkconsole.agent")
+AGENT_DIR = Path(agent.__file__).parent
 # The query behind probe.json's "smi_query_output" (19 columns, read off the row against nvidia-smi -q).
 PROBE_SMI_FIELDS = (
     "timestamp", "name", "temperature.gpu", "temperature.memory", "power.draw", "power.limit", "clocks.sm",
@@ -191,7 +194,7 @@ def test_nvml_gb10_memory_not_supported_is_unified_and_asked_once(monkeypatch):
 # ---------------------------------------------------------------- the agent process
 
 def run_agent(*args: str, env: dict | None = None, timeout: float = 20) -> list[dict]:
-    r = subprocess.run([sys.executable, str(AGENT), *args], capture_output=True, text=True, timeout=timeout,
+    r = subprocess.run([sys.executable, *AGENT, *args], capture_output=True, text=True, timeout=timeout,
                        env=env, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
     return [json.loads(line) for line in r.stdout.splitlines()]
@@ -278,7 +281,7 @@ def test_agent_sim_source_rereads_its_file(tmp_path):
     sim = tmp_path / "sim.json"
     sim.write_text(json.dumps({"gpus": [{"index": 0, "name": "NVIDIA GB10", "temp_c": 40, "unified": True}],
                                "hello": {"hostname": "spark-sim-1", "driver": "580.95.05"}}))
-    proc = subprocess.Popen([sys.executable, str(AGENT), "--interval", "0.05", "--gpu-source", f"sim:{sim}",
+    proc = subprocess.Popen([sys.executable, *AGENT, "--interval", "0.05", "--gpu-source", f"sim:{sim}",
                              "--containers", "none"], stdout=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
     try:
         hello = json.loads(proc.stdout.readline())
@@ -296,6 +299,24 @@ def test_agent_sim_source_rereads_its_file(tmp_path):
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_the_bootstrap_sends_every_module_of_the_agent_each_after_those_it_imports():
+    """A node makes the agent's package from what the console sends, in agent.MODULES' order, with nothing installed:
+    every module of the folder is sent, each after the siblings it imports, and none imports beyond the standard
+    library (a module left out, sent too early or importing a dependency fails on every node, not here)."""
+    sent = list(agent.MODULES)
+    assert set(sent) == {p.stem for p in AGENT_DIR.glob("*.py")} - {"__init__", "__main__"}
+    header = agent_payload().split(b"\n", 1)[0].split()
+    assert [h.split(b":")[0].decode() for h in header[2:]] == sent
+    for i, name in enumerate(sent):
+        for node in ast.walk(ast.parse((AGENT_DIR / f"{name}.py").read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                assert node.level == 1 and node.module in sent[:i], f"{name}.py imports .{node.module} before it is sent"
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                tops = [a.name.split(".")[0] for a in node.names] if isinstance(node, ast.Import) \
+                    else [(node.module or "").split(".")[0]]
+                assert all(t in sys.stdlib_module_names or t in ("__future__", "pynvml") for t in tops), (name, tops)
 
 
 def test_bootstrap_bundles_pynvml_and_ends_on_stdin_eof():
@@ -325,7 +346,7 @@ def test_bootstrap_bundles_pynvml_and_ends_on_stdin_eof():
 
 
 def test_agent_exits_quietly_when_the_console_stops_reading():
-    proc = subprocess.Popen([sys.executable, str(AGENT), "--interval", "0.02", "--gpu-source", "none",
+    proc = subprocess.Popen([sys.executable, *AGENT, "--interval", "0.02", "--gpu-source", "none",
                              "--containers", "none"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             stdin=subprocess.DEVNULL)
     proc.stdout.readline()
@@ -398,10 +419,14 @@ def test_bundled_pynvml_compiles_on_a_python_without_it():
     payload = agent_payload()
     header, rest = payload.split(b"\n", 1)
     n_nvml = int(header.split()[0])
-    code = ("import sys, ctypes, runpy\n"
+    code = ("import sys, ctypes, importlib.util\n"
             "sys._sparkconsole_pynvml = sys.stdin.buffer.read()\n"
             "ctypes.CDLL = lambda *a, **k: None\n"          # only the 'is the driver there' probe
-            f"m = runpy.run_path({str(AGENT)!r})['import_pynvml']()\n"
+            # the agent's package from its folder, as a node's python has it: no sparkconsole installed
+            f"s = importlib.util.spec_from_file_location('scagent', {str(AGENT_DIR / '__init__.py')!r}, "
+            f"submodule_search_locations=[{str(AGENT_DIR)!r}])\n"
+            "a = importlib.util.module_from_spec(s); sys.modules['scagent'] = a; s.loader.exec_module(a)\n"
+            "m = sys.modules['scagent.nvml'].import_pynvml()\n"
             "print(m.NVML_ERROR_NOT_SUPPORTED, callable(m.nvmlDeviceGetFieldValues), m.__file__)\n")
     r = subprocess.run([py, "-c", code], input=rest[:n_nvml], capture_output=True, timeout=60)
     assert r.returncode == 0, r.stderr.decode()

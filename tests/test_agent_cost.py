@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 
 from sparkconsole import agent
+from sparkconsole.agent import host as agent_host
+from sparkconsole.agent import nvml as agent_nvml
 from tests.test_agent import AGENT, PROBE, RecordedNvml
 
 FIX = Path(__file__).parent / "fixtures"
@@ -62,7 +64,7 @@ def test_reason_counters_are_read_when_the_mask_changes_and_repeated_between(nvm
 
     rec.counter_frame = 20                                           # same mask, within the refresh: not read
     assert src.sample([])[0]["reason_us"] == RECORDED_US[10] and rec.calls["fields"] == 2
-    monkeypatch.setattr(agent, "REASON_COUNTERS_REFRESH_S", 0.0)    # the refresh has passed: read again
+    monkeypatch.setattr(agent_nvml, "REASON_COUNTERS_REFRESH_S", 0.0)    # the refresh has passed: read again
     assert src.sample([])[0]["reason_us"] == RECORDED_US[20] and rec.calls["fields"] == 3
 
 
@@ -70,7 +72,7 @@ def test_power_limit_is_read_once_per_refresh_and_in_every_tick(nvml, monkeypatc
     rec, src = nvml
     ticks = [src.sample([])[0] for _ in range(4)]
     assert rec.calls["power_limit"] == 1 and all(g["power_limit_w"] == 700.0 for g in ticks)
-    monkeypatch.setattr(agent, "POWER_LIMIT_REFRESH_S", 0.0)
+    monkeypatch.setattr(agent_nvml, "POWER_LIMIT_REFRESH_S", 0.0)
     src.sample([])
     assert rec.calls["power_limit"] == 2
 
@@ -78,7 +80,7 @@ def test_power_limit_is_read_once_per_refresh_and_in_every_tick(nvml, monkeypatc
 def test_unsupported_counters_are_asked_once(monkeypatch):
     rec = RecordedNvml(PROBE["under_load"])           # no field values in this recording: NOT_SUPPORTED
     monkeypatch.setitem(sys.modules, "pynvml", rec)
-    monkeypatch.setattr(agent, "REASON_COUNTERS_REFRESH_S", 0.0)
+    monkeypatch.setattr(agent_nvml, "REASON_COUNTERS_REFRESH_S", 0.0)
     src = agent.NvmlSource()
     asked = []
     real = rec._nope
@@ -99,9 +101,9 @@ def test_guard_inputs_are_reread_after_their_refresh(tmp_path, monkeypatch):
     before = agent.make_tick(0, none, root, [])["guards"]
     assert before["swaps"] == []
     (tmp_path / "swaps").write_text(PROBE["swaps"] + "/swapfile file 8388604 0 -2\n")
-    monkeypatch.setattr(agent, "GUARDS_REFRESH_S", 3600.0)
+    monkeypatch.setattr(agent_host, "GUARDS_REFRESH_S", 3600.0)
     assert agent.make_tick(1, none, root, [])["guards"] == before          # within the refresh: the same reading
-    monkeypatch.setattr(agent, "GUARDS_REFRESH_S", 0.0)
+    monkeypatch.setattr(agent_host, "GUARDS_REFRESH_S", 0.0)
     assert agent.make_tick(2, none, root, [])["guards"]["swaps"] == ["/swapfile"]
 
 
@@ -112,7 +114,7 @@ def _imports(*argv: str) -> tuple[subprocess.CompletedProcess, set[str]]:
 
 def test_a_tick_without_gpu_or_docker_imports_no_more_than_it_needs():
     _, floor = _imports("-c", "pass")               # what this interpreter imports anyway (site, .pth files)
-    p, mods = _imports(str(AGENT), "--count", "2", "--interval", "0.01", "--gpu-source", "none", "--containers", "none")
+    p, mods = _imports(*AGENT, "--count", "2", "--interval", "0.01", "--gpu-source", "none", "--containers", "none")
     assert p.returncode == 0, p.stderr[-1000:]
     assert len(p.stdout.splitlines()) == 3
     extra = (mods - floor) & {"csv", "subprocess", "threading", "pynvml"}     # (argparse brings shutil)

@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from sparkconsole import agent
 from sparkconsole.nodes.guard import KEYS, MIN_FREE_KBYTES, evaluate_guards
 from sparkconsole.nodes.samples import ContainerInfo, Tick
 
@@ -19,7 +18,7 @@ PROBE = json.loads((Path(__file__).parent / "fixtures" / "nvidia-h100-probe.json
 
 
 def agent_tick(proc_root: Path) -> Tick:
-    r = subprocess.run([sys.executable, agent.__file__, "--count", "1", "--proc-root", str(proc_root),
+    r = subprocess.run([sys.executable, "-m", "sparkconsole.agent", "--count", "1", "--proc-root", str(proc_root),
                         "--gpu-source", "none", "--containers", "none"], capture_output=True, text=True, check=True)
     return Tick.from_json(json.loads(r.stdout.splitlines()[1]), 0)
 
@@ -113,7 +112,7 @@ def test_container_cap_read_from_a_real_docker_engine(docker_engine, testbed_bas
                            testbed_base_image, "/usr/bin/sleep", "300"])
     try:
         env = {**docker_engine.env(), "PATH": f"{Path(docker_engine.cli).parent}:{os.environ['PATH']}"}
-        r = subprocess.run([sys.executable, agent.__file__, "--count", "8", "--interval", "0.25", "--gpu-source", "none",
+        r = subprocess.run([sys.executable, "-m", "sparkconsole.agent", "--count", "8", "--interval", "0.25", "--gpu-source", "none",
                             "--container-interval", "0.2"], capture_output=True, text=True, env=env, timeout=60,
                            check=True)
         ticks = [Tick.from_json(json.loads(x), 0) for x in r.stdout.splitlines()[1:]]

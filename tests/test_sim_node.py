@@ -1,4 +1,4 @@
-"""A simulated GB10 node read by the REAL agent (sparkconsole/agent.py, a subprocess with its sim flags),
+"""A simulated GB10 node read by the REAL agent (sparkconsole/agent/, a subprocess with its sim flags),
 its docker shim driven as the agent and the runner drive docker, and a simulated server loading the node."""
 
 from __future__ import annotations
@@ -10,12 +10,10 @@ import subprocess
 import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import aiohttp
 import pytest
 
-import sparkconsole
 from sparkconsole.nodes.samples import Tick
 from sparkconsole.nodes.workload_memory import workload_memory
 from sparkconsole.sim.engine import EngineArgs, SimEngine
@@ -24,7 +22,6 @@ from sparkconsole.sim.profiles import GB10 as GB10_HW
 from sparkconsole.sim.profiles import MODELS
 from tests.helpers import free_port
 
-AGENT = Path(sparkconsole.__file__).parent / "agent.py"
 GIB_KB = 1024 * 1024
 
 
@@ -39,7 +36,7 @@ class Agent:
     async def __aenter__(self) -> Agent:
         env = dict(os.environ, **dict(self.node.env()))
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable, str(AGENT), *self.node.agent_args(), *self.extra, env=env,
+            sys.executable, "-m", "sparkconsole.agent", *self.node.agent_args(), *self.extra, env=env,
             stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.DEVNULL)
         self.hello = await self.line()
         return self

@@ -29,7 +29,6 @@ FIX = Path(__file__).parent / "fixtures"
 H200 = json.loads((FIX / "nvidia-h200-gpu-procs.json").read_text())
 GB10 = json.loads((FIX / "gb10-public-process-memory.json").read_text())
 GIB = 1 << 30
-AGENT = Path(agent.__file__)
 
 
 class ProcNvml(types.ModuleType):
@@ -138,7 +137,7 @@ def test_h200_agent_lines_replay_through_the_agent(tmp_path):
     lines = H200["agent"]["lines"]
     rec = tmp_path / "h200.jsonl"
     rec.write_text("\n".join(json.dumps(x) for x in lines) + "\n")
-    out = subprocess.run([sys.executable, str(AGENT), "--count", str(len(lines) - 1), "--interval", "0.01",
+    out = subprocess.run([sys.executable, "-m", "sparkconsole.agent", "--count", str(len(lines) - 1), "--interval", "0.01",
                           "--gpu-source", f"replay:{rec}", "--containers", "none"], capture_output=True, text=True,
                          timeout=30, stdin=subprocess.DEVNULL)
     ticks = [json.loads(x) for x in out.stdout.splitlines()][1:]

@@ -56,7 +56,7 @@ def build_app(args: argparse.Namespace) -> SparkConsoleApp:
         lines = read_recording(rp)
         if not split_recording(lines)[1]:
             raise UserError("no tick lines in the recording", file=str(rp), field="--replay",
-                            fix="record one with the agent: python3 sparkconsole/agent.py --count 100 > FILE")
+                            fix="record one with the agent, from a checkout: python3 -m sparkconsole.agent --count 100 > FILE")
         interval = getattr(args, "replay_interval", None)
         if interval is not None and not 0.01 <= interval <= 60:
             raise UserError(f"{interval} out of range", field="--replay-interval", fix="give 0.01 to 60 seconds")

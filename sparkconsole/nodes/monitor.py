@@ -43,28 +43,40 @@ FLOOD_BAD_LINES = 1000      # this many bad lines since the last good tick: the 
 BACKOFF_CAP_S = 30.0
 MAX_LINE = 1 << 20
 
+# What a node runs (`python3 -u -c BOOTSTRAP`): it reads agent_payload() from stdin, makes the agent's package
+# (sparkconsole/agent/) in memory as `scagent`, each module after those it imports, and runs its main loop.
 BOOTSTRAP = (
-    "import sys,zlib\n"
+    "import sys,zlib,types\n"
     "r=sys.stdin.buffer\n"
-    "n=[int(x) for x in r.readline().split()]\n"
-    "sys._sparkconsole_pynvml=r.read(n[0])\n"
-    "a=zlib.decompress(r.read(n[1]))\n"
+    "h=r.readline().split()\n"
+    "sys._sparkconsole_pynvml=r.read(int(h[0]))\n"
+    "a=zlib.decompress(r.read(int(h[1])))\n"
+    "p=types.ModuleType('scagent');p.__path__=[];sys.modules['scagent']=p\n"
     "sys.argv=['agent']+sys.argv[1:]+['--watch-stdin']\n"
-    "g={'__name__':'__main__','__file__':'agent.py'}\n"
-    "exec(compile(a,'agent.py','exec'),g)\n"
+    "o=0\n"
+    "for e in h[2:]:\n"
+    " k,n=e.decode().split(':');n=int(n);m=types.ModuleType('scagent.'+k)\n"
+    " m.__package__='scagent';m.__file__=k+'.py';sys.modules[m.__name__]=m\n"
+    " exec(compile(a[o:o+n],m.__file__,'exec'),m.__dict__);o+=n\n"
+    "sys.exit(m.main())\n"
 )
 
 
 @lru_cache(maxsize=1)
 def agent_payload() -> bytes:
-    """What the bootstrap reads from stdin: header line, compressed pynvml (may be empty), compressed agent."""
-    agent_src = (Path(__file__).resolve().parent.parent / "agent.py").read_bytes()
+    """What the bootstrap reads from stdin: a header line (the sizes of the compressed pynvml and agent, then each
+    agent module's name and size, in the order it runs them), pynvml compressed (may be empty), the agent's modules
+    compressed as one."""
+    from .. import agent
+    folder = Path(agent.__file__).resolve().parent
+    sources = [(name, (folder / f"{name}.py").read_bytes()) for name in agent.MODULES]
     nvml = b""
     spec = importlib.util.find_spec("pynvml")
     if spec and spec.origin and spec.origin.endswith(".py"):
         nvml = zlib.compress(Path(spec.origin).read_bytes(), 6)
-    agent = zlib.compress(agent_src, 6)
-    return f"{len(nvml)} {len(agent)}\n".encode() + nvml + agent
+    bundle = zlib.compress(b"".join(src for _, src in sources), 6)
+    header = " ".join([str(len(nvml)), str(len(bundle)), *(f"{name}:{len(src)}" for name, src in sources)])
+    return header.encode() + b"\n" + nvml + bundle
 
 
 def agent_command(python: str, interval: float, extra: tuple[str, ...] = ()) -> list[str]:

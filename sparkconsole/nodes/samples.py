@@ -1,6 +1,6 @@
 """Typed samples: the agent's JSON lines parsed into dataclasses, the contract between the layers.
 
-Wire format (one JSON object per line on the agent's stdout; see agent.py):
+Wire format (one JSON object per line on the agent's stdout; see sparkconsole/agent/):
 
   {"type": "hello", "agent_version": "0.1.0", "hostname": "spark1", "kernel": "6.11.0-1016-nvidia",
    "boot_id": "…", "driver": "580.95.05", "nvml_version": "13.580.95", "gpu_source": "nvml",

@@ -7,7 +7,7 @@ cap (graphistry/pygraphistry pull request 1671); inside a cgroup v2 scope with `
 allocated in 1 GiB steps moved `memory.current` from 5.7 MB to 409 MB, with no OOM kill
 (Blackwellboy/model-serving-minefield issue 57). NVML does report each process's GPU allocation there, from the
 host (a serving vLLM worker: 89.3 GiB, Syllo/nvtop pull request 511), so the agent reads the process list and
-maps each PID to its container (agent.py, `gpu_procs` on the wire: nodes/samples.py).
+maps each PID to its container (agent/containers.py, `gpu_procs` on the wire: nodes/samples.py).
 
 A figure that cannot be measured is None with the reason, never a guess: NVML without per-process support, a
 process that ended between the read and its mapping (its container unknown: every GPU figure of that read is

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 
-import sparkconsole
 from sparkconsole.bench.measure import run_sweep
 from sparkconsole.bench.results import ResultsStore
 from sparkconsole.bench.sweep import SweepSpec
@@ -32,7 +31,6 @@ from tests.testbed.vllm import VllmContainer, chat, start_vllm_container
 
 CONC = (1, 2, 3)
 RUNS = 3
-AGENT = Path(sparkconsole.__file__).with_name("agent.py")
 
 
 def _spec(url: str, on_failure: str) -> SweepSpec:
@@ -80,7 +78,7 @@ def _integrity(path: Path) -> str:
 def _agent_containers(engine: DockerEngine) -> list[dict]:
     """Run the real agent with the engine's DOCKER_HOST; the containers of its last tick that has them."""
     env = {**engine.env(), "PATH": f"{Path(engine.cli).parent}:{os.environ.get('PATH', '/usr/bin:/bin')}"}
-    proc = subprocess.run([sys.executable, str(AGENT), "--containers", "docker", "--gpu-source", "none",
+    proc = subprocess.run([sys.executable, "-m", "sparkconsole.agent", "--containers", "docker", "--gpu-source", "none",
                            "--interval", "0.5", "--container-interval", "0.5", "--count", "8"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
