@@ -31,7 +31,7 @@ from ..errors import UserError
 from ..paths import DEFAULT_RESULTS, DEMO_RESULTS
 
 if TYPE_CHECKING:      # the benchmark code is imported in the functions: `bench --help` answers at once
-    from ..bench.matrix import Launcher, StaticLauncher
+    from ..bench.matrix import Launcher, MatrixOutcome, StaticLauncher
     from ..bench.results import LevelResult, ResultsStore, ThermalNote
     from ..bench.sweep import Progress, SweepSpec
     from ..launch import progress as launch_progress
@@ -360,6 +360,66 @@ def _print_kept(args: argparse.Namespace, kept: tuple[str, str]) -> None:
     print(f"{topo} left serving at {url} (--keep-last); stop it with: {shlex.join(stop)}")
 
 
+class _MatrixParts:
+    """What a matrix run starts before it measures (a simulated cluster, the node monitor, the launcher), kept as each
+    starts so that whatever did start is stopped, also when a later part fails."""
+
+    def __init__(self) -> None:
+        self.sim: SimCluster | None = None
+        self.monitor: ClusterMonitor | None = None
+        self.launcher: Launcher | None = None
+        self.probe: ThermalProbe | None = None
+
+    async def close(self) -> None:
+        try:
+            if self.launcher is not None and hasattr(self.launcher, "close"):
+                await self.launcher.close()
+        finally:
+            if self.monitor is not None:
+                await self.monitor.stop()
+            if self.sim is not None:
+                await self.sim.stop()
+
+
+async def _recipe_launcher(args: argparse.Namespace, topologies: list[str], speed: float, line: _ProgressLine,
+                           parts: _MatrixParts) -> None:
+    """The recipe's launches on the cluster file's nodes, or with --demo on a simulated pair started here."""
+    from ..launch.launcher import RecipeLauncher, resolve_topology
+    from ..nodes.monitor import ClusterMonitor
+    from ..recipes import find_recipe
+    from .recipe import load_cluster_for
+    from .recipe_io import overrides_from_sets
+    find_recipe(args.recipe)                      # wrong names fail before anything starts
+    for topo in topologies:
+        resolve_topology(topo)
+    overrides = overrides_from_sets(args.sets)
+    if args.demo:
+        from ..sim.cluster import Serving, SimCluster
+        from ..sim.node import NodeTuning
+        nodes = _demo_nodes()
+        line.text(f"starting a simulated cluster: {nodes[0][0]} {nodes[0][1]}, {nodes[1][0]} {nodes[1][1]} "
+                  f"(speed ×{speed:g}, figures in simulated time)")
+        # Both nodes carry the published OOM guards: a cluster prepared for benchmarking.
+        parts.sim = sim = SimCluster(speed=speed, serving=Serving(topology="none"), nodes=nodes,
+                                     load_speedup=DEMO_LOAD_SPEEDUP,
+                                     tunings={name: NodeTuning.hardened() for name, _ in nodes})
+        await sim.start()
+        line.text(f"simulated cluster up (state in {sim.root}; removed at the end)")
+        assert sim.cluster is not None and sim.root is not None      # start() made them
+        cluster = sim.cluster
+        overrides.setdefault("router_dir", str(sim.root / "routers"))
+    else:
+        cluster = load_cluster_for(args)
+    parts.monitor = monitor = ClusterMonitor(cluster, history=4)
+    await monitor.start()
+    await monitor.wait_first_ticks(10.0)
+    parts.probe = _thermal_probe(monitor)
+    on_progress, on_finding = _launch_printer(args, line)
+    parts.launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
+                                    trust=args.trust, poll_interval=0.5 if args.demo else 1.0,
+                                    on_progress=on_progress, on_finding=on_finding)
+
+
 async def _matrix(args: argparse.Namespace) -> int:
     from ..bench.matrix import run_matrix
     from ..bench.results import ResultsStore
@@ -372,66 +432,30 @@ async def _matrix(args: argparse.Namespace) -> int:
         raise UserError(f"speed {speed:g} out of range", field="--speed", fix="give 0.01 to 1000 (1 = real time)")
     line = _ProgressLine(args.quiet)
     template = _spec(args, "http://unset.invalid")
-    sim: SimCluster | None = None
-    monitor: ClusterMonitor | None = None
-    launcher: Launcher | None = None
-    probe: ThermalProbe | None = None
+    parts = _MatrixParts()
     try:
         if args.endpoints:
-            launcher = _static_launcher(args.endpoints)
-            probe, monitor = await _cluster_probe(args)
+            parts.launcher = _static_launcher(args.endpoints)
         elif launcher_factory is not None:
-            launcher = launcher_factory(args)
-            probe, monitor = await _cluster_probe(args)
+            parts.launcher = launcher_factory(args)
+        if parts.launcher is not None:          # running endpoints (or a test's launcher): the nodes only watched
+            parts.probe, parts.monitor = await _cluster_probe(args)
         else:
-            from ..launch.launcher import RecipeLauncher, resolve_topology
-            from ..nodes.monitor import ClusterMonitor
-            from ..recipes import find_recipe
-            from .recipe import load_cluster_for
-            find_recipe(args.recipe)                      # wrong names fail before anything starts
-            for topo in topologies:
-                resolve_topology(topo)
-            from .recipe_io import overrides_from_sets
-            overrides = overrides_from_sets(args.sets)
-            if args.demo:
-                from ..sim.cluster import Serving, SimCluster
-                from ..sim.node import NodeTuning
-                nodes = _demo_nodes()
-                line.text(f"starting a simulated cluster: {nodes[0][0]} {nodes[0][1]}, {nodes[1][0]} {nodes[1][1]} "
-                          f"(speed ×{speed:g}, figures in simulated time)")
-                # Both nodes carry the published OOM guards: a cluster prepared for benchmarking.
-                sim = SimCluster(speed=speed, serving=Serving(topology="none"), nodes=nodes,
-                                 load_speedup=DEMO_LOAD_SPEEDUP,
-                                 tunings={name: NodeTuning.hardened() for name, _ in nodes})
-                await sim.start()
-                line.text(f"simulated cluster up (state in {sim.root}; removed at the end)")
-                assert sim.cluster is not None and sim.root is not None      # start() made them
-                cluster = sim.cluster
-                overrides.setdefault("router_dir", str(sim.root / "routers"))
-            else:
-                cluster = load_cluster_for(args)
-            monitor = ClusterMonitor(cluster, history=4)
-            await monitor.start()
-            await monitor.wait_first_ticks(10.0)
-            probe = _thermal_probe(monitor)
-            on_progress, on_finding = _launch_printer(args, line)
-            launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
-                                      trust=args.trust, poll_interval=0.5 if args.demo else 1.0,
-                                      on_progress=on_progress, on_finding=on_finding)
+            await _recipe_launcher(args, topologies, speed, line, parts)
+        assert parts.launcher is not None
         with ResultsStore(args.results) as store:
-            out = await run_matrix(args.recipe, topologies, launcher, template, store, resume=args.resume,
+            out = await run_matrix(args.recipe, topologies, parts.launcher, template, store, resume=args.resume,
                                    simulated=bool(args.demo), speed=speed if args.demo else 1.0,
-                                   thermal_probe=probe, on_level=line.level, on_progress=line, on_status=line.text,
-                                   keep_last=args.keep_last)
+                                   thermal_probe=parts.probe, on_level=line.level, on_progress=line,
+                                   on_status=line.text, keep_last=args.keep_last)
     finally:
-        try:
-            if launcher is not None and hasattr(launcher, "close"):
-                await launcher.close()
-        finally:
-            if monitor is not None:
-                await monitor.stop()
-            if sim is not None:
-                await sim.stop()
+        await parts.close()
+    return _matrix_report(args, out)
+
+
+def _matrix_report(args: argparse.Namespace, out: MatrixOutcome) -> int:
+    """What the matrix measured, skipped and failed, the topologies side by side, what it left serving; the exit
+    status (1 when a topology failed or the run paused)."""
     print(f"measured {len(out.measured)}, skipped {len(out.skipped)}, failed {len(out.failed)}; "
           f"results in {args.results}" + (" (SIMULATED)" if args.demo else ""))
     for topo, why in out.failed.items():

@@ -269,23 +269,10 @@ class EndpointMonitor:
             return replace(_empty(ep, healthy=False, error=str(exc), t=time.time()), model=model, models=models,
                            max_model_len=max_len, version=version)
 
-        warning = None
         need_info = time.monotonic() - self._info_at >= INFO_REFRESH_S or (healthy and self._failures)
         info_task = asyncio.ensure_future(self._refresh_info(client)) if need_info else None
-        scrape, metrics_warn, scale = None, None, 1.0
-        try:
-            reply = await fetch(client, self.metrics_url, timeout=self.timeout)
-            if reply.ok:
-                scrape = m.parse(reply.text, time=time.monotonic(), only=m.CONSOLE_NAMES)
-                scale = _sim_speed(reply.headers)
-                if scrape.bad_lines:
-                    metrics_warn = f"/metrics: {scrape.bad_lines} unreadable line(s) skipped"
-            else:
-                metrics_warn = f"/metrics: HTTP {reply.status}"
-        except FetchError as exc:
-            metrics_warn = f"/metrics: {exc}"
-        if info_task is not None:
-            warning = await info_task
+        scrape, metrics_warn, scale = await self._scrape(client)
+        warning = await info_task if info_task is not None else None
         warning = "; ".join(w for w in (warning, metrics_warn) if w) or None
         model, models, max_len, version = self._info
 
@@ -294,53 +281,77 @@ class EndpointMonitor:
                        health_latency_s=latency, warning=warning, drain_closed=self._closed)
         if scrape is None:
             return snap
-
-        em = m.engine_metrics(scrape)
         rate_base = self._window_base(self.rate_window_s, scrape.time)
         lat_base = self._window_base(self.latency_window_s, scrape.time)
         self._scrapes.append(scrape)
         while self._scrapes and scrape.time - self._scrapes[0].time > self.latency_window_s + 2 * backoff_s(self.interval):
             self._scrapes.popleft()
+        snap = _with_engine(snap, scrape, scale, rate_base, lat_base)
+        return _with_router(snap, scrape, scale, rate_base, lat_base)
 
-        prompt_tps = gen_tps = None
-        hit_rate = em.prefix_hit_rate
-        ttft = itl = None
-        kv: dict[str, Any] = {}
-        if rate_base is not None:
-            rw = m.engine_window(rate_base, scrape)
-            # A simulated server's counters run `scale`× faster than the console's clock: rates in its seconds.
-            prompt_tps, gen_tps = _per(rw.prompt_tps, scale), _per(rw.gen_tps, scale)
-        if lat_base is not None:
-            lw = m.engine_window(lat_base, scrape)
-            ttft, itl = lw.ttft, lw.itl
-            kv = {"kv_bytes_per_transfer": lw.kv_bytes_per_transfer, "kv_xfer_p50_s": _q(lw.kv_xfer, 0.5),
-                  "kv_external_share": lw.external_share}
-            if lw.prefix_hit_rate is not None:
-                hit_rate = lw.prefix_hit_rate
-        snap = replace(snap, model=model or (em.models[0] if em.models else None), running=em.running,
-                       waiting=em.waiting, kv_usage=em.kv_usage, prefix_hit_rate=hit_rate, prompt_tps=prompt_tps,
-                       gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
-                       itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens, time_scale=scale,
-                       prompt_tokens=em.prompt_tokens, kv_in_bytes=em.kv_in_bytes, kv_transfers=em.kv_transfers,
-                       runtime=em.runtime, **kv)
+    async def _scrape(self, client: httpx.AsyncClient) -> tuple[m.Scrape | None, str | None, float]:
+        """(its /metrics page parsed, or None; what was wrong with it; a simulator's clock speed, else 1.0)."""
+        try:
+            reply = await fetch(client, self.metrics_url, timeout=self.timeout)
+        except FetchError as exc:
+            return None, f"/metrics: {exc}", 1.0
+        if not reply.ok:
+            return None, f"/metrics: HTTP {reply.status}", 1.0
+        scrape = m.parse(reply.text, time=time.monotonic(), only=m.CONSOLE_NAMES)
+        warn = f"/metrics: {scrape.bad_lines} unreadable line(s) skipped" if scrape.bad_lines else None
+        return scrape, warn, _sim_speed(reply.headers)
 
-        rm = m.router_metrics(scrape)
-        if rm is not None:
-            lat = None
-            rps = eps = None
-            if rate_base is not None:
-                rwin = m.router_window(rate_base, scrape)
-                rps, eps = _per(rwin.requests_per_s, scale), _per(rwin.errors_per_s, scale)
-            if lat_base is not None:
-                lat = m.router_window(lat_base, scrape).latency
-            snap = replace(snap, requests_per_s=rps, errors_per_s=eps, backends_up=rm.backends_up,
-                           backends_total=rm.backends_total, backend_load=rm.backend_load,
-                           backend_requests=rm.backend_requests,
-                           latency_p50_s=_q(lat, 0.5), latency_p95_s=_q(lat, 0.95))
-            if snap.ttft_p50_s is None and lat_base is not None:
-                rt = m.router_window(lat_base, scrape).ttft
-                snap = replace(snap, ttft_p50_s=_q(rt, 0.5), ttft_p95_s=_q(rt, 0.95))
+
+def _with_engine(snap: EndpointSnapshot, scrape: m.Scrape, scale: float, rate_base: m.Scrape | None,
+                 lat_base: m.Scrape | None) -> EndpointSnapshot:
+    """An engine's figures: its queue and KV cache now, its token rates over the rate window, its latencies, prefix
+    hits and KV transfers over the latency window (none before a window has a scrape at its start)."""
+    em = m.engine_metrics(scrape)
+    prompt_tps = gen_tps = None
+    hit_rate = em.prefix_hit_rate
+    ttft = itl = None
+    kv: dict[str, Any] = {}
+    if rate_base is not None:
+        rw = m.engine_window(rate_base, scrape)
+        # A simulated server's counters run `scale`× faster than the console's clock: rates in its seconds.
+        prompt_tps, gen_tps = _per(rw.prompt_tps, scale), _per(rw.gen_tps, scale)
+    if lat_base is not None:
+        lw = m.engine_window(lat_base, scrape)
+        ttft, itl = lw.ttft, lw.itl
+        kv = {"kv_bytes_per_transfer": lw.kv_bytes_per_transfer, "kv_xfer_p50_s": _q(lw.kv_xfer, 0.5),
+              "kv_external_share": lw.external_share}
+        if lw.prefix_hit_rate is not None:
+            hit_rate = lw.prefix_hit_rate
+    return replace(snap, model=snap.model or (em.models[0] if em.models else None), running=em.running,
+                   waiting=em.waiting, kv_usage=em.kv_usage, prefix_hit_rate=hit_rate, prompt_tps=prompt_tps,
+                   gen_tps=gen_tps, ttft_p50_s=_q(ttft, 0.5), ttft_p95_s=_q(ttft, 0.95), itl_p50_s=_q(itl, 0.5),
+                   itl_p95_s=_q(itl, 0.95), generation_tokens=em.generation_tokens, time_scale=scale,
+                   prompt_tokens=em.prompt_tokens, kv_in_bytes=em.kv_in_bytes, kv_transfers=em.kv_transfers,
+                   runtime=em.runtime, **kv)
+
+
+def _with_router(snap: EndpointSnapshot, scrape: m.Scrape, scale: float, rate_base: m.Scrape | None,
+                 lat_base: m.Scrape | None) -> EndpointSnapshot:
+    """A router's figures, where the page is a router's: requests and errors per second, its backends, its
+    latencies, and the TTFT it measures when no engine figure gave one."""
+    rm = m.router_metrics(scrape)
+    if rm is None:
         return snap
+    lat = None
+    rps = eps = None
+    if rate_base is not None:
+        rwin = m.router_window(rate_base, scrape)
+        rps, eps = _per(rwin.requests_per_s, scale), _per(rwin.errors_per_s, scale)
+    if lat_base is not None:
+        lat = m.router_window(lat_base, scrape).latency
+    snap = replace(snap, requests_per_s=rps, errors_per_s=eps, backends_up=rm.backends_up,
+                   backends_total=rm.backends_total, backend_load=rm.backend_load,
+                   backend_requests=rm.backend_requests,
+                   latency_p50_s=_q(lat, 0.5), latency_p95_s=_q(lat, 0.95))
+    if snap.ttft_p50_s is None and lat_base is not None:
+        rt = m.router_window(lat_base, scrape).ttft
+        snap = replace(snap, ttft_p50_s=_q(rt, 0.5), ttft_p95_s=_q(rt, 0.95))
+    return snap
 
 
 class ServingMonitor:
