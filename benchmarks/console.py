@@ -44,11 +44,11 @@ from pathlib import Path
 import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.tmuxserver import TMUX, kill_server, new_session  # noqa: E402
+
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
 SPARKCONSOLE = ROOT / ".venv" / "bin" / "sparkconsole"
-# A tmux server of this run's own: on the default one, another user of tmux (the suite runs the benchmarks side by
-# side) closing its last session ends the server under this run's next command ("server exited unexpectedly").
-TMUX = ["tmux", "-L", f"sc-bench-{os.getpid()}"]
 POLL_S = 0.005
 
 
@@ -68,8 +68,7 @@ class Session:
                f"--cluster {shlex.quote(str(cluster))} console --replay {shlex.quote(str(RECORDING))} "
                f"--replay-interval {interval}")
         self.started = time.perf_counter()
-        subprocess.run([*TMUX, "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
-                       env={**os.environ, "TERM": "xterm-256color"})
+        new_session(self.name, cmd, dict(os.environ))
         pid = subprocess.run([*TMUX, "display-message", "-p", "-t", self.name, "#{pane_pid}"],
                              capture_output=True, text=True, check=True).stdout.strip()
         self.proc = psutil.Process(int(pid))
@@ -124,9 +123,7 @@ def minimal_first_frame(tmp: Path, runs: int) -> dict:
     for _ in range(runs):
         name = f"scb-{uuid.uuid4().hex[:8]}"
         t = time.perf_counter()
-        subprocess.run([*TMUX, "new-session", "-d", "-s", name, "-x", "200", "-y", "60",
-                        f"exec {shlex.quote(str(python))} {shlex.quote(str(script))}"], check=True,
-                       env={**os.environ, "TERM": "xterm-256color"})
+        new_session(name, f"exec {shlex.quote(str(python))} {shlex.quote(str(script))}", dict(os.environ))
         try:
             while time.perf_counter() - t < 30:
                 sc = subprocess.run([*TMUX, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
@@ -188,7 +185,7 @@ def load_figures(tmp: Path, n: int, seconds: float, keys: int) -> dict:
 def tmux_round_trip(tmp: Path) -> float:
     """send-keys + capture-pane on an idle pane: what every end-to-end key figure includes."""
     name = f"scb-{uuid.uuid4().hex[:8]}"
-    subprocess.run([*TMUX, "new-session", "-d", "-s", name, "-x", "200", "-y", "60", "cat"], check=True)
+    new_session(name, "cat", dict(os.environ))
     try:
         times = []
         for i in range(10):
@@ -364,4 +361,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     finally:
-        subprocess.run([*TMUX, "kill-server"], capture_output=True)
+        kill_server()

@@ -36,10 +36,10 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from benchmarks.tmuxserver import TMUX, kill_server, new_session  # noqa: E402
+
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
-# A tmux server of this run's own: on the default one, another user of tmux (the suite runs the benchmarks side by
-# side) closing its last session ends the server under this run's next command ("server exited unexpectedly").
-TMUX = ["tmux", "-L", f"sc-bench-{os.getpid()}"]
 POLL_S = 0.01
 TEMP = re.compile(r"GPU \d+°C")
 UP = re.compile(r"\bUP\b")
@@ -49,8 +49,7 @@ class Pane:
     def __init__(self, cmd: str, env: dict) -> None:
         self.name = f"scd-{uuid.uuid4().hex[:8]}"
         self.started = time.perf_counter()
-        subprocess.run([*TMUX, "new-session", "-d", "-s", self.name, "-x", "200", "-y", "60", cmd], check=True,
-                       env={**env, "TERM": "xterm-256color"})
+        new_session(self.name, cmd, env)
 
     def screen(self) -> str:
         return subprocess.run([*TMUX, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
@@ -180,4 +179,4 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     finally:
-        subprocess.run([*TMUX, "kill-server"], capture_output=True)
+        kill_server()

@@ -12,6 +12,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Any
 
+# Swap and the vm sysctls change on an operator's command, not from tick to tick: read at most this often, repeated
+# between (guards_now).
 GUARDS_REFRESH_S = 1.0
 
 
