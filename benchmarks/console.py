@@ -45,7 +45,7 @@ import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.tmuxserver import TMUX, kill_server, new_session  # noqa: E402
+from benchmarks.tmuxserver import TMUX, capture, kill_server, kill_session, new_session  # noqa: E402
 
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
 SPARKCONSOLE = ROOT / ".venv" / "bin" / "sparkconsole"
@@ -74,7 +74,7 @@ class Session:
         self.proc = psutil.Process(int(pid))
 
     def screen(self) -> str:
-        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+        return capture(self.name)
 
     def wait(self, pred, timeout: float = 30.0, *, since_start: bool = False) -> float:
         """Seconds until pred(screen) holds, from now (or from the spawn)."""
@@ -94,7 +94,7 @@ class Session:
             self.proc.wait(10)
         except (psutil.TimeoutExpired, psutil.NoSuchProcess, subprocess.CalledProcessError):
             pass
-        subprocess.run([*TMUX, "kill-session", "-t", self.name], capture_output=True)
+        kill_session(self.name)
 
 
 def full_frame(screen: str) -> bool:
@@ -126,13 +126,13 @@ def minimal_first_frame(tmp: Path, runs: int) -> dict:
         new_session(name, f"exec {shlex.quote(str(python))} {shlex.quote(str(script))}", dict(os.environ))
         try:
             while time.perf_counter() - t < 30:
-                sc = subprocess.run([*TMUX, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+                sc = capture(name)
                 if "minimal" in sc and "Quit" in sc:
                     times.append(time.perf_counter() - t)
                     break
                 time.sleep(POLL_S)
         finally:
-            subprocess.run([*TMUX, "kill-session", "-t", name], capture_output=True)
+            kill_session(name)
     return {"median": round(statistics.median(times), 3), "runs": [round(x, 3) for x in times]}
 
 
@@ -191,13 +191,12 @@ def tmux_round_trip(tmp: Path) -> float:
         for i in range(10):
             t = time.perf_counter()
             subprocess.run([*TMUX, "send-keys", "-t", name, f"x{i}"], check=True)
-            while f"x{i}" not in subprocess.run([*TMUX, "capture-pane", "-p", "-t", name],
-                                                capture_output=True, text=True).stdout:
+            while f"x{i}" not in capture(name):
                 time.sleep(POLL_S)
             times.append(time.perf_counter() - t)
         return round(statistics.median(times) * 1000, 1)
     finally:
-        subprocess.run([*TMUX, "kill-session", "-t", name], capture_output=True)
+        kill_session(name)
 
 
 def import_cost(runs: int) -> dict:
@@ -220,7 +219,7 @@ def in_process_keys(n: int, presses: int, warm: float = 4.0) -> dict:
     event posted to the help screen's first paint."""
     import asyncio
     import gc
-    sys.path.insert(0, str(ROOT))
+
     from textual import events
 
     from sparkconsole.config import ClusterConfig, NodeConfig

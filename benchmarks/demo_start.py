@@ -37,7 +37,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from benchmarks.tmuxserver import TMUX, kill_server, new_session  # noqa: E402
+from benchmarks.tmuxserver import TMUX, capture, kill_server, kill_session, new_session  # noqa: E402
 
 RECORDING = ROOT / "tests" / "fixtures" / "agent-h100-load.jsonl"
 POLL_S = 0.01
@@ -52,7 +52,7 @@ class Pane:
         new_session(self.name, cmd, env)
 
     def screen(self) -> str:
-        return subprocess.run([*TMUX, "capture-pane", "-p", "-t", self.name], capture_output=True, text=True).stdout
+        return capture(self.name)
 
     def wait(self, pred, timeout: float = 60.0) -> float:
         while time.perf_counter() - self.started < timeout:
@@ -67,7 +67,7 @@ class Pane:
         while time.monotonic() < deadline and subprocess.run([*TMUX, "has-session", "-t", self.name],
                                                              capture_output=True).returncode == 0:
             time.sleep(0.1)
-        subprocess.run([*TMUX, "kill-session", "-t", self.name], capture_output=True)
+        kill_session(self.name)
 
 
 def full_frame(screen: str) -> bool:

@@ -29,5 +29,14 @@ def new_session(name: str, cmd: str, env: dict[str, str], size: tuple[int, int] 
         time.sleep(0.5)
 
 
+def capture(name: str) -> str:
+    """What session `name`'s pane shows now ('' once it is gone)."""
+    return subprocess.run([*TMUX, "capture-pane", "-p", "-t", name], capture_output=True, text=True).stdout
+
+
+def kill_session(name: str) -> None:
+    subprocess.run([*TMUX, "kill-session", "-t", name], capture_output=True)
+
+
 def kill_server() -> None:
     subprocess.run([*TMUX, "kill-server"], capture_output=True)

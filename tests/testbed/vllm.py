@@ -427,6 +427,8 @@ def _specs_by_fixture() -> dict[str, VenvSpec]:
 # fresh machine: +255 s against +450 s), so a test that needs no llama-server waits only for those (`_core_ready`).
 _build: threading.Thread | None = None
 _core_ready = threading.Event()
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
     """Build the venvs (side by side) and the tiny model that the selected tests need, before any test that needs
     them runs."""
