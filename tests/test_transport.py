@@ -239,3 +239,27 @@ async def test_line_stream_splits_lines_across_any_chunking(split_at):
     s = LineStream(read, close, lambda: 0, max_line=20)
     assert [line async for line in s] == ["one", "", "two\ufffd", "three", "four"]
     assert s.overlong == 2
+
+
+async def test_line_stream_drops_a_line_that_never_ends_but_keeps_one_merely_long():
+    """A line past max_line is skipped and the next line still arrives; one still unended past endless_line raises,
+    so a node printing without a newline cannot keep the console reading (and decrypting) forever."""
+    from sparkconsole.nodes.transport import LineStream, TransportError
+
+    def stream(data: bytes) -> LineStream:
+        chunks = [data[i:i + 7] for i in range(0, len(data), 7)] + [b""]
+
+        async def read():
+            return chunks.pop(0) if chunks else b""
+
+        async def close():
+            pass
+        return LineStream(read, close, lambda: 0, max_line=20, endless_line=100)
+    long = stream(b"a\n" + b"x" * 99 + b"\nb\n")
+    assert [line async for line in long] == ["a", "b"] and long.overlong == 1
+    endless = stream(b"a\n" + b"x" * 200)
+    got = []
+    with pytest.raises(TransportError, match="unended after 10[0-9] bytes"):
+        async for line in endless:
+            got.append(line)
+    assert got == ["a"]

@@ -28,6 +28,9 @@ from typing import Any, TypeVar
 from ..config import NodeConfig
 
 MAX_LINE = 1 << 20          # a longer stdout line is dropped (counted in LineStream.overlong)
+# A line still unended after this many bytes never ends (a node printing without a newline): reading it on would
+# cost the console a core for nothing, so the stream is dropped and the caller comes back after its back-off.
+ENDLESS_LINE = 16 * MAX_LINE
 KEEPALIVE_INTERVAL_S = 5.0
 KEEPALIVE_COUNT_MAX = 3
 
@@ -79,11 +82,12 @@ class LineStream:
     """Async iterator over a running command's stdout lines (text, newline stripped).
 
     `await close()` ends the command (stdin end-of-file, then the channel/process); `returncode` once ended.
-    Lines longer than MAX_LINE are skipped and counted in `overlong`.
+    Lines longer than MAX_LINE are skipped and counted in `overlong`; one still unended past ENDLESS_LINE bytes
+    raises TransportError.
     """
 
     def __init__(self, read: Callable[[], Awaitable[bytes]], closer: Callable[[], Awaitable[None]],
-                 returncode: Callable[[], int | None], *, max_line: int = MAX_LINE,
+                 returncode: Callable[[], int | None], *, max_line: int = MAX_LINE, endless_line: int = ENDLESS_LINE,
                  lost: tuple[type[BaseException], ...] = ()) -> None:
         self._read = read
         self._lost = (OSError, asyncio.IncompleteReadError) + lost    # what a lost stream raises
@@ -93,8 +97,10 @@ class LineStream:
         self._lines: collections.deque[str] = collections.deque()
         self._eof = False
         self._skipping = False      # inside an overlong line: drop bytes until its newline
+        self._skipped = 0           # bytes of that line so far
         self._closing: asyncio.Task[None] | None = None
         self.max_line = max_line
+        self.endless_line = endless_line
         self.overlong = 0
 
     @property
@@ -127,11 +133,15 @@ class LineStream:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             if self._skipping:
+                self._skipped += len(part)
                 if not last:
                     self._skipping = False      # the overlong line ended here
+                elif self._skipped > self.endless_line:
+                    raise TransportError(f"a line still unended after {self._skipped:,} bytes; stream dropped")
                 continue
             self._buf += part
             if len(self._buf) > self.max_line:
+                self._skipped = len(self._buf)
                 self._buf = bytearray()
                 self.overlong += 1
                 self._skipping = last           # still inside it: drop bytes until its newline

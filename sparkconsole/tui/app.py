@@ -115,6 +115,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self._order = {n.name: i for i, n in enumerate(cluster.nodes)}
         self._dirty_eps: set[str] = set()
         self._closed_shown: frozenset[str] = frozenset()
+        self._closed_noted: frozenset[str] = frozenset()   # the CLOSED reasons already in the events pane
         self._launches_shown: tuple = ()    # the launches last drawn: the recipes screen is told of changes
         self._alerts_due: list = []         # alerts the core raised or cleared since the last frame
         # (node, container) -> its stage while a restart from this console runs (the launch bar shows it)
@@ -442,13 +443,15 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
         launch with a server closed by its drain gate is CLOSED, with the command that opens it."""
         from ..launch.drain_gate import reopen_command  # stdlib only: no launch layer on the console's path
-        closed = self._closed_urls()
-        newly, self._closed_shown = closed - self._closed_shown, closed
+        self._closed_shown = self._closed_urls()
         groups = gates_closed(launch_groups(self.node_monitor(n.name) for n in self.cluster.nodes
-                                            if self.node_monitor(n.name)), closed, reopen_command)
-        for g in groups:            # the whole line once in the events pane: the launch bar may cut it short
-            if g.verdict == "CLOSED" and any(m.url in newly for m in g.members):
-                self.dashboard.events.note(f"{g.recipe} × {g.topology}: {g.reason}", "yellow")
+                                            if self.node_monitor(n.name)), self._closed_shown, reopen_command)
+        # The whole line once in the events pane (the launch bar may cut it short), when the launch turns CLOSED:
+        # its server's poll may say closed before the launch reads SERVING, so the URL's change is not the moment.
+        closed = {f"{g.recipe} × {g.topology}: {g.reason}" for g in groups if g.verdict == "CLOSED"}
+        for line in sorted(closed - self._closed_noted):
+            self.dashboard.events.note(line, "yellow")
+        self._closed_noted = frozenset(closed)
         self.dashboard.launches.show(groups, self.restart_stages)
         shown = tuple(g.line() for g in groups)         # its members and their states too: one node reports later
         if shown != self._launches_shown:

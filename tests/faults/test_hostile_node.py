@@ -5,7 +5,8 @@
   dropped; the good ticks all arrive in order; nothing raises.
 - a flood: a node printing short garbage lines as fast as SSH carries them, and one printing a line that never
   ends. The other node keeps ticking at its rate (the console's event loop is not monopolised), the console's
-  memory stays bounded, and the flooding node is still watched (its bad lines counted).
+  memory stays bounded, and the flooding node is still watched (its bad lines counted; its stream dropped, then
+  tried again after the back-off).
 """
 
 from __future__ import annotations
@@ -195,7 +196,8 @@ async def test_flooding_node_does_not_stall_the_other(sshd_live, script):
         assert hostile.last is None and hostile.state != NodeState.LIVE
         if script is FLOOD:
             assert hostile.bad_lines > 0
-        # (An endless line is dropped as it grows, but counted only once it ends: see docs/RELIABILITY.md.)
+        else:       # dropped as it grows, and the stream with it once the line is plainly endless
+            assert "unended" in (hostile.last_error or ""), hostile.last_error
         assert rss1 - rss0 < 64 * 2**20, (rss0, rss1)
     finally:
         await mon.stop()
