@@ -68,7 +68,7 @@ async def test_two_nodes_stream_real_readings_over_ssh(sshd_live):
     finally:
         await mon.stop()
     # No agent outlives the monitor: stdin end-of-file ends it on the node.
-    await until(lambda: not agent_pids_for(0.21), 5, "the agents to end")
+    await until(lambda: not agent_pids_for(0.21), 30, "the agents to end")
 
 
 @pytest.mark.sshd
@@ -90,14 +90,14 @@ async def test_partitioned_node_goes_stale_then_down_and_comes_back_alone(sshd_l
         sshd_live[0].freeze()            # ticks stop, the TCP connection stays open: a silent partition
         # STALE from the missed ticks, long before any TCP timeout would say so (the deadline, not a timed
         # assertion: on a loaded 2-core machine the monitor's own checks run late)
-        await until(lambda: n1.state == NodeState.STALE, 5, "node1 STALE")
+        await until(lambda: n1.state == NodeState.STALE, 30, "node1 STALE")
         before = len(n2.history)
         sshd_live[0].kill()              # now the connection drops
-        await until(lambda: n1.state == NodeState.DOWN, 5, "node1 DOWN")
+        await until(lambda: n1.state == NodeState.DOWN, 30, "node1 DOWN")
         assert n1.last_error
         # The other node kept streaming. Under a loaded 2-core machine its own ticks can be 0.6 s late (3 of them,
         # STALE by the rule) without any fault of node1's: it must come back LIVE without ever dropping its link.
-        await until(lambda: n2.state == NodeState.LIVE and len(n2.history) >= before + 3, 10, "node2 streaming")
+        await until(lambda: n2.state == NodeState.LIVE and len(n2.history) >= before + 3, 30, "node2 streaming")
 
         sshd_live[0].restart()
         await until(lambda: n1.state == NodeState.LIVE, 40, "node1 back LIVE without a restart")
@@ -107,7 +107,7 @@ async def test_partitioned_node_goes_stale_then_down_and_comes_back_alone(sshd_l
         assert NodeState.DOWN not in states["node2"], states
     finally:
         await mon.stop()
-    await until(lambda: not agent_pids_for(INTERVAL), 5, "the agents to end (also the partitioned one)")
+    await until(lambda: not agent_pids_for(INTERVAL), 30, "the agents to end (also the partitioned one)")
 
 
 @pytest.mark.sshd
@@ -120,7 +120,7 @@ async def test_host_key_mismatch_keeps_the_node_down_with_the_reason(sshd_live, 
     await mon.start()
     try:
         nm = mon.nodes["node1"]
-        await until(lambda: nm.state == NodeState.DOWN, 10, "DOWN")
+        await until(lambda: nm.state == NodeState.DOWN, 30, "DOWN")
         assert "mismatch" in nm.last_error and "SHA256:" in nm.last_error and nm.last is None
     finally:
         await mon.stop()
@@ -139,7 +139,7 @@ async def test_local_node_with_sim_gpu_and_proc_root(tmp_path):
     await mon.start()
     try:
         nm = mon.nodes["sim1"]
-        await until(lambda: nm.last is not None, 10, "first tick")
+        await until(lambda: nm.last is not None, 30, "first tick")
         assert nm.info.simulated and nm.info.gpu_source == "sim" and nm.info.gpu_names == ("NVIDIA GB10",)
         g = nm.last.gpus[0]
         assert g.unified and g.mem_total_b is None and g.reasons == ("sw_power_cap",) and g.temp_c == 55
@@ -235,9 +235,11 @@ async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
     try:
         await until(lambda: nm.state == NodeState.LIVE, 20, "LIVE")
         sshd_live[0].freeze()
-        await until(lambda: nm.state == NodeState.STALE, 5, "STALE")
-        t_down = await until(lambda: nm.state == NodeState.DOWN, 10, "DOWN by keepalive")
-        assert t_down < 0.5 * 2 + 3.0
+        await until(lambda: nm.state == NodeState.STALE, 30, "STALE")
+        await until(lambda: nm.state == NodeState.DOWN, 30, "DOWN by keepalive")
+        # The keepalives found it, not a later timeout: their own words are the reason (not the time it took, which
+        # a loaded machine stretches).
+        assert "keepalive" in (nm.last_error or ""), nm.last_error
         for pid in sshd_live[0].frozen:
             import os
             import signal
@@ -246,7 +248,7 @@ async def test_silent_partition_is_detected_by_keepalives_and_heals(sshd_live):
         await until(lambda: nm.state == NodeState.LIVE, 40, "LIVE again")
     finally:
         await mon.stop()
-    await until(lambda: not agent_pids_for(SILENT_INTERVAL), 10, "no agent left")
+    await until(lambda: not agent_pids_for(SILENT_INTERVAL), 30, "no agent left")
 
 
 FIX = Path(__file__).parent / "fixtures"
@@ -261,7 +263,7 @@ async def test_replayed_recording_feeds_the_monitor_like_a_live_node():
     await mon.start()
     nm = mon.nodes["h100"]
     try:
-        await until(lambda: nm.state == NodeState.DOWN, 10, "DOWN when the recording ends")
+        await until(lambda: nm.state == NodeState.DOWN, 30, "DOWN when the recording ends")
         assert nm.last_error.startswith("agent ended") and nm.connects == 1
         assert nm.info.gpu_names == (recorded[0]["gpus"][0]["name"],) and nm.bad_lines == 0
         assert [t.gpus[0].temp_c for t in nm.history] == [t["gpus"][0]["temp_c"] for t in recorded[1:]]
@@ -326,14 +328,14 @@ async def test_agent_killed_is_restarted_over_the_same_connection(sshd_live):
         conn = nm.transport._conn
         (pid,) = agent_pids_for(0.23)
         psutil.Process(pid).kill()
-        await until(lambda: nm.state == NodeState.DOWN, 5, "DOWN")
+        await until(lambda: nm.state == NodeState.DOWN, 30, "DOWN")
         assert nm.last_error.startswith("agent ended")
         await until(lambda: nm.state == NodeState.LIVE, 20, "LIVE again")
         assert nm.transport._conn is conn and nm.connects == 2      # a new agent, the same SSH connection
         assert agent_pids_for(0.23) != [pid]
     finally:
         await mon.stop()
-    await until(lambda: not agent_pids_for(0.23), 5, "no agent left")
+    await until(lambda: not agent_pids_for(0.23), 30, "no agent left")
 
 
 async def test_stop_always_returns_whatever_phase_the_node_is_in():

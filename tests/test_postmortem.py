@@ -143,7 +143,7 @@ async def test_real_incidents_over_sshd_get_network_loss_post_mortems(sshd_live,
         await until(lambda: len(n1.history) > 8 and len(n2.history) > 8, 30, "both nodes ticking")
         # 1) a silent partition, then the connection cut: the stream hung, node2 kept ticking
         sshd_live[0].freeze()
-        await until(lambda: n1.state == NodeState.STALE, 10, "node1 STALE")
+        await until(lambda: n1.state == NodeState.STALE, 30, "node1 STALE")
         sshd_live[0].kill()
         await until(lambda: pms, 30, "a post-mortem for node1")
         first = pms[0]

@@ -49,7 +49,7 @@ async def test_agent_killed_on_the_node_is_restarted(sshd_live):
         # [.] keeps the pattern from matching the shell that runs pkill itself.
         r = await ops.run("pkill -KILL -f -- '--interval 0[.]17 '; echo rc=$?")
         assert "rc=0" in r.stdout, r
-        await until(lambda: nm.state == NodeState.DOWN, 5, "DOWN once the agent is gone")
+        await until(lambda: nm.state == NodeState.DOWN, 30, "DOWN once the agent is gone")
         assert nm.last_error and "agent ended" in nm.last_error
         await until(lambda: nm.state == NodeState.LIVE, 30, "LIVE again with a new agent")
         assert nm.connects >= 2 and nm.reboots == 0 and nm.info.boot_id == boot
@@ -79,7 +79,7 @@ async def test_rebooted_node_comes_back_counted_and_alerted(sshd_live, tmp_path)
         kept = len(nm.history)
 
         sshd_live[0].kill()                     # power gone: connection and agent drop at once
-        await until(lambda: nm.state == NodeState.DOWN, 10, "DOWN")
+        await until(lambda: nm.state == NodeState.DOWN, 30, "DOWN")
         fake_proc(tmp_path, second)             # the node boots again: a new boot id
         sshd_live[0].start()
         await until(lambda: nm.state == NodeState.LIVE and nm.info.boot_id == second, 45, "LIVE on the new boot")
