@@ -95,7 +95,6 @@ class AlertEngine:
         name = str(node.name)
         prefix = f"node:{name}:"
         now = self.clock()
-        t = self.thresholds
         found: dict[str, tuple[str, str]] = {}
         state = getattr(node, "state", None)
         state = state.value if isinstance(state, NodeState) else (str(state) if state is not None else None)
@@ -117,7 +116,19 @@ class AlertEngine:
                                                 "check its containers and the OOM guards")
 
         tick = getattr(node, "last", None)
-        for g in (tick.gpus if tick is not None else ()):
+        if tick is not None:
+            self._gpu_findings(prefix, name, tick.gpus, found)
+            self._headroom_finding(prefix, name, tick.mem, found)
+        for r in guards or ():
+            if getattr(r, "status", None) == "bad":
+                found[f"{prefix}guard:{r.key}"] = ("bad", f"{name} {r.title}: {r.reason}")
+        self._container_findings(prefix, name, node, found)
+        return self._settle(prefix, name, now, found)
+
+    def _gpu_findings(self, prefix: str, name: str, gpus: Sequence[Any], found: dict[str, tuple[str, str]]) -> None:
+        """Each GPU's temperature against its slowdown temperature, and its throttling in words."""
+        t = self.thresholds
+        for g in gpus:
             gkey = f"{prefix}temp:gpu{g.index}"
             margin = g.slowdown_margin_c
             if margin is not None:
@@ -133,19 +144,21 @@ class AlertEngine:
                 words = ", ".join(REASON_WORDS.get(r, r) for r in throttling)
                 found[f"{prefix}throttle:gpu{g.index}"] = ("bad", f"{name} GPU{g.index} throttling: {words}")
 
-        mem = tick.mem if tick is not None else None
+    def _headroom_finding(self, prefix: str, name: str, mem: Any, found: dict[str, tuple[str, str]]) -> None:
+        """Unified memory's headroom under its floor (with hysteresis once raised)."""
         headroom = mem.headroom_gib if mem is not None else None
-        if headroom is not None:
-            hkey = prefix + "headroom"
-            floor = t.headroom_floor_gib + (HEADROOM_HYSTERESIS_GIB if hkey in self.active else 0.0)
-            if headroom < floor:
-                found[hkey] = ("bad", f"{name} MemAvailable {headroom:.1f} GiB, under the "
-                                      f"{t.headroom_floor_gib:g} GiB floor: OOM risk")
+        if headroom is None:
+            return
+        t = self.thresholds
+        hkey = prefix + "headroom"
+        floor = t.headroom_floor_gib + (HEADROOM_HYSTERESIS_GIB if hkey in self.active else 0.0)
+        if headroom < floor:
+            found[hkey] = ("bad", f"{name} MemAvailable {headroom:.1f} GiB, under the "
+                                  f"{t.headroom_floor_gib:g} GiB floor: OOM risk")
 
-        for r in guards or ():
-            if getattr(r, "status", None) == "bad":
-                found[f"{prefix}guard:{r.key}"] = ("bad", f"{name} {r.title}: {r.reason}")
-
+    @staticmethod
+    def _container_findings(prefix: str, name: str, node: Any, found: dict[str, tuple[str, str]]) -> None:
+        """The node's vLLM container OOM-killed, stopped or unhealthy."""
         cname = getattr(getattr(node, "config", None), "container", None)
         for c in getattr(node, "containers", ()) or ():
             if cname is not None and c.name != cname:
@@ -158,7 +171,6 @@ class AlertEngine:
                                        + (f" (exit {c.exit_code})" if c.exit_code else ""))
             elif c.health == "unhealthy":
                 found[ckey] = ("warn", f"{name} container {c.name} is unhealthy")
-        return self._settle(prefix, name, now, found)
 
     # --- memory exhaustion forecasts (nodes/forecast.py) ----------------------------------------------------------
     def observe_exhaustion(self, name: str, found: dict[str, tuple[str, str]]) -> list[Alert]:

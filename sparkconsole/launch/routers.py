@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..config import NodeConfig
@@ -40,72 +41,92 @@ DEFAULT_ROUTER_DIR = "/tmp/sparkconsole-router"
 LITELLM_COOLDOWN_S = 10
 
 
+@dataclass
+class _RouterParts:
+    """What differs between the two routers' containers: the command's arguments, its health path, and what it
+    reads from the node (environment, mounts, secrets by reference)."""
+
+    impl: RouterImpl
+    args: list[str]
+    health: str
+    env: list[tuple[str, str]] = field(default_factory=list)
+    mounts: list[str] = field(default_factory=list)
+    secrets: tuple[SecretRef, ...] = ()
+
+
 def add_router(b: PlanBuilder, choice: str, head: NodeConfig, servers: list[Service], disagg: bool = False) -> str:
     """The router's steps on the head node, in front of `servers`; returns the URL clients use."""
     recipe, params = b.recipe, b.params
-    router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
     port = b.router_port()
     name = f"{b.cname(head)}_router"
     url = f"http://{url_host(head.address)}:{port}"
     model = servers[0].model
-    impl: RouterImpl
     b.add_step(Step(head.name, f"remove a stopped leftover router container {name} (refused if it is running)",
                       ("docker", "rm", name), tolerate=("No such container",)))
-    if choice == "vllm-router":
-        impl = recipe.router.vllm_router
-        if compromised_versions(impl, litellm=False):
-            raise UserError("the router image is a compromised LiteLLM release (a supply-chain attack)", file=recipe.source,
-                            field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
-        # Its Prometheus exporter takes 29000 unless told: beside the router's own port instead, so two routers on
-        # one machine (two launches, or the test bed's) never fight over it, and preflight checks it with the rest.
-        metrics_port = port + 1
-        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
-                "--host", "0.0.0.0", "--port", str(port), "--prometheus-port", str(metrics_port)]
-        b.listen(head, metrics_port)
-        if disagg:
-            prefill, decode = servers
-            args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]
-            if recipe.disagg.connector == "NixlConnector":
-                args += ["--kv-connector", "nixl"]
-        else:
-            args += ["--worker-urls", *[str(s.url) for s in servers], "--policy", impl.policy or "round_robin"]
-        health = "/health"
-        env: list[tuple[str, str]] = []
-        mounts: list[str] = []
-        secrets: tuple[SecretRef, ...] = ()
-        b.note(ROUTER_OVERHEAD_NOTE["vllm-router"])
-    else:
-        impl = recipe.router.litellm
-        bad = compromised_versions(impl, litellm=True)
-        if bad:
-            raise UserError(f"LiteLLM {bad[0]} is a compromised release (a supply-chain attack)",
-                            file=recipe.source, field="sparkconsole.router.litellm",
-                            fix="pin a known-good LiteLLM, e.g. version 1.106.2")
-        cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
-        cfg = litellm_config(model or "model", servers, choice)
-        b.add_step(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
-                          ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", cfg_path),
-                          input=cfg.encode()))
-        args = [*[fill(c, params, recipe.source, None, "sparkconsole.router.litellm.command") for c in impl.command],
-                "--config", "/etc/litellm/config.yaml", "--host", "0.0.0.0", "--port", str(port)]
-        health = "/health/liveliness"
-        # Offline start (no price-map download); the master key comes from the node, by reference.
-        env = [("LITELLM_LOCAL_MODEL_COST_MAP", "True")]
-        mounts = [f"{cfg_path}:/etc/litellm/config.yaml:ro"]
-        secrets = (SecretRef("LITELLM_MASTER_KEY"),)
-        b.note(ROUTER_OVERHEAD_NOTE["litellm"])
+    parts = (_vllm_router(b, head, port, servers, disagg) if choice == "vllm-router"
+             else _litellm(b, choice, head, name, port, model, servers))
+    impl = parts.impl
     if not impl.image:
         raise UserError(f"no image for the {choice} router", file=recipe.source, field="sparkconsole.router",
                         fix="set the router's image in the recipe's sparkconsole.router section")
-    volumes = [*mounts, *(fill(v, params, recipe.source, None, "sparkconsole.router.volumes") for v in impl.volumes)]
-    argv = b.container.router_argv(head, name, choice, url, model, impl.image, args, volumes=volumes, env=env,
-                                   secrets=[s.name for s in secrets])
+    volumes = [*parts.mounts,
+               *(fill(v, params, recipe.source, None, "sparkconsole.router.volumes") for v in impl.volumes)]
+    argv = b.container.router_argv(head, name, choice, url, model, impl.image, parts.args, volumes=volumes,
+                                   env=parts.env, secrets=[s.name for s in parts.secrets])
     key = f"{head.name}/router"
-    b.add_step(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=secrets, service=key))
+    b.add_step(Step(head.name, f"start the router ({choice}, {impl.image})", tuple(argv), secrets=parts.secrets,
+                    service=key))
     b.listen(head, port)
     b.add_service(Service(key=key, node=head.name, container=name, role="router", url=url, model=model,
-                          health_path=health, models_path=None if choice != "vllm-router" else "/v1/models"))
+                          health_path=parts.health, models_path=None if choice != "vllm-router" else "/v1/models"))
     return url
+
+
+def _vllm_router(b: PlanBuilder, head: NodeConfig, port: int, servers: list[Service], disagg: bool) -> _RouterParts:
+    recipe = b.recipe
+    impl = recipe.router.vllm_router
+    if compromised_versions(impl, litellm=False):
+        raise UserError("the router image is a compromised LiteLLM release (a supply-chain attack)", file=recipe.source,
+                        field="sparkconsole.router.vllm_router", fix="use a vllm-router image")
+    # Its Prometheus exporter takes 29000 unless told: beside the router's own port instead, so two routers on
+    # one machine (two launches, or the test bed's) never fight over it, and preflight checks it with the rest.
+    metrics_port = port + 1
+    args = [*[fill(c, b.params, recipe.source, None, "sparkconsole.router.vllm_router.command") for c in impl.command],
+            "--host", "0.0.0.0", "--port", str(port), "--prometheus-port", str(metrics_port)]
+    b.listen(head, metrics_port)
+    if disagg:
+        prefill, decode = servers
+        args += ["--vllm-pd-disaggregation", "--prefill", str(prefill.url), "--decode", str(decode.url)]
+        if recipe.disagg.connector == "NixlConnector":
+            args += ["--kv-connector", "nixl"]
+    else:
+        args += ["--worker-urls", *[str(s.url) for s in servers], "--policy", impl.policy or "round_robin"]
+    b.note(ROUTER_OVERHEAD_NOTE["vllm-router"])
+    return _RouterParts(impl, args, "/health")
+
+
+def _litellm(b: PlanBuilder, choice: str, head: NodeConfig, name: str, port: int, model: str | None,
+             servers: list[Service]) -> _RouterParts:
+    recipe = b.recipe
+    impl = recipe.router.litellm
+    bad = compromised_versions(impl, litellm=True)
+    if bad:
+        raise UserError(f"LiteLLM {bad[0]} is a compromised release (a supply-chain attack)",
+                        file=recipe.source, field="sparkconsole.router.litellm",
+                        fix="pin a known-good LiteLLM, e.g. version 1.106.2")
+    router_dir = b.options.get("router_dir") or DEFAULT_ROUTER_DIR
+    cfg_path = f"{router_dir.rstrip('/')}/{name}.yaml"
+    cfg = litellm_config(model or "model", servers, choice)
+    b.add_step(Step(head.name, f"write the LiteLLM config ({choice}) to {cfg_path}",
+                      ("sh", "-c", 'umask 077 && mkdir -p -- "$(dirname -- "$1")" && cat > "$1"', "sh", cfg_path),
+                      input=cfg.encode()))
+    args = [*[fill(c, b.params, recipe.source, None, "sparkconsole.router.litellm.command") for c in impl.command],
+            "--config", "/etc/litellm/config.yaml", "--host", "0.0.0.0", "--port", str(port)]
+    b.note(ROUTER_OVERHEAD_NOTE["litellm"])
+    # Offline start (no price-map download); the master key comes from the node, by reference.
+    return _RouterParts(impl, args, "/health/liveliness", env=[("LITELLM_LOCAL_MODEL_COST_MAP", "True")],
+                        mounts=[f"{cfg_path}:/etc/litellm/config.yaml:ro"],
+                        secrets=(SecretRef("LITELLM_MASTER_KEY"),))
 
 
 def litellm_config(model: str, servers: Sequence[Service], strategy: str) -> str:

@@ -105,108 +105,120 @@ class LevelResult:
     imbalance: float = 1.0
 
 
-def _run_once(engines: list[SimEngine], topo: Topology, c: int, pp: int, tg: int, rng: random.Random,
-              proxy: ProxyProfile, policy: RoutingPolicy | None,
-              tracker: InflightTracker) -> list[RequestTiming]:
-    timings: dict[str, RequestTiming] = {}
-    heap: list[tuple[float, int, str, Any]] = []      # (time, seq, kind, payload)
-    seq = 0
-    loop_free = 0.0                                   # when the proxy's event loop is next idle
+class _OneRun:
+    """One run of a level as discrete events on a virtual clock: `c` requests through the proxy's one event loop to
+    the engines, each engine stepping while it has work, every streamed chunk back through the proxy."""
 
-    def push(t: float, kind: str, payload: Any) -> None:
-        nonlocal seq
-        seq += 1
-        heapq.heappush(heap, (t, seq, kind, payload))
+    def __init__(self, engines: list[SimEngine], topo: Topology, pp: int, tg: int, proxy: ProxyProfile,
+                 policy: RoutingPolicy | None, tracker: InflightTracker) -> None:
+        self.engines, self.pp, self.tg = engines, pp, tg
+        self.proxy, self.policy, self.tracker = proxy, policy, tracker
+        self.timings: dict[str, RequestTiming] = {}
+        self.heap: list[tuple[float, int, str, Any]] = []      # (time, seq, kind, payload)
+        self.seq = 0
+        self.loop_free = 0.0                                   # when the proxy's event loop is next idle
+        self.busy = [False] * len(engines)
+        self.upstream = [0] * len(engines)                     # requests the proxy has open to each backend
+        self.queued: list[deque[str]] = [deque() for _ in engines]
+        self.cap = proxy.max_inflight_per_backend or 1 << 30
+        self.disagg = topo.routing == "disagg"
+        self.kv_link_s = 0.0
+        if self.disagg:
+            # prompt KV over the link: NIXL over ConnectX-7, same bandwidth as the all-reduces
+            hw = engines[0].hw
+            self.kv_link_s = (pp * engines[0].kv_bytes_per_token / (hw.link_bytes_s * hw.link_efficiency)
+                              + hw.allreduce_latency_s)
 
-    def on_loop(t: float, cost: float, kind: str, payload: Any) -> None:
+    def push(self, t: float, kind: str, payload: Any) -> None:
+        self.seq += 1
+        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+
+    def proxy_task(self, t: float, cost: float, kind: str, payload: Any) -> None:
         """Queue a task on the proxy's event loop; `kind` fires when it has run."""
-        nonlocal loop_free
-        loop_free = max(t, loop_free) + cost
-        push(loop_free, kind, payload)
+        self.loop_free = max(t, self.loop_free) + cost
+        self.push(self.loop_free, kind, payload)
 
-    for i in range(c):
-        push(i * proxy.client_gap_s + rng.random() * proxy.client_jitter_s, "request", f"r{i}")
-    busy = [False] * len(engines)
-    upstream = [0] * len(engines)                     # requests the proxy has open to each backend
-    queued: list[deque[str]] = [deque() for _ in engines]
-    cap = proxy.max_inflight_per_backend or 1 << 30
+    def start_step(self, k: int, now: float) -> None:
+        res = self.engines[k].step()
+        self.push(now + res.duration_s, "step_end", (k, res))
 
-    def start_step(k: int, now: float) -> None:
-        res = engines[k].step()
-        push(now + res.duration_s, "step_end", (k, res))
+    def forward(self, rid: str, k: int, t: float) -> None:
+        self.upstream[k] += 1
+        self.push(t + self.proxy.upstream_s, "arrive", rid)
 
-    def forward(rid: str, k: int, t: float) -> None:
-        upstream[k] += 1
-        push(t + proxy.upstream_s, "arrive", rid)
+    def wake(self, k: int, now: float) -> None:
+        if not self.busy[k]:
+            self.busy[k] = True
+            self.push(now + self.proxy.engine_wakeup_s, "wake", k)
 
-    def wake(k: int, now: float) -> None:
-        if not busy[k]:
-            busy[k] = True
-            push(now + proxy.engine_wakeup_s, "wake", k)
+    def run(self, c: int, rng: random.Random) -> list[RequestTiming]:
+        for i in range(c):
+            self.push(i * self.proxy.client_gap_s + rng.random() * self.proxy.client_jitter_s, "request", f"r{i}")
+        while self.heap:
+            now, _, kind, payload = heapq.heappop(self.heap)
+            getattr(self, "on_" + kind)(now, payload)
+        return list(self.timings.values())
 
-    disagg = topo.routing == "disagg"
-    kv_link_s = 0.0
-    if disagg:
-        # prompt KV over the link: NIXL over ConnectX-7, same bandwidth as the all-reduces
-        hw = engines[0].hw
-        kv_link_s = (pp * engines[0].kv_bytes_per_token / (hw.link_bytes_s * hw.link_efficiency)
-                     + hw.allreduce_latency_s)
+    # -------- the events, one method each
+    def on_request(self, now: float, rid: str) -> None:
+        self.timings[rid] = RequestTiming(start=now, backend=-1)
+        self.proxy_task(now, self.proxy.route_s, "routed", rid)
 
-    while heap:
-        now, _, kind, payload = heapq.heappop(heap)
-        if kind == "request":
-            timings[payload] = RequestTiming(start=now, backend=-1)
-            on_loop(now, proxy.route_s, "routed", payload)
-        elif kind == "routed":
-            k = policy.choose(tracker.view(now)) if policy else 0
-            timings[payload].backend = k
-            on_loop(now, proxy.forward_s, "counted", payload)
-        elif kind == "counted":
-            k = timings[payload].backend
-            tracker.started(k, now)
-            if upstream[k] < cap:
-                forward(payload, k, now)
-            else:
-                queued[k].append(payload)
-        elif kind == "arrive":
-            k = timings[payload].backend
-            engines[k].add_request(payload, pp, 1 if disagg else tg)
-            wake(k, now)
-        elif kind == "kv_ready":
-            engines[1].add_request(payload, pp, tg, prefilled_tokens=pp)
-            wake(1, now)
-        elif kind == "wake":
-            start_step(payload, now)
-        elif kind == "step_end":
-            k, res = payload
-            for ev in res.events:
-                if disagg and k == 0:
-                    # the prefill instance's one token is not streamed; hand the KV to the decode side
-                    upstream[0] -= 1
-                    if queued[0]:
-                        forward(queued[0].popleft(), 0, now)
-                    push(now + kv_link_s, "kv_ready", ev.req_id)
-                    continue
-                on_loop(now, proxy.chunk_s, "chunk", (k, ev))
-            if engines[k].has_work():
-                start_step(k, now)
-            else:
-                busy[k] = False
-        elif kind == "chunk":
-            k, ev = payload
-            rt = timings[ev.req_id]
-            rt.tokens += ev.new_tokens
-            if ev.first:
-                rt.first = now
-            if ev.finished:
-                rt.end = now
-                upstream[k] -= 0 if disagg else 1
-                if queued[k]:
-                    forward(queued[k].popleft(), k, now)
-                on_loop(now, proxy.done_s, "done", k)
-        elif kind == "done":
-            tracker.finished(payload, now)
-    return list(timings.values())
+    def on_routed(self, now: float, rid: str) -> None:
+        self.timings[rid].backend = self.policy.choose(self.tracker.view(now)) if self.policy else 0
+        self.proxy_task(now, self.proxy.forward_s, "counted", rid)
+
+    def on_counted(self, now: float, rid: str) -> None:
+        k = self.timings[rid].backend
+        self.tracker.started(k, now)
+        if self.upstream[k] < self.cap:
+            self.forward(rid, k, now)
+        else:
+            self.queued[k].append(rid)
+
+    def on_arrive(self, now: float, rid: str) -> None:
+        k = self.timings[rid].backend
+        self.engines[k].add_request(rid, self.pp, 1 if self.disagg else self.tg)
+        self.wake(k, now)
+
+    def on_kv_ready(self, now: float, rid: str) -> None:
+        self.engines[1].add_request(rid, self.pp, self.tg, prefilled_tokens=self.pp)
+        self.wake(1, now)
+
+    def on_wake(self, now: float, k: int) -> None:
+        self.start_step(k, now)
+
+    def on_step_end(self, now: float, payload: tuple[int, Any]) -> None:
+        k, res = payload
+        for ev in res.events:
+            if self.disagg and k == 0:
+                # the prefill instance's one token is not streamed; hand the KV to the decode side
+                self.upstream[0] -= 1
+                if self.queued[0]:
+                    self.forward(self.queued[0].popleft(), 0, now)
+                self.push(now + self.kv_link_s, "kv_ready", ev.req_id)
+                continue
+            self.proxy_task(now, self.proxy.chunk_s, "chunk", (k, ev))
+        if self.engines[k].has_work():
+            self.start_step(k, now)
+        else:
+            self.busy[k] = False
+
+    def on_chunk(self, now: float, payload: tuple[int, Any]) -> None:
+        k, ev = payload
+        rt = self.timings[ev.req_id]
+        rt.tokens += ev.new_tokens
+        if ev.first:
+            rt.first = now
+        if ev.finished:
+            rt.end = now
+            self.upstream[k] -= 0 if self.disagg else 1
+            if self.queued[k]:
+                self.forward(self.queued[k].popleft(), k, now)
+            self.proxy_task(now, self.proxy.done_s, "done", k)
+
+    def on_done(self, now: float, k: int) -> None:
+        self.tracker.finished(k, now)
 
 
 @dataclass(frozen=True)
@@ -286,7 +298,7 @@ def run_level(topology: str | Topology, model: str | ModelProfile, args: EngineA
     per_backend = [0] * topo.engines
     shares = []
     for _ in range(runs):
-        timings = _run_once(engines, topo, c, pp, tg, rng, proxy, policy, tracker)
+        timings = _OneRun(engines, topo, pp, tg, proxy, policy, tracker).run(c, rng)
         p, d, t = benchy_metrics(timings, pp, proxy.latency_probe_s)
         pre.append(p)
         dec.append(d)

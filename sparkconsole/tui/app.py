@@ -9,7 +9,6 @@ few times a second, so a burst of ticks costs one frame. Alerts arrive as the co
 
 from __future__ import annotations
 
-import asyncio
 import os
 import time
 from collections.abc import Callable
@@ -27,6 +26,7 @@ from .node_actions import NodeActions
 from .palette import ConsoleCommands
 from .screens.dashboard import DashboardScreen
 from .screens.help import HelpScreen
+from .scrub import Scrub
 from .startup import ConsoleStart
 
 if TYPE_CHECKING:        # imported for real off the event loop, once the first frame is up (tui/startup.py)
@@ -35,7 +35,6 @@ if TYPE_CHECKING:        # imported for real off the event loop, once the first 
     from ..alerts import AlertEngine
     from ..collector.core import Collector
     from ..nodes.monitor import ClusterMonitor
-    from ..recorder.replay import EndpointReplay
     from ..serving.endpoint import ServingMonitor
     from .screens.bench import BenchScreen
     from .screens.logs import LogsScreen
@@ -49,7 +48,7 @@ AGE_REFRESH_S = 1.0     # a node that stopped ticking still gets redrawn: its ag
 READ_ONLY_ENV = "SPARKCONSOLE_READ_ONLY"
 
 
-class SparkConsoleApp(ConsoleStart, NodeActions, App):
+class SparkConsoleApp(ConsoleStart, NodeActions, Scrub, App):
     CSS_PATH = "app.tcss"
     TITLE = "sparkconsole"
     COMMANDS = App.COMMANDS | {ConsoleCommands}
@@ -66,7 +65,6 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         Binding("left_square_bracket", "scrub(-5)", "Back 5 min", show=False),
         Binding("right_square_bracket", "scrub(5)", "Forward 5 min", show=False),
     ]
-    SCRUB_MAX_MIN = 60
     # The dashboard is the screen the app starts on, as a minimal app's default screen: started as a mode of its own,
     # Textual re-parses every stylesheet and restyles the whole app twice first (~40 ms of the first frame).
     DEFAULT_MODE = "dashboard"
@@ -98,11 +96,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         self.replay_at = replay_at          # flight-recorder replay (console --at): labelled REPLAY with its time
         self.record = record and replay_at is None
         self.notice = notice
-        self._live_monitor = None           # while scrubbing back ([ / ]): the live monitor, still watching
-        self._scrub_back = 0                # minutes
-        self._scrub_unsub: Callable[[], None] | None = None
         self._recording = recording
-        self._ep_replay: EndpointReplay | None = None      # while a recorded moment plays
+        self._init_scrub()                  # [ / ]: tui/scrub.py
         self.sub_title = self._title()
         self.dashboard = DashboardScreen()
         self._recipes_screen: RecipesScreen | None = None
@@ -188,62 +183,6 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
         panel = self.dashboard.panels.get(pm["node"])
         if panel is not None and self._drawing():
             panel.show_postmortem(pm)
-
-    async def action_scrub(self, minutes: int) -> None:
-        """[ / ]: the dashboard as it was 5 minutes further back / forward (an hour at most), from the flight
-        recorder, labelled REPLAY; back at 0 it is live again. The live monitor, the recorder and the guard keep
-        running underneath; alerts are not fed from the replay, and a replayed node refuses commands."""
-        path = await self._recorder_file()
-        if path is None:
-            self.notify("no flight recorder in this console: nothing to scrub back through", severity="warning")
-            return
-        back = max(0, min(self.SCRUB_MAX_MIN, self._scrub_back - minutes))
-        if back == self._scrub_back:
-            return
-        from ..recorder.replay import replay_monitor_factory
-        at = time.time() - back * 60
-        mon = None
-        if back:
-            try:
-                mon = replay_monitor_factory(path, at)(self.cluster)
-            except Exception as exc:   # nothing recorded then: say so, stay where we are
-                self.notify(" ".join(str(exc).split())[:200], severity="warning")
-                return
-        await self._end_scrub()
-        self._scrub_back = back
-        if mon is not None:
-            from ..recorder.replay import EndpointReplay
-            self._live_monitor = self.monitor
-            self._scrub_unsub = mon.subscribe(self._node_changed)
-            self.monitor, self.replay_at = mon, at
-            # the endpoint panels go back with the nodes: the recorded polls of that moment, not the live ones
-            self._ep_replay = await asyncio.to_thread(EndpointReplay, path, at)
-            self._say_notes(mon)
-            await mon.start()
-        self.sub_title = self._title()
-        self.screen.refresh_bindings()      # node-changing keys hide on a past moment and come back live
-        self.mark_all_dirty()
-
-    async def _recorder_file(self):
-        """The recorder file to scrub back through: this console's (flushed first), or the collector's it is
-        attached to."""
-        if self.recorder is not None:
-            await asyncio.to_thread(self.recorder.store.flush)
-            return self.recorder.store.path
-        live = self.core.monitor if self.core is not None else None
-        collector = getattr(live, "collector", None) or {}
-        return collector.get("recorder") if getattr(live, "attached", False) else None
-
-    async def _end_scrub(self) -> None:
-        if self._live_monitor is None:
-            return
-        replayed, self.monitor, self._live_monitor = self.monitor, self._live_monitor, None
-        if self._scrub_unsub is not None:
-            self._scrub_unsub()
-        self.replay_at = None
-        self._ep_replay = None
-        self._dirty_eps.update(self.dashboard.endpoint_panels)     # live again: the last live polls
-        await replayed.stop()
 
     @property
     def recipes_screen(self) -> RecipesScreen:
@@ -416,28 +355,6 @@ class SparkConsoleApp(ConsoleStart, NodeActions, App):
             return frozenset()
         return frozenset(em.latest.url for em in self.serving.endpoints.values()
                          if em.latest is not None and em.latest.drain_closed)
-
-    def _show_replayed_endpoints(self, t: float) -> None:
-        """The endpoint panels at the replayed time t: each endpoint's recorded poll then (console --at reads its
-        file's polls once, on the first frame that needs them)."""
-        if self._ep_replay is None:
-            if not self._recording:
-                return
-            from ..recorder.replay import EndpointReplay
-            try:
-                self._ep_replay = EndpointReplay(self._recording, self.replay_at or t)
-            except Exception as exc:        # an unreadable file: the nodes still replay; say why the panels do not
-                self._recording = None
-                self.notify(f"recorded endpoint polls unreadable: {' '.join(str(exc).split())[:160]}",
-                            severity="warning")
-                return
-        snaps = self._ep_replay.at(t)
-        for name, panel in self.dashboard.endpoint_panels.items():
-            snap = snaps.get(name)
-            if snap is not None:
-                panel.show(snap, t, replayed=True)
-            else:
-                panel.show_unrecorded(t)
 
     def _show_launches(self) -> None:
         """The launches sparkconsole started, each as one line across its nodes (labels on their containers); a
