@@ -119,80 +119,110 @@ def peak_rate(times: Sequence[float], window: float) -> float | None:
     return best / window
 
 
-def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt: int, latency_s: float = 0.0,
-                  scale: float = 1.0) -> dict[str, Any]:
-    """Aggregate a level. Keys follow llama-benchy's JSON (pp_throughput, tg_throughput, ttfr, est_ppt, e2e_ttft,
-    … in t/s and ms) plus percentiles of TTFT, ITL and TPOT in ms, and request counts."""
-    concurrency = max((len(b) for b in batches), default=1)
-    itl: list[float]
-    pp_req, tg_req, ttfr, est_ppt, e2e, tpot, itl = [], [], [], [], [], [], []
-    pp_total, tg_total, peak_total, peak_req = [], [], [], []
-    ok = failed = 0
-    prompt_sum = completion_sum = 0
-    errors: dict[str, int] = {}
-    for batch in batches:
+class _LevelFigures:
+    """A level's figures as its batches land: per request (llama-benchy's req_ keys, TTFT, ITL, TPOT) and per batch
+    (its total prefill and decode rates across the batch's span, its peak)."""
+
+    def __init__(self, expected_prompt: int, latency_s: float, scale: float) -> None:
+        self.expected_prompt, self.latency_s, self.scale = expected_prompt, latency_s, scale
+        self.pp_req: list[float] = []
+        self.tg_req: list[float] = []
+        self.ttfr: list[float] = []
+        self.est_ppt: list[float] = []
+        self.e2e: list[float] = []
+        self.tpot: list[float] = []
+        self.itl: list[float] = []
+        self.pp_total: list[float] = []
+        self.tg_total: list[float] = []
+        self.peak_total: list[float] = []
+        self.peak_req: list[float] = []
+        self.ok = self.failed = 0
+        self.prompt_sum = self.completion_sum = 0
+        self.errors: dict[str, int] = {}
+
+    def add_batch(self, batch: Sequence[RequestResult]) -> None:
         good = [r for r in batch if r.ok]
-        failed += len(batch) - len(good)
+        self.failed += len(batch) - len(good)
         for r in batch:
             if r.error:
-                errors[r.error] = errors.get(r.error, 0) + 1
-        ok += len(good)
+                self.errors[r.error] = self.errors.get(r.error, 0) + 1
+        self.ok += len(good)
         if not good:
-            continue
-        figs = [request_figures(r, expected_prompt=expected_prompt, latency_s=latency_s, scale=scale) for r in good]
+            return
+        figs = [request_figures(r, expected_prompt=self.expected_prompt, latency_s=self.latency_s, scale=self.scale)
+                for r in good]
         for r, f in zip(good, figs, strict=False):
-            prompt_sum += f.prompt_tokens
-            completion_sum += f.completion_tokens
-            if f.ttfr_s is not None:
-                ttfr.append(f.ttfr_s * 1000)
-            if f.ttft_s is not None:
-                e2e.append(f.ttft_s * 1000)
-                if f.est_ppt_s is not None:
-                    est_ppt.append(f.est_ppt_s * 1000)
-            if f.prefill_tps:
-                pp_req.append(f.prefill_tps)
-            if f.decode_tps:
-                tg_req.append(f.decode_tps)
-                if f.tpot_s is not None:          # always, with decode_tps
-                    tpot.append(f.tpot_s * 1000)
-            tt = r.token_times
-            itl.extend((tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt)))
-            pk = peak_rate([t * scale for t in tt], 1.0)
-            if pk:
-                peak_req.append(pk)
+            self._add_request(r, f)
+        self._add_totals(good, sum(f.prompt_tokens for f in figs))
+
+    def _add_request(self, r: RequestResult, f: RequestFigures) -> None:
+        scale = self.scale
+        self.prompt_sum += f.prompt_tokens
+        self.completion_sum += f.completion_tokens
+        if f.ttfr_s is not None:
+            self.ttfr.append(f.ttfr_s * 1000)
+        if f.ttft_s is not None:
+            self.e2e.append(f.ttft_s * 1000)
+            if f.est_ppt_s is not None:
+                self.est_ppt.append(f.est_ppt_s * 1000)
+        if f.prefill_tps:
+            self.pp_req.append(f.prefill_tps)
+        if f.decode_tps:
+            self.tg_req.append(f.decode_tps)
+            if f.tpot_s is not None:          # always, with decode_tps
+                self.tpot.append(f.tpot_s * 1000)
+        tt = r.token_times
+        self.itl.extend((tt[i] - tt[i - 1]) * scale * 1000 for i in range(1, len(tt)))
+        pk = peak_rate([t * scale for t in tt], 1.0)
+        if pk:
+            self.peak_req.append(pk)
+
+    def _add_totals(self, good: list[RequestResult], prompt_tokens: int) -> None:
+        scale = self.scale
         starts = [r.start for r in good]
         firsts = [r.first_token for r in good if r.first_token is not None]
         lasts = [r.token_times[-1] for r in good if r.token_times]
         if firsts:
             pp_span = (max(firsts) - min(starts)) * scale
             if pp_span > 0:
-                pp_total.append(sum(f.prompt_tokens for f in figs) / pp_span)
+                self.pp_total.append(prompt_tokens / pp_span)
             tg_span = (max(lasts) - min(firsts)) * scale
             n_decode = sum(decode_tokens(r.token_times) for r in good)
             if tg_span > 0 and n_decode > 0:
-                tg_total.append(n_decode / tg_span)
+                self.tg_total.append(n_decode / tg_span)
         pk = peak_rate([t * scale for r in good for t in r.token_times], 1.0)
         if pk:
-            peak_total.append(pk)
-    single = concurrency == 1
-    m = {
-        "pp_throughput": Metric.of(pp_req if single else pp_total),
-        "pp_req_throughput": Metric.of(pp_req),
-        "tg_throughput": Metric.of(tg_req if single else tg_total),
-        "tg_req_throughput": Metric.of(tg_req),
-        "peak_throughput": Metric.of(peak_total),
-        "peak_req_throughput": Metric.of(peak_req),
-        "ttfr": Metric.of(ttfr),
-        "est_ppt": Metric.of(est_ppt),
-        "e2e_ttft": Metric.of(e2e),
-    }
-    out: dict[str, Any] = {k: (v.to_json() if v else None) for k, v in m.items()}
-    out["ttft_ms"] = percentiles(e2e)
-    out["itl_ms"] = percentiles(itl)
-    out["tpot_ms"] = percentiles(tpot)
-    out["requests_ok"] = ok
-    out["requests_failed"] = failed
-    out["prompt_tokens_mean"] = prompt_sum / ok if ok else None
-    out["completion_tokens_mean"] = completion_sum / ok if ok else None
-    out["errors"] = errors
-    return out
+            self.peak_total.append(pk)
+
+    def result(self, single: bool) -> dict[str, Any]:
+        m = {
+            "pp_throughput": Metric.of(self.pp_req if single else self.pp_total),
+            "pp_req_throughput": Metric.of(self.pp_req),
+            "tg_throughput": Metric.of(self.tg_req if single else self.tg_total),
+            "tg_req_throughput": Metric.of(self.tg_req),
+            "peak_throughput": Metric.of(self.peak_total),
+            "peak_req_throughput": Metric.of(self.peak_req),
+            "ttfr": Metric.of(self.ttfr),
+            "est_ppt": Metric.of(self.est_ppt),
+            "e2e_ttft": Metric.of(self.e2e),
+        }
+        out: dict[str, Any] = {k: (v.to_json() if v else None) for k, v in m.items()}
+        out["ttft_ms"] = percentiles(self.e2e)
+        out["itl_ms"] = percentiles(self.itl)
+        out["tpot_ms"] = percentiles(self.tpot)
+        out["requests_ok"] = self.ok
+        out["requests_failed"] = self.failed
+        out["prompt_tokens_mean"] = self.prompt_sum / self.ok if self.ok else None
+        out["completion_tokens_mean"] = self.completion_sum / self.ok if self.ok else None
+        out["errors"] = self.errors
+        return out
+
+
+def level_metrics(batches: Sequence[Sequence[RequestResult]], *, expected_prompt: int, latency_s: float = 0.0,
+                  scale: float = 1.0) -> dict[str, Any]:
+    """Aggregate a level. Keys follow llama-benchy's JSON (pp_throughput, tg_throughput, ttfr, est_ppt, e2e_ttft,
+    … in t/s and ms) plus percentiles of TTFT, ITL and TPOT in ms, and request counts."""
+    figures = _LevelFigures(expected_prompt, latency_s, scale)
+    for batch in batches:
+        figures.add_batch(batch)
+    return figures.result(single=max((len(b) for b in batches), default=1) == 1)

@@ -194,47 +194,43 @@ class VllmHttpApi:
             req = self.submit(ids, body)
         except RequestRejected as exc:
             return self.error(str(exc))
-        created = int(time.time())
-        rid = ("chatcmpl-" if chat else "cmpl-") + req.rid
-        obj = "chat.completion.chunk" if chat else "text_completion"
-        opts = body.get("stream_options") or {}
+        head = {"id": ("chatcmpl-" if chat else "cmpl-") + req.rid, "created": int(time.time()), "model": self.served}
+        if not body.get("stream"):
+            return await self._whole(req, head, chat)
+        return await self._stream(request, req, head, chat, body.get("stream_options") or {})
+
+    async def _whole(self, req: Req, head: dict[str, Any], chat: bool) -> web.Response:
+        """A non-streaming answer: every token, then one JSON body."""
+        produced = 0
+        try:
+            while not req.done:
+                n, _, _ = await req.queue.get()
+                produced += n
+        except asyncio.CancelledError:
+            self.abort(req)
+            raise
+        text = _text_of(req, 0, produced).lstrip()
+        if chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
+                                              "tool_calls": []}, "logprobs": None,
+                      "finish_reason": req.finish_reason, "stop_reason": None}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
+                      "stop_reason": None}
+        return web.json_response({"id": head["id"], "object": "chat.completion" if chat else "text_completion",
+                                  "created": head["created"], "model": head["model"], "choices": [choice],
+                                  "usage": _usage(req, produced)}, headers={"X-Sim-Speed": repr(self.speed)})
+
+    async def _stream(self, request: web.Request, req: Req, head: dict[str, Any], chat: bool,
+                      opts: dict[str, Any]) -> web.StreamResponse:
+        """Server-sent events as vLLM sends them: a chunk per engine output, the usage if asked, then [DONE]."""
         include_usage = bool(opts.get("include_usage"))
         continuous = bool(opts.get("continuous_usage_stats"))
-
-        def usage(done: int) -> dict[str, Any]:
-            u: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + done, "completion_tokens": done}
-            if req.cached_tokens:
-                u["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
-            return u
-
-        def text_of(start: int, n: int) -> str:
-            return "".join(" " + word_for(req.key, i) for i in range(start, start + n))
-
-        if not body.get("stream"):
-            produced = 0
-            try:
-                while not req.done:
-                    n, _, _ = await req.queue.get()
-                    produced += n
-            except asyncio.CancelledError:
-                self.abort(req)
-                raise
-            text = text_of(0, produced).lstrip()
-            if chat:
-                choice = {"index": 0, "message": {"role": "assistant", "content": text, "reasoning_content": None,
-                                                  "tool_calls": []}, "logprobs": None,
-                          "finish_reason": req.finish_reason, "stop_reason": None}
-            else:
-                choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
-                          "stop_reason": None}
-            return web.json_response({"id": rid, "object": "chat.completion" if chat else "text_completion",
-                                      "created": created, "model": self.served, "choices": [choice],
-                                      "usage": usage(produced)}, headers={"X-Sim-Speed": repr(self.speed)})
-
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", "X-Sim-Speed": repr(self.speed)})
         await resp.prepare(request)
-        head = {"id": rid, "object": obj, "created": created, "model": self.served}
+        head = {"id": head["id"], "object": "chat.completion.chunk" if chat else "text_completion",
+                "created": head["created"], "model": head["model"]}
 
         def chunk(choices: list[dict[str, Any]], u: dict[str, Any] | None = None) -> bytes:
             d = dict(head, choices=choices)
@@ -249,22 +245,38 @@ class VllmHttpApi:
                 if chat and produced == 0:
                     # vLLM sends the role chunk with the first engine output, not before the prefill
                     await resp.write(chunk([{"index": 0, "delta": {"role": "assistant", "content": ""},
-                                             "logprobs": None, "finish_reason": None}], usage(0) if continuous else None))
-                text = text_of(produced, n)
+                                             "logprobs": None, "finish_reason": None}],
+                                           _usage(req, 0) if continuous else None))
+                text = _text_of(req, produced, n)
                 produced += n
                 fr = req.finish_reason if finished else None
                 if chat:
                     ch = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": fr}
                 else:
                     ch = {"index": 0, "text": text, "logprobs": None, "finish_reason": fr, "stop_reason": None}
-                await resp.write(chunk([ch], usage(produced) if continuous else None))
+                await resp.write(chunk([ch], _usage(req, produced) if continuous else None))
                 if finished:
                     break
             if include_usage:
-                await resp.write(chunk([], usage(produced)))
+                await resp.write(chunk([], _usage(req, produced)))
             await resp.write(b"data: [DONE]\n\n")
             await resp.write_eof()
         except (ConnectionResetError, asyncio.CancelledError):
             self.abort(req)
             raise
         return resp
+
+
+def _usage(req: Req, done: int) -> dict[str, Any]:
+    """The usage block of an answer with `done` tokens generated."""
+    u: dict[str, Any] = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + done,
+                         "completion_tokens": done}
+    if req.cached_tokens:
+        u["prompt_tokens_details"] = {"cached_tokens": req.cached_tokens}
+    return u
+
+
+def _text_of(req: Req, start: int, n: int) -> str:
+    """Tokens start … start+n of the request's answer, as words (sim/tokens.py)."""
+    return "".join(" " + word_for(req.key, i) for i in range(start, start + n))
+
