@@ -105,64 +105,43 @@ def read_dotenv(path: Path) -> dict[str, tuple[str, int]]:
     return out
 
 
+class _Env:
+    """A read `.env`: its values, and the one-line error naming the file, the line and the variable."""
+
+    def __init__(self, path: Path) -> None:
+        self.file = str(path)
+        self.env = read_dotenv(path)
+
+    def bad(self, key: str, problem: str, fix: str) -> UserError:
+        return UserError(problem, file=self.file, line=self.env[key][1], field=key, fix=fix)
+
+    def value(self, key: str) -> str | None:
+        v = self.env.get(key, ("", 0))[0].strip()
+        return v or None
+
+
 def cluster_from_dotenv(path: Path, ssh_config: Path | None = None) -> DotenvCluster:
     """The cluster a `.env` describes; a bad value is a one-line UserError naming file, line, variable, fix."""
     from .sshconfig import lookup
-    file = str(path)
-    env = read_dotenv(path)
-
-    def bad(key: str, problem: str, fix: str) -> UserError:
-        return UserError(problem, file=file, line=env[key][1], field=key, fix=fix)
-
-    def value(key: str) -> str | None:
-        v = env.get(key, ("", 0))[0].strip()
-        return v or None
-
-    container = value("CONTAINER_NAME") or "vllm_node"
-    if not CONTAINER_RE.match(container):
-        raise bad("CONTAINER_NAME", f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
-    ifaces: dict[str, str | None] = {}
-    for key in ("ETH_IF", "IB_IF"):
-        v = value(key)
-        if v is not None and not IFACE_RE.match(v):
-            raise bad(key, f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f1np1")
-        ifaces[key.lower()] = v
+    e = _Env(path)
+    notes: list[str] = []
+    settings = _node_settings(e, notes)
     master_port = None
-    mp = value("MASTER_PORT")
+    mp = e.value("MASTER_PORT")
     if mp is not None:
         if not mp.isdigit() or not 1 <= int(mp) <= 65535:
-            raise bad("MASTER_PORT", f"{mp[:20]!r} is not a port", "write a port number 1-65535, e.g. 29501")
+            raise e.bad("MASTER_PORT", f"{mp[:20]!r} is not a port", "write a port number 1-65535, e.g. 29501")
         master_port = int(mp)
-    vllm_env, notes = [], []
-    for key, (v, _line) in env.items():
-        if not key.startswith("CONTAINER_") or key == "CONTAINER_NAME":
-            continue
-        name = key[len("CONTAINER_"):]
-        if not _ENV_NAME_RE.match(name):
-            raise bad(key, f"{name[:40]!r} is not a variable name for the container", "write CONTAINER_NAME_OF_VAR=v")
-        if secrets.is_secret_name(name):
-            secrets.register(v)           # never shown anywhere, even though it is not used
-            notes.append(f"{key} not passed by value (a plan holds no secret): each node's own {name} is passed")
-            continue
-        vllm_env.append((name, v))
-    hf_home = value("HF_HOME")
-    if hf_home is not None and not HF_HOME_RE.match(hf_home):
-        # the runner expands it once, on the head; a node's shell here takes it literally
-        raise bad("HF_HOME", f"{hf_home[:60]!r} is not an absolute path",
-                  "write the Hugging Face cache's absolute path, e.g. HF_HOME=/data/huggingface")
-    settings: dict[str, Any] = dict(container=container, vllm_env=tuple(vllm_env), hf_home=hf_home,
-                                    env=hf_home_env(hf_home), **ifaces)
-
     nodes: list[NodeConfig] = []
     known_hosts: str | None = None
-    addresses = [a.strip() for a in (value("CLUSTER_NODES") or "").split(",") if a.strip()]
+    addresses = [a.strip() for a in (e.value("CLUSTER_NODES") or "").split(",") if a.strip()]
     for i, address in enumerate(addresses):
         try:
             address = check_address(address, None, ("CLUSTER_NODES",))
         except UserError as exc:
-            raise bad("CLUSTER_NODES", exc.problem, exc.fix or "write the nodes' IP addresses, head first") from None
+            raise e.bad("CLUSTER_NODES", exc.problem, exc.fix or "write the nodes' IP addresses, head first") from None
         if address in addresses[:i]:
-            raise bad("CLUSTER_NODES", f"{address} is listed twice", "list each node once, head first")
+            raise e.bad("CLUSTER_NODES", f"{address} is listed twice", "list each node once, head first")
         host = lookup(address, ssh_config)
         known_hosts = known_hosts or host.known_hosts
         nodes.append(NodeConfig(name=_node_name(address, i, nodes), address=address, ssh=host.ssh,
@@ -171,9 +150,40 @@ def cluster_from_dotenv(path: Path, ssh_config: Path | None = None) -> DotenvClu
         notes.append("no CLUSTER_NODES: this machine only")
         nodes.append(NodeConfig(name=socket.gethostname()[:63] or "local", address="127.0.0.1", role="head",
                                 local=True, **settings))
-    cluster = ClusterConfig(nodes=tuple(nodes), endpoints=default_endpoints(nodes), source=file,
+    cluster = ClusterConfig(nodes=tuple(nodes), endpoints=default_endpoints(nodes), source=e.file,
                             ssh=SshPolicy(known_hosts=known_hosts), master_port=master_port)
     return DotenvCluster(cluster, path.parent, tuple(notes))
+
+
+def _node_settings(e: _Env, notes: list[str]) -> dict[str, Any]:
+    """What every node of the `.env` shares: the container's name and environment, the interfaces, the HF cache."""
+    container = e.value("CONTAINER_NAME") or "vllm_node"
+    if not CONTAINER_RE.match(container):
+        raise e.bad("CONTAINER_NAME", f"bad container name {container[:40]!r}", "use letters, digits, '_', '.', '-'")
+    ifaces: dict[str, str | None] = {}
+    for key in ("ETH_IF", "IB_IF"):
+        v = e.value(key)
+        if v is not None and not IFACE_RE.match(v):
+            raise e.bad(key, f"bad interface name {v[:40]!r}", "write the interface name, e.g. enp1s0f1np1")
+        ifaces[key.lower()] = v
+    vllm_env = []
+    for key, (v, _line) in e.env.items():
+        if not key.startswith("CONTAINER_") or key == "CONTAINER_NAME":
+            continue
+        name = key[len("CONTAINER_"):]
+        if not _ENV_NAME_RE.match(name):
+            raise e.bad(key, f"{name[:40]!r} is not a variable name for the container", "write CONTAINER_NAME_OF_VAR=v")
+        if secrets.is_secret_name(name):
+            secrets.register(v)           # never shown anywhere, even though it is not used
+            notes.append(f"{key} not passed by value (a plan holds no secret): each node's own {name} is passed")
+            continue
+        vllm_env.append((name, v))
+    hf_home = e.value("HF_HOME")
+    if hf_home is not None and not HF_HOME_RE.match(hf_home):
+        # the runner expands it once, on the head; a node's shell here takes it literally
+        raise e.bad("HF_HOME", f"{hf_home[:60]!r} is not an absolute path",
+                    "write the Hugging Face cache's absolute path, e.g. HF_HOME=/data/huggingface")
+    return dict(container=container, vllm_env=tuple(vllm_env), hf_home=hf_home, env=hf_home_env(hf_home), **ifaces)
 
 
 def _node_name(address: str, i: int, taken: list[NodeConfig]) -> str:
