@@ -337,3 +337,57 @@ async def test_the_plan_stays_on_screen_at_100x30_whatever_preflight_says(record
         if app.focused is not None:
             assert app.screen.find_widget(app.focused).region.bottom <= 30
         await pilot.press("q")
+
+
+def test_a_row_that_must_drop_parts_drops_a_label_or_separator_with_its_figure():
+    """A narrow node panel showed 'Workloads vllm_node 89.4 GiB (…) ·' (the second workload's separator left
+    before nothing) and could show '  SM ' without its clock: neighbouring parts of one priority go together."""
+    from sparkconsole.tui.fmt import fit
+    workloads = [("Workloads ", "", 0), ("vllm_node ", "", 0), ("89.4 GiB", "", 0), (" (GPU 85.2 + CPU 4.2)", "", 1),
+                 (" · ", "", 2), ("vllm_node_router ", "", 2), ("0.5 GiB", "", 2), (" (GPU 0.0 + CPU 0.5)", "", 3)]
+    for width in range(20, 90):
+        text = fit(workloads, width).plain
+        assert not text.rstrip().endswith("·"), (width, text)
+        assert ("vllm_node_router" in text) == ("0.5 GiB" in text), (width, text)
+    power = [("Power ", "", 0), ("52 W", "", 0), ("  SM ", "", 2), ("3003 MHz", "", 2), ("  Util ", "", 1),
+             ("96%", "", 1)]
+    assert fit(power, 30).plain == "Power 52 W  Util 96%"
+    assert fit(power, 12).plain == "Power 52 W"
+    # parts of one priority apart from each other still go one at a time, the last first
+    row = [("a", "", 0), ("bb", "", 1), ("c", "", 0), ("dd", "", 1)]
+    assert fit(row, 4).plain == "abbc"
+
+
+async def test_the_recipes_screen_shows_each_fix_whole_and_cuts_a_message_only_at_a_word(recording):
+    """A fix cut at 120 characters ('… --prefer '"'"'(^|/)(vllm|VLLM::.*|') is not a fix: copied, it half-runs.
+    Messages past 220 characters were cut mid-word ('the node runs ou — fix: …'); they end at a word, with ' …'.
+    (The recorded H100s raise no finding that long: one as long as the demo's budget and earlyoom findings is
+    added to what preflight found for the selected recipe.)"""
+    from sparkconsole.tui.screens.recipes_running import _Finding
+    app, _, _ = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.last for nm in app.monitor.nodes.values()), what="readings")
+        await pilot.press("2")
+        scr = app.recipes_screen
+        await wait_for(pilot, lambda: scr.is_mounted and scr.selected is not None and scr.topology is not None,
+                       what="the recipes")
+        findings = scr.preflight(scr._recipe(scr.selected), scr.topology)
+        message = ("gpu_memory_utilization 0.7 × 121.7 GiB = 85.2 GiB, over the node's budget of 24.3 GiB (MemTotal "
+                   "121.7 − 8.0 reserve (headroom floor + vm.min_free_kbytes) − 89.4 held by other workloads "
+                   "(vllm_node 89.4)): the node runs out of memory while the model loads")
+        fix = ("sudo apt-get install -y earlyoom && printf 'EARLYOOM_ARGS=\"%s\"\\n' '-r 3600 -M 3145728 --prefer "
+               "(^|/)(vllm|VLLM::.*|sglang)' | sudo tee /etc/default/earlyoom && sudo systemctl restart earlyoom")
+        findings.append(_Finding("refuse", message, node="node1", fix=fix))
+        scr._show()
+        await pilot.pause(0.2)
+        head = scr.query_one("#recipe-head").render().plain
+        for f in findings:
+            if getattr(f, "fix", None):
+                assert f" — fix: {' '.join(f.fix.split())}\n" in head, (f.fix, head)
+            said = " ".join(f.message.split())
+            if said not in head:
+                shown = next(line for line in head.splitlines() if said[:40] in line).split(" — fix: ")[0]
+                shown = shown[shown.index(said[:40]):]
+                assert shown.endswith(" …") and said.startswith(shown[:-2]), shown
+        assert "the node runs ou " not in head and "the node runs out" not in head, head     # cut, at a word
+        await pilot.press("q")

@@ -72,16 +72,29 @@ def clip_words(text: str, room: int) -> str:
     return text[:cut].rstrip(" ,:;") + " …" if cut else "…"
 
 
+def one_line(text: object, room: int | None = None) -> str:
+    """`text` (an exception's, a command's output) on one line, its whitespace collapsed; clipped at a word in
+    `room` cells (clip_words), never mid-word: a reader takes "runs ou" for a typo, and a command cut mid-way for
+    the whole of it."""
+    line = " ".join(str(text).split())
+    return line if room is None else clip_words(line, room)
+
+
 def fit(parts: list[tuple[str, str, int]], width: int | None) -> Text:
     """One row of (text, style, priority) parts in `width` cells: the parts of the highest priority number go
-    first, each whole, until the row fits (0: never left out). A figure is drawn whole or not at all; only what
-    is left after that is cut, with an ellipsis."""
+    first until the row fits (0: never left out). Neighbouring parts of one priority go together, the last run
+    first: a separator, a label and its figure are one thing, never half drawn ("  SM " without its MHz, a " · "
+    before nothing). A figure is drawn whole or not at all; only what is left after that is cut, with an
+    ellipsis."""
     keep = list(parts)
     if width:
         while sum(len(t) for t, _, _ in keep) > width and any(p for _, _, p in keep):
             worst = max(p for _, _, p in keep)
-            drop = max(i for i, (_, _, p) in enumerate(keep) if p == worst)
-            keep.pop(drop)
+            end = max(i for i, (_, _, p) in enumerate(keep) if p == worst)
+            start = end
+            while start > 0 and keep[start - 1][2] == worst:
+                start -= 1
+            del keep[start:end + 1]
     line = Text(no_wrap=True, overflow="ellipsis")
     for t, style, _ in keep:
         line.append(t, style=style)

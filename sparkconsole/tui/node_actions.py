@@ -10,6 +10,7 @@ import shlex
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
+from .fmt import one_line
 from .screens.confirm import ConfirmScreen
 
 if TYPE_CHECKING:
@@ -79,10 +80,10 @@ class NodeActions(_App):
         try:
             result = await transport.run(command, timeout=120)
         except Exception as exc:
-            self.notify(f"{node_name}: {' '.join(str(exc).split())[:200]}", severity="error")
+            self.notify(f"{node_name}: {one_line(exc, 200)}", severity="error")
             self.dashboard.events.note(f"{node_name}: failed: {exc}", "red")
             return
-        out = " ".join((result.stderr or result.stdout).split())[:200]
+        out = one_line(result.stderr or result.stdout, 200)
         if result.rc == 0:
             self.notify(f"{node_name}: {action} done", title="ok")
             self.dashboard.events.note(f"{node_name}: {action} done", "green")

@@ -16,6 +16,8 @@ from typing import Any, NamedTuple
 
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
+from .fmt import one_line
+
 
 class Command(NamedTuple):
     title: str
@@ -119,7 +121,7 @@ def _guard_commands(app: Any, node: str) -> list[Command]:
                                "node.fix"))
         else:
             out.append(Command(f"{node}: Fix guard (OOM) {sev.mark} {g.title}", partial(app.confirm_guard_fix, node, g),
-                               f"asks first: {g.fix}"[:120], "node.fix"))
+                               one_line(f"asks first: {g.fix}", 120), "node.fix"))
     return out
 
 

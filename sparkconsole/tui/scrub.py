@@ -12,6 +12,8 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .fmt import one_line
+
 if TYPE_CHECKING:
     from textual.app import App
 
@@ -68,7 +70,7 @@ class Scrub(_App):
             try:
                 mon = replay_monitor_factory(path, at)(self.cluster)
             except Exception as exc:   # nothing recorded then: say so, stay where we are
-                self.notify(" ".join(str(exc).split())[:200], severity="warning")
+                self.notify(one_line(exc, 200), severity="warning")
                 return
         await self._end_scrub()
         self._scrub_back = back
@@ -117,7 +119,7 @@ class Scrub(_App):
                 self._ep_replay = EndpointReplay(self._recording, self.replay_at or t)
             except Exception as exc:        # an unreadable file: the nodes still replay; say why the panels do not
                 self._recording = None
-                self.notify(f"recorded endpoint polls unreadable: {' '.join(str(exc).split())[:160]}",
+                self.notify(f"recorded endpoint polls unreadable: {one_line(exc, 160)}",
                             severity="warning")
                 return
         snaps = self._ep_replay.at(t)

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .fmt import one_line
 from .heap import TICK_S
 
 if TYPE_CHECKING:
@@ -170,7 +171,7 @@ class ConsoleStart(_App):
     def _monitor_failed(self, exc: Exception) -> None:
         if self._not_yet(self._monitor_failed, exc):
             return
-        self.notify(" ".join(str(exc).split())[:300], title="monitor", severity="error", timeout=30)
+        self.notify(one_line(exc, 300), title="monitor", severity="error", timeout=30)
         self.dashboard.events.note(f"monitor: {exc}", "red")
 
     def _start_heap(self) -> None:
@@ -203,10 +204,10 @@ class ConsoleStart(_App):
         return core
 
     def _postmortem_found(self, pm: dict[str, Any]) -> None:
-        from ..recorder.postmortem import one_line
+        from ..recorder.postmortem import one_line as verdict_line
         # the demo's post-mortems are read with --demo: its recording is not the cluster file's
         whole = f"sparkconsole postmortem {pm['node']}" + (" --demo" if self.simulated else "")
-        self._say(f"{one_line(pm)} · the whole of it: {whole}", "bad")
+        self._say(f"{verdict_line(pm)} · the whole of it: {whole}", "bad")
         self._show_postmortem(pm)
 
     def _duties_changed(self) -> None:

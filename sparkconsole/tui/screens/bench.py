@@ -19,7 +19,7 @@ from ...nodes.samples import THROTTLING
 from ...nodes.thermal import reason_of
 from ...paths import DEFAULT_RESULTS, DEMO_RESULTS
 from ..facade import OnConsole
-from ..fmt import plural
+from ..fmt import one_line, plural
 from ..widgets.curve_chart import CurveChart
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
@@ -220,7 +220,7 @@ class BenchScreen(OnConsole, Screen):
             self.status(f"sweep of {spec.run_label} done: {plural(len(out.levels), 'level')} (run {out.run_id}) in "
                         f"{path}; sparkconsole bench report {path}", "green")
         except Exception as exc:
-            self.status(" ".join(str(exc).split())[:200], "red")
+            self.status(one_line(exc, 200), "red")
 
     def action_past(self) -> None:
         self.show_past = not self.show_past

@@ -14,7 +14,7 @@ from textual.widgets import Header, Input, RichLog, Static
 
 from ... import secrets
 from ..facade import OnConsole
-from ..fmt import plural
+from ..fmt import one_line, plural
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 
@@ -93,7 +93,7 @@ class LogsScreen(OnConsole, Screen):
                 self.add_line(raw)
             self._status(f"log ended (rc {stream.returncode})", "yellow")
         except Exception as exc:  # a lost connection ends the tail, not the console
-            self._status(f"log stopped: {' '.join(str(exc).split())[:120]}", "red")
+            self._status(f"log stopped: {one_line(exc, 120)}", "red")
         finally:
             self._stream = None
             await stream.close()

@@ -19,11 +19,12 @@ from textual.widgets.option_list import Option
 from ... import severity
 from ...errors import UserError
 from ..facade import OnConsole
+from ..fmt import one_line
 from ..widgets.budget_bar import BudgetBars
 from ..widgets.key_bar import KeyBar
 from ..widgets.sim_badge import SimBadge
 from .dashboard import NARROW_COLS
-from .recipes_running import RecipeActions, _Finding, _one_line
+from .recipes_running import RecipeActions, _Finding
 
 if TYPE_CHECKING:
     from ...launch.runner import Runner
@@ -78,18 +79,18 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         try:
             from ... import recipes as recipe_mod
         except ImportError as exc:
-            self.entries = [("(launch layer missing)", None, _one_line(exc))]
+            self.entries = [("(launch layer missing)", None, one_line(exc))]
             return
         try:
             paths = recipe_mod.recipe_paths()
         except UserError as exc:
-            self.entries = [("(recipes)", None, _one_line(exc))]
+            self.entries = [("(recipes)", None, one_line(exc))]
             return
         for key, path in sorted(paths.items()):
             try:
                 self.entries.append((key, recipe_mod.load_recipe(path), None))
             except UserError as exc:
-                self.entries.append((key, None, _one_line(exc)))
+                self.entries.append((key, None, one_line(exc)))
         # The registries' recipes: listed from the catalog, each read in full only once chosen.
         from ...recipes.catalog import catalog
         try:
@@ -118,7 +119,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
                 self.findings[key] = list(lint.preflight(recipe, topology, app.cluster.nodes, app.node_facts(),
                                                          plan=self._make_plan(recipe, topology)))
             except UserError as exc:
-                self.findings[key] = [_Finding("refuse", _one_line(exc), rule="plan")]
+                self.findings[key] = [_Finding("refuse", one_line(exc), rule="plan")]
             except ImportError:
                 self.findings[key] = []
             self.findings[key] += self._in_the_way(recipe, topology) + self._budget(recipe, topology)
@@ -282,7 +283,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             try:
                 self.entries.append((key, find_recipe(key), None))
             except UserError as exc:
-                self.entries.append((key, None, _one_line(exc)))
+                self.entries.append((key, None, one_line(exc)))
         return next((r for k, r, _ in self.entries if k == key and r is not None), None)
 
     def on_option_list_option_highlighted(self, event: OptionList.OptionHighlighted) -> None:
@@ -354,9 +355,9 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             t.append(f"{sev.mark} ", style=sev.colour)
             if getattr(f, "node", None):
                 t.append(f"{f.node}: ", style="bold")
-            t.append(" ".join(f.message.split())[:220])
+            t.append(one_line(f.message, 220))
             if getattr(f, "fix", None):
-                t.append(f" — fix: {' '.join(f.fix.split())[:120]}", style="dim")
+                t.append(f" — fix: {one_line(f.fix)}", style="dim")   # whole: a cut command is not the fix
             t.append("\n")
         if not findings:
             t.append("✓ preflight: nothing to report\n", style="green")
@@ -370,7 +371,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             self.plan = self._make_plan(recipe, topology) or make_plan(recipe, topology, self.facade.cluster, {})
         except UserError as exc:
             self.plan = None
-            text.append(_one_line(exc), style="red")
+            text.append(one_line(exc), style="red")
             return text
         except ImportError as exc:
             self.plan = None
@@ -399,7 +400,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         try:
             return render(memory_estimates(recipe, self.plan, self.facade.node_facts()))
         except UserError as exc:
-            return [f"memory: {_one_line(exc)}"]
+            return [f"memory: {one_line(exc)}"]
 
     # --- actions ----------------------------------------------------------------------------------------------
     def action_next_topology(self) -> None:
@@ -445,7 +446,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
 
     def _on_progress(self, ev) -> None:
         # One line per node: the runner's latest word on it wins.
-        self.progress[ev.node or "cluster"] = " ".join(f"{ev.stage}: {ev.message}".split())[:160]
+        self.progress[ev.node or "cluster"] = one_line(f"{ev.stage}: {ev.message}", 160)
         self._draw_progress()
         self.restart_progress(ev)
 
@@ -469,9 +470,9 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             self.facade.notify(f"{plan.name} launched", title="recipes")
         except Exception as exc:
             self.running_plans.pop(plan.name, None)  # the runner cleaned up what it started
-            self.progress["launch"] = f"failed: {_one_line(exc)}"
+            self.progress["launch"] = f"failed: {one_line(exc)}"
             self._draw_progress()
-            self.facade.notify(_one_line(exc)[:300], title="launch failed", severity="error", timeout=20)
+            self.facade.notify(one_line(exc, 300), title="launch failed", severity="error", timeout=20)
 
     async def _before_start(self, plan) -> None:
         """The node's previous launch loaded, its memory back after a stop (launch/beside.py)."""
@@ -480,7 +481,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
         from ...placement.recovery import StopLog
 
         def say(line: str) -> None:
-            self.progress["launch"] = line[:160]
+            self.progress["launch"] = one_line(line, 160)
             self._draw_progress()
         await wait_loaded(self.running_groups(), plan.nodes, say, skip=plan.name)
         log = StopLog(state_dir(), self.facade.cluster.source)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...errors import UserError
 from ..facade import OnConsole
+from ..fmt import one_line
 
 if TYPE_CHECKING:
     from textual.screen import Screen
@@ -22,10 +23,6 @@ else:
     _Screen = object
 
 RESTART_STAGES = ("draining", "restarting", "back", "failed")
-
-
-def _one_line(exc: BaseException) -> str:
-    return " ".join(str(exc).split())
 
 
 class _Finding:
@@ -169,14 +166,14 @@ class RecipeActions(OnConsole, _Screen):
         r = self._recipe(g.recipe)
         if r is None:
             self.notify(f"{g.name} runs recipe {g.recipe}, which is not among the recipes here: restart it with "
-                        f"sparkconsole recipe restart PATH --name {g.name}"[:300], severity="error")
+                        f"sparkconsole recipe restart PATH --name {g.name}", severity="error")
             return None
         try:
             from ...launch.plan import make_plan
             return make_plan(r, g.topology, self.facade.cluster, running_options(g))
         except UserError as exc:
-            self.notify(f"{g.name} ({g.recipe} × {g.topology}) runs, but cannot be planned here: "
-                        f"{_one_line(exc)}"[:300], severity="error")
+            self.notify(one_line(f"{g.name} ({g.recipe} × {g.topology}) runs, but cannot be planned here: {exc}", 300),
+                        severity="error")
             return None
 
     def _router_unseen(self) -> bool:
@@ -218,7 +215,7 @@ class RecipeActions(OnConsole, _Screen):
                 self.facade.notify(f"{plan.name}: stop done", title="recipes")
                 self.running_plans.pop(plan.name, None)
             except Exception as exc:
-                self.facade.notify(_one_line(exc)[:300], title="stop failed", severity="error", timeout=20)
+                self.facade.notify(one_line(exc, 300), title="stop failed", severity="error", timeout=20)
         self.facade.confirm(f"Stop {plan.name} ({plan.recipe} × {plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
                             "Out of the gateway first, then routers, then the servers; only this workload's containers "
                             "are removed, every other keeps serving.")
@@ -246,9 +243,9 @@ class RecipeActions(OnConsole, _Screen):
             self.restarting, self.restart_plan = {}, plan
             try:
                 report = await rolling.restart(runner, plan, self._on_progress)
-                self.facade.notify(report.line()[:300] if report else f"{plan.recipe}: restart done", title="recipes")
+                self.facade.notify(one_line(report.line(), 300) if report else f"{plan.recipe}: restart done", title="recipes")
             except Exception as exc:
-                self.facade.notify(_one_line(exc)[:300], title="restart failed", severity="error", timeout=20)
+                self.facade.notify(one_line(exc, 300), title="restart failed", severity="error", timeout=20)
             finally:
                 self.restarting, self.restart_plan = None, None
                 self.facade.restart_stages = {}
@@ -311,7 +308,7 @@ class RecipeActions(OnConsole, _Screen):
                     self.progress[what] = line[-160:]
                     self._draw_progress()
             ok = await proc.wait() == 0
-            self.facade.notify(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}"[:300],
+            self.facade.notify(one_line(f"{what} pull {'done' if ok else 'failed: ' + self.progress.get(what, '')}", 300),
                                title="recipes", severity="information" if ok else "error")
         self.facade.confirm(f"Copy the {what} to {', '.join(plan.nodes)}?", shlex.join(argv), go,
                             "Nodes that have it already are left as they are; progress shows below the plan.")

@@ -10,7 +10,7 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from ..fmt import DASH, duration, gib_or_mib, ms, num, pct
+from ..fmt import DASH, duration, gib_or_mib, ms, num, one_line, pct
 
 
 class EndpointPanel(Static):
@@ -42,7 +42,7 @@ class EndpointPanel(Static):
         if snap.healthy is True:
             sub.append("UP", style="green")
             if snap.warning:
-                sub.append(f" · {snap.warning[:50]}", style="yellow")
+                sub.append(f" · {one_line(snap.warning, 50)}", style="yellow")
         elif snap.healthy is False:
             sub.append("DOWN", style="bold red")
             if getattr(snap, "failures", 0) > 1:
@@ -121,5 +121,5 @@ class EndpointPanel(Static):
                           f"TTFT {ms(snap.ttft_p50_s)}/{ms(snap.ttft_p95_s)}", f"TTFT {ms(snap.ttft_p50_s)}"),
                      cell(f"ITL p50 {ms(snap.itl_p50_s)} p95 {ms(snap.itl_p95_s)}",
                           f"ITL {ms(snap.itl_p50_s)}/{ms(snap.itl_p95_s)}", f"ITL {ms(snap.itl_p50_s)}"),
-                     Text(snap.error[:60], style="red") if snap.error else Text(""))
+                     Text(one_line(snap.error, 60), style="red") if snap.error else Text(""))
         return grid

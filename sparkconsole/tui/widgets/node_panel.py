@@ -20,7 +20,7 @@ from ...config import Thresholds
 from ...nodes.samples import NodeState
 from ...nodes.view import NodeView, fix_wanted, node_view
 from ..facade import OnConsole
-from ..fmt import DASH, duration, fit, gib, num
+from ..fmt import DASH, duration, fit, gib, num, one_line
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
@@ -128,7 +128,7 @@ class NodePanel(OnConsole, Vertical, can_focus=True):
         if v.state.for_s is not None:
             sub.append(f" {duration(v.state.for_s)}")
         if v.state.error:
-            sub.append(f" · {v.state.error[:60]}", style="red")
+            sub.append(f" · {one_line(v.state.error, 60)}", style="red")
         if v.state.last_tick_age_s is not None:
             # Only a node that stopped ticking needs its age; a LIVE subtitle then stays still (no repaint).
             sub.append(f" · last tick {duration(v.state.last_tick_age_s)} ago", style="dim")
