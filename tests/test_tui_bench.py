@@ -56,7 +56,7 @@ async def test_reference_overlay_toggles(workdir):
         assert shown == {f"published {t}" for t in published_topologies()}
         assert all(len(s.points) >= 3 for s in chart.series.values())
         legend = str(app.bench_screen.query_one("#bench-legend").render())
-        assert "published" in legend
+        assert "published" in legend and "(published)" not in legend, legend     # said once per series
         await pilot.press("f")
         await pilot.pause(0.2)
         assert not chart.series

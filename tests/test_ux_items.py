@@ -360,7 +360,7 @@ def test_a_row_that_must_drop_parts_drops_a_label_or_separator_with_its_figure()
 
 async def test_the_recipes_screen_shows_each_fix_whole_and_cuts_a_message_only_at_a_word(recording):
     """A fix cut at 120 characters ('… --prefer '"'"'(^|/)(vllm|VLLM::.*|') is not a fix: copied, it half-runs.
-    Messages past 220 characters were cut mid-word ('the node runs ou — fix: …'); they end at a word, with ' …'.
+    Messages past 220 characters (now 400) were cut mid-word ('the node runs ou — fix: …'); they end at a word, with ' …'.
     (The recorded H100s raise no finding that long: one as long as the demo's budget and earlyoom findings is
     added to what preflight found for the selected recipe.)"""
     from sparkconsole.tui.screens.recipes_running import _Finding
@@ -374,7 +374,9 @@ async def test_the_recipes_screen_shows_each_fix_whole_and_cuts_a_message_only_a
         findings = scr.preflight(scr._recipe(scr.selected), scr.topology)
         message = ("gpu_memory_utilization 0.7 × 121.7 GiB = 85.2 GiB, over the node's budget of 24.3 GiB (MemTotal "
                    "121.7 − 8.0 reserve (headroom floor + vm.min_free_kbytes) − 89.4 held by other workloads "
-                   "(vllm_node 89.4)): the node runs out of memory while the model loads")
+                   "(vllm_node 89.4)): the node runs out of memory while the model loads, and a GB10 that runs out "
+                   "of memory freezes whole: nothing answers, not even SSH, until it is power-cycled at the wall, so "
+                   "this launch is refused before anything starts")
         fix = ("sudo apt-get install -y earlyoom && printf 'EARLYOOM_ARGS=\"%s\"\\n' '-r 3600 -M 3145728 --prefer "
                "(^|/)(vllm|VLLM::.*|sglang)' | sudo tee /etc/default/earlyoom && sudo systemctl restart earlyoom")
         findings.append(_Finding("refuse", message, node="node1", fix=fix))
@@ -388,6 +390,7 @@ async def test_the_recipes_screen_shows_each_fix_whole_and_cuts_a_message_only_a
             if said not in head:
                 shown = next(line for line in head.splitlines() if said[:40] in line).split(" — fix: ")[0]
                 shown = shown[shown.index(said[:40]):]
-                assert shown.endswith(" …") and said.startswith(shown[:-2]), shown
-        assert "the node runs ou " not in head and "the node runs out" not in head, head     # cut, at a word
+                # cut where a word ends, and said so
+                assert shown.endswith(" …") and said.startswith(shown[:-2]) and said[len(shown) - 2] == " ", shown
+        assert len(message) > 400 and " ".join(message.split()) not in head, head
         await pilot.press("q")

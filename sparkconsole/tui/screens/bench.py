@@ -57,7 +57,7 @@ PAST_RUNS = 4
 # (plotext colour, the same colour for Rich): one per series, the same on all three charts; red marks throttling.
 COLOURS = (("cyan+", "bright_cyan"), ("magenta+", "bright_magenta"), ("green+", "bright_green"), ("blue+", "bright_blue"),
            ("orange", "dark_orange"), ("gray+", "grey70"), ("cyan", "cyan"), ("magenta", "magenta"), ("green", "green"))
-_STYLE_WORD = {"line": "", "reference": " (published)", "past": " (past)"}
+_STYLE_WORD = {"line": "", "reference": "", "past": " (past)"}   # a reference's label says "published"
 
 
 class BenchScreen(OnConsole, Screen):

@@ -355,7 +355,7 @@ class RecipesScreen(RecipeActions, OnConsole, Screen):
             t.append(f"{sev.mark} ", style=sev.colour)
             if getattr(f, "node", None):
                 t.append(f"{f.node}: ", style="bold")
-            t.append(one_line(f.message, 220))
+            t.append(one_line(f.message, 400))
             if getattr(f, "fix", None):
                 t.append(f" — fix: {one_line(f.fix)}", style="dim")   # whole: a cut command is not the fix
             t.append("\n")
