@@ -12,6 +12,7 @@ from aiohttp import web
 
 from sparkconsole.config import ClusterConfig, EndpointConfig, NodeConfig
 from sparkconsole.serving import metrics as m
+from sparkconsole.serving import prom
 from sparkconsole.serving.endpoint import EndpointMonitor, ServingMonitor, backoff_s
 from tests.helpers import free_port
 from tests.test_serving_metrics import VllmExporter, fixture, seeded_workload
@@ -325,8 +326,8 @@ async def test_vllm_router_metrics_on_their_own_port():
         return web.Response(text="")
     async def rmetrics(_):
         return web.Response(text=fixture("metrics-vllm-router.txt"))
-    async with Server({"/health": ok}) as router, Server({"/metrics": rmetrics}) as prom:
-        mon = EndpointMonitor(ep(router.url, kind="router"), interval=0.2, metrics_url=prom.url + "/metrics")
+    async with Server({"/health": ok}) as router, Server({"/metrics": rmetrics}) as metrics_server:
+        mon = EndpointMonitor(ep(router.url, kind="router"), interval=0.2, metrics_url=metrics_server.url + "/metrics")
         try:
             s = await mon.poll()
         finally:
@@ -411,7 +412,7 @@ async def test_recorded_vllm_page_served_over_http():
             s = await mon.poll()
         finally:
             await mon.stop()
-    want = m.engine_metrics(m.parse(text))
+    want = m.engine_metrics(prom.parse(text))
     assert s.healthy and s.warning is None
     assert (s.running, s.waiting, s.kv_usage, s.generation_tokens) == (
         want.running, want.waiting, want.kv_usage, want.generation_tokens)

@@ -10,6 +10,7 @@ from aiohttp import web
 from textual.app import App, ComposeResult
 
 from sparkconsole.serving import metrics as m
+from sparkconsole.serving import prom
 from sparkconsole.serving.endpoint import EndpointMonitor
 from sparkconsole.tui.widgets.endpoint_panel import EndpointPanel
 from tests.test_endpoint import Server, ep
@@ -19,11 +20,11 @@ RECORDED = (Path(__file__).parent / "fixtures" / "metrics-vllm-0.32.0-cpu-decode
 
 
 def test_the_recorded_decode_page_reads_as_one_transfer_and_no_recompute():
-    em = m.engine_metrics(m.parse(RECORDED, only=m.CONSOLE_NAMES))
+    em = m.engine_metrics(prom.parse(RECORDED, only=m.CONSOLE_NAMES))
     assert (em.kv_transfers, em.kv_in_bytes) == (1.0, 655360.0)
     assert (em.prompt_tokens_external, em.prompt_tokens_local) == (599.0, 0.0)
     # a server that moves no KV cache publishes none of it: None, not zero
-    plain = m.engine_metrics(m.parse((Path(__file__).parent / "fixtures" / "metrics-vllm-0.32.0-cpu-recorded.txt")
+    plain = m.engine_metrics(prom.parse((Path(__file__).parent / "fixtures" / "metrics-vllm-0.32.0-cpu-recorded.txt")
                                      .read_text(), only=m.CONSOLE_NAMES))
     assert plain.kv_in_bytes is None and plain.kv_transfers is None
 
@@ -58,7 +59,7 @@ async def test_the_endpoint_panel_shows_what_came_over_the_kv_connector():
 
 def test_a_level_reads_what_crossed_the_connector_and_says_when_it_could_not():
     from sparkconsole.bench.sweep import kv_level
-    page = m.parse(RECORDED, only=m.CONSOLE_NAMES)
+    page = prom.parse(RECORDED, only=m.CONSOLE_NAMES)
     same = kv_level([page], [page], 4)                      # nothing moved between the two reads
     assert same == {"read": True, "transfers": 0.0, "bytes_per_request": 0.0, "xfer_ms_mean": None,
                     "prompt_external_share": None}

@@ -324,10 +324,11 @@ def test_endpoint_latency_percentiles_pass_promtool(monkeypatch):
 
     from sparkconsole.exporter.collector import ConsoleCollector
     from sparkconsole.serving import metrics as vm
+    from sparkconsole.serving import prom
     from sparkconsole.serving.endpoint import EndpointSnapshot
 
     need_prometheus()
-    em = vm.engine_metrics(vm.parse(next(FIXTURES.glob("metrics-vllm-0.32.0-cpu*-recorded.txt")).read_text()))
+    em = vm.engine_metrics(prom.parse(next(FIXTURES.glob("metrics-vllm-0.32.0-cpu*-recorded.txt")).read_text()))
     ttft, itl = (em.pct("ttft", 0.5), em.pct("ttft", 0.95)), (em.pct("itl", 0.5), em.pct("itl", 0.95))
     assert None not in (*ttft, *itl)
     snap = EndpointSnapshot("spark1", "http://127.0.0.1:8000", "vllm", time.time(), True, "tiny-llama", "0.32.0",

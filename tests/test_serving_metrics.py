@@ -28,6 +28,7 @@ from prometheus_client import (
 )
 
 from sparkconsole.serving import metrics as m
+from sparkconsole.serving import prom
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -218,8 +219,8 @@ def fixture(name: str) -> str:
 @pytest.mark.parametrize("name", ["metrics-vllm-v1.txt", "metrics-vllm-v0.9.txt", "metrics-vllm-v0.txt"])
 def test_fixture_generations_give_the_same_figures(name):
     """Three generations of names for one seeded workload: the same figures come out of each."""
-    got = m.engine_metrics(m.parse(fixture(name)))
-    want = m.engine_metrics(m.parse(seeded_workload(VllmExporter("v1")).text()))
+    got = m.engine_metrics(prom.parse(fixture(name)))
+    want = m.engine_metrics(prom.parse(seeded_workload(VllmExporter("v1")).text()))
     assert got.running == want.running == 8 and got.waiting == want.waiting == 3
     assert got.kv_usage == pytest.approx(0.41)
     assert got.prefix_hit_rate == pytest.approx(want.prefix_hit_rate)
@@ -233,7 +234,7 @@ def test_fixture_generations_give_the_same_figures(name):
 
 
 def test_percentiles_land_near_the_published_means():
-    em = m.engine_metrics(m.parse(fixture("metrics-vllm-v1.txt")))
+    em = m.engine_metrics(prom.parse(fixture("metrics-vllm-v1.txt")))
     # lognormal around the mean: p50 sits in the bucket holding the mean, p95 above it.
     assert 1.0 <= em.pct("ttft", 0.5) <= 2.5
     assert em.pct("ttft", 0.95) > em.pct("ttft", 0.5)
@@ -242,32 +243,32 @@ def test_percentiles_land_near_the_published_means():
 
 
 def test_label_sets_are_summed():
-    one = m.engine_metrics(m.parse(fixture("metrics-vllm-v1.txt")))
-    two = m.engine_metrics(m.parse(fixture("metrics-vllm-v1-dp2.txt")))
+    one = m.engine_metrics(prom.parse(fixture("metrics-vllm-v1.txt")))
+    two = m.engine_metrics(prom.parse(fixture("metrics-vllm-v1-dp2.txt")))
     assert two.running == 2 * one.running and two.generation_tokens == 2 * one.generation_tokens
     assert two.kv_usage == pytest.approx(one.kv_usage)            # a fraction: averaged, not summed
     assert two.ttft.observations == 2 * one.ttft.observations
 
 
 def test_process_metrics_and_created_samples_do_not_confuse():
-    s = m.parse(fixture("metrics-vllm-v1.txt"))
+    s = prom.parse(fixture("metrics-vllm-v1.txt"))
     assert s.bad_lines == 0
     assert s.first("process_resident_memory_bytes")          # default collectors are there
     assert s.total("vllm:prompt_tokens_total") == 40 * 1024  # not mixed with vllm:prompt_tokens_created
 
 
 def test_missing_and_unknown_metrics_are_none():
-    em = m.engine_metrics(m.parse("# HELP x y\n# TYPE x gauge\nx 1\n"))
+    em = m.engine_metrics(prom.parse("# HELP x y\n# TYPE x gauge\nx 1\n"))
     assert all(getattr(em, f) is None for f in ("running", "waiting", "kv_usage", "prefix_hit_rate",
                                                  "prompt_tokens", "generation_tokens", "ttft", "itl"))
-    assert m.router_metrics(m.parse("")) is None
+    assert m.router_metrics(prom.parse("")) is None
 
 
 @pytest.mark.parametrize("garbage", ["", "<html><body>502 Bad Gateway</body></html>", "\x00\xff" * 50,
                                      "vllm:num_requests_running{model_name=\"a\" 3\n", "{}{}{}",
                                      "# TYPE vllm:num_requests_running histogram\nvllm:num_requests_running 3\n"])
 def test_garbage_never_raises(garbage):
-    s = m.parse(garbage)
+    s = prom.parse(garbage)
     m.engine_metrics(s), m.router_metrics(s), m.engine_window(s, s), m.router_window(s, s)
 
 
@@ -280,8 +281,8 @@ def test_garbage_never_raises(garbage):
         ["time_to_first_token_seconds_bucket", "num_requests_running", "generation_tokens_total"]),
         st.one_of(st.floats(allow_nan=True), st.just("+Inf"), st.text(max_size=5)))), max_size=40))
 def test_arbitrary_text_never_raises(lines):
-    a = m.parse("\n".join(lines), time=0)
-    b = m.parse("\n".join(reversed(lines)), time=1)
+    a = prom.parse("\n".join(lines), time=0)
+    b = prom.parse("\n".join(reversed(lines)), time=1)
     for s_ in (a, b):
         em = m.engine_metrics(s_)
         for which in ("ttft", "itl"):
@@ -295,13 +296,13 @@ def test_arbitrary_text_never_raises(lines):
 @given(counts=st.lists(st.one_of(st.floats(-5, 1e6), st.just(math.nan)), min_size=0, max_size=8), q=st.floats(allow_nan=True))
 def test_quantile_of_any_buckets_never_raises(counts, q):
     bounds = tuple(float(i) for i in range(len(counts) - 1)) + ((math.inf,) if counts else ())
-    m.histogram_quantile(q, bounds, tuple(counts))
+    prom.histogram_quantile(q, bounds, tuple(counts))
 
 
 def test_one_bad_line_keeps_the_rest():
     text = fixture("metrics-vllm-v1.txt").replace(
         "# HELP vllm:num_requests_waiting", 'vllm:broken{model_name="x" 1\n# HELP vllm:num_requests_waiting')
-    s = m.parse(text)
+    s = prom.parse(text)
     assert s.bad_lines == 1
     em = m.engine_metrics(s)
     assert em.running == 8 and em.waiting == 3 and em.ttft is not None
@@ -310,7 +311,7 @@ def test_one_bad_line_keeps_the_rest():
 @pytest.mark.parametrize("path", sorted(FIXTURES.glob("metrics-*.txt")), ids=lambda p: p.name)
 def test_filtered_parse_gives_the_same_figures(path):
     text = path.read_text()
-    full, part = m.parse(text, time=0), m.parse(text, time=0, only=m.CONSOLE_NAMES)
+    full, part = prom.parse(text, time=0), prom.parse(text, time=0, only=m.CONSOLE_NAMES)
     # the router fixture holds only series the console reads; every other page has some it skips
     kept, every = sum(map(len, part.series.values())), sum(map(len, full.series.values()))
     assert kept == every if path.name == "metrics-vllm-router.txt" else kept < every
@@ -319,16 +320,16 @@ def test_filtered_parse_gives_the_same_figures(path):
 
 
 def test_bytes_input():
-    assert m.engine_metrics(m.parse(fixture("metrics-vllm-v1.txt").encode())).running == 8
+    assert m.engine_metrics(prom.parse(fixture("metrics-vllm-v1.txt").encode())).running == 8
 
 
 # --- windows between scrapes -------------------------------------------------------------------------------
 def test_window_rates_and_percentiles_see_only_the_new_requests():
     exp, rng = VllmExporter("v1"), random.Random(1)
     exp.serve(rng, 50, ttft_s=0.05, itl_s=0.02)            # a fast past…
-    first = m.parse(exp.text(), time=100.0)
+    first = prom.parse(exp.text(), time=100.0)
     exp.serve(rng, 10, ttft_s=3.0, itl_s=0.3, prompt_tokens=2000, gen_tokens=64)   # …then a slow window
-    second = m.parse(exp.text(), time=110.0)
+    second = prom.parse(exp.text(), time=110.0)
     w = m.engine_window(first, second)
     assert w.seconds == 10
     assert w.prompt_tps == pytest.approx(10 * 2000 / 10)
@@ -342,25 +343,25 @@ def test_window_rates_and_percentiles_see_only_the_new_requests():
 
 def test_idle_window_has_rates_of_zero_and_no_percentiles():
     exp = seeded_workload(VllmExporter("v1"))
-    a, b = m.parse(exp.text(), time=1.0), m.parse(exp.text(), time=2.0)
+    a, b = prom.parse(exp.text(), time=1.0), prom.parse(exp.text(), time=2.0)
     w = m.engine_window(a, b)
     assert w.gen_tps == 0 and w.prompt_tps == 0
     assert w.pct("ttft", 0.5) is None and w.prefix_hit_rate is None
 
 
 def test_counter_reset_is_not_a_negative_rate():
-    before = m.parse(seeded_workload(VllmExporter("v1")).text(), time=0.0)
+    before = prom.parse(seeded_workload(VllmExporter("v1")).text(), time=0.0)
     restarted, rng = VllmExporter("v1"), random.Random(2)
     restarted.serve(rng, 3, gen_tokens=100)
-    after = m.parse(restarted.text(), time=5.0)
+    after = prom.parse(restarted.text(), time=5.0)
     w = m.engine_window(before, after)
     assert w.generation_tokens == 300 and w.gen_tps == pytest.approx(60)
     assert w.ttft.observations == 3
 
 
 def test_window_needs_the_metric_on_both_sides():
-    a = m.parse("", time=0)
-    b = m.parse(fixture("metrics-vllm-v1.txt"), time=1)
+    a = prom.parse("", time=0)
+    b = prom.parse(fixture("metrics-vllm-v1.txt"), time=1)
     w = m.engine_window(a, b)
     assert w.gen_tps is None and w.ttft is None
 
@@ -374,7 +375,7 @@ def test_quantile_lands_in_the_bucket_of_the_true_quantile(obs, q):
     h = Histogram("t_seconds", "t", buckets=TTFT_BUCKETS, registry=r)
     for x in obs:
         h.observe(x)
-    est = m.parse(generate_latest(r)).histogram("t_seconds").quantile(q)
+    est = prom.parse(generate_latest(r)).histogram("t_seconds").quantile(q)
     xs = sorted(obs)
     true = xs[max(math.ceil(q * len(xs) - 1e-9), 1) - 1]
     if true > TTFT_BUCKETS[-1]:
@@ -390,7 +391,7 @@ def test_quantile_lands_in_the_bucket_of_the_true_quantile(obs, q):
 def test_quantile_is_monotonic_in_q(counts, q1, q2):
     bounds = tuple(float(i + 1) for i in range(len(counts) - 1)) + (math.inf,)
     cum = tuple(float(sum(counts[: i + 1])) for i in range(len(counts)))
-    a, b = m.histogram_quantile(min(q1, q2), bounds, cum), m.histogram_quantile(max(q1, q2), bounds, cum)
+    a, b = prom.histogram_quantile(min(q1, q2), bounds, cum), prom.histogram_quantile(max(q1, q2), bounds, cum)
     if cum[-1] == 0:
         assert a is None and b is None
     else:
@@ -400,16 +401,16 @@ def test_quantile_is_monotonic_in_q(counts, q1, q2):
 def test_quantile_interpolates_like_prometheus():
     # 10 observations in (0.1, 0.25]: p50 is halfway through that bucket
     bounds, cum = (0.1, 0.25, math.inf), (0.0, 10.0, 10.0)
-    assert m.histogram_quantile(0.5, bounds, cum) == pytest.approx(0.175)
-    assert m.histogram_quantile(0.5, (0.25, math.inf), (0.0, 4.0)) == 0.25   # all in +Inf: highest finite bound
-    assert m.histogram_quantile(0.5, (1.0,), (3.0,)) is None                   # no +Inf bucket
-    assert m.histogram_quantile(0.5, (1.0, math.inf), (0.0, 0.0)) is None     # no observations
-    assert m.histogram_quantile(1.5, bounds, cum) == math.inf
+    assert prom.histogram_quantile(0.5, bounds, cum) == pytest.approx(0.175)
+    assert prom.histogram_quantile(0.5, (0.25, math.inf), (0.0, 4.0)) == 0.25   # all in +Inf: highest finite bound
+    assert prom.histogram_quantile(0.5, (1.0,), (3.0,)) is None                   # no +Inf bucket
+    assert prom.histogram_quantile(0.5, (1.0, math.inf), (0.0, 0.0)) is None     # no observations
+    assert prom.histogram_quantile(1.5, bounds, cum) == math.inf
 
 
 # --- routers -----------------------------------------------------------------------------------------------
 def test_vllm_router_metrics():
-    r = m.router_metrics(m.parse(fixture("metrics-vllm-router.txt")))
+    r = m.router_metrics(prom.parse(fixture("metrics-vllm-router.txt")))
     assert (r.requests, r.errors, r.backends_up, r.backends_total) == (120, 2, 1, 2)
     assert dict(r.backend_load) == {"http://127.0.0.1:8001": 5, "http://127.0.0.1:8002": 0}
     assert 5.0 <= r.latency.quantile(0.5) <= 10.0
@@ -423,14 +424,14 @@ def test_a_worker_taken_out_of_vllm_router_is_not_counted_up():
             'vllm_router_worker_health{worker="http://127.0.0.1:21001"} 1\n'
             "# TYPE vllm_router_active_workers gauge\n"
             "vllm_router_active_workers 1\n")
-    r = m.router_metrics(m.parse(text, only=m.CONSOLE_NAMES))
+    r = m.router_metrics(prom.parse(text, only=m.CONSOLE_NAMES))
     assert (r.backends_up, r.backends_total) == (1, 2)
     back = text.replace("vllm_router_active_workers 1", "vllm_router_active_workers 2")
-    assert (m.router_metrics(m.parse(back, only=m.CONSOLE_NAMES)).backends_up, 2) == (2, 2)
+    assert (m.router_metrics(prom.parse(back, only=m.CONSOLE_NAMES)).backends_up, 2) == (2, 2)
 
 
 def test_litellm_metrics():
-    r = m.router_metrics(m.parse(fixture("metrics-litellm.txt")))
+    r = m.router_metrics(prom.parse(fixture("metrics-litellm.txt")))
     assert (r.requests, r.errors, r.backends_up, r.backends_total) == (200, 7, 1, 2)
     assert r.latency.observations == 193
 
@@ -439,8 +440,8 @@ def test_router_window_rates():
     rng = random.Random(5)
     hl = {"a": 1, "b": 1}
     durations = [rng.random() for _ in range(99)]
-    a = m.parse(vllm_router_text(100, 1, hl, {}, durations), time=0)
-    b = m.parse(vllm_router_text(160, 4, hl, {}, durations + [rng.random() for _ in range(57)]), time=2)
+    a = prom.parse(vllm_router_text(100, 1, hl, {}, durations), time=0)
+    b = prom.parse(vllm_router_text(160, 4, hl, {}, durations + [rng.random() for _ in range(57)]), time=2)
     w = m.router_window(a, b)
     assert w.requests_per_s == 30 and w.errors_per_s == 1.5
     assert w.latency.observations == 57
@@ -456,7 +457,7 @@ def recorded(prefix: str) -> tuple[str, int, int]:
 
 def test_recorded_vllm():
     text, n, max_tokens = recorded("metrics-vllm-0.32.0-cpu")
-    s = m.parse(text)
+    s = prom.parse(text)
     assert s.bad_lines == 0
     em = m.engine_metrics(s)
     assert em.running == 0 and em.waiting == 0 and em.kv_usage == 0       # idle after the requests
@@ -470,7 +471,7 @@ def test_recorded_vllm():
 
 def test_recorded_vllm_router():
     text, n, _ = recorded("metrics-vllm-router")
-    r = m.router_metrics(m.parse(text))
+    r = m.router_metrics(prom.parse(text))
     assert r.requests == n and (r.backends_up, r.backends_total) == (1, 1)
     assert sum(v for _, v in r.backend_requests) == n
     assert r.latency.observations == n and r.latency.quantile(0.5) > 0
@@ -478,7 +479,7 @@ def test_recorded_vllm_router():
 
 def test_recorded_litellm():
     text, n, _ = recorded("metrics-litellm")
-    s = m.parse(text)
+    s = prom.parse(text)
     assert s.bad_lines == 0
     r = m.router_metrics(s)
     assert r.requests == n and (r.backends_up, r.backends_total) == (1, 1)
@@ -488,7 +489,7 @@ def test_recorded_litellm():
 
 
 def test_vllm_fixture_is_not_a_router():
-    assert m.router_metrics(m.parse(fixture("metrics-vllm-v1.txt"))) is None
+    assert m.router_metrics(prom.parse(fixture("metrics-vllm-v1.txt"))) is None
 
 
 def record_real(requests: int = 6, max_tokens: int = 12) -> None:
@@ -525,8 +526,8 @@ def record_real(requests: int = 6, max_tokens: int = 12) -> None:
         for _ in range(requests):
             chat(rr.url, model.name, "Tell me about routers.", max_tokens=max_tokens)
         argv = shlex.split(rr.proc.args) if isinstance(rr.proc.args, str) else list(rr.proc.args)
-        prom = argv[argv.index("--prometheus-port") + 1]
-        text = httpx.get(f"http://127.0.0.1:{prom}/metrics", timeout=10).text
+        prom_port = argv[argv.index("--prometheus-port") + 1]
+        text = httpx.get(f"http://127.0.0.1:{prom_port}/metrics", timeout=10).text
         (FIXTURES / f"metrics-vllm-router-{routers.VLLM_ROUTER_VERSION}-recorded.txt").write_text(
             header(f"vllm-router {routers.VLLM_ROUTER_VERSION} (one backend)", requests) + text)
 

@@ -16,6 +16,7 @@ from aiohttp import web
 from sparkconsole.alerts import AlertEngine
 from sparkconsole.config import Thresholds
 from sparkconsole.serving import metrics as m
+from sparkconsole.serving import prom
 from sparkconsole.serving.endpoint import EndpointMonitor
 from tests.test_endpoint import Server, ep
 
@@ -25,7 +26,7 @@ MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
 def test_sglang_names_map_onto_the_engine_figures():
-    s = m.parse(SGLANG, only=m.CONSOLE_NAMES)
+    s = prom.parse(SGLANG, only=m.CONSOLE_NAMES)
     e = m.engine_metrics(s)
     assert s.bad_lines == 0
     assert (e.running, e.waiting, e.kv_usage) == (162.0, 2826.0, 0.28)
@@ -38,24 +39,24 @@ def test_sglang_names_map_onto_the_engine_figures():
     # time per output token (SGLang's ITL): 4.95M of 7.40M under 0.1 s, 0.43M under 0.075 s
     assert 0.075 < e.pct("itl", 0.5) < 0.1
     # the same page through the parser unfiltered gives the same figures
-    assert m.engine_metrics(m.parse(SGLANG)) == e
+    assert m.engine_metrics(prom.parse(SGLANG)) == e
 
 
 def test_a_later_sglang_name_for_itl_is_read_too():
     renamed = SGLANG.replace("sglang:time_per_output_token_seconds", "sglang:inter_token_latency_seconds")
-    e = m.engine_metrics(m.parse(renamed, only=m.CONSOLE_NAMES))
+    e = m.engine_metrics(prom.parse(renamed, only=m.CONSOLE_NAMES))
     assert e.itl is not None and 0.075 < e.pct("itl", 0.5) < 0.1
 
 
 def test_llamacpp_names_map_onto_the_engine_figures():
     text = (FIXTURES / "metrics-llamacpp-recorded.txt").read_text()
-    s = m.parse(text, only=m.CONSOLE_NAMES)
+    s = prom.parse(text, only=m.CONSOLE_NAMES)
     e = m.engine_metrics(s)
     assert s.bad_lines == 0 and e.runtime == "llama.cpp"
     assert (e.running, e.waiting, e.prompt_tokens, e.generation_tokens) == (0, 0, 22, 8)
     # llama-server publishes no KV usage, prefix hits or latency histograms: shown as unknown, never as zero
     assert (e.kv_usage, e.prefix_hit_rate, e.ttft, e.itl) == (None, None, None, None)
-    assert m.engine_metrics(m.parse(text)) == e
+    assert m.engine_metrics(prom.parse(text)) == e
 
 
 def sglang_routes(text: str) -> dict:
@@ -100,7 +101,7 @@ def test_the_exporter_publishes_sglangs_figures(monkeypatch):
     from sparkconsole.serving.endpoint import EndpointSnapshot
     from tests.test_exporter import replayed_readings, samples
 
-    em = m.engine_metrics(m.parse(SGLANG))
+    em = m.engine_metrics(prom.parse(SGLANG))
     snap = EndpointSnapshot("spark1", "http://127.0.0.1:30000", "vllm", time.time(), True, MODEL, None, em.running,
                             em.waiting, em.kv_usage, em.prefix_hit_rate, None, None, em.pct("ttft", 0.5),
                             em.pct("ttft", 0.95), em.pct("itl", 0.5), em.pct("itl", 0.95), None,

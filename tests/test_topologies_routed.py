@@ -103,11 +103,12 @@ class TestDisagg:
 
         # The product reads the same from its own parser, as the console's endpoint panel shows it.
         from sparkconsole.serving import metrics as m
-        figures = m.engine_metrics(m.parse(after_d, only=m.CONSOLE_NAMES))
+        from sparkconsole.serving import prom
+        figures = m.engine_metrics(prom.parse(after_d, only=m.CONSOLE_NAMES))
         assert figures.kv_in_bytes == counter(after_d, "vllm:nixl_bytes_transferred_sum")
         assert figures.prompt_tokens_external == counter(after_d, "vllm:prompt_tokens_by_source_total",
                                                          source="external_kv_transfer")
-        window = m.engine_window(m.parse(before_d, time=1.0), m.parse(after_d, time=2.0))
+        window = m.engine_window(prom.parse(before_d, time=1.0), prom.parse(after_d, time=2.0))
         assert window.external_share == 1.0 and window.kv_bytes_per_transfer == moved / window.kv_transfers
         keep = os.environ.get("SPARKCONSOLE_TEST_KEEP_LOGS")
         if keep:

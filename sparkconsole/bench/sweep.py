@@ -29,7 +29,7 @@ from .client import api_base, chat_payload, server_root, stream_chat
 from .results import LevelKey, LevelResult
 
 if TYPE_CHECKING:
-    from ..serving.metrics import Scrape
+    from ..serving.prom import Scrape
 
 LATENCY_MODES = ("api", "generation", "none")
 ON_FAILURE = ("continue", "pause")
@@ -178,11 +178,12 @@ def _fmt_duration(s: float) -> str:
 async def kv_scrapes(session: aiohttp.ClientSession, urls: Sequence[str]) -> list[Scrape | None]:
     """One /metrics page per receiving server (None where it did not answer), parsed for the KV figures."""
     from ..serving import metrics as m
+    from ..serving import prom
     out: list[Scrape | None] = []
     for url in urls:
         try:
             async with session.get(url, timeout=aiohttp.ClientTimeout(total=10)) as r:
-                out.append(m.parse(await r.text(), only=m.CONSOLE_NAMES) if r.status == 200 else None)
+                out.append(prom.parse(await r.text(), only=m.CONSOLE_NAMES) if r.status == 200 else None)
         except (TimeoutError, aiohttp.ClientError):
             out.append(None)
     return out
@@ -193,18 +194,19 @@ def kv_level(before: Sequence[Scrape | None], after: Sequence[Scrape | None], re
     bytes per request, mean seconds per transfer, and the share of prompt tokens that arrived rather than being
     computed again (1.0: no recompute)."""
     from ..serving import metrics as m
+    from ..serving import prom
     transfers = moved = xfer_s = ext = local = 0.0
     seen = False
     for b, a in zip(before, after, strict=False):
         if b is None or a is None:
             continue
-        n = m.counter_increase(b, a, m.KV_BYTES[0] + "_count")
+        n = prom.counter_increase(b, a, m.KV_BYTES[0] + "_count")
         if n is None:
             continue
         seen = True
         transfers += n
-        moved += m.counter_increase(b, a, m.KV_BYTES[0] + "_sum") or 0.0
-        xfer_s += m.counter_increase(b, a, m.KV_XFER_TIME[0] + "_sum") or 0.0
+        moved += prom.counter_increase(b, a, m.KV_BYTES[0] + "_sum") or 0.0
+        xfer_s += prom.counter_increase(b, a, m.KV_XFER_TIME[0] + "_sum") or 0.0
         ext += m.source_increase(b, a, m.SOURCE_EXTERNAL) or 0.0
         local += m.source_increase(b, a, m.SOURCE_LOCAL) or 0.0
     if not seen:

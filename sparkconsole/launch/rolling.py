@@ -42,6 +42,7 @@ from .. import audit
 from ..nodes.launches import LABEL
 from ..recipes import ROUTER_CHOICES
 from ..serving import metrics as vmetrics
+from ..serving import prom
 from . import gate
 from .progress import Emit, ProgressCallback, emit_to, emitter
 from .routers import LITELLM_COOLDOWN_S
@@ -208,13 +209,13 @@ class WorkerApi:
             raise RuntimeError(f"the router refused to add {worker}: HTTP {r.status_code} {r.text[:200]}")
 
 
-async def _scrape(client: httpx.AsyncClient, svc: Service, names: tuple[str, ...]) -> vmetrics.Scrape | None:
+async def _scrape(client: httpx.AsyncClient, svc: Service, names: tuple[str, ...]) -> prom.Scrape | None:
     """These metrics from one server's /metrics; None when it does not answer."""
     try:
         r = await client.get(f"{svc.url}/metrics")
         if r.status_code != 200:
             return None
-        return vmetrics.parse(r.text, only=names)
+        return prom.parse(r.text, only=names)
     except (httpx.HTTPError, ValueError):
         return None
 

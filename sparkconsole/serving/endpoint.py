@@ -23,6 +23,7 @@ import httpx
 from ..config import ClusterConfig, EndpointConfig
 from ..subscribers import Subscribers
 from . import metrics as m
+from . import prom
 from .http import FetchError, Reply, fetch, make_client
 
 log = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def _per(rate: float | None, scale: float) -> float | None:
     return None if rate is None else rate / scale
 
 
-def _q(h: m.Histogram | None, q: float) -> float | None:
+def _q(h: prom.Histogram | None, q: float) -> float | None:
     return h.quantile(q) if h is not None and h.observations > 0 else None
 
 
@@ -133,7 +134,7 @@ class EndpointMonitor:
         self._own_client = client is None
         self._task: asyncio.Task[None] | None = None
         self._subs: Subscribers[EndpointMonitor] = Subscribers("endpoint")
-        self._scrapes: deque[m.Scrape] = deque()      # recent successful scrapes (monotonic time)
+        self._scrapes: deque[prom.Scrape] = deque()      # recent successful scrapes (monotonic time)
         self._info: tuple[str | None, tuple[str, ...], int | None, str | None] = (None, (), None, None)
         self._info_at = -INFO_REFRESH_S
         self._health_path: str | None = None
@@ -249,7 +250,7 @@ class EndpointMonitor:
         self._info_at = time.monotonic() - (0.0 if answered else INFO_REFRESH_S - INFO_RETRY_S)
         return warn
 
-    def _window_base(self, span: float, now: float) -> m.Scrape | None:
+    def _window_base(self, span: float, now: float) -> prom.Scrape | None:
         """The newest kept scrape at least `span` seconds older than now (else the oldest one)."""
         older = [s for s in self._scrapes if s.time < now]
         if not older:
@@ -289,7 +290,7 @@ class EndpointMonitor:
         snap = _with_engine(snap, scrape, scale, rate_base, lat_base)
         return _with_router(snap, scrape, scale, rate_base, lat_base)
 
-    async def _scrape(self, client: httpx.AsyncClient) -> tuple[m.Scrape | None, str | None, float]:
+    async def _scrape(self, client: httpx.AsyncClient) -> tuple[prom.Scrape | None, str | None, float]:
         """(its /metrics page parsed, or None; what was wrong with it; a simulator's clock speed, else 1.0)."""
         try:
             reply = await fetch(client, self.metrics_url, timeout=self.timeout)
@@ -297,13 +298,13 @@ class EndpointMonitor:
             return None, f"/metrics: {exc}", 1.0
         if not reply.ok:
             return None, f"/metrics: HTTP {reply.status}", 1.0
-        scrape = m.parse(reply.text, time=time.monotonic(), only=m.CONSOLE_NAMES)
+        scrape = prom.parse(reply.text, time=time.monotonic(), only=m.CONSOLE_NAMES)
         warn = f"/metrics: {scrape.bad_lines} unreadable line(s) skipped" if scrape.bad_lines else None
         return scrape, warn, _sim_speed(reply.headers)
 
 
-def _with_engine(snap: EndpointSnapshot, scrape: m.Scrape, scale: float, rate_base: m.Scrape | None,
-                 lat_base: m.Scrape | None) -> EndpointSnapshot:
+def _with_engine(snap: EndpointSnapshot, scrape: prom.Scrape, scale: float, rate_base: prom.Scrape | None,
+                 lat_base: prom.Scrape | None) -> EndpointSnapshot:
     """An engine's figures: its queue and KV cache now, its token rates over the rate window, its latencies, prefix
     hits and KV transfers over the latency window (none before a window has a scrape at its start)."""
     em = m.engine_metrics(scrape)
@@ -330,8 +331,8 @@ def _with_engine(snap: EndpointSnapshot, scrape: m.Scrape, scale: float, rate_ba
                    runtime=em.runtime, **kv)
 
 
-def _with_router(snap: EndpointSnapshot, scrape: m.Scrape, scale: float, rate_base: m.Scrape | None,
-                 lat_base: m.Scrape | None) -> EndpointSnapshot:
+def _with_router(snap: EndpointSnapshot, scrape: prom.Scrape, scale: float, rate_base: prom.Scrape | None,
+                 lat_base: prom.Scrape | None) -> EndpointSnapshot:
     """A router's figures, where the page is a router's: requests and errors per second, its backends, its
     latencies, and the TTFT it measures when no engine figure gave one."""
     rm = m.router_metrics(scrape)
