@@ -165,7 +165,7 @@ def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
     """A simulated vLLM binds only once loaded, so a bind probe alone gave two clusters starting together the
     same port, and one read the other's /health as its own (seen in CI). A claim held by another live process
     is skipped; it lapses when released, or when its owner's state dir is gone."""
-    from sparkconsole.sim.cluster import claim_port, release_ports
+    from sparkconsole.sim.state import claim_port, release_ports
 
     host = "127.0.0.2"
     preferred = claim_port(host, 18000 + os.getpid() % 1000, tmp_path / "none")   # a free port, claim lapses
@@ -173,7 +173,7 @@ def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
     for d in (theirs, mine, later):
         d.mkdir()
     other = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.cluster import "
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.state import "
          "claim_port; print(claim_port(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])), flush=True); "
          "time.sleep(60)", host, str(preferred), str(theirs)], stdout=subprocess.PIPE, text=True)
     try:
@@ -231,7 +231,7 @@ async def test_killed_demo_leaves_no_processes():
 
 
 def test_stale_state_dirs_of_dead_owners_are_swept(tmp_path):
-    from sparkconsole.sim.cluster import sweep_stale
+    from sparkconsole.sim.state import sweep_stale
 
     dead = subprocess.Popen(["true"])
     dead.wait()
