@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from tests.testbed.docker import DockerEngine, TestbedImage, host_mounts
@@ -36,10 +38,17 @@ def test_memory_cap_is_enforced(docker_engine: DockerEngine, plain_image: Testbe
     argv = plain_image.run_argv("tb-oom", ["python3", "-c", "b = bytearray(256 * 2**20); b[::4096] = b'x' * len(b[::4096])"],
                                 memory="64m")
     argv[argv.index("--memory") + 1:argv.index("--memory") + 2] = ["64m", "--memory-swap", "64m"]
+    since = str(int(time.time()) - 1)
     docker_engine.run(argv)
     docker_engine.run(["wait", "tb-oom"], timeout=60)
     state = docker_engine.inspect("tb-oom")
     assert state["HostConfig"]["Memory"] == 64 * 2**20
-    assert state["State"]["OOMKilled"] is True
-    assert state["State"]["ExitCode"] == 137
+    assert state["State"]["ExitCode"] == 137, state["State"]
+    # The kernel's OOM killer did it, as Docker saw: its `oom` event. The State's OOMKilled flag is that event too,
+    # but when dockerd handles the exit first it can stay false (seen once in a full run; moby's known race, e.g.
+    # kubernetes#19825), so the event is what is asserted, the flag only said.
+    events = docker_engine.run(["events", "--since", since, "--until", str(int(time.time()) + 1), "--filter",
+                                "container=tb-oom", "--filter", "event=oom", "--format", "{{.Action}}"],
+                               timeout=30).stdout.split()
+    assert "oom" in events, (events, state["State"])
     docker_engine.run(["rm", "-f", "tb-oom"])
