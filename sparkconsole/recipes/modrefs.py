@@ -54,11 +54,28 @@ def _is_mod(p: Path) -> bool:
 def locate_mods(recipe: Recipe, extra: Sequence[str] = ()) -> tuple[ModRef, ...]:
     """The recipe's mods, then the command line's (`--apply-mod`, relative to the working directory)."""
     from .registry import Registries
+    for i, m in enumerate(recipe.mods):
+        _check_path(m, recipe.source, f"mods[{i}]")
+    for m in extra:
+        _check_path(m, None, "--apply-mod")
     regs = Registries.load() if recipe.mods else None
     out = [(_v2_ref if recipe.v2 else _v1_ref)(recipe, m, i, regs) for i, m in enumerate(recipe.mods)]
     out += [ModRef(m, Path(m).expanduser().resolve(), "--apply-mod (this command line)", field="--apply-mod")
             for m in extra]
     return tuple(out)
+
+
+def _check_path(m: str, source: str | None, field: str) -> None:
+    """A mod reference no file system takes (a NUL byte, a name past 255 bytes, a path past 4096) is refused in
+    one line here: looked up, it raised from deep in pathlib."""
+    shown = repr(m[:60]) + ("…" if len(m) > 60 else "")
+    if "\0" in m:
+        raise UserError(f"mod {shown} holds a NUL byte: no path does", file=source, field=field,
+                        fix="write the mod's directory or .zip, e.g. mods/fix-gptoss")
+    raw = m.encode("utf-8", "surrogateescape")
+    if len(raw) > 4096 or any(len(part) > 255 for part in raw.split(b"/")):
+        raise UserError(f"mod {shown} is longer than a path can be (255 bytes a name, 4096 a path)", file=source,
+                        field=field, fix="write the mod's directory or .zip, e.g. mods/fix-gptoss")
 
 
 def _judge(path: Path, recipe: Recipe, regs: object, origin: str, registry: str | None = None) -> tuple[str, str | None, bool]:

@@ -13,6 +13,7 @@ import hashlib
 import time
 from pathlib import Path
 
+import pytest
 import yaml
 from hypothesis import given
 from hypothesis import strategies as st
@@ -155,6 +156,22 @@ def test_format_specs_that_cannot_be_filled_are_one_line_errors(ledger):
         doc.setdefault("sparkconsole", {}).setdefault("router", {}).setdefault("vllm_router", {})["command"] = [spec]
         doc["command"] = "vllm serve x --port {port} " + spec
         check(yaml.safe_dump(doc))
+
+
+def test_mod_references_no_file_system_takes_are_one_line_errors(ledger):
+    """Found by the fuzz above (a CI-like run): a mod `\\x00` raised ValueError from pathlib, a 300-character name
+    OSError (ENAMETOOLONG), both as tracebacks at plan time. Each is refused in one line naming mods[0]."""
+    for ref, said in (("\x00", "NUL byte"), ("x" * 300, "longer than a path can be"),
+                      ("a/" + "b" * 256, "longer than a path can be"), ("/" + "c/" * 2100, "longer than a path can be")):
+        ledger.bad_inputs()
+        doc = copy.deepcopy(BASES[0])
+        doc["mods"] = [ref]
+        recipe = check(yaml.safe_dump(doc, allow_unicode=True))
+        assert recipe is not None
+        with pytest.raises(UserError) as err:
+            make_plan(recipe, recipe.topologies[0], CLUSTER, {})
+        msg = check_error(err.value)
+        assert "mods[0]" in msg and said in msg, msg
 
 
 def test_files_on_disk_one_line_each_and_nothing_written(tmp_path, ledger):
