@@ -338,20 +338,18 @@ def _with_router(snap: EndpointSnapshot, scrape: prom.Scrape, scale: float, rate
     rm = m.router_metrics(scrape)
     if rm is None:
         return snap
-    lat = None
     rps = eps = None
     if rate_base is not None:
         rwin = m.router_window(rate_base, scrape)
         rps, eps = _per(rwin.requests_per_s, scale), _per(rwin.errors_per_s, scale)
-    if lat_base is not None:
-        lat = m.router_window(lat_base, scrape).latency
+    lw = m.router_window(lat_base, scrape) if lat_base is not None else None
+    lat = lw.latency if lw is not None else None
     snap = replace(snap, requests_per_s=rps, errors_per_s=eps, backends_up=rm.backends_up,
                    backends_total=rm.backends_total, backend_load=rm.backend_load,
                    backend_requests=rm.backend_requests,
                    latency_p50_s=_q(lat, 0.5), latency_p95_s=_q(lat, 0.95))
-    if snap.ttft_p50_s is None and lat_base is not None:
-        rt = m.router_window(lat_base, scrape).ttft
-        snap = replace(snap, ttft_p50_s=_q(rt, 0.5), ttft_p95_s=_q(rt, 0.95))
+    if snap.ttft_p50_s is None and lw is not None:
+        snap = replace(snap, ttft_p50_s=_q(lw.ttft, 0.5), ttft_p95_s=_q(lw.ttft, 0.95))
     return snap
 
 

@@ -194,10 +194,13 @@ class VllmHttpApi:
             req = self.submit(ids, body)
         except RequestRejected as exc:
             return self.error(str(exc))
-        head = {"id": ("chatcmpl-" if chat else "cmpl-") + req.rid, "created": int(time.time()), "model": self.served}
+        def head(obj: str) -> dict[str, Any]:       # vLLM's answer's first keys, in its order
+            return {"id": ("chatcmpl-" if chat else "cmpl-") + req.rid, "object": obj, "created": int(time.time()),
+                    "model": self.served}
         if not body.get("stream"):
-            return await self._whole(req, head, chat)
-        return await self._stream(request, req, head, chat, body.get("stream_options") or {})
+            return await self._whole(req, head("chat.completion" if chat else "text_completion"), chat)
+        return await self._stream(request, req, head("chat.completion.chunk" if chat else "text_completion"), chat,
+                                  body.get("stream_options") or {})
 
     async def _whole(self, req: Req, head: dict[str, Any], chat: bool) -> web.Response:
         """A non-streaming answer: every token, then one JSON body."""
@@ -217,9 +220,8 @@ class VllmHttpApi:
         else:
             choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": req.finish_reason,
                       "stop_reason": None}
-        return web.json_response({"id": head["id"], "object": "chat.completion" if chat else "text_completion",
-                                  "created": head["created"], "model": head["model"], "choices": [choice],
-                                  "usage": _usage(req, produced)}, headers={"X-Sim-Speed": repr(self.speed)})
+        return web.json_response({**head, "choices": [choice], "usage": _usage(req, produced)},
+                                 headers={"X-Sim-Speed": repr(self.speed)})
 
     async def _stream(self, request: web.Request, req: Req, head: dict[str, Any], chat: bool,
                       opts: dict[str, Any]) -> web.StreamResponse:
@@ -229,8 +231,6 @@ class VllmHttpApi:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream; charset=utf-8",
                                            "Cache-Control": "no-cache", "X-Sim-Speed": repr(self.speed)})
         await resp.prepare(request)
-        head = {"id": head["id"], "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": head["created"], "model": head["model"]}
 
         def chunk(choices: list[dict[str, Any]], u: dict[str, Any] | None = None) -> bytes:
             d = dict(head, choices=choices)
