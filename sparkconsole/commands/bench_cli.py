@@ -14,6 +14,7 @@ from ..errors import UserError
 if TYPE_CHECKING:      # the benchmark code is imported in the functions: `bench --help` answers at once
     from ..bench.results import LevelResult, ResultsStore, ThermalNote
     from ..bench.sweep import Progress, SweepSpec
+    from ..config import ClusterConfig
     from ..nodes.monitor import ClusterMonitor
 
     ThermalProbe = Callable[[], ThermalNote | None]
@@ -81,10 +82,19 @@ async def cluster_probe(args: argparse.Namespace) -> tuple[ThermalProbe | None, 
     if not getattr(args, "cluster", None):
         return None, None
     from ..clusterfile import cluster_for
+    return await watch_nodes(cluster_for(args))
+
+
+async def watch_nodes(cluster: ClusterConfig, **monitor_args: Any) -> tuple[ThermalProbe, ClusterMonitor]:
+    """The cluster's nodes watched (their first ticks in, or 10 s gone), and the thermal probe over them."""
     from ..nodes.monitor import ClusterMonitor
-    monitor = ClusterMonitor(cluster_for(args))
-    await monitor.start()
-    await monitor.wait_first_ticks(10.0)
+    monitor = ClusterMonitor(cluster, **monitor_args)
+    try:
+        await monitor.start()
+        await monitor.wait_first_ticks(10.0)
+    except BaseException:           # cut short (Ctrl-C, a start that failed): nothing left watching
+        await monitor.stop()
+        raise
     return thermal_probe(monitor), monitor
 
 

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..errors import UserError
 from ..paths import DEFAULT_RESULTS, DEMO_RESULTS
-from .bench_cli import ProgressLine, cluster_probe, existing_results, sweep_spec, thermal_probe
+from .bench_cli import ProgressLine, cluster_probe, existing_results, sweep_spec, watch_nodes
 
 if TYPE_CHECKING:      # the benchmark code is imported in the functions: `bench --help` answers at once
     from ..bench.matrix import Launcher, MatrixOutcome, StaticLauncher
@@ -134,7 +134,6 @@ async def _recipe_launcher(args: argparse.Namespace, topologies: list[str], spee
                            parts: _MatrixParts) -> None:
     """The recipe's launches on the cluster file's nodes, or with --demo on a simulated pair started here."""
     from ..launch.launcher import RecipeLauncher, resolve_topology
-    from ..nodes.monitor import ClusterMonitor
     from ..recipes import find_recipe
     from .recipe import load_cluster_for
     from .recipe_io import overrides_from_sets
@@ -159,10 +158,8 @@ async def _recipe_launcher(args: argparse.Namespace, topologies: list[str], spee
         overrides.setdefault("router_dir", str(sim.root / "routers"))
     else:
         cluster = load_cluster_for(args)
-    parts.monitor = monitor = ClusterMonitor(cluster, history=4)
-    await monitor.start()
-    await monitor.wait_first_ticks(10.0)
-    parts.probe = thermal_probe(monitor)
+    parts.probe, parts.monitor = await watch_nodes(cluster, history=4)
+    monitor = parts.monitor
     on_progress, on_finding = _launch_printer(args, line)
     parts.launcher = RecipeLauncher(cluster, monitor=monitor, overrides=overrides, force=args.force,
                                     trust=args.trust, poll_interval=0.5 if args.demo else 1.0,
