@@ -114,7 +114,7 @@ class _OneRun:
         self.engines, self.pp, self.tg = engines, pp, tg
         self.proxy, self.policy, self.tracker = proxy, policy, tracker
         self.timings: dict[str, RequestTiming] = {}
-        self.heap: list[tuple[float, int, str, Any]] = []      # (time, seq, kind, payload)
+        self.heap: list[tuple[float, int, Callable[[float, Any], None], Any]] = []   # (time, seq, handler, payload)
         self.seq = 0
         self.loop_free = 0.0                                   # when the proxy's event loop is next idle
         self.busy = [False] * len(engines)
@@ -129,44 +129,44 @@ class _OneRun:
             self.kv_link_s = (pp * engines[0].kv_bytes_per_token / (hw.link_bytes_s * hw.link_efficiency)
                               + hw.allreduce_latency_s)
 
-    def push(self, t: float, kind: str, payload: Any) -> None:
+    def push(self, t: float, handler: Callable[[float, Any], None], payload: Any) -> None:
         self.seq += 1
-        heapq.heappush(self.heap, (t, self.seq, kind, payload))
+        heapq.heappush(self.heap, (t, self.seq, handler, payload))
 
-    def proxy_task(self, t: float, cost: float, kind: str, payload: Any) -> None:
-        """Queue a task on the proxy's event loop; `kind` fires when it has run."""
+    def proxy_task(self, t: float, cost: float, handler: Callable[[float, Any], None], payload: Any) -> None:
+        """Queue a task on the proxy's event loop; `handler` runs when it has run."""
         self.loop_free = max(t, self.loop_free) + cost
-        self.push(self.loop_free, kind, payload)
+        self.push(self.loop_free, handler, payload)
 
     def start_step(self, k: int, now: float) -> None:
         res = self.engines[k].step()
-        self.push(now + res.duration_s, "step_end", (k, res))
+        self.push(now + res.duration_s, self.on_step_end, (k, res))
 
     def forward(self, rid: str, k: int, t: float) -> None:
         self.upstream[k] += 1
-        self.push(t + self.proxy.upstream_s, "arrive", rid)
+        self.push(t + self.proxy.upstream_s, self.on_arrive, rid)
 
     def wake(self, k: int, now: float) -> None:
         if not self.busy[k]:
             self.busy[k] = True
-            self.push(now + self.proxy.engine_wakeup_s, "wake", k)
+            self.push(now + self.proxy.engine_wakeup_s, self.on_wake, k)
 
     def run(self, c: int, rng: random.Random) -> list[RequestTiming]:
         for i in range(c):
-            self.push(i * self.proxy.client_gap_s + rng.random() * self.proxy.client_jitter_s, "request", f"r{i}")
+            self.push(i * self.proxy.client_gap_s + rng.random() * self.proxy.client_jitter_s, self.on_request, f"r{i}")
         while self.heap:
-            now, _, kind, payload = heapq.heappop(self.heap)
-            getattr(self, "on_" + kind)(now, payload)
+            now, _, handler, payload = heapq.heappop(self.heap)
+            handler(now, payload)
         return list(self.timings.values())
 
     # -------- the events, one method each
     def on_request(self, now: float, rid: str) -> None:
         self.timings[rid] = RequestTiming(start=now, backend=-1)
-        self.proxy_task(now, self.proxy.route_s, "routed", rid)
+        self.proxy_task(now, self.proxy.route_s, self.on_routed, rid)
 
     def on_routed(self, now: float, rid: str) -> None:
         self.timings[rid].backend = self.policy.choose(self.tracker.view(now)) if self.policy else 0
-        self.proxy_task(now, self.proxy.forward_s, "counted", rid)
+        self.proxy_task(now, self.proxy.forward_s, self.on_counted, rid)
 
     def on_counted(self, now: float, rid: str) -> None:
         k = self.timings[rid].backend
@@ -196,9 +196,9 @@ class _OneRun:
                 self.upstream[0] -= 1
                 if self.queued[0]:
                     self.forward(self.queued[0].popleft(), 0, now)
-                self.push(now + self.kv_link_s, "kv_ready", ev.req_id)
+                self.push(now + self.kv_link_s, self.on_kv_ready, ev.req_id)
                 continue
-            self.proxy_task(now, self.proxy.chunk_s, "chunk", (k, ev))
+            self.proxy_task(now, self.proxy.chunk_s, self.on_chunk, (k, ev))
         if self.engines[k].has_work():
             self.start_step(k, now)
         else:
@@ -215,7 +215,7 @@ class _OneRun:
             self.upstream[k] -= 0 if self.disagg else 1
             if self.queued[k]:
                 self.forward(self.queued[k].popleft(), k, now)
-            self.proxy_task(now, self.proxy.done_s, "done", k)
+            self.proxy_task(now, self.proxy.done_s, self.on_done, k)
 
     def on_done(self, now: float, k: int) -> None:
         self.tracker.finished(k, now)
