@@ -59,18 +59,31 @@ class RecorderReader:
             raise UserError(f"no recorder file at {self.path}", field="recorder",
                             fix="run the console or `sparkconsole record` first (recorder: enabled in the cluster file)")
         self.gaps: list[Gap] = []
+        self.db = self._open()
+        # A reader that refuses closes its connection now: left to the garbage collector (the refusal's traceback
+        # keeps it alive), it would keep the writer from leaving its file clean (no -wal, no -shm) at exit.
         try:
-            self.db = connect(self.path, readonly=True)
-            self.db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
-            if not self.db.execute("SELECT 1 FROM sqlite_master WHERE name='ticks'").fetchall():
+            self.gaps += self._recorded_gaps()
+            self._ids = self._load_nodes()
+        except BaseException:
+            self.db.close()
+            raise
+        self._events_all: list[dict[str, Any]] | None = None
+
+    def _open(self) -> sqlite3.Connection:
+        db = None
+        try:
+            db = connect(self.path, readonly=True)
+            db.execute("SELECT 1 FROM sqlite_master LIMIT 1").fetchall()
+            if not db.execute("SELECT 1 FROM sqlite_master WHERE name='ticks'").fetchall():
                 raise sqlite3.DatabaseError("it has no ticks table")
+            return db
         except sqlite3.DatabaseError as exc:
+            if db is not None:
+                db.close()
             raise UserError(f"{self.path}: unreadable as a recorder file ({' '.join(str(exc).split())[:80]})",
                             field="recorder", fix="point --file at a file written by sparkconsole record; if this one "
                             "is damaged, `sparkconsole record repair FILE` copies what is readable") from None
-        self.gaps += self._recorded_gaps()
-        self._ids = self._load_nodes()
-        self._events_all: list[dict[str, Any]] | None = None
 
     def close(self) -> None:
         self.db.close()
