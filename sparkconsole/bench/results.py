@@ -156,27 +156,36 @@ class ResultsStore:
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
+        db = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self.db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
-            self.db.row_factory = sqlite3.Row
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=FULL")
-            self.db.executescript(_SCHEMA)
-            for table, col, typ in _ADDED_COLUMNS:
-                if col not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
-                    self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
-            row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
-            if row is None:
-                self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) > SCHEMA_VERSION:
-                raise UserError(f"results file has schema {row[0]}, this sparkconsole reads {SCHEMA_VERSION}",
-                                file=str(self.path), fix="upgrade sparkconsole")
-        except sqlite3.DatabaseError as exc:
+            self.db = db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None)
+            self._prepare()
+        except (sqlite3.DatabaseError, OSError, UserError) as exc:
+            if db is not None:
+                db.close()      # now: the refusal's traceback would keep it open until the garbage collector runs
+            if isinstance(exc, UserError):
+                raise
+            if isinstance(exc, OSError):
+                raise UserError(f"cannot open ({exc.strerror})", file=str(self.path),
+                                fix="choose a writable path") from None
             raise UserError(f"not a results file ({exc})", file=str(self.path),
                             fix="point --results at a sparkconsole results file or a new path") from None
-        except OSError as exc:
-            raise UserError(f"cannot open ({exc.strerror})", file=str(self.path), fix="choose a writable path") from None
+
+    def _prepare(self) -> None:
+        self.db.row_factory = sqlite3.Row
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        for table, col, typ in _ADDED_COLUMNS:
+            if col not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                self.db.execute(f"ALTER TABLE {table} ADD COLUMN {col} {typ}")
+        row = self.db.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+        if row is None:
+            self.db.execute("INSERT OR IGNORE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+        elif int(row[0]) > SCHEMA_VERSION:
+            raise UserError(f"results file has schema {row[0]}, this sparkconsole reads {SCHEMA_VERSION}",
+                            file=str(self.path), fix="upgrade sparkconsole")
 
     def close(self) -> None:
         self.db.close()

@@ -38,19 +38,29 @@ def connect(path: str | Path, *, readonly: bool = False) -> sqlite3.Connection:
         p = Path(path).resolve()
         quiet = not any(Path(f"{p}{x}").exists() for x in ("-wal", "-shm"))
         db = sqlite3.connect(p.as_uri() + "?mode=ro" + ("&immutable=1" if quiet else ""), uri=True, timeout=10)
-        # A file cut short (its header counts more pages than it has) is refused outright otherwise; with this
-        # the pages that are there stay readable. On a read-only connection it permits no change.
-        db.execute("PRAGMA writable_schema=ON")
     else:
         private(path)
         db = sqlite3.connect(path, timeout=10, isolation_level=None)
-        db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
-        db.execute("PRAGMA journal_mode=WAL")
-        db.execute("PRAGMA synchronous=NORMAL")
-        db.executescript(_SCHEMA)
-        db.execute("INSERT OR IGNORE INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
+    try:
+        _prepare(db, readonly=readonly)
+    except BaseException:
+        db.close()      # now: an open connection keeps the writer from leaving its file clean
+        raise
     db.row_factory = sqlite3.Row
     return db
+
+
+def _prepare(db: sqlite3.Connection, *, readonly: bool) -> None:
+    if readonly:
+        # A file cut short (its header counts more pages than it has) is refused outright otherwise; with this
+        # the pages that are there stay readable. On a read-only connection it permits no change.
+        db.execute("PRAGMA writable_schema=ON")
+        return
+    db.execute("PRAGMA auto_vacuum=INCREMENTAL")     # only takes on a new file: lets the size cap give space back
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=NORMAL")
+    db.executescript(_SCHEMA)
+    db.execute("INSERT OR IGNORE INTO meta VALUES('schema', ?)", (str(SCHEMA_VERSION),))
 
 
 def private(path: str | Path) -> None:
