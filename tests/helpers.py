@@ -176,3 +176,24 @@ async def sim_pair_runner(third_octet: int, topology: str, options: dict):
         for t in transports.values():
             await t.close()
         await sim.stop()
+
+
+def refusal_leaves_file_alone(writer: sqlite3.Connection, open_it, match: str) -> bool:
+    """Whether `open_it()`, refusing the SQLite file `writer` has open (a UserError matching `match`), closed its
+    own connection at once. The garbage collector is held off (a refusal's traceback keeps a connection alive until
+    it runs); leaving WAL mode needs every other connection closed, so the writer's switch tells."""
+    import gc
+
+    from sparkconsole.errors import UserError
+
+    gc.disable()
+    try:
+        with pytest.raises(UserError, match=match):
+            open_it()
+        try:
+            return writer.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
+        except sqlite3.OperationalError:        # "database is locked": the refusing connection is still open
+            return False
+    finally:
+        gc.enable()
+        writer.close()

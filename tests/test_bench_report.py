@@ -173,24 +173,16 @@ def test_results_file_that_is_not_one_is_refused(tmp_path):
 
 
 def test_a_results_file_from_a_newer_sparkconsole_is_refused_and_left_closed(tmp_path):
-    """The refusing store closes its connection at once (the refusal's traceback would keep it open until the
-    garbage collector runs): the newer sparkconsole's writer can then leave WAL mode, which needs it alone."""
-    import gc
+    """The refusing store closes its connection at once: the newer sparkconsole's writer can leave WAL mode."""
     import sqlite3
+
+    from tests.helpers import refusal_leaves_file_alone
 
     path = tmp_path / "results.sqlite"
     ResultsStore(path).close()
     writer = sqlite3.connect(path, isolation_level=None)
     writer.execute("UPDATE meta SET value='999' WHERE key='schema'")
-    gc.disable()
-    try:
-        with pytest.raises(UserError, match="upgrade sparkconsole"):
-            ResultsStore(path)
-        assert writer.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
-    finally:
-        gc.enable()
-        writer.close()
-
+    assert refusal_leaves_file_alone(writer, lambda: ResultsStore(path), "upgrade sparkconsole")
 
 def test_advisor_keeps_one_row_per_band_when_a_level_lacks_a_figure(store):
     from sparkconsole.bench.results import LevelKey, LevelResult

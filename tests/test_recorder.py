@@ -182,21 +182,13 @@ def test_cluster_file_sections_and_their_one_line_errors(tmp_path):
 
 def test_a_reader_that_refuses_a_file_closes_it_at_once(tmp_path):
     """A reader opened between the writer making its file and making its tables refuses it; its connection, left to
-    the garbage collector (the refusal's traceback keeps it alive), kept the writer from leaving the file clean at
-    exit: -wal and -shm stayed (seen in a full suite run). The writer's switch out of WAL needs no other
-    connection open, so it tells whether the refusing reader closed its own."""
-    import gc
+    the garbage collector, kept the writer from leaving the file clean at exit: -wal and -shm stayed (seen in a
+    full suite run)."""
+    from tests.helpers import refusal_leaves_file_alone
 
     path = tmp_path / "rec.sqlite"
     writer = sqlite3.connect(path, isolation_level=None)
     writer.execute("PRAGMA journal_mode=WAL")
     writer.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
-    gc.disable()
-    try:
-        with pytest.raises(UserError, match="no ticks table"):
-            RecorderReader(path)
-        assert writer.execute("PRAGMA journal_mode=DELETE").fetchone()[0] == "delete"
-    finally:
-        gc.enable()
-        writer.close()
+    assert refusal_leaves_file_alone(writer, lambda: RecorderReader(path), "no ticks table")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rec.sqlite"]
