@@ -210,7 +210,8 @@ async def test_filter_hides_other_nodes(recording):
         await pilot.press("q")
 
 
-# A real vLLM 0.32 (CPU) server log recorded by the test bed, plus one line carrying a token to prove redaction.
+# A real vLLM 0.32 (CPU) server log recorded by the test bed (the recording machine's paths written as a container's:
+# /usr/local/lib/python3.11, /models/tiny-llama), plus one line carrying a token to prove redaction.
 LOG_LINES = (Path(__file__).parent / "fixtures" / "tui-vllm-0.32.0-cpu.log").read_text().splitlines() + [
     "(APIServer pid=1) ERROR 11-22 17:10:41 [x.py:1] failed: HF_TOKEN=hf_abcdefghijklmnopqrstuvwxyz123456",
 ]
