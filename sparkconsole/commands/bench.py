@@ -89,7 +89,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                         "each level records what crossed the connector (repeatable; `bench matrix` does it itself)")
     _sweep_options(r)
     r.set_defaults(func=run)
+    _register_matrix(sub)
+    _register_results(sub)
 
+
+def _register_matrix(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     m = sub.add_parser("matrix", help="launch, sweep and stop each topology in turn")
     m.add_argument("--recipe", required=True, help="recipe name or file")
     m.add_argument("--topologies",
@@ -114,6 +118,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     _sweep_options(m)
     m.set_defaults(func=run)
 
+
+def _register_results(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """The actions on a results file: report, import, advise, list."""
     rep = sub.add_parser("report", help="markdown, CSV or llama-benchy JSON from a results file")
     rep.add_argument("file", help="results file")
     rep.add_argument("--format", choices=("md", "csv", "json"), default="md")

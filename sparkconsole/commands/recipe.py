@@ -82,62 +82,72 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         sp = sub.add_parser(name, help=helptext, description=helptext,
                             epilog="Arguments after -- are appended to the vLLM command verbatim, as with "
                                    "run-recipe.sh: sparkconsole recipe plan NAME -- --seed 42")
-        sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file; status, restart "
-                                       "and stop also take a running workload's name")
-        sp.add_argument("--name", help="the workload's name: launch it under this name (several may run from one "
-                                       "recipe); act on the one of this name (default: the recipe's key)")
-        sp.add_argument("--topology", "-T", choices=TOPOLOGIES, metavar="TOPOLOGY",
-                        help="%(choices)s (default: the recipe's first topology)")
-        sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
-                        help="node(s) to use, head first (repeat); default: head, then file order")
-        sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
-                        help="placeholder value, e.g. --set max_model_len=8192 (repeat)")
-        sp.add_argument("--port", type=int)
-        sp.add_argument("--host")
-        sp.add_argument("--tensor-parallel", "--tp", type=int, dest="tensor_parallel")
-        sp.add_argument("--gpu-memory-utilization", "--gpu-mem", type=float, dest="gpu_memory_utilization")
-        sp.add_argument("--max-model-len", type=int, dest="max_model_len")
-        sp.add_argument("--max-num-batched-tokens", type=int, dest="max_num_batched_tokens")
-        sp.add_argument("--router", choices=ROUTER_CHOICES, metavar="ROUTER",
-                        help="2x-solo router: %(choices)s (default: the recipe's)")
-        sp.add_argument("--backend", choices=("mp", "ray"), help="cluster launch: vLLM's own (mp) or Ray")
-        sp.add_argument("--eth-if", help="interface linking the nodes (NCCL/GLOO/UCX)")
-        sp.add_argument("--ib-if", help="RDMA device for NCCL_IB_HCA")
-        sp.add_argument("--master-port", type=int)
-        sp.add_argument("--drop-caches", action="store_true", help="drop the page cache before the load, so it sees the memory really free")
-        sp.add_argument("--apply-mod", action="append", default=[], dest="apply_mods", metavar="PATH",
-                        help="a mod (directory or .zip holding run.sh) applied after the recipe's own (repeat)")
-        sp.add_argument("--non-privileged", action="store_true",
-                        help="no --privileged: IPC_LOCK and /dev/infiniband only, as the runner's --non-privileged")
-        sp.add_argument("--no-cache-dirs", action="store_true",
-                        help="do not mount the node's compile caches (vLLM, FlashInfer, Triton, TileLang)")
-        sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
-        sp.add_argument("--trust", action="store_true", help="run the pre_exec commands and mods the plan lists "
-                        "under 'needs confirmation' without asking (a registry not marked trusted, a mod from "
-                        "outside the recipe's checkout)")
-        sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
-        sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
-        if name in ("lint", "launch"):
-            sp.add_argument("--explain", action="store_true",
-                            help="print each finding's evidence (published runs, public threads) under it")
-        if name == "lint":
-            sp.add_argument("--demo", action="store_true",
-                            help="judge against the demo's two simulated GB10 nodes (SIMULATED), as `sparkconsole "
-                                 "demo` starts them: spark1 hardened, spark2 an untouched install")
-        sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
-        if name == "launch":
-            sp.add_argument("--pack", action="store_true",
-                            help="place it on the fullest node it fits (default: the node with the most room)")
-        if name in ("plan", "restart"):
-            if name == "plan":
-                sp.add_argument("--restart", action="store_true",
-                                help="print the restart's steps per server (drain, stop, start, healthy, back in)")
-            sp.add_argument("--all-at-once", action="store_true",
-                            help="restart every server together (default behind a router: one at a time)")
-            sp.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
-                            help="wait at most this long for a server's requests to finish before it is stopped "
-                                 "(0: no drain; default %(default)g)")
+        _add_plan_arguments(sp)
+        _add_action_arguments(sp, name)
         sp.set_defaults(func=run)
+
+
+def _add_plan_arguments(sp: argparse.ArgumentParser) -> None:
+    """What every action that plans takes: the recipe, where and how it runs, and whether to ask."""
+    sp.add_argument("recipe", help="recipe name (see `recipe list`) or a path to a .yaml file; status, restart "
+                                   "and stop also take a running workload's name")
+    sp.add_argument("--name", help="the workload's name: launch it under this name (several may run from one "
+                                   "recipe); act on the one of this name (default: the recipe's key)")
+    sp.add_argument("--topology", "-T", choices=TOPOLOGIES, metavar="TOPOLOGY",
+                    help="%(choices)s (default: the recipe's first topology)")
+    sp.add_argument("--node", "-n", action="append", dest="nodes", metavar="NAME",
+                    help="node(s) to use, head first (repeat); default: head, then file order")
+    sp.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", dest="sets",
+                    help="placeholder value, e.g. --set max_model_len=8192 (repeat)")
+    sp.add_argument("--port", type=int)
+    sp.add_argument("--host")
+    sp.add_argument("--tensor-parallel", "--tp", type=int, dest="tensor_parallel")
+    sp.add_argument("--gpu-memory-utilization", "--gpu-mem", type=float, dest="gpu_memory_utilization")
+    sp.add_argument("--max-model-len", type=int, dest="max_model_len")
+    sp.add_argument("--max-num-batched-tokens", type=int, dest="max_num_batched_tokens")
+    sp.add_argument("--router", choices=ROUTER_CHOICES, metavar="ROUTER",
+                    help="2x-solo router: %(choices)s (default: the recipe's)")
+    sp.add_argument("--backend", choices=("mp", "ray"), help="cluster launch: vLLM's own (mp) or Ray")
+    sp.add_argument("--eth-if", help="interface linking the nodes (NCCL/GLOO/UCX)")
+    sp.add_argument("--ib-if", help="RDMA device for NCCL_IB_HCA")
+    sp.add_argument("--master-port", type=int)
+    sp.add_argument("--drop-caches", action="store_true", help="drop the page cache before the load, so it sees the memory really free")
+    sp.add_argument("--apply-mod", action="append", default=[], dest="apply_mods", metavar="PATH",
+                    help="a mod (directory or .zip holding run.sh) applied after the recipe's own (repeat)")
+    sp.add_argument("--non-privileged", action="store_true",
+                    help="no --privileged: IPC_LOCK and /dev/infiniband only, as the runner's --non-privileged")
+    sp.add_argument("--no-cache-dirs", action="store_true",
+                    help="do not mount the node's compile caches (vLLM, FlashInfer, Triton, TileLang)")
+    sp.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
+    sp.add_argument("--trust", action="store_true", help="run the pre_exec commands and mods the plan lists "
+                    "under 'needs confirmation' without asking (a registry not marked trusted, a mod from "
+                    "outside the recipe's checkout)")
+    sp.add_argument("--force", action="store_true", help="launch although preflight refuses")
+    sp.add_argument("--offline", action="store_true", help="do not read the nodes for preflight facts")
+
+
+def _add_action_arguments(sp: argparse.ArgumentParser, name: str) -> None:
+    """What only some actions take (and --verbose, where help has always listed it)."""
+    if name in ("lint", "launch"):
+        sp.add_argument("--explain", action="store_true",
+                        help="print each finding's evidence (published runs, public threads) under it")
+    if name == "lint":
+        sp.add_argument("--demo", action="store_true",
+                        help="judge against the demo's two simulated GB10 nodes (SIMULATED), as `sparkconsole "
+                             "demo` starts them: spark1 hardened, spark2 an untouched install")
+    sp.add_argument("--verbose", "-v", action="store_true", help="also print server log lines while waiting")
+    if name == "launch":
+        sp.add_argument("--pack", action="store_true",
+                        help="place it on the fullest node it fits (default: the node with the most room)")
+    if name in ("plan", "restart"):
+        if name == "plan":
+            sp.add_argument("--restart", action="store_true",
+                            help="print the restart's steps per server (drain, stop, start, healthy, back in)")
+        sp.add_argument("--all-at-once", action="store_true",
+                        help="restart every server together (default behind a router: one at a time)")
+        sp.add_argument("--drain-timeout", type=float, default=120.0, metavar="SECONDS",
+                        help="wait at most this long for a server's requests to finish before it is stopped "
+                             "(0: no drain; default %(default)g)")
 
 
 def load_cluster_for(args: argparse.Namespace) -> ClusterConfig:
