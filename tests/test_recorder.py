@@ -192,3 +192,37 @@ def test_a_reader_that_refuses_a_file_closes_it_at_once(tmp_path):
     writer.execute("CREATE TABLE meta(key TEXT PRIMARY KEY, value TEXT)")
     assert refusal_leaves_file_alone(writer, lambda: RecorderReader(path), "no ticks table")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["rec.sqlite"]
+
+
+@pytest.mark.parametrize("desc", [False, True], ids=["ascending", "descending"])
+def test_the_walk_steps_over_damage_and_reads_what_lies_past_it(desc):
+    """read_ranges over 100 rows whose keys 40-59 sit on damaged pages (a read that reaches one fails as SQLite's
+    does: "database disk image is malformed"): the rows on both sides are read, in order, and one gap is recorded
+    between the last readable key before the damage and the first after it. (The fault tests damage real pages;
+    there the whole range often fails at once, so this is what checks the gallop past the damage.)"""
+    from sparkconsole.recorder.damage import read_ranges
+
+    damaged = range(40, 60)
+    reads: list[tuple[float, float, int]] = []
+
+    def fetch(a: float, b: float, n: int) -> list[tuple[int]]:
+        reads.append((a, b, n))
+        keys = [k for k in (range(99, -1, -1) if desc else range(100)) if a <= k <= b]
+        rows = []
+        for k in keys[:n]:
+            if k in damaged:
+                raise sqlite3.DatabaseError("database disk image is malformed")
+            rows.append((k,))
+        return rows
+
+    gaps: list = []
+    rows = read_ranges(fetch, 0, 99, 1, gaps, "ticks", "spark1", integer=True, desc=desc)
+    want = [k for k in (range(99, -1, -1) if desc else range(100)) if k not in damaged]
+    assert [r[0] for r in rows] == want
+    assert [(g.after, g.before) for g in gaps] == [(39, 60)] and "malformed" in gaps[0].error
+    inside = {b if desc else a for a, b, _ in reads if (b if desc else a) in damaged}
+    assert len(inside) < len(damaged) // 2, sorted(inside)     # it gallops over the damage, not key by key
+
+    gaps.clear()
+    first = read_ranges(fetch, 0, 99, 1, gaps, "ticks", "spark1", integer=True, desc=desc, first=50)
+    assert [r[0] for r in first] == want[:50]

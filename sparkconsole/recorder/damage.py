@@ -125,23 +125,34 @@ def read_ranges(fetch: Callable[[float, float, int], list[Any]], lo: float, hi: 
             last_good = rows[-1][0]
             cur = past(last_good)
             continue
-        # `cur` lies in damage: the nearest key past it where a read works
-        bad, good, step = cur, None, width
-        while lo <= cur + sign * step <= hi:
-            if ok(cur + sign * step):
-                good = cur + sign * step
-                break
-            bad, step = cur + sign * step, step * 2
+        # `cur` lies in damage
         gap = Gap(table, key, None, None, err, not integer)
         setattr(gap, "before" if desc else "after", last_good)
         gaps.append(gap)
+        good = _next_readable(ok, cur, sign, width, (lo, hi), integer=integer)
         if good is None:
             break
-        while abs(good - bad) > width:
-            mid = (bad + good) // 2 if integer else bad + (good - bad) / 2
-            if ok(mid):
-                good = mid
-            else:
-                bad = mid
         open_gap, cur = gap, good
     return out
+
+
+def _next_readable(ok: Callable[[float], bool], cur: float, sign: int, width: float, bounds: tuple[float, float], *,
+                   integer: bool) -> float | None:
+    """The nearest key past `cur` (in the walk's direction, `sign`) where a read works, found to within `width`:
+    steps doubling from `width` until one reads, then halving back; None when none does within `bounds`."""
+    lo, hi = bounds
+    bad, good, step = cur, None, width
+    while lo <= cur + sign * step <= hi:
+        if ok(cur + sign * step):
+            good = cur + sign * step
+            break
+        bad, step = cur + sign * step, step * 2
+    if good is None:
+        return None
+    while abs(good - bad) > width:
+        mid = (bad + good) // 2 if integer else bad + (good - bad) / 2
+        if ok(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
