@@ -69,13 +69,15 @@ def _check_path(m: str, source: str | None, field: str) -> None:
     """A mod reference no file system takes (a NUL byte, a name past 255 bytes, a path past 4096) is refused in
     one line here: looked up, it raised from deep in pathlib."""
     shown = repr(m[:60]) + ("…" if len(m) > 60 else "")
-    if "\0" in m:
-        raise UserError(f"mod {shown} holds a NUL byte: no path does", file=source, field=field,
-                        fix="write the mod's directory or .zip, e.g. mods/fix-gptoss")
     raw = m.encode("utf-8", "surrogateescape")
-    if len(raw) > 4096 or any(len(part) > 255 for part in raw.split(b"/")):
-        raise UserError(f"mod {shown} is longer than a path can be (255 bytes a name, 4096 a path)", file=source,
-                        field=field, fix="write the mod's directory or .zip, e.g. mods/fix-gptoss")
+    if "\0" in m:
+        why = "holds a NUL byte: no path does"
+    elif len(raw) > 4096 or any(len(part) > 255 for part in raw.split(b"/")):
+        why = "is longer than a path can be (255 bytes a name, 4096 a path)"
+    else:
+        return
+    raise UserError(f"mod {shown} {why}", file=source, field=field,
+                    fix="write the mod's directory or .zip, e.g. mods/fix-gptoss")
 
 
 def _judge(path: Path, recipe: Recipe, regs: object, origin: str, registry: str | None = None) -> tuple[str, str | None, bool]:
