@@ -35,6 +35,19 @@ def test_a_routed_launch_without_its_router_is_starting():
     assert (g.verdict, g.router, len(g.members)) == (SERVING, "simple-shuffle", 3)
 
 
+def test_a_launch_one_node_does_not_list_yet_is_starting_not_serving():
+    """Each node's agent lists its containers every few seconds: right after a 2x-solo launch the head may list its
+    server and router while the other node's list is older. That launch is not whole: SERVING would let r plan it
+    on the one node listed (found by CI: "2x-solo runs on two nodes, 1 named")."""
+    (g,) = launch_groups([Node("spark1", (*SERVERS["spark1"], ROUTER)), Node("spark2", ())])
+    assert (g.verdict, g.reason) == (STARTING, "1 of its 2 servers listed (the other is starting, or was removed)")
+    head = labelled("vllm_node", "spark1", "server", "http://127.0.0.1:8000")
+    tp = [Node("spark1", (ContainerInfo(name=head.name, state="running", labels=tuple(
+        (k, "cluster-tp2" if k.endswith(".topology") else v) for k, v in head.labels)),)), Node("spark2", ())]
+    (g,) = launch_groups(tp)
+    assert (g.verdict, g.reason) == (STARTING, "its worker is not listed (starting, or removed)")
+
+
 async def test_r_waits_for_the_router_that_says_how_to_take_a_server_out(recording):
     """Planned before its router is seen, the restart would take the recipe's default router (vllm-router) and
     its worker API, not the LiteLLM that runs: r says so and does nothing until the router is there."""
@@ -56,6 +69,19 @@ async def test_r_waits_for_the_router_that_says_how_to_take_a_server_out(recordi
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
         shown = app.screen.command
         assert "behind simple-shuffle" in shown and "close it to new requests" in shown, shown
+        await pilot.press("n")
+        # the other node's list is older than the launch: r says so rather than plan it on the node listed
+        mon.nodes["spark2"].containers = ()
+        await wait_for(pilot, lambda: scr.running_of("gpt-oss-120b").verdict == STARTING, what="the launch not whole")
+        await pilot.press("r")
+        await wait_for(pilot, lambda: any("1 of its 2 servers listed" in n.message for n in app._notifications),
+                       what="r's warning")
+        assert not isinstance(app.screen, ConfirmScreen)
+        assert not any("cannot be planned" in n.message for n in app._notifications)
+        mon.nodes["spark2"].containers = SERVERS["spark2"]
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation again")
+        assert "spark2" in app.screen.command, app.screen.command
         await pilot.press("n")
         await pilot.press("q")
 

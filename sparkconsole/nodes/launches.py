@@ -26,6 +26,8 @@ SERVING, STARTING, BROKEN, CLOSED = "SERVING", "STARTING", "BROKEN", "CLOSED"
 _NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
 # topologies served through a router, which a plan starts after its servers are healthy
 ROUTED = ("2x-solo", "disagg")
+# the fewest members of each role a launch of the topology runs (a cluster launch may have more workers)
+_SHAPE = {"2x-solo": {"server": 2}, "cluster-tp2": {"server": 1, "worker": 1}, "disagg": {"prefill": 1, "decode": 1}}
 VLLM_ROLES = ("server", "prefill", "decode")
 
 
@@ -121,9 +123,23 @@ def _judge(topology: str, members: list[Member]) -> tuple[str, str]:
         return BROKEN, "no member runs"
     if any(not m.running for m in members):
         return STARTING, "containers are starting"
+    missing = unlisted(topology, members)
+    return (STARTING, missing) if missing else (SERVING, "")
+
+
+def unlisted(topology: str, members: Iterable[Member]) -> str | None:
+    """What of a launch no node lists, in words; None when it is whole. Each node's agent lists its containers
+    every few seconds, so right after a launch one node may list its member before another does; a member removed
+    by hand reads the same, so the words say both. A plan starts a router after its servers."""
+    members = list(members)
+    for role, need in _SHAPE.get(topology, {}).items():
+        have = sum(m.role == role for m in members)
+        if have < need:
+            return (f"{have} of its {need} {role}s listed (the other is starting, or was removed)" if need > 1
+                    else f"its {role} is not listed (starting, or removed)")
     if topology in ROUTED and not any(m.role == "router" for m in members):
-        return STARTING, "its router is not running yet"
-    return SERVING, ""
+        return "its router is not running yet"
+    return None
 
 
 def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:

@@ -176,19 +176,22 @@ class RecipeActions(OnConsole, _Screen):
                         severity="error")
             return None
 
-    def _router_unseen(self) -> bool:
-        """A routed launch found on the nodes whose router is not listed yet (it starts after the servers): which
-        router runs, and so how a restart takes a server out, is read from the router's own labels. Says so."""
-        from ...nodes.launches import ROUTED
+    def _not_whole(self) -> bool:
+        """A launch found on the nodes that some node does not list whole yet: its router (which starts after the
+        servers, and whose labels say how a restart takes a server out), or a member on a node whose agent has
+        not listed it yet. Planned from what is listed, the restart would miss a node or take the wrong router.
+        Says what is missing."""
+        from ...nodes.launches import unlisted
         g = self._chosen_launch()
-        if g is None or g.name in self.running_plans or g.topology not in ROUTED or g.router is not None:
+        missing = None if g is None or g.name in self.running_plans else unlisted(g.topology, g.members)
+        if missing is None:
             return False
-        self.notify(f"{g.recipe} × {g.topology}: its router is not running yet; r restarts the launch once it is "
-                    "(s stops it now)", severity="warning")
+        self.notify(f"{g.recipe} × {g.topology}: {missing}; r restarts the launch once every member is listed "
+                    "(s stops what runs now)", severity="warning")
         return True
 
     def _confirm_running(self, verb: str) -> None:
-        if verb == "restart" and self._router_unseen():
+        if verb == "restart" and self._not_whole():
             return
         plan = self._running_plan(verb)
         if plan is None:
