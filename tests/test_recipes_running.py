@@ -7,6 +7,7 @@ from sparkconsole.nodes.launches import SERVING, STARTING, launch_groups
 from sparkconsole.nodes.samples import ContainerInfo, NodeState
 from sparkconsole.tui.screens.confirm import ConfirmScreen
 from tests.helpers import wait_for
+from tests.screen import screen_text
 from tests.test_tui_app import SIZE, make_app, recording, state_dir  # noqa: F401  (fixtures)
 
 
@@ -122,4 +123,46 @@ async def test_every_running_workload_is_listed_and_s_stops_the_highlighted_one_
         assert "Stop coder (llama-3.1-8b × solo) on spark1?" in app.screen.title_text
         assert "vllm_node_coder" in app.screen.command and "vllm_node_chat" not in app.screen.command
         await pilot.press("n")
+        await pilot.press("q")
+
+
+def test_what_a_containers_restart_alone_does_to_its_launch():
+    """The dashboard's r / s act on one container: its words say what that does to the launch it belongs to."""
+    from sparkconsole.nodes.launches import alone_words
+    routed = launch_groups([Node("spark1", (*SERVERS["spark1"], ROUTER)), Node("spark2", SERVERS["spark2"])])
+    said = alone_words(routed, "spark2", "vllm_node", "restart")
+    assert said.startswith("vllm_node is one of gpt-oss-120b's servers behind its router"), said
+    assert said.endswith("r restarts gpt-oss-120b as one launch, one server at a time, dropping no request."), said
+    assert alone_words(routed, "spark2", "vllm_node", "stop").endswith("s stops gpt-oss-120b as one launch."), said
+    tp = launch_groups([Node("spark1", (labelled_as("cluster-tp2", "spark1", "server"),)),
+                        Node("spark2", (labelled_as("cluster-tp2", "spark2", "worker"),))])
+    said = alone_words(tp, "spark2", "vllm_node", "restart")
+    assert said.startswith("vllm_node is the worker of gpt-oss-120b × cluster-tp2: the tensor-parallel group cannot "
+                           "serve without every rank, so this restart breaks it."), said
+    # a container no launch labels, or a solo launch: only what it does on its node
+    assert alone_words(routed, "spark1", "other", "restart") == "Requests in flight on this node will fail."
+
+
+def labelled_as(topology: str, node: str, role: str) -> ContainerInfo:
+    c = labelled("vllm_node", node, role, "http://127.0.0.1:8000")
+    return ContainerInfo(name=c.name, state="running", labels=tuple(
+        (k, topology if k.endswith(".topology") else v) for k, v in c.labels))
+
+
+async def test_the_dashboards_r_on_a_server_behind_a_router_points_at_the_roll(recording):
+    """On a node of a 2x-solo launch, the dashboard's r (a plain docker restart of that one container) says that
+    requests through the router fail and that the recipes screen's r rolls the launch without failing any."""
+    app, factory, mon = make_app(recording)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
+        mon.nodes["spark1"].containers = (*SERVERS["spark1"], ROUTER)
+        mon.nodes["spark2"].containers = SERVERS["spark2"]
+        await pilot.click("#node-spark2", offset=(5, 1))
+        await pilot.press("r")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")
+        shown = screen_text(app)
+        assert "Restart the vLLM container on spark2?" in shown
+        assert "servers behind its router" in shown and "dropping no request" in shown, shown
+        await pilot.press("n")
+        assert not any("restart" in c for t in factory.made.values() for c in t.commands)
         await pilot.press("q")

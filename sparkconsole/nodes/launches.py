@@ -183,6 +183,25 @@ def _int(text: str | None) -> int | None:
         return None
 
 
+def alone_words(groups: Iterable[LaunchGroup], node: str, container: str, action: str) -> str:
+    """What `docker restart` / `docker stop` of one node's container does to the launch it belongs to, and the way
+    that does not do it (the console's dashboard r / s act on one container; the recipes screen's on a launch)."""
+    hit = next(((g, m) for g in groups for m in g.members if m.node == node and m.container == container), None)
+    if hit is None or hit[0].topology == "solo":
+        return "Requests in flight on this node will fail."
+    g, m = hit
+    whole = f"Recipes (2) → {'r restarts' if action == 'restart' else 's stops'} {g.name} as one launch"
+    if g.topology in _NEEDED and m.role in _NEEDED[g.topology]:
+        why = ("the tensor-parallel group cannot serve without every rank" if g.topology == "cluster-tp2"
+               else "prefill and decode serve only together")
+        return f"{container} is the {m.role} of {g.name} × {g.topology}: {why}, so this {action} breaks it. {whole}."
+    if g.topology == "2x-solo" and m.role == "server":
+        how = (", one server at a time, dropping no request" if action == "restart" and g.router is not None else "")
+        return (f"{container} is one of {g.name}'s servers behind its router: requests in flight here fail, and so "
+                f"may new ones the router sends here before it notices. {whole}{how}.")
+    return f"Requests in flight through {g.name} × {g.topology} will fail. {whole}."
+
+
 def find_workload(groups: Iterable[LaunchGroup], name: str) -> LaunchGroup | None:
     """The running workload called `name` (its workload label, else its recipe for a container from before)."""
     return next((g for g in groups if g.name == name), None)

@@ -31,15 +31,19 @@ class NodeActions(_App):
         read_only: bool
         replay_at: float | None
         _live_monitor: Any
+        monitor: Any
 
         def node_monitor(self, name: str) -> Any: ...
 
     def confirm_container(self, node_name: str, action: str) -> None:
+        from ..nodes.launches import alone_words, launch_groups
         node = self.cluster.node(node_name)
         argv = ["docker", action, node.container]
+        monitors = list(self.monitor.nodes.values()) if self.monitor is not None else []
         self.confirm(f"{action.capitalize()} the vLLM container on {node_name}?", shlex.join(argv),
                      lambda: self.run_on_node(node_name, f"container-{action}", argv),
-                     "Requests in flight on this node will fail." if action in ("stop", "restart") else "")
+                     alone_words(launch_groups(monitors), node_name, node.container, action)
+                     if action in ("stop", "restart") else "")
 
     def confirm_guard_fix(self, node_name: str, result) -> None:
         if not result.fix:
