@@ -3,8 +3,11 @@
 Node rules (thresholds from the cluster file): GPU within temp_margin_c of its slowdown temperature; thermal
 or power-brake throttling (samples.THROTTLING); MemAvailable under headroom_floor_gib; an OOM guard that is
 bad; the vLLM container not running or OOM-killed; the node STALE or DOWN; the node rebooted (a new boot id after a reconnect).
-Endpoint rules: unhealthy (warn on the first failed poll, bad from the second); router backends down; the silent stall — requests running but no token produced
-(neither generated nor prefilled) for stall_seconds while the GPU draws less than stall_power_w.
+Endpoint rules: unhealthy (warn on the first failed poll, bad from the second), but loading (info) while the
+container serving there has not answered since it started, and not judged for UNSURE_S where the node lists its
+containers (LoadWatch: a launch, a restart, a roll's every server); router backends down; the silent stall —
+requests running but no token produced (neither generated nor prefilled) for stall_seconds while the GPU draws less
+than stall_power_w.
 
 observe_node/observe_endpoint return the events that observation caused (a raise, a severity change, or a
 clear with active=False); subscribers get the same events. Nodes are duck-typed (.name, .state, .last,
@@ -22,6 +25,7 @@ from typing import Any
 from .config import Thresholds
 from .nodes.samples import REASON_WORDS, NodeState
 from .subscribers import Subscribers
+from .timefmt import duration
 
 # Hysteresis: a temperature alert clears only this far below its raise point, memory this far above the floor,
 # so a reading that wobbles on the line does not raise and clear every tick.
@@ -38,11 +42,66 @@ class Alert:
     time: float         # when raised (active) or cleared (inactive)
     active: bool
 
+    @property
+    def body(self) -> str:
+        """The message without its source's name in front ("spark1 unhealthy: …", "router: 1 of 2 backends down",
+        "cleared: router: …"), for a line or a toast that names the source beside it. The message keeps the name:
+        a notification carries it alone."""
+        cleared = "cleared: " if self.message.startswith("cleared: ") else ""
+        rest = self.message[len(cleared):]
+        for head in (self.source + ": ", self.source + " "):
+            if rest.startswith(head):
+                return cleared + rest[len(head):]
+        return self.message
+
 
 @dataclass
 class _StallClock:
     tokens: float | None = None
     since: float | None = None       # when tokens last moved (or work started)
+
+
+# A server that has not answered since its container started is loading its model, not down: a 120B model loads in
+# minutes on a GB10 (seed 004: about seven with its warm-up). Past this, the launch's own wait for it, it is down.
+LOAD_GRACE_S = 1800.0
+# How long a server that stops answering, on a node that lists its containers, goes unjudged: a restart's stop
+# (docker's 10 s before it kills) and the agent's next list of containers (every 5 s), which shows the new start.
+UNSURE_S = 20.0
+
+
+class LoadWatch:
+    """Which endpoints are loading their model: the container that serves there started at a moment (docker's
+    StartedAt, as its node reports it) the endpoint has not answered since, less than LOAD_GRACE_S ago on the node's
+    own clock. A launch, a restart and a roll's every server then read "loading" (info, never sent) rather than
+    unhealthy (a page per server for minutes). StartedAt is compared with itself only: no clock between node and
+    console enters."""
+
+    def __init__(self) -> None:
+        self._answered: dict[str, str] = {}       # endpoint -> the StartedAt of the container that last answered
+        self._down_since: dict[str, float] = {}   # endpoint -> the console's time of its first refused poll
+
+    def unsure(self, name: str, healthy: bool | None, now: float, listed_rx: float | None) -> bool:
+        """True while an endpoint has refused for less than UNSURE_S on a node that lists its containers
+        (`listed_rx`: when its last list came; None, it lists none): a restart stops it first and is listed
+        with its new start only later, so its refusals would otherwise read unhealthy (BAD from the second) for
+        a restart that then reads loading."""
+        if healthy is None or healthy:
+            self._down_since.pop(name, None)
+            return False
+        since = self._down_since.setdefault(name, now)
+        return listed_rx is not None and now - since < UNSURE_S
+
+    def loading_s(self, name: str, healthy: bool | None, started_at: str | None, age_s: float | None) -> float | None:
+        """Seconds the endpoint's container has been loading; None when it is not loading (it answered since
+        its start, it is past the grace, or nothing says when it started)."""
+        if started_at is None or age_s is None:
+            return None
+        if healthy:
+            self._answered[name] = started_at
+            return None
+        if self._answered.get(name) == started_at or age_s >= LOAD_GRACE_S:
+            return None
+        return max(0.0, age_s)
 
 
 class AlertEngine:
@@ -181,13 +240,22 @@ class AlertEngine:
         return self._settle(prefix, name, self.clock(), {prefix + k: v for k, v in found.items()})
 
     # --- endpoints ------------------------------------------------------------------------------------------
-    def observe_endpoint(self, snap: Any, gpu_power_w: float | None = None) -> list[Alert]:
+    def observe_endpoint(self, snap: Any, gpu_power_w: float | None = None,
+                         loading_s: float | None = None, unsure: bool = False) -> list[Alert]:
+        """`loading_s`: how long the container serving there has been loading its model (LoadWatch), None if not;
+        `unsure`: refusing, but whether it restarted is not known yet (LoadWatch.unsure): nothing changes."""
         name = str(snap.name)
         prefix = f"endpoint:{name}:"
         when = getattr(snap, "time", None)
         now = float(when) if isinstance(when, (int, float)) else self.clock()
         found: dict[str, tuple[str, str]] = {}
         if snap.healthy is None:       # not polled yet: nothing to say
+            return []
+        if snap.healthy is False and loading_s is not None:
+            found[prefix + "loading"] = ("info", f"{name} loading: no answer yet, its container up "
+                                                 f"{duration(loading_s)} ({snap.error or 'no answer'})")
+            return self._settle(prefix, name, now, found)
+        if snap.healthy is False and unsure:
             return []
         if snap.healthy is False:
             # One failed poll is a warning (a busy server can miss one timeout); the second in a row is bad.

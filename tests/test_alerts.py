@@ -272,6 +272,72 @@ def test_router_backends_down():
     assert [e.active for e in out] == [False]
 
 
+def test_a_server_loading_its_model_reads_loading_not_unhealthy():
+    """A launch, a restart and every server of a roll: the endpoint refuses until the model is loaded (minutes on a
+    GB10). Not answered since its container started, it is loading (info, never sent); once it has answered, a
+    refusal is unhealthy again; a new start loads again; past LOAD_GRACE_S it is down."""
+    from sparkconsole.alerts import LOAD_GRACE_S, LoadWatch
+    eng, events = engine()
+    loads = LoadWatch()
+
+    def poll(t: float, healthy: bool, started: str | None, age: float | None):
+        s = snap(t, healthy=healthy, error=None if healthy else "connection refused", failures=0 if healthy else 3)
+        return eng.observe_endpoint(s, None, loads.loading_s(s.name, s.healthy, started, age))
+    first = "2026-11-29T06:00:00.1Z"
+    out = poll(0, False, first, 12.0) + poll(1, False, first, 75.0)
+    assert [(a.key, a.severity, a.message) for a in out] == [
+        ("endpoint:spark1:loading", "info", "spark1 loading: no answer yet, its container up 12s (connection refused)")]
+    out = poll(2, True, first, 80.0)
+    assert [(a.key, a.active) for a in out] == [("endpoint:spark1:loading", False)]
+    out = poll(3, False, first, 90.0)                     # it answered since this start: down, not loading
+    assert [(a.key, a.severity) for a in out] == [("endpoint:spark1:down", "bad")]
+    again = "2026-11-29T06:02:00.5Z"                      # restarted (a roll): loading again, the down cleared
+    out = poll(4, False, again, 3.0)
+    assert {(a.key, a.severity, a.active) for a in out} == {("endpoint:spark1:loading", "info", True),
+                                                             ("endpoint:spark1:down", "bad", False)}
+    out = poll(5, False, again, LOAD_GRACE_S + 1)          # never answered, past the launch's own wait: down
+    assert {(a.key, a.severity, a.active) for a in out} == {("endpoint:spark1:down", "bad", True),
+                                                             ("endpoint:spark1:loading", "info", False)}
+    assert loads.loading_s("spark1", False, None, None) is None       # nothing says when it started: the old rules
+
+
+def test_a_refusing_server_on_a_node_that_lists_containers_is_judged_after_unsure_s():
+    """A restart stops the server (docker waits 10 s before it kills), and the agent lists the new start up to 5 s
+    later: judged at once, its refusals read unhealthy (BAD from the second poll) and then loading. They are judged
+    after UNSURE_S; a start seen before that reads loading at once; a node that lists no containers, at once."""
+    from sparkconsole.alerts import UNSURE_S, LoadWatch
+    loads = LoadWatch()
+    assert not loads.unsure("e", True, 100.0, 90.0)
+    assert loads.unsure("e", False, 101.0, 90.0) and loads.unsure("e", False, 100.0 + UNSURE_S, 99.0)
+    assert not loads.unsure("e", False, 101.0 + UNSURE_S, 99.0)
+    assert not loads.unsure("f", False, 101.0, None)                 # lists no containers: nothing to wait for
+    assert not loads.unsure("e", True, 200.0, 90.0) and loads.unsure("e", False, 201.0 + UNSURE_S, 90.0)  # new streak
+    eng, _ = engine()
+    refused = snap(0, healthy=False, error="refused", failures=2)
+    assert eng.observe_endpoint(refused, None, None, True) == []
+    assert [a.key for a in eng.observe_endpoint(refused, None, 3.0, True)] == ["endpoint:spark1:loading"]
+    assert [a.key for a in eng.observe_endpoint(refused, None, None, False)] == ["endpoint:spark1:down",
+                                                                                 "endpoint:spark1:loading"]
+
+
+def test_a_line_beside_its_source_does_not_name_the_source_again():
+    """The events pane and the toasts name the source beside the message: "router: router: 1 of 2 backends down"
+    and "router: cleared: router: …" were on screen. The message itself keeps the name (a webhook sends it alone)."""
+    from sparkconsole.tui.widgets.alert_log import AlertLog
+    eng, _ = engine()
+    raised = eng.observe_endpoint(snap(0, gen=None, running=None, backends_up=1, backends_total=2))
+    cleared = eng.observe_endpoint(snap(1, gen=None, running=None, backends_up=2, backends_total=2))
+    down = eng.observe_endpoint(snap(2, healthy=False, error="connection refused", failures=1))
+    back = eng.observe_endpoint(snap(3))
+    assert [a.message for a in raised + cleared] == ["spark1: 1 of 2 backends down", "cleared: spark1: 1 of 2 backends down"]
+    log = AlertLog()
+    for a in raised + cleared + down + back:
+        log.add(a)
+    assert [line[9:] for line in log.history] == [
+        "WARN  spark1: 1 of 2 backends down", "CLEAR spark1: cleared: 1 of 2 backends down",
+        "WARN  spark1: unhealthy: connection refused", "CLEAR spark1: cleared: unhealthy: connection refused"]
+
+
 def test_unpolled_endpoint_says_nothing_and_node_and_endpoint_keys_do_not_collide():
     eng, events = engine(temp_margin_c=40)
     assert eng.observe_endpoint(snap(0, healthy=None)) == []

@@ -458,6 +458,40 @@ async def test_serving_panel_polls_a_real_endpoint_and_shows_it_down(recording):
         await runner.cleanup()
 
 
+async def test_a_server_loading_its_model_reads_loading_and_one_that_never_answers_reads_down(recording):
+    """The node's endpoint refuses (nothing listens) while its vLLM container has run 30 s on the node's clock: the
+    events pane says it is loading, not unhealthy, and nothing is BAD; a container up longer than a launch waits
+    for it (alerts.LOAD_GRACE_S) that never answered reads unhealthy."""
+    import datetime as dt
+
+    from sparkconsole.alerts import LOAD_GRACE_S
+    from sparkconsole.config import EndpointConfig
+    from sparkconsole.nodes.samples import ContainerInfo
+    from tests.helpers import free_port
+    url = f"http://127.0.0.1:{free_port()}"
+    cfg = ClusterConfig(nodes=(NodeConfig("spark1", "127.0.0.1", role="head"),),
+                        endpoints=(EndpointConfig("spark1", url, kind="vllm", node="spark1"),))
+    mon = ClusterMonitor(cfg, transport_factory=replay_factory(lambda n: recording, interval=0.1))
+    app = SparkConsoleApp(cfg, monitor=mon)
+
+    def started(age_s: float) -> tuple[ContainerInfo]:
+        at = dt.datetime.fromtimestamp(mon.nodes["spark1"].last.time - age_s, dt.UTC)
+        return (ContainerInfo("vllm_node", state="running", started_at=at.strftime("%Y-%m-%dT%H:%M:%S.%fZ")),)
+    async with app.run_test(size=SIZE) as pilot:
+        await wait_for(pilot, lambda: mon.nodes["spark1"].last is not None, what="a tick")
+        mon.nodes["spark1"].containers = started(30)
+        events = app.dashboard.events.history
+        await wait_for(pilot, lambda: any("spark1: loading: no answer yet, its container up" in e for e in events),
+                       timeout=30, what="loading in the events pane")
+        await pilot.pause(1.0)                 # several polls refused meanwhile
+        since = list(events)[next(i for i, e in enumerate(events) if "loading: no answer yet" in e):]
+        # (a poll before the container was listed read unhealthy: the loading line clears it)
+        assert not any(e[9:].startswith(("WARN  spark1: unhealthy", "BAD   spark1: unhealthy")) for e in since), since
+        mon.nodes["spark1"].containers = started(LOAD_GRACE_S + 60)
+        await wait_for(pilot, lambda: any("spark1: unhealthy" in e for e in events), timeout=30, what="unhealthy")
+        await pilot.press("q")
+
+
 async def test_recipes_keys_offer_the_model_and_image_copy_preflight_names(recording, state_dir):
     app, factory, mon = make_app(fixed_guards(recording))
     async with app.run_test(size=SIZE) as pilot:

@@ -23,10 +23,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..alerts import AlertEngine
+from ..alerts import AlertEngine, LoadWatch
 from ..config import ClusterConfig
 from ..nodes.guard import GuardResult, evaluate_guards
-from ..nodes.launches import LaunchGroup, launch_groups, served_endpoints
+from ..nodes.launches import LaunchGroup, launch_groups, member_at, served_endpoints
 from ..subscribers import Subscribers
 from .duties import Duties
 from .roles import Role
@@ -75,6 +75,7 @@ class Collector:
             serving = self._make_serving(cluster)
         self.serving = serving
         self.alerts = AlertEngine(cluster.thresholds, clock=_now)
+        self._loads = LoadWatch()
         self.say: Say = say or (lambda text, severity: None)
         self.bell = bell
         self.guardian: Guardian | None = None
@@ -143,6 +144,31 @@ class Collector:
             return None
         return nm.last.gpus[0].power_w
 
+    def endpoint_loading(self, snap: EndpointSnapshot) -> tuple[float | None, bool]:
+        """How long the container serving at the endpoint has been loading its model, and whether its refusals
+        are too new to judge (alerts.LoadWatch)."""
+        found = self._serving_start(snap)
+        started, age, listed_rx = found if found is not None else (None, None, None)
+        unsure = self._loads.unsure(snap.name, snap.healthy, snap.time, listed_rx)
+        return self._loads.loading_s(snap.name, snap.healthy, started, age), unsure
+
+    def _serving_start(self, snap: EndpointSnapshot) -> tuple[str | None, float | None, float | None] | None:
+        """The StartedAt of the running container that serves at the endpoint (the launch member there, else the
+        node's configured vLLM container for the node's own endpoint), its age on its node's clock, and when its
+        node's container list came."""
+        from ..nodes.view import seconds_since
+        m = member_at(self.launches, snap.url)
+        em = self.serving.endpoints.get(snap.name) if self.serving is not None else None
+        node = m.node if m is not None else (em.config.node if em is not None and em.config.kind == "vllm" else None)
+        nm = self.monitor.nodes.get(node) if node else None
+        if nm is None or nm.last is None:
+            return None
+        name = m.container if m is not None else next((n.container for n in self.cluster.nodes if n.name == node), None)
+        c = next((c for c in nm.containers if c.name == name and c.state == "running"), None)
+        age = seconds_since(c.started_at, nm.last.time) if c is not None else None
+        started = c.started_at if c is not None and age is not None else None
+        return started, age if started else None, getattr(nm, "containers_rx", None)
+
     def endpoint_snapshots(self) -> list[EndpointSnapshot]:
         if self.serving is None:
             return []
@@ -192,7 +218,8 @@ class Collector:
     def _endpoint_changed(self, em: EndpointMonitor) -> None:
         snap = em.latest
         if snap is not None and not self._stopped:
-            self.alerts.observe_endpoint(snap, self.endpoint_power(snap.name))
+            loading_s, unsure = self.endpoint_loading(snap)
+            self.alerts.observe_endpoint(snap, self.endpoint_power(snap.name), loading_s, unsure)
         self._endpoint_subs.notify(em)
 
     # --- lifecycle --------------------------------------------------------------------------------------------

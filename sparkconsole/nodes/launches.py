@@ -202,6 +202,12 @@ def alone_words(groups: Iterable[LaunchGroup], node: str, container: str, action
     return f"Requests in flight through {g.name} × {g.topology} will fail. {whole}."
 
 
+def member_at(groups: Iterable[LaunchGroup], url: str) -> Member | None:
+    """The launch member that serves at `url` (its `sparkconsole.url`)."""
+    url = url.rstrip("/")
+    return next((m for g in groups for m in g.members if m.url == url), None)
+
+
 def find_workload(groups: Iterable[LaunchGroup], name: str) -> LaunchGroup | None:
     """The running workload called `name` (its workload label, else its recipe for a container from before)."""
     return next((g for g in groups if g.name == name), None)

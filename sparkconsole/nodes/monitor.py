@@ -101,6 +101,7 @@ class NodeMonitor:
         self.last: Tick | None = None
         self.history: collections.deque[Tick] = collections.deque(maxlen=history)
         self.containers: tuple[ContainerInfo, ...] = ()
+        self.containers_rx: float | None = None   # console clock when the last container list came (collector/core.py)
         self.last_error: str | None = None
         self.bad_lines = 0
         self.reboots = 0                   # new boot_id seen in a hello after the first
@@ -167,6 +168,7 @@ class NodeMonitor:
                 self._line_subs.notify((self, d, tick.received, line))
             if tick.containers is not None:
                 self.containers = tick.containers
+                self.containers_rx = tick.received
             self.last_rx = time.monotonic()
             self._failures = 0
             self._bad_at_last_tick = self.bad_lines

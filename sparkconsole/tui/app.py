@@ -407,7 +407,7 @@ class SparkConsoleApp(ConsoleStart, NodeActions, Scrub, App):
                 sev: SeverityLevel = "error" if a.severity == "bad" else "warning" if a.severity == "warn" \
                     else "information"
                 # The toast's title names the source already: its text need not say it again.
-                self.notify(self._toast_text(a.message.removeprefix(a.source + " ")), title=a.source, severity=sev,
+                self.notify(self._toast_text(a.body), title=a.source, severity=sev,
                             timeout=8 if a.severity == "bad" else 5)
                 if a.severity == "bad":
                     self.bell()

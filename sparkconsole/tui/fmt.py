@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from rich.text import Text
 
-DASH = "—"
+from ..timefmt import DASH as DASH
 
 
 def num(v: float | None, unit: str = "", digits: int = 0) -> str:
@@ -35,20 +35,6 @@ def ms(seconds: float | None) -> str:
     if seconds is None:
         return DASH
     return f"{seconds * 1000:.0f} ms" if seconds < 10 else f"{seconds:.1f} s"
-
-
-def duration(seconds: float | None) -> str:
-    """2s, 3m05s, 4h12m, 2d03h."""
-    if seconds is None or seconds < 0:
-        return DASH
-    s = int(seconds)
-    if s < 60:
-        return f"{s}s"
-    if s < 3600:
-        return f"{s // 60}m{s % 60:02d}s"
-    if s < 86400:
-        return f"{s // 3600}h{s % 3600 // 60:02d}m"
-    return f"{s // 86400}d{s % 86400 // 3600:02d}h"
 
 
 def plural(n: int, word: str, many: str | None = None) -> str:

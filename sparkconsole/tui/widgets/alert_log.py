@@ -44,10 +44,7 @@ class AlertLog(RichLog):
         else:
             line.append("CLEAR ", style="green")
         line.append(f"{alert.source}: ", style="bold")
-        message = alert.message
-        if message.startswith(alert.source + " "):
-            message = message[len(alert.source) + 1:]
-        line.append(message, style="" if alert.active else "dim")
+        line.append(alert.body, style="" if alert.active else "dim")
         self._add(line)
 
     def _add(self, line: Text) -> None:

@@ -10,7 +10,8 @@ from rich.table import Table
 from rich.text import Text
 from textual.widgets import Static
 
-from ..fmt import DASH, duration, gib_or_mib, ms, num, one_line, pct
+from ...timefmt import duration
+from ..fmt import DASH, gib_or_mib, ms, num, one_line, pct
 
 
 class EndpointPanel(Static):

@@ -19,8 +19,9 @@ from textual.widgets import Static
 from ...config import Thresholds
 from ...nodes.samples import NodeState
 from ...nodes.view import NodeView, fix_wanted, node_view
+from ...timefmt import duration
 from ..facade import OnConsole
-from ..fmt import DASH, duration, fit, gib, num, one_line
+from ..fmt import DASH, fit, gib, num, one_line
 from .guard_list import GuardList
 from .memory_bar import MemoryBar
 from .temp_graph import TempGraph
