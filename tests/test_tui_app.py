@@ -487,8 +487,12 @@ async def test_a_server_loading_its_model_reads_loading_and_one_that_never_answe
         since = list(events)[next(i for i, e in enumerate(events) if "loading: no answer yet" in e):]
         # (a poll before the container was listed read unhealthy: the loading line clears it)
         assert not any(e[9:].startswith(("WARN  spark1: unhealthy", "BAD   spark1: unhealthy")) for e in since), since
+        panel = app.dashboard.endpoint_panels["spark1"]
+        await wait_for(pilot, lambda: "LOADING" in str(panel.border_subtitle), what="the panel: LOADING")
+        assert not panel.has_class("-unhealthy")
         mon.nodes["spark1"].containers = started(LOAD_GRACE_S + 60)
         await wait_for(pilot, lambda: any("spark1: unhealthy" in e for e in events), timeout=30, what="unhealthy")
+        await wait_for(pilot, lambda: "DOWN" in str(panel.border_subtitle), what="the panel: DOWN")
         await pilot.press("q")
 
 

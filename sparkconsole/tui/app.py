@@ -347,7 +347,8 @@ class SparkConsoleApp(ConsoleStart, NodeActions, Scrub, App):
             ep_panel = self.dashboard.endpoint_panels.get(name)
             if snap is None or ep_panel is None:
                 continue
-            ep_panel.show(snap, now)
+            loading = self.alerts is not None and f"endpoint:{name}:loading" in self.alerts.active
+            ep_panel.show(snap, now, loading=loading)
 
     def _closed_urls(self) -> frozenset[str]:
         """The endpoints whose last poll says their drain gate is closed."""

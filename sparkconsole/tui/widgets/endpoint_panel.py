@@ -31,8 +31,9 @@ class EndpointPanel(Static):
         self.border_subtitle = ""
         self.update(Text(f"{url}: waiting for the first poll…", style="dim"))
 
-    def show(self, snap, now: float | None = None, *, replayed: bool = False) -> None:
-        """`replayed`: a recorded poll shown with a recorded moment (REPLAY), `now` that moment."""
+    def show(self, snap, now: float | None = None, *, replayed: bool = False, loading: bool = False) -> None:
+        """`replayed`: a recorded poll shown with a recorded moment (REPLAY), `now` that moment; `loading`: it
+        refuses while its container loads the model (alerts.LoadWatch), not DOWN."""
         if snap is self._snap:
             return
         self._snap = snap
@@ -44,6 +45,8 @@ class EndpointPanel(Static):
             sub.append("UP", style="green")
             if snap.warning:
                 sub.append(f" · {one_line(snap.warning, 50)}", style="yellow")
+        elif snap.healthy is False and loading:
+            sub.append("LOADING", style="yellow")
         elif snap.healthy is False:
             sub.append("DOWN", style="bold red")
             if getattr(snap, "failures", 0) > 1:
@@ -52,7 +55,7 @@ class EndpointPanel(Static):
             sub.append("not polled yet", style="yellow")
         sub.append(f" · {duration(now - snap.time)} ago", style="dim")
         self.border_subtitle = sub
-        self.set_class(snap.healthy is not True, "-unhealthy")
+        self.set_class(snap.healthy is not True and not loading, "-unhealthy")
         self.update(self._grid(snap))
 
     def show_unrecorded(self, t: float) -> None:
