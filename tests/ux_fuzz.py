@@ -329,6 +329,8 @@ class Fuzz:
         assert app._exception is None, f"{app._exception!r} {where}"
         assert len(self.errors) == before[0], f"{self.errors[before[0]:]} {where}"
         assert len(self.changes) == before[1], f"node changed without a confirmation: {self.changes[before[1]:]} {where}"
+        doubled = [e for e in app.dashboard.events.history if SOURCE_TWICE.match(e)]
+        assert not doubled, f"an event line names its source twice: {doubled[:2]} {where}"
         focused = app.focused
         if focused is not None:
             screen = app.screen
@@ -345,6 +347,8 @@ class Fuzz:
 
 
 REPLAY_TIME = re.compile(r"REPLAY \d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+# An alert's line in the events pane, its source named again after itself ("router: router: 1 of 2 backends down")
+SOURCE_TWICE = re.compile(r"^\d\d:\d\d:\d\d (?:INFO|WARN|BAD|CLEAR)\s+(.+?): (?:cleared: )?\1[: ]")
 # Where the palette's entries stand for a binding (tui/palette.py, Command.action): owner of the binding → prefix.
 OWNERS = {"SparkConsoleApp": "app", "DashboardScreen": "dashboard", "NodePanel": "node", "RecipesScreen": "recipes",
           "BenchScreen": "bench", "LogsScreen": "logs"}
