@@ -79,6 +79,14 @@ async def test_r_waits_for_the_router_that_says_how_to_take_a_server_out(recordi
                        what="r's warning")
         assert not isinstance(app.screen, ConfirmScreen)
         assert not any("cannot be planned" in n.message for n in app._notifications)
+        # s stops what runs now, and says what it cannot see
+        await pilot.press("s")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the stop's confirmation")
+        said = app.screen.detail
+        assert "Only what the nodes list is stopped: 1 of its 2 servers listed" in said, said
+        assert "spark2" not in app.screen.command and "Only what the nodes list" in screen_text(app)
+        await pilot.press("n")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ConfirmScreen), what="cancelled")
         mon.nodes["spark2"].containers = SERVERS["spark2"]
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation again")

@@ -219,9 +219,14 @@ class RecipeActions(OnConsole, _Screen):
                 self.running_plans.pop(plan.name, None)
             except Exception as exc:
                 self.facade.notify(one_line(exc, 300), title="stop failed", severity="error", timeout=20)
+        from ...nodes.launches import unlisted
+        # planned from what the nodes list: a member no node lists yet is not among the containers stopped
+        missing = unlisted(group.topology, group.members) if group is not None and plan.name not in self.running_plans \
+            else None
         self.facade.confirm(f"Stop {plan.name} ({plan.recipe} × {plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
                             "Out of the gateway first, then routers, then the servers; only this workload's containers "
-                            "are removed, every other keeps serving.")
+                            "are removed, every other keeps serving."
+                            + (f" Only what the nodes list is stopped: {missing}." if missing else ""))
 
     async def _stop_workload(self, plan: Plan, group: Any, runner: Runner) -> None:
         """What the stop should give back recorded (the next launch waits for it), out of the gateway, stopped."""
