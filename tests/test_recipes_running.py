@@ -165,6 +165,8 @@ async def test_the_dashboards_r_on_a_server_behind_a_router_points_at_the_roll(r
         await wait_for(pilot, lambda: all(nm.state == NodeState.LIVE for nm in mon.nodes.values()), what="LIVE")
         mon.nodes["spark1"].containers = (*SERVERS["spark1"], ROUTER)
         mon.nodes["spark2"].containers = SERVERS["spark2"]
+        await wait_for(pilot, lambda: app.core is not None and any(len(g.members) == 3 for g in app.core.launches),
+                       what="the launch grouped at the nodes' next ticks")
         await pilot.click("#node-spark2", offset=(5, 1))
         await pilot.press("r")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen), what="the restart's confirmation")

@@ -27,6 +27,7 @@ from ..alerts import AlertEngine, LoadWatch
 from ..config import ClusterConfig
 from ..nodes.guard import GuardResult, evaluate_guards
 from ..nodes.launches import LaunchGroup, launch_groups, member_at, served_endpoints
+from ..nodes.view import seconds_since
 from ..subscribers import Subscribers
 from .duties import Duties
 from .roles import Role
@@ -147,22 +148,20 @@ class Collector:
     def endpoint_loading(self, snap: EndpointSnapshot) -> tuple[float | None, bool]:
         """How long the container serving at the endpoint has been loading its model, and whether its refusals
         are too new to judge (alerts.LoadWatch)."""
-        found = self._serving_start(snap)
-        started, age, listed_rx = found if found is not None else (None, None, None)
+        started, age, listed_rx = self._serving_start(snap)
         unsure = self._loads.unsure(snap.name, snap.healthy, snap.time, listed_rx)
         return self._loads.loading_s(snap.name, snap.healthy, started, age), unsure
 
-    def _serving_start(self, snap: EndpointSnapshot) -> tuple[str | None, float | None, float | None] | None:
+    def _serving_start(self, snap: EndpointSnapshot) -> tuple[str | None, float | None, float | None]:
         """The StartedAt of the running container that serves at the endpoint (the launch member there, else the
         node's configured vLLM container for the node's own endpoint), its age on its node's clock, and when its
-        node's container list came."""
-        from ..nodes.view import seconds_since
+        node's container list came; Nones where it is not known."""
         m = member_at(self.launches, snap.url)
         em = self.serving.endpoints.get(snap.name) if self.serving is not None else None
         node = m.node if m is not None else (em.config.node if em is not None and em.config.kind == "vllm" else None)
         nm = self.monitor.nodes.get(node) if node else None
         if nm is None or nm.last is None:
-            return None
+            return None, None, None
         name = m.container if m is not None else next((n.container for n in self.cluster.nodes if n.name == node), None)
         c = next((c for c in nm.containers if c.name == name and c.state == "running"), None)
         age = seconds_since(c.started_at, nm.last.time) if c is not None else None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..nodes.launches import needed_words
 from . import gate
 from .steps import Plan, Service
 
@@ -61,11 +62,7 @@ class LaunchHealth:
 
 
 def _group_words(plan: Plan) -> str:
-    if plan.topology == "cluster-tp2":
-        return "the tensor-parallel group cannot serve without every rank"
-    if plan.topology == "disagg":
-        return "prefill and decode serve only together"
-    return "the endpoint serves with fewer backends, or not at all"
+    return needed_words(plan.topology) or "the endpoint serves with fewer backends, or not at all"
 
 
 def judge(plan: Plan, members: tuple[MemberState, ...] | list[MemberState]) -> LaunchHealth:

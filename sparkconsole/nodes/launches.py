@@ -24,6 +24,9 @@ LABEL = "sparkconsole."
 SERVING, STARTING, BROKEN, CLOSED = "SERVING", "STARTING", "BROKEN", "CLOSED"
 # roles whose loss stops the whole launch from serving, per topology
 _NEEDED = {"cluster-tp2": ("server", "worker"), "disagg": ("prefill", "decode", "router")}
+# why such a launch cannot serve without one of them (the verdicts' words, and the dashboard's r / s)
+_WHY_NEEDED = {"cluster-tp2": "the tensor-parallel group cannot serve without every rank",
+               "disagg": "prefill and decode serve only together"}
 # topologies served through a router, which a plan starts after its servers are healthy
 ROUTED = ("2x-solo", "disagg")
 # the fewest members of each role a launch of the topology runs (a cluster launch may have more workers)
@@ -98,6 +101,11 @@ class LaunchGroup:
         return router or next((m.url for m in self.members if m.role in VLLM_ROLES and m.url), None)
 
     @property
+    def missing(self) -> str | None:
+        """What of it no node lists yet (`unlisted`), None when it is whole."""
+        return unlisted(self.topology, self.members)
+
+    @property
     def nodes(self) -> tuple[str, ...]:
         return tuple(dict.fromkeys(m.node for m in self.members))
 
@@ -115,9 +123,7 @@ def _judge(topology: str, members: list[Member]) -> tuple[str, str]:
     if down and any(m.running for m in members):
         m = down[0]
         if topology in _NEEDED and m.role in _NEEDED[topology]:
-            why = ("the tensor-parallel group cannot serve without every rank" if topology == "cluster-tp2"
-                   else "prefill and decode serve only together")
-            return BROKEN, f"{m.role} on {m.node} is {m.words().split(' ', 2)[2]}; {why}"
+            return BROKEN, f"{m.role} on {m.node} is {m.words().split(' ', 2)[2]}; {_WHY_NEEDED[topology]}"
         return BROKEN, f"{m.role} on {m.node} is {m.words().split(' ', 2)[2]}"
     if down:
         return BROKEN, "no member runs"
@@ -192,9 +198,8 @@ def alone_words(groups: Iterable[LaunchGroup], node: str, container: str, action
     g, m = hit
     whole = f"Recipes (2) → {'r restarts' if action == 'restart' else 's stops'} {g.name} as one launch"
     if g.topology in _NEEDED and m.role in _NEEDED[g.topology]:
-        why = ("the tensor-parallel group cannot serve without every rank" if g.topology == "cluster-tp2"
-               else "prefill and decode serve only together")
-        return f"{container} is the {m.role} of {g.name} × {g.topology}: {why}, so this {action} breaks it. {whole}."
+        return (f"{container} is the {m.role} of {g.name} × {g.topology}: {_WHY_NEEDED[g.topology]}, so this "
+                f"{action} breaks it. {whole}.")
     if g.topology == "2x-solo" and m.role == "server":
         how = (", one server at a time, dropping no request" if action == "restart" and g.router is not None else "")
         return (f"{container} is one of {g.name}'s servers behind its router: requests in flight here fail, and so "
@@ -206,6 +211,11 @@ def member_at(groups: Iterable[LaunchGroup], url: str) -> Member | None:
     """The launch member that serves at `url` (its `sparkconsole.url`)."""
     url = url.rstrip("/")
     return next((m for g in groups for m in g.members if m.url == url), None)
+
+
+def needed_words(topology: str) -> str | None:
+    """Why a launch of the topology cannot serve without each of its members; None where it can (behind a router)."""
+    return _WHY_NEEDED.get(topology)
 
 
 def find_workload(groups: Iterable[LaunchGroup], name: str) -> LaunchGroup | None:

@@ -31,19 +31,18 @@ class NodeActions(_App):
         read_only: bool
         replay_at: float | None
         _live_monitor: Any
-        monitor: Any
+        core: Any
 
         def node_monitor(self, name: str) -> Any: ...
 
     def confirm_container(self, node_name: str, action: str) -> None:
-        from ..nodes.launches import alone_words, launch_groups
+        from ..nodes.launches import alone_words
         node = self.cluster.node(node_name)
         argv = ["docker", action, node.container]
-        monitors = list(self.monitor.nodes.values()) if self.monitor is not None else []
+        launches = self.core.launches if self.core is not None else []     # the core's groups of the last change
         self.confirm(f"{action.capitalize()} the vLLM container on {node_name}?", shlex.join(argv),
                      lambda: self.run_on_node(node_name, f"container-{action}", argv),
-                     alone_words(launch_groups(monitors), node_name, node.container, action)
-                     if action in ("stop", "restart") else "")
+                     alone_words(launches, node_name, node.container, action) if action in ("stop", "restart") else "")
 
     def confirm_guard_fix(self, node_name: str, result) -> None:
         if not result.fix:

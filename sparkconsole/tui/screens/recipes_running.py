@@ -176,14 +176,18 @@ class RecipeActions(OnConsole, _Screen):
                         severity="error")
             return None
 
+    def _unlisted(self, g) -> str | None:
+        """What of a launch found on the nodes no node lists yet; None when it is whole, or this console launched it
+        (its own plan then says every member)."""
+        return None if g is None or g.name in self.running_plans else g.missing
+
     def _not_whole(self) -> bool:
         """A launch found on the nodes that some node does not list whole yet: its router (which starts after the
         servers, and whose labels say how a restart takes a server out), or a member on a node whose agent has
         not listed it yet. Planned from what is listed, the restart would miss a node or take the wrong router.
         Says what is missing."""
-        from ...nodes.launches import unlisted
         g = self._chosen_launch()
-        missing = None if g is None or g.name in self.running_plans else unlisted(g.topology, g.members)
+        missing = self._unlisted(g)
         if missing is None:
             return False
         self.notify(f"{g.recipe} × {g.topology}: {missing}; r restarts the launch once every member is listed "
@@ -219,10 +223,7 @@ class RecipeActions(OnConsole, _Screen):
                 self.running_plans.pop(plan.name, None)
             except Exception as exc:
                 self.facade.notify(one_line(exc, 300), title="stop failed", severity="error", timeout=20)
-        from ...nodes.launches import unlisted
-        # planned from what the nodes list: a member no node lists yet is not among the containers stopped
-        missing = unlisted(group.topology, group.members) if group is not None and plan.name not in self.running_plans \
-            else None
+        missing = self._unlisted(group)     # planned from what the nodes list: a member not listed is not stopped
         self.facade.confirm(f"Stop {plan.name} ({plan.recipe} × {plan.topology}) on {', '.join(plan.nodes)}?", shown, go,
                             "Out of the gateway first, then routers, then the servers; only this workload's containers "
                             "are removed, every other keeps serving."
