@@ -59,6 +59,34 @@ def test_wrong_pin_is_refused(cache_dir) -> None:
         cache.ensure_venv(spec)
 
 
+def test_a_cached_venv_gets_its_startup_line_and_loses_it_without_a_rebuild(cache_dir) -> None:
+    """The servers' GC setting (cache.SERVER_GC) reaches a venv the cache already holds, and its interpreter runs
+    it as it starts; a spec without a startup line takes it away again; the clients keep Python's defaults."""
+    from tests.testbed.benchy import BENCHY_VENV
+    from tests.testbed.routers import LITELLM_VENV
+    from tests.testbed.vllm import VLLM_VENV
+
+    path = cache_dir / "venvs" / "real"
+    subprocess.run([str(cache.base_python()), "-m", "venv", "--without-pip", str(path)], check=True,
+                   env=cache.clean_env())
+    spec = cache.VenvSpec("real", ("pip",), startup=cache.SERVER_GC)
+    cache.write_marker(path, spec.as_marker())     # cached: ensure_venv must not build it again
+    threshold = [str(path / "bin" / "python"), "-c", "import gc; print(gc.get_threshold())"]
+
+    def read() -> str:
+        return subprocess.run(threshold, capture_output=True, text=True, env=cache.clean_env(),
+                              check=True).stdout.strip()
+
+    default = read()
+    venv = cache.ensure_venv(spec)
+    assert venv.install_seconds is None and read() == "(700, 10, 1000)" != default
+    cache.ensure_venv(spec)                         # again: the same one line
+    assert list(path.glob("lib/python3*/site-packages/*.pth"))[0].read_text() == cache.SERVER_GC + "\n"
+    cache.ensure_venv(cache.VenvSpec("real", ("pip",)))
+    assert read() == default
+    assert VLLM_VENV.startup == LITELLM_VENV.startup == cache.SERVER_GC and BENCHY_VENV.startup == ""
+
+
 def test_marker_mismatch_is_detected(cache_dir) -> None:
     path = cache_dir / "thing"
     path.mkdir(parents=True)

