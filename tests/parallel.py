@@ -1,8 +1,8 @@
 """Running the suite on several pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup`).
 
-- Workers: three per CPU for the whole suite, four for the quick loop (at most 8; SPARKCONSOLE_TEST_WORKERS
-  overrides): most tests wait on sockets, timers and child processes rather than compute, so several per core
-  finish sooner than one.
+- Workers: twice the CPUs for the whole suite, four per CPU for the quick loop (at most 8;
+  SPARKCONSOLE_TEST_WORKERS overrides): most tests wait on sockets, timers and child processes rather than compute,
+  so several per core finish sooner than one.
 - Groups: the tests that need the docker engine run on one worker, those that need bare vLLM servers, routers
   or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
   none); the Docker modules that launch vLLM run on workers of their own, each with its own engine; the
@@ -42,9 +42,7 @@ TESTBED_FIXTURES = {"vllm_env", "tiny_model", "vllm_pool", "vllm_server", "vllm_
 NETNS_MODULES = ("test_link_cut.py", "test_postmortem_link_cut.py")
 # Docker modules of minutes each (vLLM containers launched one after another): each gets a worker, and with it
 # a Docker engine of its own (an engine starts in under a second), instead of queueing behind the others.
-# The container-kill fault (one vLLM container, a minute) runs in the Docker group instead, after its stand-ins:
-# as a chain of its own it waited for a slot and ended the run alone (ci29-ci31).
-DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_topologies.py", "test_topologies_four.py",
+DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_container_killed.py", "test_topologies.py", "test_topologies_four.py",
                      "test_topologies_routed.py")
 GROUPS_ENV = "SPARKCONSOLE_TEST_GROUPS"
 _OWN_GROUPS = pytest.StashKey[str]()
@@ -74,9 +72,10 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     cpus = len(os.sched_getaffinity(0))
     # The quick loop (-m "not slow") starts no vLLM: its tests wait on SSH, sockets and timers. On two cores four
     # workers kept them 53 % busy (89 s), six 63 % (70-72 s), eight 63-70 s. The whole suite is CPU-bound while its
-    # vLLM chains run, but at two per core its last two minutes were light tests waiting on simulated clocks and
-    # subprocesses, the CPU 40-76 % busy (ci30); at three per core they end beside the chains (docs/TESTBED.md).
-    per_cpu = 4 if "not slow" in (config.option.markexpr or "") else 3
+    # vLLM chains run: two per core. Three (ci31-ci34) ended the parallel part 30-75 s sooner, its last minutes
+    # light tests beside the chains, but made the machine busier than two: timing checks outside `alone` and a
+    # gateway reload under load showed faults there that two per core had not (docs/TESTBED.md).
+    per_cpu = 4 if "not slow" in (config.option.markexpr or "") else 2
     return max(1, min(8, per_cpu * cpus))
 
 
@@ -97,7 +96,8 @@ def group_of(item: pytest.Item) -> str | None:
 # Seconds of tests per heavy group in a clean-clone run (ci24, docs/TESTBED.md): the scheduler starts the longest
 # chains first, so that the last one to end is not one that waited for a slot behind the others.
 HEAVY_SECONDS = {"testbed-docker-test_topologies_routed": 610, "testbed-docker-test_topologies": 460,
-                 "testbed-docker-test_topologies_four": 220, "testbed-vllm": 130}
+                 "testbed-docker-test_topologies_four": 220, "testbed-vllm": 130,
+                 "testbed-docker-test_container_killed": 60}
 # The Docker group's containers are stand-in servers and routers, no vLLM: it keeps a worker and an engine of its
 # own but takes no slot, so two chains of vLLM launches run beside it from the start.
 UNSLOTTED = ("testbed-docker",)

@@ -128,13 +128,14 @@ class Venv:
         return self.path / "bin" / script
 
 
-# The test bed's servers (vLLM's API server, engine core and workers, LiteLLM) spend a quarter of their start-up in
-# the cyclic GC's full collections: each import of torch, transformers and vLLM builds hundreds of thousands of
+# The test bed's servers (vLLM's API server, engine core and workers, LiteLLM) spend up to a quarter of their start-up
+# in the cyclic GC's full collections: each import of torch, transformers and vLLM builds hundreds of thousands of
 # long-lived objects, and every collection of the oldest generation walks them all. Full collections a hundred times
-# rarer: `import vllm.v1.engine.core, vllm.entrypoints.openai.api_server` 7.5-9.0 -> 6.2-7.1 user CPU s, LiteLLM's
-# proxy 7.4 -> 5.9, one bare server to /health 16.6-18.6 -> 13.8-14.9 CPU s (docs/TESTBED.md). Young objects are
-# collected as before; a test bed server lives minutes. The project's own processes gain nothing from it (the quick
-# loop: 147.6 vs 146.7 user CPU s), and the clients that time a server (llama-benchy) keep Python's defaults.
+# rarer, on a quiet machine: `import vllm.v1.engine.core, vllm.entrypoints.openai.api_server` 7.5-9.0 -> 6.2-7.1 user
+# CPU s, LiteLLM's proxy 7.4 -> 5.9, one bare server to /health 16.6-18.6 -> 13.8-14.9 CPU s; in the whole suite's
+# accounting less (vLLM 617 -> 587 CPU s; docs/TESTBED.md). Young objects are collected as before; a test bed server
+# lives minutes. The project's own processes gain nothing from it (the quick loop: 147.6 vs 146.7 user CPU s), and
+# the clients that time a server (llama-benchy) keep Python's defaults.
 SERVER_GC = "import gc; gc.set_threshold(700, 10, 1000)"
 STARTUP_PTH = "sparkconsole-testbed-startup.pth"
 
