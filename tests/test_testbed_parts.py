@@ -81,7 +81,7 @@ def test_a_cached_venv_gets_its_startup_line_and_loses_it_without_a_rebuild(cach
     venv = cache.ensure_venv(spec)
     assert venv.install_seconds is None and read() == "(700, 10, 1000)" != default
     cache.ensure_venv(spec)                         # again: the same one line
-    assert list(path.glob("lib/python3*/site-packages/*.pth"))[0].read_text() == cache.SERVER_GC + "\n"
+    assert (cache.site_packages(path) / cache.STARTUP_PTH).read_text() == cache.SERVER_GC + "\n"
     cache.ensure_venv(cache.VenvSpec("real", ("pip",)))
     assert read() == default
     assert VLLM_VENV.startup == LITELLM_VENV.startup == cache.SERVER_GC and BENCHY_VENV.startup == ""

