@@ -191,6 +191,36 @@ def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
             release_ports(d)
 
 
+def test_a_cluster_on_a_recipes_ports_takes_addresses_where_no_one_claimed_them(tmp_path):
+    """The matrix's simulated pair serves on the recipe's own ports, so it moves its addresses, not its ports. A bind
+    probe alone chose 127.0.0.2 while a demo starting beside it had claimed 127.0.0.2:4000 and not yet bound it; the
+    matrix's router launch then met the port in use (seen in CI). Claimed addresses are skipped, and the chosen
+    ones are claimed in turn: the cluster's own claim_port still gets them, another cluster does not."""
+    from sparkconsole.sim.state import claim_addresses, claim_port, release_ports
+
+    port = 19000 + os.getpid() % 1000
+    theirs, mine, later = (tmp_path / n for n in ("theirs", "mine", "later"))
+    for d in (theirs, mine, later):
+        d.mkdir()
+    other = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.state import "
+         "claim_port; print(claim_port('127.0.0.2', int(sys.argv[1]), Path(sys.argv[2])), flush=True); "
+         "time.sleep(60)", str(port), str(theirs)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert int(other.stdout.readline()) == port
+        got = claim_addresses(2, (port, port + 1), mine)
+        assert len(got) == 2 and "127.0.0.2" not in got and got[0].rsplit(".", 1)[0] == got[1].rsplit(".", 1)[0]
+        assert claim_port(got[0], port, mine) == port             # its own claim
+        assert claim_port(got[1], port + 1, later) != port + 1    # claimed for `mine`, though nothing is bound
+        release_ports(mine)
+        assert claim_addresses(2, (port, port + 1), mine) == got  # released: the same pair is first again
+    finally:
+        other.kill()
+        other.wait()
+        for d in (mine, later):
+            release_ports(d)
+
+
 @pytest.mark.parametrize("topology,options", [("2x-solo", {"router": "simple-shuffle"}),
                                                ("cluster-tp2", {"backend": "ray"})])
 async def test_recipe_plan_launches_through_the_shims(topology, options):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:      # the benchmark code is imported in the functions: `bench
     from ..launch import progress as launch_progress
     from ..launch.lint import Finding
     from ..nodes.monitor import ClusterMonitor
+    from ..recipes.model import Recipe
     from ..sim.cluster import SimCluster
     from .bench_cli import ThermalProbe
 
@@ -68,23 +69,14 @@ def _launch_printer(args: argparse.Namespace, line: ProgressLine
     return progress, finding
 
 
-def _demo_nodes() -> tuple[tuple[str, str], ...]:
-    """Two loopback addresses whose router and server ports are free (a demo may already run on .2/.3)."""
-    import socket
-    for third in range(0, 250):
-        base = f"127.0.{third}"
-        ok = True
-        for host in (base + ".2", base + ".3"):
-            for port in (4000, 8000):
-                with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sk:
-                    try:
-                        sk.bind((host, port))
-                    except OSError:
-                        ok = False
-        if ok:
-            return (("spark1", base + ".2"), ("spark2", base + ".3"))
-    raise UserError("no free loopback address pair for the simulated cluster", field="--demo",
-                    fix="stop other demos (ports 4000 and 8000 on 127.0.x.2/.3)")
+def _recipe_ports(recipe: Recipe) -> tuple[int, ...]:
+    """The ports the recipe's launches bind on a node as the recipe names them: its server, its router, the cluster
+    rendezvous. A simulated pair for the matrix takes addresses where these are free (a demo may run on .2/.3)."""
+    try:
+        server = int(recipe.defaults.get("port") or 8000)
+    except (TypeError, ValueError):
+        server = 8000             # the launch itself names this file and field
+    return tuple(sorted({server, recipe.router.port, recipe.cluster.master_port}))
 
 
 def _check_matrix_args(args: argparse.Namespace) -> None:
@@ -137,22 +129,21 @@ async def _recipe_launcher(args: argparse.Namespace, topologies: list[str], spee
     from ..recipes import find_recipe
     from .recipe import load_cluster_for
     from .recipe_io import overrides_from_sets
-    find_recipe(args.recipe)                      # wrong names fail before anything starts
+    recipe = find_recipe(args.recipe)             # wrong names fail before anything starts
     for topo in topologies:
         resolve_topology(topo)
     overrides = overrides_from_sets(args.sets)
     if args.demo:
-        from ..sim.cluster import Serving, SimCluster
+        from ..sim.cluster import DEFAULT_NODES, Serving, SimCluster
         from ..sim.node import NodeTuning
-        nodes = _demo_nodes()
-        line.text(f"starting a simulated cluster: {nodes[0][0]} {nodes[0][1]}, {nodes[1][0]} {nodes[1][1]} "
-                  f"(speed ×{speed:g}, figures in simulated time)")
+        line.text(f"starting a simulated cluster (speed ×{speed:g}, figures in simulated time)")
         # Both nodes carry the published OOM guards: a cluster prepared for benchmarking.
-        parts.sim = sim = SimCluster(speed=speed, serving=Serving(topology="none"), nodes=nodes,
-                                     load_speedup=DEMO_LOAD_SPEEDUP,
-                                     tunings={name: NodeTuning.hardened() for name, _ in nodes})
+        parts.sim = sim = SimCluster(speed=speed, serving=Serving(topology="none"), load_speedup=DEMO_LOAD_SPEEDUP,
+                                     tunings={name: NodeTuning.hardened() for name, _ in DEFAULT_NODES},
+                                     fixed_ports=_recipe_ports(recipe))
         await sim.start()
-        line.text(f"simulated cluster up (state in {sim.root}; removed at the end)")
+        nodes = ", ".join(f"{name} {addr}" for name, addr in sim.node_specs)
+        line.text(f"simulated cluster up: {nodes} (state in {sim.root}; removed at the end)")
         assert sim.cluster is not None and sim.root is not None      # start() made them
         cluster = sim.cluster
         overrides.setdefault("router_dir", str(sim.root / "routers"))

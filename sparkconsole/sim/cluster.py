@@ -35,7 +35,7 @@ from ..errors import UserError
 from ..launch.drain_gate import FLAG_DIR, MIDDLEWARE_ARGS
 from ..placement.budget import GB10_MEMTOTAL_B
 from .node import NodeTuning, SimNode
-from .state import STATE_PREFIX, claim_port, kill_leftovers, release_ports, sweep_stale
+from .state import STATE_PREFIX, claim_addresses, claim_port, kill_leftovers, release_ports, sweep_stale
 
 DEFAULT_NODES = (("spark1", "127.0.0.2"), ("spark2", "127.0.0.3"))
 CONTAINER = "vllm_node"
@@ -87,7 +87,7 @@ class SimCluster:
     def __init__(self, *, speed: float = 1.0, nodes: tuple[tuple[str, str], ...] = DEFAULT_NODES,
                  serving: Serving | None = None, root: str | Path | None = None, load_speedup: float = 1.0,
                  tunings: dict[str, NodeTuning] | None = None, vllm_port: int = 8000, router_port: int = 4000,
-                 keepalive_s: float | None = None) -> None:
+                 keepalive_s: float | None = None, fixed_ports: tuple[int, ...] = ()) -> None:
         if not speed > 0:
             raise UserError(f"speed must be positive, got {speed}", field="--speed", fix="use e.g. 1 or 10")
         self.speed = float(speed)
@@ -107,6 +107,9 @@ class SimCluster:
         self.vllm_port_pref = vllm_port
         self.router_port_pref = router_port
         self.keepalive_s = keepalive_s          # None: SSH's (sim/node.py KEEPALIVE_S)
+        # Ports that servers launched on the nodes will bind as given (a recipe's, launched through the runner):
+        # start_nodes() then gives the nodes loopback addresses where those are free, in place of `nodes`' own.
+        self.fixed_ports = fixed_ports
         self.runaways: list[Runaway] = []
         self.nodes: dict[str, SimNode] = {}
         self.ports: dict[str, int] = {}
@@ -154,6 +157,9 @@ class SimCluster:
             sweep_stale(Path(tempfile.gettempdir()))
             self.root = Path(tempfile.mkdtemp(prefix=STATE_PREFIX))
         try:
+            if self.fixed_ports:
+                addrs = claim_addresses(len(self.node_specs), self.fixed_ports, self.root)
+                self.node_specs = tuple((name, addr) for (name, _), addr in zip(self.node_specs, addrs, strict=True))
             for i, (name, addr) in enumerate(self.node_specs):
                 tuning = self.tunings.get(name) or (NodeTuning.hardened() if i == 0 else NodeTuning.stock())
                 node = SimNode(name, addr, self.root, speed=self.speed, tuning=tuning, load_speedup=self.load_speedup,

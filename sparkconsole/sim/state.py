@@ -51,16 +51,39 @@ def claim_port(host: str, preferred: int, owner: Path) -> int:
     hold the port by the time the server binds it."""
     with _port_claims() as claims:
         for port in range(preferred, min(preferred + 200, 65536)):
-            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
-                got: int = s.getsockname()[1]
-            if f"{host}:{got}" not in claims:
-                claims[f"{host}:{got}"] = [os.getpid(), str(owner)]
-                return got
+            mine = claims.get(f"{host}:{port}", [None, str(owner)])[1] == str(owner)    # claim_addresses' own
+            if mine and _free(host, port):
+                claims[f"{host}:{port}"] = [os.getpid(), str(owner)]
+                return port
     raise UserError(f"no free port on {host}", field="--port", fix="free a port on the loopback address")
+
+
+def _free(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def claim_addresses(count: int, ports: tuple[int, ...], owner: Path) -> list[str]:
+    """`count` loopback addresses (127.0.x.2, 127.0.x.3, …) on which every one of `ports` is free and unclaimed,
+    each claimed for `owner`.
+
+    For a cluster whose servers bind the ports a recipe names (a launch through the recipe runner), not ports the
+    cluster chooses: claim_port moves the port, this moves the addresses. A bind probe alone could pick the
+    addresses where another cluster has claimed a port it has not bound yet."""
+    with _port_claims() as claims:
+        for third in range(0, 250):
+            hosts = [f"127.0.{third}.{2 + i}" for i in range(count)]
+            if all(f"{h}:{p}" not in claims and _free(h, p) for h in hosts for p in ports):
+                for h in hosts:
+                    for p in ports:
+                        claims[f"{h}:{p}"] = [os.getpid(), str(owner)]
+                return hosts
+    raise UserError(f"no {count} loopback addresses with ports {', '.join(map(str, ports))} free", field="--demo",
+                    fix="stop other simulated clusters (sparkconsole demo, bench matrix --demo)")
 
 
 def release_ports(owner: Path) -> None:
