@@ -1,8 +1,9 @@
 """Running the suite on several pytest-xdist workers (pyproject's addopts: `-n auto --dist loadgroup`).
 
-- Workers: twice the CPUs for the whole suite, four per CPU for the quick loop (at most 8;
-  SPARKCONSOLE_TEST_WORKERS overrides): most tests wait on sockets, timers and child processes rather than compute,
-  so several per core finish sooner than one.
+- Workers: three per CPU for the whole suite, a third of them held back until every heavy group has been handed
+  out; four per CPU for the quick loop (at most 8; SPARKCONSOLE_TEST_WORKERS overrides, and then holds none back):
+  most tests wait on sockets, timers and child processes rather than compute, so several per core finish sooner
+  than one.
 - Groups: the tests that need the docker engine run on one worker, those that need bare vLLM servers, routers
   or llama-benchy on another, so each session fixture of the heavy test bed starts once (the two groups share
   none); the Docker modules that launch vLLM run on workers of their own, each with its own engine; the
@@ -46,6 +47,7 @@ DOCKER_OWN_WORKER = ("test_matrix_e2e.py", "test_container_killed.py", "test_top
                      "test_topologies_routed.py")
 GROUPS_ENV = "SPARKCONSOLE_TEST_GROUPS"
 _OWN_GROUPS = pytest.StashKey[str]()
+_HELD_FOR_TAIL = pytest.StashKey[int]()
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -71,12 +73,16 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
         return int(override)
     cpus = len(os.sched_getaffinity(0))
     # The quick loop (-m "not slow") starts no vLLM: its tests wait on SSH, sockets and timers. On two cores four
-    # workers kept them 53 % busy (89 s), six 63 % (70-72 s), eight 63-70 s. The whole suite is CPU-bound while its
-    # vLLM chains run: two per core. Three (ci31-ci34) ended the parallel part 30-75 s sooner, its last minutes
-    # light tests beside the chains, but made the machine busier than two: timing checks outside `alone` and a
-    # gateway reload under load showed faults there that two per core had not (docs/TESTBED.md).
-    per_cpu = 4 if "not slow" in (config.option.markexpr or "") else 2
-    return max(1, min(8, per_cpu * cpus))
+    # workers kept them 53 % busy (89 s), six 63 % (70-72 s), eight 63-70 s.
+    if "not slow" in (config.option.markexpr or ""):
+        return max(1, min(8, 4 * cpus))
+    # The whole suite is CPU-bound while its vLLM chains run: two workers per core then. Three throughout (ci31-ci34)
+    # ended the parallel part 30-75 s sooner, but made those minutes busier: timing checks outside `alone` and a
+    # gateway reload under load showed faults that two per core had not. Its last minutes are light tests that wait
+    # on simulated clocks (the CPU 40-76 % busy at two per core, ci30), so the third per core joins only then.
+    workers, busy = max(1, min(8, 3 * cpus)), max(1, min(8, 2 * cpus))
+    config.stash[_HELD_FOR_TAIL] = workers - busy
+    return workers
 
 
 def group_of(item: pytest.Item) -> str | None:
@@ -133,7 +139,9 @@ class GroupScheduling:
     drives its workers through `WorkerController`'s `send_runtest_some`, `shutdown` and `shutting_down`, and
     reads nothing private of xdist's (tests/test_parallel.py checks that protocol against the installed xdist).
     The work units and the hand-out follow xdist's `loadscope`: a unit is a group (`group NAME`) or a single
-    test, the units ordered by size, and a worker gets its next unit once two or fewer of its tests are left."""
+    test, the units ordered by size, and a worker gets its next unit once two or fewer of its tests are left.
+    The workers held for the tail (pytest_xdist_auto_num_workers) get their first unit once no heavy group is left
+    to hand out."""
 
     def __init__(self, config: pytest.Config, log=None) -> None:
         from xdist.workermanage import parse_tx_spec_config
@@ -146,6 +154,8 @@ class GroupScheduling:
         self.assigned_work: dict = {}                                 # worker -> its units, as workqueue's
         self.registered_collections: dict = {}                        # worker -> the node ids it collected
         self.groups: dict[str, str] | None = None
+        self.held_for_tail = config.stash.get(_HELD_FOR_TAIL, 0)
+        self.waiting: list = []                                       # workers held until the tail
 
     # --- the protocol ---------------------------------------------------------------------------------------
     @property
@@ -195,6 +205,7 @@ class GroupScheduling:
         nodeid = self.registered_collections[node][item_index]
         self.assigned_work[node][self._unit_of(nodeid)][nodeid] = True
         self._reschedule(node)
+        self._wake_tail()
 
     def mark_test_pending(self, item: str) -> None:
         raise NotImplementedError
@@ -222,10 +233,14 @@ class GroupScheduling:
         self.workqueue = units
         for _ in range(len(self.nodes) - len(self.workqueue)):     # more workers than units
             self.assigned_work.popitem()[0].shutdown()
+        held = min(self.held_for_tail, len(self.nodes) - 1)
+        self.waiting = self.nodes[len(self.nodes) - held:] if held > 0 else []
         for node in self.nodes:
-            self._assign_work_unit(node)
+            if node not in self.waiting:
+                self._assign_work_unit(node)
         for node in self.nodes:
             self._reschedule(node)
+        self._wake_tail()
         if not self.workqueue:
             for node in self.nodes:
                 node.shutdown()
@@ -259,8 +274,17 @@ class GroupScheduling:
         collected = self.registered_collections[node]
         node.send_runtest_some([collected.index(nodeid) for nodeid, done in tests.items() if not done])
 
+    def _wake_tail(self) -> None:
+        """The held workers join once every heavy group is handed out: the chains still running are the last."""
+        if not self.waiting or any(_heavy_scope(unit) for unit in self.workqueue):
+            return
+        waiting, self.waiting = self.waiting, []
+        for node in waiting:
+            if node in self.assigned_work:
+                self._reschedule(node)
+
     def _reschedule(self, node) -> None:
-        if node.shutting_down:
+        if node.shutting_down or node in self.waiting:
             return
         if not self.workqueue:
             node.shutdown()

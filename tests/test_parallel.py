@@ -104,3 +104,44 @@ def test_heavy_groups_go_longest_first_to_the_slots_and_light_tests_to_the_other
     assert "group testbed-docker-test_topologies_four" in units(workers[2]) + units(workers[3])
     assert own.with_name("own-groups.tail").exists()
     assert not sched.workqueue and sched.has_pending and not sched.tests_finished
+
+
+def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp_path, monkeypatch):
+    groups = {f"t.py::heavy_{g}_{i}": f"testbed-docker-test_{g}" for g in ("topologies", "topologies_routed",
+                                                                            "topologies_four") for i in range(2)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(12))]
+    path = tmp_path / "groups.json"
+    path.write_text(json.dumps(groups))
+    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
+    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
+    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 6)
+    config = Config(6)
+    config.stash[parallel._HELD_FOR_TAIL] = 2
+    sched = GroupScheduling(config)
+    workers = [Worker(f"gw{i}") for i in range(6)]
+    for w in workers:
+        sched.add_node(w)
+        sched.add_node_collection(w, collection)
+    sched.schedule()
+    held = workers[4:]
+    assert all(w.sent == [] for w in held) and all(w.sent for w in workers[:4])
+
+    def finish_one(w: Worker) -> None:
+        nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
+        sched.mark_test_complete(w, collection.index(nodeid))
+
+    # the first chain ends a test at a time: the held workers stay idle while a heavy group (topologies_four) is
+    # queued, and join once it is handed out, with light tests still left for them
+    first_chain = workers[0]
+    while any(parallel._heavy_scope(u) for u in sched.workqueue):
+        assert all(w.sent == [] for w in held)
+        finish_one(first_chain)
+    assert "group testbed-docker-test_topologies_four" in sched.assigned_work[first_chain]
+    assert all(w.sent for w in held), "the last heavy group was handed out, and the held workers got nothing"
+    assert not any(parallel._heavy_scope(u) for w in held for u in sched.assigned_work[w])
+    # everything ends: every worker, held or not, is shut down and every test was sent exactly once
+    while sched.has_pending:
+        finish_one(next(w for w in workers if parallel._pending(sched.assigned_work[w])))
+    assert sched.tests_finished and all(w.shutting_down for w in workers)
+    sent = sorted(collection[i] for w in workers for batch in w.sent for i in batch)
+    assert sent == sorted(collection)
