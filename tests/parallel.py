@@ -275,12 +275,15 @@ class GroupScheduling:
         node.send_runtest_some([collected.index(nodeid) for nodeid, done in tests.items() if not done])
 
     def _wake_tail(self) -> None:
-        """The held workers join once every heavy group is handed out: the chains still running are the last."""
+        """The held workers join once every heavy group is handed out: the chains still running are the last.
+        Each gets two units, as schedule() gives every worker at first: an xdist worker runs a test only once it
+        knows the next one (or is told to shut down), so a worker sent one single test would sit on it."""
         if not self.waiting or any(_heavy_scope(unit) for unit in self.workqueue):
             return
         waiting, self.waiting = self.waiting, []
         for node in waiting:
             if node in self.assigned_work:
+                self._reschedule(node)
                 self._reschedule(node)
 
     def _reschedule(self, node) -> None:

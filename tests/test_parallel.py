@@ -137,7 +137,8 @@ def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp
         assert all(w.sent == [] for w in held)
         finish_one(first_chain)
     assert "group testbed-docker-test_topologies_four" in sched.assigned_work[first_chain]
-    assert all(w.sent for w in held), "the last heavy group was handed out, and the held workers got nothing"
+    # each has two tests or more: an xdist worker runs a test only once it knows the next one
+    assert all(sum(map(len, w.sent)) >= 2 for w in held), [w.sent for w in held]
     assert not any(parallel._heavy_scope(u) for w in held for u in sched.assigned_work[w])
     # everything ends: every worker, held or not, is shut down and every test was sent exactly once
     while sched.has_pending:
