@@ -14,6 +14,9 @@
   up to a dozen vLLM processes at once on two cores (load average 15-47): docker commands then timed out at 30 s
   and streams at their read timeouts. The scheduler (`GroupScheduling`) hands heavy groups to no more workers than
   there are slots, longest first, and light tests to the others; once no light test is left, one more slot opens.
+- `@pytest.mark.tail`: a test the heaviest minutes' load upsets (a console's pilot waiting for its own screen) runs
+  once every vLLM chain has ended, beside light tests only: a light machine, not a quiet one. Such tests are one
+  unit, handed out only then.
 - `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
@@ -52,6 +55,7 @@ _HELD_FOR_TAIL = pytest.StashKey[int]()
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "alone: runs with no other test in flight (timing comparisons)")
+    config.addinivalue_line("markers", "tail: runs once the vLLM chains have ended, beside light tests only")
     if not os.environ.get("PYTEST_XDIST_WORKER") and not os.environ.get(GROUPS_ENV):
         # the controller: its workers (child processes, started after this) write each test's group here
         os.environ[GROUPS_ENV] = str(Path(tempfile.gettempdir()) / f"sparkconsole-test-groups-{os.getpid()}.json")
@@ -79,13 +83,19 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     # The whole suite is CPU-bound while its vLLM chains run: two workers per core then. Three throughout (ci31-ci34)
     # ended the parallel part 30-75 s sooner, but made those minutes busier: timing checks outside `alone` and a
     # gateway reload under load showed faults that two per core had not. Its last minutes are light tests that wait
-    # on simulated clocks (the CPU 40-76 % busy at two per core, ci30), so the third per core joins only then.
-    workers, busy = max(1, min(8, 3 * cpus)), max(1, min(8, 2 * cpus))
-    config.stash[_HELD_FOR_TAIL] = workers - busy
+    # on simulated clocks (the CPU 40-76 % busy at two per core, ci30), so the third per core joins only then. The
+    # Docker group's worker, whose containers are stand-ins, does not count as busy: one more runs light tests.
+    workers, busy = max(1, min(8, 3 * cpus)), max(1, min(8, 2 * cpus + 1))
+    config.stash[_HELD_FOR_TAIL] = max(0, workers - busy)
     return workers
 
 
+TAIL = "tail"
+
+
 def group_of(item: pytest.Item) -> str | None:
+    if item.get_closest_marker("tail") is not None:
+        return TAIL
     fixtures = set(getattr(item, "fixturenames", ()))
     if "docker_engine" in fixtures:
         name = Path(str(item.path)).name
@@ -204,8 +214,14 @@ class GroupScheduling:
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         nodeid = self.registered_collections[node][item_index]
         self.assigned_work[node][self._unit_of(nodeid)][nodeid] = True
+        tail_waits = f"group {TAIL}" in self.workqueue
         self._reschedule(node)
         self._wake_tail()
+        if tail_waits and not self._chains_running():
+            # the last chain ended: the tail's unit goes out (if this worker did not take it), and every worker that
+            # got nothing meanwhile, or sits on its last test until it knows the next, gets its turn
+            for other in sorted(self.nodes, key=lambda n: _pending(self.assigned_work[n])):
+                self._reschedule(other)
 
     def mark_test_pending(self, item: str) -> None:
         raise NotImplementedError
@@ -259,16 +275,22 @@ class GroupScheduling:
         return any(_heavy_scope(unit) and not all(tests.values())
                    for unit, tests in self.assigned_work.get(node, {}).items())
 
+    def _chains_running(self) -> bool:
+        return any(_heavy_scope(unit) for unit in self.workqueue) or any(self._holds_heavy(n) for n in self.nodes)
+
     def _assign_work_unit(self, node) -> None:
         heavy = [unit for unit in self.workqueue if _heavy_scope(unit)]
-        light = [unit for unit in self.workqueue if not _heavy_scope(unit)]
+        later = {f"group {TAIL}"} if self._chains_running() else set()
+        light = [unit for unit in self.workqueue if not _heavy_scope(unit) and unit not in later]
         others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
         if heavy and not light:
             open_tail_slot(self.config)
         if heavy and (not light or (not self._holds_heavy(node) and others < heavy_slots())):
             unit = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
-        else:
+        elif light:
             unit = next((s for s in LONG_LIGHT if s in light), light[0])
+        else:
+            return          # only the tail's unit is left, and chains still run: it is handed out when they end
         tests = self.workqueue.pop(unit)
         self.assigned_work.setdefault(node, {})[unit] = tests
         collected = self.registered_collections[node]

@@ -92,10 +92,11 @@ def metrics(port: int) -> str:
         return ""
 
 
-# Alone (tests/parallel.py): these read a collector's beat and a viewer's stale budget in seconds, with a console
+# Tail (tests/parallel.py): these read a collector's beat and a viewer's stale budget in seconds, with a console
 # in the same process; in a full suite's heaviest minutes (load 15-20 on 2 cores) the console's pilot timed out
-# waiting for its own screen. After the others, on a quiet machine, they measure what they mean to.
-@pytest.mark.alone
+# waiting for its own screen. They run once the vLLM chains have ended, one after another on one worker; they
+# compare no timings, so they need a light machine, not a quiet one.
+@pytest.mark.tail
 async def test_one_collector_feeds_every_viewer_and_a_killed_one_is_taken_over(sshd_live, tmp_path, monkeypatch):
     cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)
     procs, db = procs_for(tmp_path, monkeypatch, cfg)
@@ -322,7 +323,7 @@ async def test_two_browser_tabs_attach_to_the_collector(sshd_live, tmp_path):
 
 # Open: run right after the test above in one process it hung until pytest's timeout once in three runs (alone it
 # passes in 9 s); the cause is not found, so a hang is reported here, not fatal, and costs 90 s, not 300.
-@pytest.mark.alone
+@pytest.mark.tail
 @pytest.mark.timeout(90)
 @pytest.mark.xfail(strict=False, reason="hung once after the collector takeover test in the same process (cause open)")
 async def test_a_frozen_collector_is_counted_gone(sshd_live, tmp_path, monkeypatch):
@@ -399,7 +400,7 @@ GAP_BOUND_S = 15.0       # the takeover's hole: the console's own agents connect
 ALONE_S = 20.0           # how long the console is left alone: a console that does not record leaves this hole
 
 
-@pytest.mark.alone
+@pytest.mark.tail
 async def test_a_console_alone_takes_the_collectors_duties_and_hands_them_back(sshd_live, tmp_path, monkeypatch):
     """Issue 40 item 4, with a real `sparkconsole record` SIGKILLed under a running console and then started again:
     the console takes over recording (into the collector's file), the opt-in guard and the notifications while it

@@ -146,3 +146,42 @@ def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp
     assert sched.tests_finished and all(w.shutting_down for w in workers)
     sent = sorted(collection[i] for w in workers for batch in w.sent for i in batch)
     assert sent == sorted(collection)
+
+
+def test_the_tail_unit_waits_for_every_chain_to_end(tmp_path, monkeypatch):
+    groups = {f"t.py::heavy_{i}": "testbed-docker-test_topologies" for i in range(3)}
+    groups |= {f"t.py::tail_{i}": parallel.TAIL for i in range(3)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(2))]
+    path = tmp_path / "groups.json"
+    path.write_text(json.dumps(groups))
+    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
+    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
+    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 3)
+    sched = GroupScheduling(Config(3))
+    workers = [Worker(f"gw{i}") for i in range(3)]
+    for w in workers:
+        sched.add_node(w)
+        sched.add_node_collection(w, collection)
+    sched.schedule()
+    tail = f"group {parallel.TAIL}"
+    chain = next(w for w in workers if "group testbed-docker-test_topologies" in sched.assigned_work[w])
+
+    def finish_one(w: Worker) -> None:
+        nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
+        sched.mark_test_complete(w, collection.index(nodeid))
+
+    # the light tests end: the other workers idle, and the tail's unit stays queued while the chain runs
+    for w in workers:
+        while w is not chain and parallel._pending(sched.assigned_work[w]):
+            finish_one(w)
+    assert tail in sched.workqueue and not any(tail in sched.assigned_work[w] for w in workers)
+    for _ in range(2):
+        finish_one(chain)
+        assert tail in sched.workqueue
+    finish_one(chain)                         # the chain's last test: the tail's unit goes out
+    holder = next(w for w in workers if tail in sched.assigned_work[w])
+    assert not sched.workqueue
+    assert all(w.shutting_down for w in workers if w is not holder)       # nothing left for the others
+    while sched.has_pending:
+        finish_one(holder)
+    assert sched.tests_finished and all(w.shutting_down for w in workers)
