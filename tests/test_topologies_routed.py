@@ -271,6 +271,8 @@ def roll_under_a_sweep(bed, url: str, results: str) -> None:
     alone = watch.longest_alone()
     print(f"\nLiteLLM: rolling restart in {took:.0f} s under the sweep: {len(rows)} requests, {len(failed)} failed;"
           f" fewest backends {min(n for _, n in watch.counts)}, longest one alone {alone:.1f} s")
+    if failed:          # the router died in one run (ci38): how its container ended, for the next reader
+        print_containers(bed, "sparkconsole.role=router")
     assert len(rows) > 0 and not failed, [r["error"] for r in failed][:3]
     after = server_ids(bed)
     assert all(a != b for a, b in zip(after, before, strict=False)), (before, after)          # new containers, both
@@ -361,6 +363,25 @@ class TestPairBehindLiteLLM:
 # --- several workloads behind one gateway (issue 38) -------------------------------------------------------------
 
 GIB = 1024 ** 3
+
+
+def print_containers(bed, label: str) -> None:
+    """Each container with `label`: its state (exit code, OOM kill, times) and the end of its log, timestamped."""
+    names = bed.engine.run(["ps", "-a", "--filter", f"label={label}", "--format", "{{.Names}}"], check=False).stdout
+    for name in names.split():
+        state = bed.engine.run(["inspect", "-f", "{{json .State}}", name], check=False)
+        log = bed.engine.run(["logs", "--timestamps", "--tail", "200", name], check=False)
+        print(f"{name}: {state.stdout.strip()}\n" + (log.stdout + log.stderr)[-12000:])
+
+
+def print_gateway_story(bed, cluster: Path, outputs: list[str]) -> None:
+    """The console's gateway steps (each SIGHUP it sent) and the gateway container's own log, timestamped."""
+    from sparkconsole.config import load_cluster
+    from sparkconsole.launch.gateway import container
+    for out in outputs:
+        print("\n".join(line for line in out.splitlines() if "gateway" in line))
+    log = bed.engine.run(["logs", "--timestamps", "--tail", "400", container(load_cluster(cluster))], check=False)
+    print("gateway log:\n" + (log.stdout + log.stderr)[-20000:])
 
 
 def with_gateway(bed, name: str, extra: str = "") -> Path:
@@ -459,8 +480,11 @@ def several_workloads_behind_one_gateway(bed, pair_router: str) -> None:
                                                      for c, v in sorted(shown.items())))
 
     # a sweep on tiny-llama through the gateway (bench run names the model, no URL) while tiny-b restarts and stops
+    said: list[str] = []
+
     def restart_then_stop() -> subprocess.CompletedProcess:
         restart = sc_on(bed, gw, "recipe", "restart", *small(bed, "--name", "tiny-b", "--yes", served="tiny-b"))
+        said.append(restart.stdout)
         assert restart.returncode == 0, restart.stdout[-3000:] + restart.stderr[-3000:]
         return sc_on(bed, gw, "recipe", "stop", "tiny-b", "--yes")
     stop, rows, took = sweep_while(bed, ["--model", "tiny-llama"], bed.root / "gateway.sqlite", restart_then_stop, 1.0,
@@ -469,6 +493,8 @@ def several_workloads_behind_one_gateway(bed, pair_router: str) -> None:
     failed = [r for r in rows if not r["ok"]]
     print(f"tiny-llama through the gateway while tiny-b restarted and stopped ({took:.0f} s): {len(rows)} requests, "
           f"{len(failed)} failed")
+    if failed:          # once in ~35 runs (cause open): what the gateway did meanwhile, for the next reader
+        print_gateway_story(bed, gw, [*said, stop.stdout])
     assert len(rows) > 0 and not failed, [r["error"] for r in failed][:3]
     listed = httpx.get(via + "/v1/models", headers=auth, timeout=30, trust_env=False).json()
     assert [m["id"] for m in listed["data"]] == ["tiny-llama"]
