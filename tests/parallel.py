@@ -279,6 +279,11 @@ class GroupScheduling:
     def _chains_running(self) -> bool:
         return any(_heavy_scope(unit) for unit in self.workqueue) or any(self._holds_heavy(n) for n in self.nodes)
 
+    def _chain_ending(self, node) -> bool:
+        """Its heavy unit has begun, and it asks for its next unit: two tests or fewer are left of it."""
+        return any(_heavy_scope(unit) and any(tests.values()) and not all(tests.values())
+                   for unit, tests in self.assigned_work.get(node, {}).items())
+
     def _assign_work_unit(self, node) -> None:
         heavy = [unit for unit in self.workqueue if _heavy_scope(unit)]
         later = {f"group {TAIL}"} if self._chains_running() else set()
@@ -286,7 +291,10 @@ class GroupScheduling:
         others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
         if heavy and not light:
             open_tail_slot(self.config)
-        if heavy and (not light or (not self._holds_heavy(node) and others < heavy_slots())):
+        # A worker whose chain is ending takes the next chain itself (its slot goes on to it): given light tests
+        # first, it ran two of them (35 s, warm39) between the chains while the next one waited.
+        free = not self._holds_heavy(node) or self._chain_ending(node)
+        if heavy and (not light or (free and others < heavy_slots())):
             unit = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
         elif light:
             unit = next((s for s in LONG_LIGHT if s in light), light[0])

@@ -185,3 +185,28 @@ def test_the_tail_unit_waits_for_every_chain_to_end(tmp_path, monkeypatch):
     while sched.has_pending:
         finish_one(holder)
     assert sched.tests_finished and all(w.shutting_down for w in workers)
+
+
+def test_a_worker_whose_chain_is_ending_takes_the_next_chain_before_light_tests(tmp_path, monkeypatch):
+    groups = {f"t.py::routed_{i}": "testbed-docker-test_topologies_routed" for i in range(3)}
+    groups |= {f"t.py::topo_{i}": "testbed-docker-test_topologies" for i in range(5)}
+    groups |= {f"t.py::four_{i}": "testbed-docker-test_topologies_four" for i in range(3)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(10))]
+    path = tmp_path / "groups.json"
+    path.write_text(json.dumps(groups))
+    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
+    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
+    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 4)
+    sched = GroupScheduling(Config(4))
+    workers = [Worker(f"gw{i}") for i in range(4)]
+    for w in workers:
+        sched.add_node(w)
+        sched.add_node_collection(w, collection)
+    sched.schedule()
+    routed = next(w for w in workers if "group testbed-docker-test_topologies_routed" in sched.assigned_work[w])
+    assert list(sched.assigned_work[routed]) == ["group testbed-docker-test_topologies_routed"]    # nothing queued
+    sched.mark_test_complete(routed, collection.index("t.py::routed_0"))          # two left: it asks for more
+    assert list(sched.assigned_work[routed]) == ["group testbed-docker-test_topologies_routed",
+                                                 "group testbed-docker-test_topologies_four"]
+    assert sum(map(len, routed.sent)) == 6 and sched.workqueue and all(
+        not parallel._heavy_scope(u) for u in sched.workqueue)
