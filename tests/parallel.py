@@ -15,8 +15,8 @@
   and streams at their read timeouts. The scheduler (`GroupScheduling`) hands heavy groups to no more workers than
   there are slots, longest first, and light tests to the others; once no light test is left, one more slot opens.
 - `@pytest.mark.tail`: a test the heaviest minutes' load upsets (a console's pilot waiting for its own screen) runs
-  once every vLLM chain has ended, beside light tests only: a light machine, not a quiet one. Such tests are one
-  unit, handed out only then.
+  once every vLLM chain has ended, beside light tests only: a light machine, not a quiet one. Each is a unit of its
+  own, handed out only then (side by side, so that one that hangs until its timeout holds up only its worker).
 - `@pytest.mark.alone`: a timing comparison runs with no other test in flight. Every test holds a shared lock
   while it runs; an alone test takes it exclusively, after announcing itself on a second lock so that the other
   workers' next tests wait for it instead of starving it. scripts/test goes further: it runs the `alone` tests
@@ -96,7 +96,7 @@ TAIL = "tail"
 
 def group_of(item: pytest.Item) -> str | None:
     if item.get_closest_marker("tail") is not None:
-        return TAIL
+        return f"{TAIL} {item.nodeid}"          # a group of one: a unit the scheduler knows as the tail's
     fixtures = set(getattr(item, "fixturenames", ()))
     if "docker_engine" in fixtures:
         name = Path(str(item.path)).name
@@ -215,13 +215,14 @@ class GroupScheduling:
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         nodeid = self.registered_collections[node][item_index]
         self.assigned_work[node][self._unit_of(nodeid)][nodeid] = True
-        tail_waits = f"group {TAIL}" in self.workqueue
+        tail_waits = any(_tail_scope(unit) for unit in self.workqueue)
         self._reschedule(node)
         self._wake_tail()
         if tail_waits and not self._chains_running():
-            # the last chain ended: the tail's unit goes out (if this worker did not take it), and every worker that
-            # got nothing meanwhile, or sits on its last test until it knows the next, gets its turn
-            for other in sorted(self.nodes, key=lambda n: _pending(self.assigned_work[n])):
+            # the last chain ended: the tail's units go out, one per worker first, and every worker that got
+            # nothing meanwhile, or sits on its last test until it knows the next, gets its two units
+            order = sorted(self.nodes, key=lambda n: _pending(self.assigned_work[n]))
+            for other in order + order:
                 self._reschedule(other)
 
     def mark_test_pending(self, item: str) -> None:
@@ -286,8 +287,8 @@ class GroupScheduling:
 
     def _assign_work_unit(self, node) -> None:
         heavy = [unit for unit in self.workqueue if _heavy_scope(unit)]
-        later = {f"group {TAIL}"} if self._chains_running() else set()
-        light = [unit for unit in self.workqueue if not _heavy_scope(unit) and unit not in later]
+        later = self._chains_running()
+        light = [unit for unit in self.workqueue if not _heavy_scope(unit) and not (later and _tail_scope(unit))]
         others = sum(self._holds_heavy(n) for n in self.nodes if n is not node)
         if heavy and not light:
             open_tail_slot(self.config)
@@ -297,9 +298,9 @@ class GroupScheduling:
         if heavy and (not light or (free and others < heavy_slots())):
             unit = max(heavy, key=lambda s: HEAVY_SECONDS.get(s.removeprefix("group "), 0))
         elif light:
-            unit = next((s for s in LONG_LIGHT if s in light), light[0])
+            unit = next((s for s in LONG_LIGHT if s in light), None) or next((s for s in light if _tail_scope(s)), light[0])
         else:
-            return          # only the tail's unit is left, and chains still run: it is handed out when they end
+            return          # only the tail's units are left, and chains still run: they are handed out when they end
         tests = self.workqueue.pop(unit)
         self.assigned_work.setdefault(node, {})[unit] = tests
         collected = self.registered_collections[node]
@@ -312,10 +313,8 @@ class GroupScheduling:
         if not self.waiting or any(_heavy_scope(unit) for unit in self.workqueue):
             return
         waiting, self.waiting = self.waiting, []
-        for node in waiting:
-            if node in self.assigned_work:
-                self._reschedule(node)
-                self._reschedule(node)
+        for node in [n for n in waiting if n in self.assigned_work] * 2:
+            self._reschedule(node)
 
     def _reschedule(self, node) -> None:
         if node.shutting_down or node in self.waiting:
@@ -442,6 +441,11 @@ def _heavy_group(group: str | None) -> bool:
 
 def is_heavy(item: pytest.Item) -> bool:
     return _heavy_group(group_of(item))
+
+
+def _tail_scope(scope: str) -> bool:
+    """A scheduler's scope that is a `tail` test's own unit."""
+    return scope.startswith(f"group {TAIL} ")
 
 
 def _heavy_scope(scope: str) -> bool:

@@ -148,9 +148,9 @@ def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp
     assert sent == sorted(collection)
 
 
-def test_the_tail_unit_waits_for_every_chain_to_end(tmp_path, monkeypatch):
+def test_the_tail_units_wait_for_every_chain_to_end_and_go_one_per_worker(tmp_path, monkeypatch):
     groups = {f"t.py::heavy_{i}": "testbed-docker-test_topologies" for i in range(3)}
-    groups |= {f"t.py::tail_{i}": parallel.TAIL for i in range(3)}
+    groups |= {f"t.py::tail_{i}": f"{parallel.TAIL} t.py::tail_{i}" for i in range(3)}
     collection = [*groups, *(f"t.py::light_{i}" for i in range(2))]
     path = tmp_path / "groups.json"
     path.write_text(json.dumps(groups))
@@ -163,27 +163,26 @@ def test_the_tail_unit_waits_for_every_chain_to_end(tmp_path, monkeypatch):
         sched.add_node(w)
         sched.add_node_collection(w, collection)
     sched.schedule()
-    tail = f"group {parallel.TAIL}"
     chain = next(w for w in workers if "group testbed-docker-test_topologies" in sched.assigned_work[w])
+
+    def tails(w: Worker) -> list[str]:
+        return [u for u in sched.assigned_work[w] if parallel._tail_scope(u)]
 
     def finish_one(w: Worker) -> None:
         nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
         sched.mark_test_complete(w, collection.index(nodeid))
 
-    # the light tests end: the other workers idle, and the tail's unit stays queued while the chain runs
+    # the light tests end: the other workers idle, and the tail's units stay queued while the chain runs
     for w in workers:
         while w is not chain and parallel._pending(sched.assigned_work[w]):
             finish_one(w)
-    assert tail in sched.workqueue and not any(tail in sched.assigned_work[w] for w in workers)
+    assert len(sched.workqueue) == 3 and not any(tails(w) for w in workers)
     for _ in range(2):
         finish_one(chain)
-        assert tail in sched.workqueue
-    finish_one(chain)                         # the chain's last test: the tail's unit goes out
-    holder = next(w for w in workers if tail in sched.assigned_work[w])
-    assert not sched.workqueue
-    assert all(w.shutting_down for w in workers if w is not holder)       # nothing left for the others
-    while sched.has_pending:
-        finish_one(holder)
+        assert len(sched.workqueue) == 3
+    finish_one(chain)                         # the chain's last test: the tail's units go out, one per worker
+    assert not sched.workqueue and [len(tails(w)) for w in workers] == [1, 1, 1]
+    # every worker is told to shut down, so each runs the one test it holds (xdist runs a last test then)
     assert sched.tests_finished and all(w.shutting_down for w in workers)
 
 
