@@ -160,6 +160,13 @@ async def test_docker_shim_as_the_agent_and_runner_use_it(tmp_path):
             r = docker(node, "run", "-d", "--name", "big", "--memory", "10g", "--gpus", "all", "vllm-node",
                        "vllm", "serve", "openai/gpt-oss-120b", "--gpu-memory-utilization", "0.7", "--port", "1")
             assert r.returncode == 0, r.stderr
+            # as on a host, the container's cgroup and its process's /proc entry are there once `docker run` returns: an
+            # agent reading the container at once finds them (ci41 read "no readable /proc/PID/cgroup" in such a moment)
+            pid = int(docker(node, "inspect", "--format", "{{.State.Pid}}", "big").stdout)
+            cid = r.stdout.strip()
+            assert f"docker-{cid}.scope" in (node.proc_root / str(pid) / "cgroup").read_text()
+            scope = node.cgroup_root / "system.slice" / f"docker-{cid}.scope"
+            assert (scope / "memory.max").read_text() == f"{10 << 30}\n"
             t, _ = await agent.until(lambda t: any(p.get("container") == "big" and p.get("used_b", 0) > 80 << 30
                                                    for p in (t.get("gpu_procs") or {}).get("procs") or []), 30)
             w = workload_memory(Tick.from_json(t, 0))["big"]

@@ -274,6 +274,31 @@ def spawn(store: Store, rec: dict[str, Any], module: str, args: list[str], *, ex
     return proc.pid
 
 
+HOST_CGROUP = "0::/user.slice/user-1000.slice/session-1.scope\n"   # a GPU process in no container
+
+
+def write_proc_entry(proc_root: Path, pid: int, rec: dict[str, Any] | None, cid: str | None) -> str:
+    """/proc/PID/{comm,cgroup} of one process on the simulated node (written once): in its container's Docker scope,
+    or a host session. Returns the entry's name."""
+    pdir = proc_root / str(pid)
+    if not (pdir / "cgroup").is_file():
+        pdir.mkdir(parents=True, exist_ok=True)
+        cmd = (rec.get("cmd") or ["vllm"]) if rec else []
+        write_atomic(pdir / "comm", (os.path.basename(str(cmd[0])) if cmd else "python3")[:15] + "\n")
+        write_atomic(pdir / "cgroup", f"0::/system.slice/docker-{cid}.scope\n" if cid else HOST_CGROUP)
+    return pdir.name
+
+
+def write_cgroup_scope(cgroup_root: Path, cid: str, rec: dict[str, Any], charged_b: int) -> None:
+    """A running container's memory cgroup (cgroup v2, Docker's systemd scope): its cap and what is charged to it,
+    a process's own few MiB at least."""
+    d = cgroup_root / "system.slice" / f"docker-{cid}.scope"
+    d.mkdir(parents=True, exist_ok=True)
+    cap = int(rec.get("memory_b") or 0)
+    write_atomic(d / "memory.max", f"{cap}\n" if cap else "max\n")
+    write_atomic(d / "memory.current", f"{charged_b or 8 << 20}\n")
+
+
 def start_container(store: Store, rec: dict[str, Any]) -> None:
     for mount in rec.get("tmpfs") or ():        # a tmpfs starts empty each time, as Docker's does
         shutil.rmtree(store.fs(rec["name"]) / str(mount).lstrip("/"), ignore_errors=True)
@@ -286,6 +311,11 @@ def start_container(store: Store, rec: dict[str, Any]) -> None:
     rec["oom_killed"] = False
     rec["exec_pids"] = []
     store.save(rec)
+    # On a host the container's cgroup and /proc/PID are there as soon as `docker inspect` gives the PID: the agent
+    # may read them at once, before the node's next write of its processes (which keeps them: the container runs).
+    if rec.get("id"):
+        write_cgroup_scope(store.node_dir / "sys" / "fs" / "cgroup", rec["id"], rec, 0)
+    write_proc_entry(store.node_dir / "proc", rec["pid"], rec, rec.get("id"))
 
 
 def stop_container(store: Store, rec: dict[str, Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:

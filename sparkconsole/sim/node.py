@@ -44,13 +44,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from .containers import write_cgroup_scope, write_proc_entry
 from .dockershim import install
 from .files import pid_alive, read_json, write_atomic
 
 GIB = 1 << 30
 KIB = 1024
 PAGE_TABLES_PER_GIB = 2 << 20       # cgroup charge per GiB of CUDA memory: ~2 MB (model-serving-minefield issue 57)
-HOST_CGROUP = "0::/user.slice/user-1000.slice/session-1.scope\n"   # a GPU process in no container
 EARLYOOM_PID = 1                     # earlyoom's PID in the simulated /proc (only this tree knows it)
 # How long a silent node reads STALE before the console's connection to it drops (DOWN): the SSH transport's
 # keepalive, 5 s × 3 (nodes/transport.py). The local transport has none, so a silenced node plays it.
@@ -424,11 +424,7 @@ class SimNode:
                 charged[cid] += ld.charged_b
             keep.add(self._proc_entry(ld.pid, conts[cid][0] if cid else None, cid))
         for cid, (rec, pids) in conts.items():
-            d = self.cgroup_root / "system.slice" / f"docker-{cid}.scope"
-            d.mkdir(parents=True, exist_ok=True)
-            cap = int(rec.get("memory_b") or 0)
-            write_atomic(d / "memory.max", f"{cap}\n" if cap else "max\n")
-            write_atomic(d / "memory.current", f"{charged[cid] or 8 << 20}\n")    # a process's own few MiB at least
+            write_cgroup_scope(self.cgroup_root, cid, rec, charged[cid])
             for pid in pids:                  # the container's init too (the agent finds its cgroup through it)
                 keep.add(self._proc_entry(pid, rec, cid))
         for pdir in self.proc_root.iterdir():
@@ -441,14 +437,7 @@ class SimNode:
                     shutil.rmtree(d, ignore_errors=True)
 
     def _proc_entry(self, pid: int, rec: dict[str, Any] | None, cid: str | None) -> str:
-        """/proc/PID/{comm,cgroup} of one process (written once): in its container's Docker scope, or a host session."""
-        pdir = self.proc_root / str(pid)
-        if not (pdir / "cgroup").is_file():
-            pdir.mkdir(parents=True, exist_ok=True)
-            cmd = (rec.get("cmd") or ["vllm"]) if rec else []
-            write_atomic(pdir / "comm", (os.path.basename(str(cmd[0])) if cmd else "python3")[:15] + "\n")
-            write_atomic(pdir / "cgroup", f"0::/system.slice/docker-{cid}.scope\n" if cid else HOST_CGROUP)
-        return pdir.name
+        return write_proc_entry(self.proc_root, pid, rec, cid)
 
     def _write_guards(self) -> None:
         tn = self.tuning
