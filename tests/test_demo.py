@@ -161,6 +161,15 @@ async def test_simcluster_through_the_monitor_and_tp2_across_nodes():
     assert not os.path.exists(root) and sim_processes(root) == []
 
 
+def claimant(host: str, port: int, owner) -> subprocess.Popen:
+    """Another process that claims `port` on `host` for a state dir of its own and lives on (a cluster beside ours
+    that has not bound it yet): the port it got is its first line."""
+    return subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.state import "
+         "claim_port; print(claim_port(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])), flush=True); "
+         "time.sleep(60)", host, str(port), str(owner)], stdout=subprocess.PIPE, text=True)
+
+
 def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
     """A simulated vLLM binds only once loaded, so a bind probe alone gave two clusters starting together the
     same port, and one read the other's /health as its own (seen in CI). A claim held by another live process
@@ -172,10 +181,7 @@ def test_clusters_starting_side_by_side_get_different_ports(tmp_path):
     theirs, mine, later = (tmp_path / n for n in ("theirs", "mine", "later"))
     for d in (theirs, mine, later):
         d.mkdir()
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.state import "
-         "claim_port; print(claim_port(sys.argv[1], int(sys.argv[2]), Path(sys.argv[3])), flush=True); "
-         "time.sleep(60)", host, str(preferred), str(theirs)], stdout=subprocess.PIPE, text=True)
+    other = claimant(host, preferred, theirs)
     try:
         assert int(other.stdout.readline()) == preferred          # free, so the first claimant gets it
         got = claim_port(host, preferred, mine)
@@ -202,10 +208,7 @@ def test_a_cluster_on_a_recipes_ports_takes_addresses_where_no_one_claimed_them(
     theirs, mine, later = (tmp_path / n for n in ("theirs", "mine", "later"))
     for d in (theirs, mine, later):
         d.mkdir()
-    other = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from pathlib import Path; from sparkconsole.sim.state import "
-         "claim_port; print(claim_port('127.0.0.2', int(sys.argv[1]), Path(sys.argv[2])), flush=True); "
-         "time.sleep(60)", str(port), str(theirs)], stdout=subprocess.PIPE, text=True)
+    other = claimant("127.0.0.2", port, theirs)
     try:
         assert int(other.stdout.readline()) == port
         got = claim_addresses(2, (port, port + 1), mine)

@@ -65,23 +65,39 @@ class Config:
         return getattr(self.option, name)
 
 
-def test_heavy_groups_go_longest_first_to_the_slots_and_light_tests_to_the_other_workers(tmp_path, monkeypatch):
-    groups = {f"t.py::heavy_{g}_{i}": f"testbed-docker-test_{g}" for g in ("topologies", "topologies_routed",
-                                                                            "topologies_four") for i in range(2)}
-    groups |= {f"t.py::docker_{i}": "testbed-docker" for i in range(3)}
-    collection = [*groups, *(f"t.py::light_{i}" for i in range(6))]
+def scheduler(tmp_path, monkeypatch, groups: dict[str, str], collection: list[str], n: int, *, held: int = 0):
+    """A GroupScheduling over `n` recording workers, two heavy slots, the groups file the workers would write, `held`
+    workers kept for the tail; scheduled: (the scheduler, its workers)."""
     path = tmp_path / "groups.json"
     path.write_text(json.dumps(groups))
     monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
     monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
-    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 4)
-    sched = GroupScheduling(Config(4))
-    workers = [Worker(f"gw{i}") for i in range(4)]
+    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * n)
+    config = Config(n)
+    if held:
+        config.stash[parallel._HELD_FOR_TAIL] = held
+    sched = GroupScheduling(config)
+    workers = [Worker(f"gw{i}") for i in range(n)]
     for w in workers:
         sched.add_node(w)
         sched.add_node_collection(w, collection)
     assert sched.collection_is_completed
     sched.schedule()
+    return sched, workers
+
+
+def finish_next(sched: GroupScheduling, w: Worker, collection: list[str]) -> None:
+    """The worker's next test ends, as xdist reports it."""
+    nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
+    sched.mark_test_complete(w, collection.index(nodeid))
+
+
+def test_heavy_groups_go_longest_first_to_the_slots_and_light_tests_to_the_other_workers(tmp_path, monkeypatch):
+    groups = {f"t.py::heavy_{g}_{i}": f"testbed-docker-test_{g}" for g in ("topologies", "topologies_routed",
+                                                                            "topologies_four") for i in range(2)}
+    groups |= {f"t.py::docker_{i}": "testbed-docker" for i in range(3)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(6))]
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 4)
 
     def units(w: Worker) -> list[str]:
         return list(sched.assigned_work[w])
@@ -98,9 +114,8 @@ def test_heavy_groups_go_longest_first_to_the_slots_and_light_tests_to_the_other
     own = tmp_path / "own-groups"
     monkeypatch.setattr(sched.config, "stash", {parallel._OWN_GROUPS: str(own)})
     for w in workers[2:]:
-        while any(not done for tests in sched.assigned_work[w].values() for done in tests.values()):
-            nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
-            sched.mark_test_complete(w, collection.index(nodeid))
+        while parallel._pending(sched.assigned_work[w]):
+            finish_next(sched, w, collection)
     assert "group testbed-docker-test_topologies_four" in units(workers[2]) + units(workers[3])
     assert own.with_name("own-groups.tail").exists()
     assert not sched.workqueue and sched.has_pending and not sched.tests_finished
@@ -110,39 +125,23 @@ def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp
     groups = {f"t.py::heavy_{g}_{i}": f"testbed-docker-test_{g}" for g in ("topologies", "topologies_routed",
                                                                             "topologies_four") for i in range(2)}
     collection = [*groups, *(f"t.py::light_{i}" for i in range(12))]
-    path = tmp_path / "groups.json"
-    path.write_text(json.dumps(groups))
-    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
-    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
-    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 6)
-    config = Config(6)
-    config.stash[parallel._HELD_FOR_TAIL] = 2
-    sched = GroupScheduling(config)
-    workers = [Worker(f"gw{i}") for i in range(6)]
-    for w in workers:
-        sched.add_node(w)
-        sched.add_node_collection(w, collection)
-    sched.schedule()
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 6, held=2)
     held = workers[4:]
     assert all(w.sent == [] for w in held) and all(w.sent for w in workers[:4])
-
-    def finish_one(w: Worker) -> None:
-        nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
-        sched.mark_test_complete(w, collection.index(nodeid))
 
     # the first chain ends a test at a time: the held workers stay idle while a heavy group (topologies_four) is
     # queued, and join once it is handed out, with light tests still left for them
     first_chain = workers[0]
     while any(parallel._heavy_scope(u) for u in sched.workqueue):
         assert all(w.sent == [] for w in held)
-        finish_one(first_chain)
+        finish_next(sched, first_chain, collection)
     assert "group testbed-docker-test_topologies_four" in sched.assigned_work[first_chain]
     # each has two tests or more: an xdist worker runs a test only once it knows the next one
     assert all(sum(map(len, w.sent)) >= 2 for w in held), [w.sent for w in held]
     assert not any(parallel._heavy_scope(u) for w in held for u in sched.assigned_work[w])
     # everything ends: every worker, held or not, is shut down and every test was sent exactly once
     while sched.has_pending:
-        finish_one(next(w for w in workers if parallel._pending(sched.assigned_work[w])))
+        finish_next(sched, next(w for w in workers if parallel._pending(sched.assigned_work[w])), collection)
     assert sched.tests_finished and all(w.shutting_down for w in workers)
     sent = sorted(collection[i] for w in workers for batch in w.sent for i in batch)
     assert sent == sorted(collection)
@@ -152,35 +151,21 @@ def test_the_tail_units_wait_for_every_chain_to_end_and_go_one_per_worker(tmp_pa
     groups = {f"t.py::heavy_{i}": "testbed-docker-test_topologies" for i in range(3)}
     groups |= {f"t.py::tail_{i}": f"{parallel.TAIL} t.py::tail_{i}" for i in range(3)}
     collection = [*groups, *(f"t.py::light_{i}" for i in range(2))]
-    path = tmp_path / "groups.json"
-    path.write_text(json.dumps(groups))
-    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
-    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
-    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 3)
-    sched = GroupScheduling(Config(3))
-    workers = [Worker(f"gw{i}") for i in range(3)]
-    for w in workers:
-        sched.add_node(w)
-        sched.add_node_collection(w, collection)
-    sched.schedule()
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 3)
     chain = next(w for w in workers if "group testbed-docker-test_topologies" in sched.assigned_work[w])
 
     def tails(w: Worker) -> list[str]:
         return [u for u in sched.assigned_work[w] if parallel._tail_scope(u)]
 
-    def finish_one(w: Worker) -> None:
-        nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
-        sched.mark_test_complete(w, collection.index(nodeid))
-
     # the light tests end: the other workers idle, and the tail's units stay queued while the chain runs
     for w in workers:
         while w is not chain and parallel._pending(sched.assigned_work[w]):
-            finish_one(w)
+            finish_next(sched, w, collection)
     assert len(sched.workqueue) == 3 and not any(tails(w) for w in workers)
     for _ in range(2):
-        finish_one(chain)
+        finish_next(sched, chain, collection)
         assert len(sched.workqueue) == 3
-    finish_one(chain)                         # the chain's last test: the tail's units go out, one per worker
+    finish_next(sched, chain, collection)     # the chain's last test: the tail's units go out, one per worker
     assert not sched.workqueue and [len(tails(w)) for w in workers] == [1, 1, 1]
     # every worker is told to shut down, so each runs the one test it holds (xdist runs a last test then)
     assert sched.tests_finished and all(w.shutting_down for w in workers)
@@ -191,17 +176,7 @@ def test_a_worker_whose_chain_is_ending_takes_the_next_chain_before_light_tests(
     groups |= {f"t.py::topo_{i}": "testbed-docker-test_topologies" for i in range(5)}
     groups |= {f"t.py::four_{i}": "testbed-docker-test_topologies_four" for i in range(3)}
     collection = [*groups, *(f"t.py::light_{i}" for i in range(10))]
-    path = tmp_path / "groups.json"
-    path.write_text(json.dumps(groups))
-    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
-    monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
-    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 4)
-    sched = GroupScheduling(Config(4))
-    workers = [Worker(f"gw{i}") for i in range(4)]
-    for w in workers:
-        sched.add_node(w)
-        sched.add_node_collection(w, collection)
-    sched.schedule()
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 4)
     routed = next(w for w in workers if "group testbed-docker-test_topologies_routed" in sched.assigned_work[w])
     assert list(sched.assigned_work[routed]) == ["group testbed-docker-test_topologies_routed"]    # nothing queued
     sched.mark_test_complete(routed, collection.index("t.py::routed_0"))          # two left: it asks for more
