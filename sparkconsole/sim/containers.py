@@ -277,6 +277,16 @@ def spawn(store: Store, rec: dict[str, Any], module: str, args: list[str], *, ex
 HOST_CGROUP = "0::/user.slice/user-1000.slice/session-1.scope\n"   # a GPU process in no container
 
 
+def proc_root(node_dir: Path) -> Path:
+    """The simulated node's /proc (the agent's `--proc-root`)."""
+    return node_dir / "proc"
+
+
+def cgroup_root(node_dir: Path) -> Path:
+    """The simulated node's /sys/fs/cgroup (the agent's `--cgroup-root`)."""
+    return node_dir / "sys" / "fs" / "cgroup"
+
+
 def write_proc_entry(proc_root: Path, pid: int, rec: dict[str, Any] | None, cid: str | None) -> str:
     """/proc/PID/{comm,cgroup} of one process on the simulated node (written once): in its container's Docker scope,
     or a host session. Returns the entry's name."""
@@ -314,8 +324,8 @@ def start_container(store: Store, rec: dict[str, Any]) -> None:
     # On a host the container's cgroup and /proc/PID are there as soon as `docker inspect` gives the PID: the agent
     # may read them at once, before the node's next write of its processes (which keeps them: the container runs).
     if rec.get("id"):
-        write_cgroup_scope(store.node_dir / "sys" / "fs" / "cgroup", rec["id"], rec, 0)
-    write_proc_entry(store.node_dir / "proc", rec["pid"], rec, rec.get("id"))
+        write_cgroup_scope(cgroup_root(store.node_dir), rec["id"], rec, 0)
+    write_proc_entry(proc_root(store.node_dir), rec["pid"], rec, rec.get("id"))
 
 
 def stop_container(store: Store, rec: dict[str, Any], timeout: float = 10.0, sig: int = signal.SIGTERM) -> None:

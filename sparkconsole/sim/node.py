@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from . import containers
 from .containers import write_cgroup_scope, write_proc_entry
 from .dockershim import install
 from .files import pid_alive, read_json, write_atomic
@@ -260,7 +261,7 @@ class SimNode:
 
     @property
     def proc_root(self) -> Path:
-        return self.dir / "proc"
+        return containers.proc_root(self.dir)
 
     @property
     def bin_dir(self) -> Path:
@@ -268,7 +269,7 @@ class SimNode:
 
     @property
     def cgroup_root(self) -> Path:
-        return self.dir / "sys" / "fs" / "cgroup"
+        return containers.cgroup_root(self.dir)
 
     def agent_args(self) -> tuple[str, ...]:
         return ("--gpu-source", f"sim:{self.gpu_json}", "--proc-root", str(self.proc_root), "--containers", "docker",
@@ -422,11 +423,11 @@ class SimNode:
             cid = by_pid.get(ld.pid)
             if cid is not None:
                 charged[cid] += ld.charged_b
-            keep.add(self._proc_entry(ld.pid, conts[cid][0] if cid else None, cid))
+            keep.add(write_proc_entry(self.proc_root, ld.pid, conts[cid][0] if cid else None, cid))
         for cid, (rec, pids) in conts.items():
             write_cgroup_scope(self.cgroup_root, cid, rec, charged[cid])
             for pid in pids:                  # the container's init too (the agent finds its cgroup through it)
-                keep.add(self._proc_entry(pid, rec, cid))
+                keep.add(write_proc_entry(self.proc_root, pid, rec, cid))
         for pdir in self.proc_root.iterdir():
             if pdir.name.isdigit() and pdir.name not in keep:
                 shutil.rmtree(pdir, ignore_errors=True)
@@ -435,9 +436,6 @@ class SimNode:
             for d in scopes.glob("docker-*.scope"):
                 if d.name[len("docker-"):-len(".scope")] not in conts:
                     shutil.rmtree(d, ignore_errors=True)
-
-    def _proc_entry(self, pid: int, rec: dict[str, Any] | None, cid: str | None) -> str:
-        return write_proc_entry(self.proc_root, pid, rec, cid)
 
     def _write_guards(self) -> None:
         tn = self.tuning
