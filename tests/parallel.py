@@ -221,9 +221,7 @@ class GroupScheduling:
         if tail_waits and not self._chains_running():
             # the last chain ended: the tail's units go out, one per worker first, and every worker that got
             # nothing meanwhile, or sits on its last test until it knows the next, gets its two units
-            order = sorted(self.nodes, key=lambda n: _pending(self.assigned_work[n]))
-            for other in order + order:
-                self._reschedule(other)
+            self._two_units_each(sorted(self.nodes, key=lambda n: _pending(self.assigned_work[n])))
 
     def mark_test_pending(self, item: str) -> None:
         raise NotImplementedError
@@ -307,13 +305,17 @@ class GroupScheduling:
         node.send_runtest_some([collected.index(nodeid) for nodeid, done in tests.items() if not done])
 
     def _wake_tail(self) -> None:
-        """The held workers join once every heavy group is handed out: the chains still running are the last.
-        Each gets two units, as schedule() gives every worker at first: an xdist worker runs a test only once it
-        knows the next one (or is told to shut down), so a worker sent one single test would sit on it."""
+        """The held workers join once every heavy group is handed out: the chains still running are the last."""
         if not self.waiting or any(_heavy_scope(unit) for unit in self.workqueue):
             return
         waiting, self.waiting = self.waiting, []
-        for node in [n for n in waiting if n in self.assigned_work] * 2:
+        self._two_units_each([n for n in waiting if n in self.assigned_work])
+
+    def _two_units_each(self, nodes: list) -> None:
+        """Each of `nodes` (in order, one unit per round) topped up to two units, as schedule() gives every worker
+        at first: an xdist worker runs a test only once it knows the next one (or is told to shut down), so a
+        worker sent one single test would sit on it."""
+        for node in nodes + nodes:
             self._reschedule(node)
 
     def _reschedule(self, node) -> None:

@@ -94,8 +94,8 @@ def metrics(port: int) -> str:
 
 # Tail (tests/parallel.py): these read a collector's beat and a viewer's stale budget in seconds, with a console
 # in the same process; in a full suite's heaviest minutes (load 15-20 on 2 cores) the console's pilot timed out
-# waiting for its own screen. They run once the vLLM chains have ended, one after another on one worker; they
-# compare no timings, so they need a light machine, not a quiet one.
+# waiting for its own screen. They run once the vLLM chains have ended, each on a worker of its own; they compare
+# no timings, so they need a light machine, not a quiet one.
 @pytest.mark.tail
 async def test_one_collector_feeds_every_viewer_and_a_killed_one_is_taken_over(sshd_live, tmp_path, monkeypatch):
     cfg = cluster_yaml(tmp_path / "cluster.yaml", sshd_live, interval=0.25)

@@ -374,14 +374,12 @@ def print_containers(bed, label: str) -> None:
         print(f"{name}: {state.stdout.strip()}\n" + (log.stdout + log.stderr)[-12000:])
 
 
-def print_gateway_story(bed, cluster: Path, outputs: list[str]) -> None:
-    """The console's gateway steps (each SIGHUP it sent) and the gateway container's own log, timestamped."""
-    from sparkconsole.config import load_cluster
-    from sparkconsole.launch.gateway import container
+def print_gateway_story(bed, outputs: list[str]) -> None:
+    """The console's gateway steps (each SIGHUP it sent), then the gateway's and the routers' containers."""
     for out in outputs:
         print("\n".join(line for line in out.splitlines() if "gateway" in line))
-    log = bed.engine.run(["logs", "--timestamps", "--tail", "400", container(load_cluster(cluster))], check=False)
-    print("gateway log:\n" + (log.stdout + log.stderr)[-20000:])
+    for role in ("gateway", "router"):
+        print_containers(bed, f"sparkconsole.role={role}")
 
 
 def with_gateway(bed, name: str, extra: str = "") -> Path:
@@ -494,7 +492,7 @@ def several_workloads_behind_one_gateway(bed, pair_router: str) -> None:
     print(f"tiny-llama through the gateway while tiny-b restarted and stopped ({took:.0f} s): {len(rows)} requests, "
           f"{len(failed)} failed")
     if failed:          # once in ~35 runs (cause open): what the gateway did meanwhile, for the next reader
-        print_gateway_story(bed, gw, [*said, stop.stdout])
+        print_gateway_story(bed, [*said, stop.stdout])
     assert len(rows) > 0 and not failed, [r["error"] for r in failed][:3]
     listed = httpx.get(via + "/v1/models", headers=auth, timeout=30, trust_env=False).json()
     assert [m["id"] for m in listed["data"]] == ["tiny-llama"]
