@@ -224,6 +224,19 @@ def test_a_cluster_on_a_recipes_ports_takes_addresses_where_no_one_claimed_them(
             release_ports(d)
 
 
+def test_the_matrix_pair_claims_every_port_its_launches_may_bind():
+    """The server's port as the launch takes it (--set first, then the topology's and the recipe's defaults), the
+    router's and the rendezvous: a `--set port=` the matrix did not claim could meet another cluster's claim."""
+    from sparkconsole.commands.bench_matrix import _recipe_ports
+    from sparkconsole.recipes import find_recipe
+
+    recipe = find_recipe("gpt-oss-120b")
+    fixed = {recipe.router.port, recipe.cluster.master_port}
+    assert set(_recipe_ports(recipe, ["solo", "2x-solo-shuffle"], {})) == fixed | {int(recipe.defaults["port"])}
+    assert 9123 in _recipe_ports(recipe, ["solo"], {"port": 9123})
+    assert set(_recipe_ports(recipe, ["solo"], {"port": "nine"})) == fixed | {int(recipe.defaults["port"])}
+
+
 @pytest.mark.parametrize("topology,options", [("2x-solo", {"router": "simple-shuffle"}),
                                                ("cluster-tp2", {"backend": "ray"})])
 async def test_recipe_plan_launches_through_the_shims(topology, options):

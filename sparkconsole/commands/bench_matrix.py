@@ -5,9 +5,10 @@ topologies side by side and the advisor's verdict."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from ..errors import UserError
 from ..paths import DEFAULT_RESULTS, DEMO_RESULTS
@@ -69,14 +70,19 @@ def _launch_printer(args: argparse.Namespace, line: ProgressLine
     return progress, finding
 
 
-def _recipe_ports(recipe: Recipe) -> tuple[int, ...]:
-    """The ports the recipe's launches bind on a node as the recipe names them: its server, its router, the cluster
-    rendezvous. A simulated pair for the matrix takes addresses where these are free (a demo may run on .2/.3)."""
-    try:
-        server = int(recipe.defaults.get("port") or 8000)
-    except (TypeError, ValueError):
-        server = 8000             # the launch itself names this file and field
-    return tuple(sorted({server, recipe.router.port, recipe.cluster.master_port}))
+def _recipe_ports(recipe: Recipe, topologies: list[str], overrides: dict[str, Any]) -> tuple[int, ...]:
+    """The ports the recipe's launches bind on a node as they name them: the server's (from --set, each swept
+    topology's defaults, the recipe's defaults: every one a launch may take, launch/planning.py's node_port; 8000
+    when none names one), the router's and the cluster rendezvous. A simulated pair for the matrix takes addresses
+    where these are free (a demo may run on .2/.3)."""
+    from ..launch.launcher import resolve_topology
+    named = [overrides.get("port"), recipe.defaults.get("port"),
+             *(recipe.topology_defaults.get(resolve_topology(t)[0], {}).get("port") for t in topologies)]
+    servers = set()
+    for port in (p for p in named if p is not None):
+        with contextlib.suppress(TypeError, ValueError):     # not a number: the launch itself names file and field
+            servers.add(int(port))
+    return tuple(sorted({*(servers or {8000}), recipe.router.port, recipe.cluster.master_port}))
 
 
 def _check_matrix_args(args: argparse.Namespace) -> None:
@@ -140,7 +146,7 @@ async def _recipe_launcher(args: argparse.Namespace, topologies: list[str], spee
         # Both nodes carry the published OOM guards: a cluster prepared for benchmarking.
         parts.sim = sim = SimCluster(speed=speed, serving=Serving(topology="none"), load_speedup=DEMO_LOAD_SPEEDUP,
                                      tunings={name: NodeTuning.hardened() for name, _ in DEFAULT_NODES},
-                                     fixed_ports=_recipe_ports(recipe))
+                                     fixed_ports=_recipe_ports(recipe, topologies, overrides))
         await sim.start()
         nodes = ", ".join(f"{name} {addr}" for name, addr in sim.node_specs)
         line.text(f"simulated cluster up: {nodes} (state in {sim.root}; removed at the end)")
