@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 from prometheus_client.process_collector import ProcessCollector
@@ -187,7 +187,9 @@ def exchange(port: int, raw: bytes, wait_s: float = 1.0) -> bytes:
 
 
 def status(answer: bytes) -> int | None:
-    m = re.match(rb"HTTP/1\.[01] (\d{3})", answer)
+    """The answer's status code; aiohttp answers in the request's own version (HTTP/2.0, HTTP/1.9 …), so any
+    version counts: a 5xx or a cookie swap behind an odd version must not read as no answer."""
+    m = re.match(rb"HTTP/\d\.\d (\d{3})", answer)
     return int(m.group(1)) if m else None
 
 
@@ -293,6 +295,7 @@ def routed_requests(draw, routes: list[Route]) -> tuple[Route, bytes]:
 @pytest.mark.parametrize("name", NAMES)
 @fuzz(2000)
 @given(raw=requests())
+@example(raw=b"GET /?token=" + TOKEN_B + b" HTTP/2.0\r\n\r\n")      # CI: its swap answered as "HTTP/2.0 302"
 def test_listeners_answer_hostile_requests_with_4xx_no_traceback_no_secret(servers, name, raw):
     log_from = len(servers.log)
     answer = exchange(servers.ports[name], raw)
