@@ -1,5 +1,5 @@
-"""tests/parallel.py's scheduler against the installed pytest-xdist. It implements xdist's public `Scheduling`
-protocol and drives the workers through `WorkerController`'s public methods only; an xdist that changes either
+"""tests/parallel.py's scheduler (tests/scheduling.py) against the installed pytest-xdist. It implements xdist's
+public `Scheduling` protocol and drives the workers through `WorkerController`'s public methods only; an xdist that changes either
 fails here, by name, instead of the suite hanging or running a test twice. The hand-out itself is checked with
 workers that record what they are sent (xdist's own workers are processes; the whole suite runs on them)."""
 
@@ -12,8 +12,8 @@ import pytest
 
 xdist = pytest.importorskip("xdist")
 
-from tests import parallel  # noqa: E402
-from tests.parallel import GroupScheduling  # noqa: E402
+from tests import scheduling  # noqa: E402
+from tests.scheduling import GroupScheduling  # noqa: E402
 
 
 def test_the_scheduler_implements_xdists_scheduling_protocol():
@@ -22,7 +22,7 @@ def test_the_scheduler_implements_xdists_scheduling_protocol():
     assert wanted, "xdist.scheduler.protocol.Scheduling has no members: the protocol moved"
     for name, member in wanted.items():
         ours = getattr(GroupScheduling, name, None)
-        assert ours is not None, f"xdist's Scheduling protocol now has {name}; tests/parallel.py's scheduler lacks it"
+        assert ours is not None, f"xdist's Scheduling protocol now has {name}; tests/scheduling.py's scheduler lacks it"
         assert isinstance(ours, property) == isinstance(member, property), name
         if callable(member):
             assert list(inspect.signature(ours).parameters) == list(inspect.signature(member).parameters), name
@@ -65,18 +65,21 @@ class Config:
         return getattr(self.option, name)
 
 
-def scheduler(tmp_path, monkeypatch, groups: dict[str, str], collection: list[str], n: int, *, held: int = 0):
+def scheduler(tmp_path, monkeypatch, groups: dict[str, str], collection: list[str], n: int, *, held: int = 0,
+              clock=None):
     """A GroupScheduling over `n` recording workers, two heavy slots, the groups file the workers would write, `held`
-    workers kept for the tail; scheduled: (the scheduler, its workers)."""
+    workers kept for the tail, its clock `clock` if given; scheduled: (the scheduler, its workers)."""
     path = tmp_path / "groups.json"
     path.write_text(json.dumps(groups))
-    monkeypatch.setenv(parallel.GROUPS_ENV, str(path))
+    monkeypatch.setenv(scheduling.GROUPS_ENV, str(path))
     monkeypatch.setenv("SPARKCONSOLE_HEAVY_SLOTS", "2")
     monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * n)
     config = Config(n)
     if held:
-        config.stash[parallel._HELD_FOR_TAIL] = held
+        config.stash[scheduling.HELD_FOR_TAIL] = held
     sched = GroupScheduling(config)
+    if clock is not None:
+        sched.clock = clock
     workers = [Worker(f"gw{i}") for i in range(n)]
     for w in workers:
         sched.add_node(w)
@@ -103,18 +106,18 @@ def test_heavy_groups_go_longest_first_to_the_slots_and_light_tests_to_the_other
         return list(sched.assigned_work[w])
     first = [units(w)[0] for w in workers]
     # the two longest chains on two workers, the Docker group (no slot) handed out first of the light work
-    assert first[:2] == ["group testbed-docker-test_topologies_routed", "group testbed-docker-test_topologies"]
+    assert first[:2] == ["group testbed-docker-test_topologies", "group testbed-docker-test_topologies_routed"]
     assert first[2] == "group testbed-docker"
     assert first[3].startswith("t.py::light_")
-    assert sum(parallel._heavy_scope(u) for w in workers for u in units(w)) == 2      # the slots, no more
+    assert sum(scheduling.heavy_scope(u) for w in workers for u in units(w)) == 2      # the slots, no more
     # every test is sent once, to the worker that holds its unit
     sent = sorted(collection[i] for w in workers for batch in w.sent for i in batch)
     assert len(sent) == len(set(sent))
     # the light tests run out: the last heavy group goes to a third worker, through the tail slot
     own = tmp_path / "own-groups"
-    monkeypatch.setattr(sched.config, "stash", {parallel._OWN_GROUPS: str(own)})
+    monkeypatch.setattr(sched.config, "stash", {scheduling.OWN_GROUPS: str(own)})
     for w in workers[2:]:
-        while parallel._pending(sched.assigned_work[w]):
+        while scheduling.pending(sched.assigned_work[w]):
             finish_next(sched, w, collection)
     assert "group testbed-docker-test_topologies_four" in units(workers[2]) + units(workers[3])
     assert own.with_name("own-groups.tail").exists()
@@ -132,16 +135,16 @@ def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp
     # the first chain ends a test at a time: the held workers stay idle while a heavy group (topologies_four) is
     # queued, and join once it is handed out, with light tests still left for them
     first_chain = workers[0]
-    while any(parallel._heavy_scope(u) for u in sched.workqueue):
+    while any(scheduling.heavy_scope(u) for u in sched.workqueue):
         assert all(w.sent == [] for w in held)
         finish_next(sched, first_chain, collection)
     assert "group testbed-docker-test_topologies_four" in sched.assigned_work[first_chain]
     # each has two tests or more: an xdist worker runs a test only once it knows the next one
     assert all(sum(map(len, w.sent)) >= 2 for w in held), [w.sent for w in held]
-    assert not any(parallel._heavy_scope(u) for w in held for u in sched.assigned_work[w])
+    assert not any(scheduling.heavy_scope(u) for w in held for u in sched.assigned_work[w])
     # everything ends: every worker, held or not, is shut down and every test was sent exactly once
     while sched.has_pending:
-        finish_next(sched, next(w for w in workers if parallel._pending(sched.assigned_work[w])), collection)
+        finish_next(sched, next(w for w in workers if scheduling.pending(sched.assigned_work[w])), collection)
     assert sched.tests_finished and all(w.shutting_down for w in workers)
     sent = sorted(collection[i] for w in workers for batch in w.sent for i in batch)
     assert sent == sorted(collection)
@@ -149,17 +152,17 @@ def test_workers_held_for_the_tail_join_once_every_heavy_group_is_handed_out(tmp
 
 def test_the_tail_units_wait_for_every_chain_to_end_and_go_one_per_worker(tmp_path, monkeypatch):
     groups = {f"t.py::heavy_{i}": "testbed-docker-test_topologies" for i in range(3)}
-    groups |= {f"t.py::tail_{i}": f"{parallel.TAIL} t.py::tail_{i}" for i in range(3)}
+    groups |= {f"t.py::tail_{i}": f"{scheduling.TAIL} t.py::tail_{i}" for i in range(3)}
     collection = [*groups, *(f"t.py::light_{i}" for i in range(2))]
     sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 3)
     chain = next(w for w in workers if "group testbed-docker-test_topologies" in sched.assigned_work[w])
 
     def tails(w: Worker) -> list[str]:
-        return [u for u in sched.assigned_work[w] if parallel._tail_scope(u)]
+        return [u for u in sched.assigned_work[w] if scheduling.tail_scope(u)]
 
     # the light tests end: the other workers idle, and the tail's units stay queued while the chain runs
     for w in workers:
-        while w is not chain and parallel._pending(sched.assigned_work[w]):
+        while w is not chain and scheduling.pending(sched.assigned_work[w]):
             finish_next(sched, w, collection)
     assert len(sched.workqueue) == 3 and not any(tails(w) for w in workers)
     for _ in range(2):
@@ -183,4 +186,32 @@ def test_a_worker_whose_chain_is_ending_takes_the_next_chain_before_light_tests(
     assert list(sched.assigned_work[routed]) == ["group testbed-docker-test_topologies_routed",
                                                  "group testbed-docker-test_topologies_four"]
     assert sum(map(len, routed.sent)) == 6 and sched.workqueue and all(
-        not parallel._heavy_scope(u) for u in sched.workqueue)
+        not scheduling.heavy_scope(u) for u in sched.workqueue)
+
+
+def test_the_longest_chain_left_goes_to_the_slot_that_will_be_free_first(tmp_path, monkeypatch):
+    """Topologies' worker asks for its next chain while the other slot is due to end first: it takes the shorter
+    chain and leaves the longer for the other (on the code before, it took the longest at once)."""
+    groups = {f"t.py::topo_{i}": "testbed-docker-test_topologies" for i in range(5)}
+    groups |= {f"t.py::routed_{i}": "testbed-docker-test_topologies_routed" for i in range(3)}
+    groups |= {f"t.py::four_{i}": "testbed-docker-test_topologies_four" for i in range(3)}
+    groups |= {f"t.py::vllm_{i}": "testbed-vllm" for i in range(3)}
+    groups |= {f"t.py::killed_{i}": "testbed-docker-test_container_killed" for i in range(3)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(10))]
+    now = [0.0]
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 4, clock=lambda: now[0])
+
+    def holder(group: str) -> Worker:
+        return next(w for w in workers if f"group {group}" in sched.assigned_work[w])
+    topo, routed = holder("testbed-docker-test_topologies"), holder("testbed-docker-test_topologies_routed")
+    now[0] = 200                                     # routed's chain ends first (due at 300): it takes the longest
+    finish_next(sched, routed, collection)
+    assert "group testbed-docker-test_topologies_four" in sched.assigned_work[routed]
+    now[0] = 380                                     # topologies is due at 460, routed's slot at 300 + 140
+    for _ in range(3):
+        finish_next(sched, topo, collection)
+    assert list(sched.assigned_work[topo])[-1] == "group testbed-docker-test_container_killed"
+    assert "group testbed-vllm" in sched.workqueue
+    for _ in range(4):                               # routed's last test and four's first: two left, it asks
+        finish_next(sched, routed, collection)
+    assert list(sched.assigned_work[routed])[-1] == "group testbed-vllm"
