@@ -119,7 +119,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log):
     scheduler reads them from the file the workers wrote, and balances every other test one by one."""
     if config.getvalue("dist") != "loadgroup":
         return None
-    return GroupScheduling(config, log)
+    config.stash[_SCHEDULER] = GroupScheduling(config, log)
+    return config.stash[_SCHEDULER]
+
+
+_SCHEDULER = pytest.StashKey[GroupScheduling]()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The controller keeps this run's seconds per test for the next run's order (GroupScheduling.remember)."""
+    sched = session.config.stash.get(_SCHEDULER, None)
+    if sched is not None:
+        sched.remember()
 
 
 def _lock_paths() -> tuple[Path, Path] | None:

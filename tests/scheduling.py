@@ -34,6 +34,12 @@ TAIL = "tail"
 HEAVY_SECONDS = {"testbed-docker-test_topologies": 460, "testbed-docker-test_topologies_routed": 300,
                  "testbed-docker-test_topologies_four": 140, "testbed-vllm": 105,
                  "testbed-docker-test_container_killed": 70}
+# pytest's cache key of each test's seconds in the last run that ran it (a run's durations, kept by the controller
+# at its end): the next run orders the light units longest first and takes a heavy group's expected seconds from
+# them. A fresh clone has none: the units keep their order and HEAVY_SECONDS stands.
+SECONDS_KEY = "sparkconsole/test-seconds"
+# The seconds a test not yet remembered is counted for (most of the suite's tests take one or less).
+UNKNOWN_SECONDS = 1.0
 # The Docker group's containers are stand-in servers and routers, no vLLM: it keeps a worker and an engine of its
 # own but takes no slot, so two chains of vLLM launches run beside it from the start.
 UNSLOTTED = ("testbed-docker",)
@@ -83,6 +89,9 @@ class GroupScheduling:
         self.waiting: list = []                                       # workers held until the tail
         self.clock = time.monotonic
         self.free_at: dict = {}                                       # worker -> when its chains should end
+        cache = getattr(config, "cache", None)
+        self.seconds_before: dict[str, float] = (cache.get(SECONDS_KEY, {}) if cache is not None else {}) or {}
+        self.seconds_now: dict[str, float] = {}                      # this run's, as the workers report them
 
     # --- the protocol ---------------------------------------------------------------------------------------
     @property
@@ -130,6 +139,7 @@ class GroupScheduling:
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         nodeid = self.registered_collections[node][item_index]
+        self.seconds_now[nodeid] = round(duration, 2)
         self.assigned_work[node][self._unit_of(nodeid)][nodeid] = True
         tail_waits = any(tail_scope(unit) for unit in self.workqueue)
         self._reschedule(node)
@@ -162,6 +172,10 @@ class GroupScheduling:
             units.setdefault(self._unit_of(nodeid), {})[nodeid] = False
         if getattr(self.config.option, "loadscopereorder", True):     # larger units first, as loadscope does
             units = dict(sorted(units.items(), key=lambda kv: -len(kv[1])))
+        if self.seconds_before:
+            # longest first, as the last run timed them: a test of 18 s handed out in the run's last 20 s held its
+            # end (warm43); the short ones left for the end fill the workers evenly
+            units = dict(sorted(units.items(), key=lambda kv: -self._remembered(kv[1])))
         self.workqueue = units
         for _ in range(len(self.nodes) - len(self.workqueue)):     # more workers than units
             self.assigned_work.popitem()[0].shutdown()
@@ -232,10 +246,27 @@ class GroupScheduling:
             return max(now, self.free_at.get(n, now)) if self._holds_heavy(n) else now
         mine = due(node)
         ahead = sum(due(n) < mine for n in self.nodes if n is not node and self._holds_heavy(n))
-        ranked = sorted(heavy, key=lambda s: -_seconds(s))
+        ranked = sorted(heavy, key=lambda s: -self._expected(s))
         unit = ranked[min(ahead, len(ranked) - 1)]
-        self.free_at[node] = mine + _seconds(unit)
+        self.free_at[node] = mine + self._expected(unit)
         return unit
+
+    def _expected(self, unit: str) -> float:
+        """A heavy unit's expected seconds: the last run's, if it ran every test of it, else HEAVY_SECONDS (0 for
+        a group it does not know)."""
+        tests = self.workqueue.get(unit, {})
+        if tests and all(t in self.seconds_before for t in tests):
+            return self._remembered(tests)
+        return HEAVY_SECONDS.get(unit.removeprefix("group "), 0)
+
+    def _remembered(self, tests) -> float:
+        return sum(self.seconds_before.get(t, UNKNOWN_SECONDS) for t in tests)
+
+    def remember(self) -> None:
+        """This run's seconds into pytest's cache, over the last run's (a run of some tests keeps the others')."""
+        cache = getattr(self.config, "cache", None)
+        if cache is not None and self.seconds_now:
+            cache.set(SECONDS_KEY, {**self.seconds_before, **self.seconds_now})
 
     def _wake_tail(self) -> None:
         """The held workers join once every heavy group is handed out: the chains still running are the last."""
@@ -275,11 +306,6 @@ class GroupScheduling:
             self.config.hook.pytest_collectreport(
                 report=pytest.CollectReport(nodeid=node.gateway.id, outcome="failed", longrepr=msg, result=[]))
         return same
-
-
-def _seconds(scope: str) -> int:
-    """A heavy unit's expected seconds (HEAVY_SECONDS; 0 for a group it does not know)."""
-    return HEAVY_SECONDS.get(scope.removeprefix("group "), 0)
 
 
 def pending(units: dict[str, dict[str, bool]]) -> int:

@@ -55,20 +55,29 @@ class Worker:
         self.shutting_down = True
 
 
+class Cache(dict):
+    """pytest's cache as the scheduler uses it (get with a default, set)."""
+
+    def set(self, key, value) -> None:
+        self[key] = json.loads(json.dumps(value))       # stored as JSON, as pytest's is
+
+
 class Config:
     def __init__(self, workers: int) -> None:
         self.option = type("Option", (), {"loadscopereorder": True, "numprocesses": workers, "tx": [],
                                           "dist": "loadgroup"})()
         self.stash = {}
+        self.cache = Cache()
 
     def getvalue(self, name):
         return getattr(self.option, name)
 
 
 def scheduler(tmp_path, monkeypatch, groups: dict[str, str], collection: list[str], n: int, *, held: int = 0,
-              clock=None):
+              clock=None, seconds: dict[str, float] | None = None):
     """A GroupScheduling over `n` recording workers, two heavy slots, the groups file the workers would write, `held`
-    workers kept for the tail, its clock `clock` if given; scheduled: (the scheduler, its workers)."""
+    workers kept for the tail, its clock `clock` if given, `seconds` remembered from a last run; scheduled:
+    (the scheduler, its workers)."""
     path = tmp_path / "groups.json"
     path.write_text(json.dumps(groups))
     monkeypatch.setenv(scheduling.GROUPS_ENV, str(path))
@@ -77,6 +86,8 @@ def scheduler(tmp_path, monkeypatch, groups: dict[str, str], collection: list[st
     config = Config(n)
     if held:
         config.stash[scheduling.HELD_FOR_TAIL] = held
+    if seconds:
+        config.cache.set(scheduling.SECONDS_KEY, seconds)
     sched = GroupScheduling(config)
     if clock is not None:
         sched.clock = clock
@@ -215,3 +226,29 @@ def test_the_longest_chain_left_goes_to_the_slot_that_will_be_free_first(tmp_pat
     for _ in range(4):                               # routed's last test and four's first: two left, it asks
         finish_next(sched, routed, collection)
     assert list(sched.assigned_work[routed])[-1] == "group testbed-vllm"
+
+
+def test_a_run_remembers_each_tests_seconds_and_the_next_hands_out_the_longest_first(tmp_path, monkeypatch):
+    groups = {f"t.py::topo_{i}": "testbed-docker-test_topologies" for i in range(2)}
+    groups |= {f"t.py::routed_{i}": "testbed-docker-test_topologies_routed" for i in range(2)}
+    collection = [*groups, *(f"t.py::light_{i}" for i in range(6))]
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 3)
+    while sched.has_pending:                            # a first run: no seconds remembered, collection order
+        w = next(w for w in workers if scheduling.pending(sched.assigned_work[w]))
+        nodeid = next(n for tests in sched.assigned_work[w].values() for n, done in tests.items() if not done)
+        sched.mark_test_complete(w, collection.index(nodeid), duration=30.0 if nodeid == "t.py::light_4" else
+                                 400.0 if "routed" in nodeid else 0.5)
+    sched.remember()
+    seconds = sched.config.cache[scheduling.SECONDS_KEY]
+    assert seconds["t.py::light_4"] == 30.0 and seconds["t.py::light_0"] == 0.5 and len(seconds) == len(collection)
+
+    # the next run: the light test of 30 s goes out first, and the routed chain (800 s remembered, against
+    # HEAVY_SECONDS' 300 for it and 460 for topologies) is taken as the longest
+    sched, workers = scheduler(tmp_path, monkeypatch, groups, collection, 3, seconds=seconds)
+    first = [list(sched.assigned_work[w])[0] for w in workers]
+    assert first[0] == "group testbed-docker-test_topologies_routed", first
+    assert first[2] == "t.py::light_4", first
+    # a run of some of the tests keeps the others' seconds
+    sched.mark_test_complete(workers[2], collection.index("t.py::light_4"), duration=12.0)
+    sched.remember()
+    assert sched.config.cache[scheduling.SECONDS_KEY] == {**seconds, "t.py::light_4": 12.0}
