@@ -10,7 +10,8 @@
   network-namespace faults share one worker too (their address blocks are per process).
 - Heavy slots and the hand-out (tests/scheduling.py): a test of a group that starts vLLM waits for one of a few
   slots (one per CPU), and the scheduler hands heavy groups to no more workers than there are slots, the longest
-  to the slot free first, light tests to the others.
+  to the slot free first, light tests to the others. A run keeps each test's seconds in pytest's cache, and the
+  next one hands its units out longest first by them.
 - `@pytest.mark.tail`: a test the heaviest minutes' load upsets (a console's pilot waiting for its own screen) runs
   once every vLLM chain has ended, beside light tests only: a light machine, not a quiet one. Each is a unit of its
   own, handed out only then (side by side, so that one that hangs until its timeout holds up only its worker).
