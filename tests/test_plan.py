@@ -400,6 +400,16 @@ def test_ray_cluster_of_four_starts_a_worker_per_node_and_waits_for_all():
     assert wait.expect[1] == 4
 
 
+def test_each_rank_of_a_cluster_launch_carries_how_many_ranks_it_has():
+    """The console judges a cluster launch on every rank its labels count (nodes/launches.py)."""
+    def runs(plan) -> list[str]:
+        return [" ".join(map(str, s.argv)) for s in plan.steps if "docker run" in " ".join(map(str, s.argv))]
+    for backend in ("mp", "ray"):
+        four = runs(make_plan(_TINY, "cluster-tp2", _nodes(4), {"tensor_parallel": 4, "backend": backend}))
+        assert len(four) == 4 and all("sparkconsole.ranks=4" in argv for argv in four), (backend, four)
+    assert all("sparkconsole.ranks" not in argv for argv in runs(make_plan(_TINY, "2x-solo", _nodes(2))))
+
+
 def test_only_a_disaggregated_plan_names_servers_that_receive_a_kv_cache():
     """`bench matrix` reads these /metrics around each level (the real disagg launch's sweep asserts the figures)."""
     r = find_recipe("tiny-testbed")

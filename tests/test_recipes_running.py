@@ -49,6 +49,32 @@ def test_a_launch_one_node_does_not_list_yet_is_starting_not_serving():
     assert (g.verdict, g.reason) == (STARTING, "its worker is not listed (starting, or removed)")
 
 
+def rank(node: str, role: str, ranks: int | None) -> ContainerInfo:
+    labels = {"recipe": "tiny", "topology": "cluster-tp2", "role": role, "node": node}
+    if role == "server":
+        labels["url"] = "http://127.0.0.1:8000"
+    if ranks is not None:
+        labels["ranks"] = str(ranks)
+    return ContainerInfo(name="vllm_node", state="running",
+                         labels=tuple((f"sparkconsole.{k}", v) for k, v in labels.items()))
+
+
+def test_a_cluster_launch_is_judged_on_every_rank_its_labels_count():
+    """A TP 4 launch whose nodes list its head and two of its three workers does not serve: the `ranks` label
+    says how many there are (it read SERVING on the head and one worker). A launch from before the label is
+    judged as before, on one worker."""
+    four = [Node(f"spark{i}", (rank(f"spark{i}", "server" if i == 1 else "worker", 4),)) for i in range(1, 5)]
+    (g,) = launch_groups(four)
+    assert (g.verdict, g.reason) == (SERVING, "")
+    (g,) = launch_groups(four[:3])
+    assert (g.verdict, g.reason) == (STARTING, "2 of its 3 workers listed (the other is starting, or was removed)")
+    (g,) = launch_groups(four[:2])
+    assert (g.verdict, g.reason) == (STARTING, "1 of its 3 workers listed (the others are starting, or were removed)")
+    unsaid = [Node(f"spark{i}", (rank(f"spark{i}", "server" if i == 1 else "worker", None),)) for i in (1, 2)]
+    (g,) = launch_groups(unsaid)
+    assert (g.verdict, g.reason) == (SERVING, "")
+
+
 async def test_r_waits_for_the_router_that_says_how_to_take_a_server_out(recording):
     """Planned before its router is seen, the restart would take the recipe's default router (vllm-router) and
     its worker API, not the LiteLLM that runs: r says so and does nothing until the router is there."""

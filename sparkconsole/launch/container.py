@@ -73,6 +73,7 @@ class ContainerSpec:
     mods: tuple[Mod, ...] = ()
     pre_exec: tuple[PreExec, ...] = ()
     workload: str | None = None        # the launch's name, on every container's labels
+    ranks: int | None = None           # a cluster launch's containers (one per node), on each rank's labels
 
     @property
     def gated(self) -> bool:
@@ -114,7 +115,7 @@ class ContainerSpec:
         sparkconsole's own (the drain gate's file and its flag's directory)."""
         cs = self.recipe.container_settings
         labels = launch_labels(self.recipe, self.topology, role, node, url, workload=self.workload,
-                               model=model if url else None, claim_b=claim_b)
+                               model=model if url else None, claim_b=claim_b, ranks=self.ranks)
         argv: list[str] = ["docker", "run", "-d", "--name", name, *labels, "--network", "host"]
         if self.privileged:
             argv.append("--privileged")

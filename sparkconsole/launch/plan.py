@@ -140,7 +140,8 @@ def make_plan(recipe: Recipe, topology: str, cluster: ClusterConfig, overrides: 
                               privileged=recipe.container_settings.privileged and not options.get("non_privileged"),
                               cache_dirs=recipe.container_settings.cache_dirs and not options.get("no_cache_dirs"),
                               mods=load_mods(refs, recipe.source), pre_exec=recipe.pre_exec,
-                              workload=str(workload or default_workload(recipe)))
+                              workload=str(workload or default_workload(recipe)),
+                              ranks=len(nodes) if topology == "cluster-tp2" else None)
     b = PlanBuilder(recipe, topology, cluster, nodes, params, overrides, options, container,
                     notes=[n for n in (*notes, split_note, *applied) if n], runtime=runtime)
     if topology == "solo":

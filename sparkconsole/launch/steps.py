@@ -193,13 +193,14 @@ def url_host(address: str) -> str:
 
 def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, url: str | None,
                   router: str | None = None, *, workload: str | None = None, model: str | None = None,
-                  claim_b: int | None = None) -> list[str]:
+                  claim_b: int | None = None, ranks: int | None = None) -> list[str]:
     """`--label` arguments that let the console group one launch's containers across nodes and poll where it
     serves (nodes/launches.py), also where several "nodes" share one Docker engine, as on the test bed. The
     router's says which router it is, so a restart or stop planned again from the labels plans the same one.
     `workload`: the launch's name, several of which may run from one recipe; `model`: the served model name the
     gateway lists it under; `claim_b`: the memory the server claims at start, which the node's budget counts
-    until its measured use reaches it (placement/)."""
+    until its measured use reaches it (placement/); `ranks`: how many containers a cluster launch runs, so that
+    one the nodes do not all list reads STARTING, not SERVING on its head and one worker."""
     labels = [f"recipe={recipe.key}", f"topology={topology}", f"role={role}", f"node={node.name}"]
     if workload:
         labels.append(f"workload={workload}")
@@ -211,4 +212,6 @@ def launch_labels(recipe: Recipe, topology: str, role: str, node: NodeConfig, ur
         labels.append(f"router={router}")
     if claim_b is not None:
         labels.append(f"claim={claim_b}")
+    if ranks is not None:
+        labels.append(f"ranks={ranks}")
     return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]

@@ -29,7 +29,8 @@ _WHY_NEEDED = {"cluster-tp2": "the tensor-parallel group cannot serve without ev
                "disagg": "prefill and decode serve only together"}
 # topologies served through a router, which a plan starts after its servers are healthy
 ROUTED = ("2x-solo", "disagg")
-# the fewest members of each role a launch of the topology runs (a cluster launch may have more workers)
+# the fewest members of each role a launch of the topology runs (a cluster launch's `ranks` label says how many
+# workers it has; one without the label, from before, is judged on one)
 _SHAPE = {"2x-solo": {"server": 2}, "cluster-tp2": {"server": 1, "worker": 1}, "disagg": {"prefill": 1, "decode": 1}}
 VLLM_ROLES = ("server", "prefill", "decode")
 
@@ -46,6 +47,7 @@ class Member:
     router: str | None = None       # a router's choice (`sparkconsole.router`: vllm-router, simple-shuffle, …)
     model: str | None = None        # the served model name (`sparkconsole.model`)
     claim_b: int | None = None      # what its server claims at start (`sparkconsole.claim`), None: not said
+    ranks: int | None = None        # a cluster launch's containers (`sparkconsole.ranks`), None: not said
 
     @property
     def port(self) -> int | None:
@@ -138,10 +140,16 @@ def unlisted(topology: str, members: Iterable[Member]) -> str | None:
     every few seconds, so right after a launch one node may list its member before another does; a member removed
     by hand reads the same, so the words say both. A plan starts a router after its servers."""
     members = list(members)
-    for role, need in _SHAPE.get(topology, {}).items():
+    shape = dict(_SHAPE.get(topology, {}))
+    ranks = max((m.ranks for m in members if m.ranks), default=None)
+    if topology == "cluster-tp2" and ranks and ranks > 1:
+        shape["worker"] = ranks - 1          # every rank: a TP 4 launch does not serve on its head and one worker
+    for role, need in shape.items():
         have = sum(m.role == role for m in members)
         if have < need:
-            return (f"{have} of its {need} {role}s listed (the other is starting, or was removed)" if need > 1
+            others = ("the other is starting, or was removed" if need - have == 1
+                      else "the others are starting, or were removed")
+            return (f"{have} of its {need} {role}s listed ({others})" if need > 1
                     else f"its {role} is not listed (starting, or removed)")
     if topology in ROUTED and not any(m.role == "router" for m in members):
         return "its router is not running yet"
@@ -168,7 +176,7 @@ def launch_groups(nodes: Iterable[Any]) -> list[LaunchGroup]:
                                      Member(where, labels.get(LABEL + "role") or "?", c.name, c.state, c.exit_code,
                                             c.oom_killed, (labels.get(LABEL + "url") or "").rstrip("/") or None,
                                             labels.get(LABEL + "router") or None, labels.get(LABEL + "model") or None,
-                                            _int(labels.get(LABEL + "claim"))))
+                                            _int(labels.get(LABEL + "claim")), _int(labels.get(LABEL + "ranks"))))
     groups: dict[tuple[str, str, str], list[Member]] = {}
     for key, member in seen.values():
         groups.setdefault(key, []).append(member)

@@ -208,6 +208,8 @@ class SimCluster:
                 labels.append(f"claim={int(frac * GB10_MEMTOTAL_B)}")
         if role == "router":
             labels.append(f"router={self.serving.router.removeprefix('litellm-')}")
+        if role in ("server", "worker") and self.serving.topology == "cluster-tp2":
+            labels.append("ranks=2")        # the simulated cluster launch: TP 2 over the first two nodes
         return [a for label in labels for a in ("--label", f"sparkconsole.{label}")]
 
     def _vllm_run(self, node: str, extra: tuple[str, ...] = ()) -> list[str]:
