@@ -72,6 +72,7 @@ class TestTensorParallel4:
     def test_the_console_reads_the_four_ranks_as_one_serving_launch(self, bed4, tp4):
         group, _ = asyncio.run(watch_launch(bed4, "SERVING", members=4))
         assert sorted(m.node for m in group.members) == ["node1", "node2", "node3", "node4"]
+        assert {m.ranks for m in group.members} == {4}           # judged on every rank its labels count
 
     @pytest.mark.timeout(900)
     def test_a_killed_rank_reads_broken_in_status_and_in_the_console(self, bed4, tp4):
