@@ -89,8 +89,7 @@ class GroupScheduling:
         self.waiting: list = []                                       # workers held until the tail
         self.clock = time.monotonic
         self.free_at: dict = {}                                       # worker -> when its chains should end
-        cache = getattr(config, "cache", None)
-        self.seconds_before: dict[str, float] = (cache.get(SECONDS_KEY, {}) if cache is not None else {}) or {}
+        self.seconds_before = _kept_seconds(config)
         self.seconds_now: dict[str, float] = {}                      # this run's, as the workers report them
 
     # --- the protocol ---------------------------------------------------------------------------------------
@@ -311,6 +310,17 @@ class GroupScheduling:
 def pending(units: dict[str, dict[str, bool]]) -> int:
     """Tests not yet done in a worker's units."""
     return sum(not done for tests in units.values() for done in tests.values())
+
+
+def _kept_seconds(config) -> dict[str, float]:
+    """The last run's seconds per test from pytest's cache; what is not a test's number is left out (a cache
+    written by hand or by another version orders nothing, and never stops the run)."""
+    cache = getattr(config, "cache", None)
+    kept = cache.get(SECONDS_KEY, {}) if cache is not None else {}
+    if not isinstance(kept, dict):
+        return {}
+    return {k: float(v) for k, v in kept.items()
+            if isinstance(k, str) and isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0}
 
 
 def heavy_slots() -> int:
