@@ -11,6 +11,9 @@ scheduler that hands the units out (GroupScheduling).
   opens.
 - Workers held for the tail (pytest_xdist_auto_num_workers) get their first units once every heavy group has been
   handed out; a `tail` test's unit goes out once every chain has ended.
+- A run keeps each test's seconds in pytest's cache (`remember`, at the run's end); the next run hands its units
+  out longest first by them and expects a chain's seconds from them. A fresh clone has none: collection order and
+  HEAVY_SECONDS.
 """
 
 from __future__ import annotations
