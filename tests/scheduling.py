@@ -66,8 +66,9 @@ def heavy_scope(scope: str) -> bool:
 
 class GroupScheduling:
     """Heavy groups go to at most heavy_slots() workers at a time, the longest left to the slot free first
-    (_next_chain), while light tests fill the others: a heavy group handed to a third worker would only wait there for a slot, holding that worker's
-    light tests behind it (ci11: one worker waited 772 s, then ran the longest chain last).
+    (_next_chain), while light tests fill the others: a heavy group handed to a third worker would only wait there
+    for a slot, holding that worker's light tests behind it (ci11: one worker waited 772 s, then ran the longest
+    chain last).
 
     A scheduler of xdist's public `Scheduling` protocol (xdist/scheduler/protocol.py; what `DSession` calls) that
     drives its workers through `WorkerController`'s `send_runtest_some`, `shutdown` and `shutting_down`, and

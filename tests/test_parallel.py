@@ -257,17 +257,6 @@ def test_a_run_remembers_each_tests_seconds_and_the_next_hands_out_the_longest_f
 @pytest.mark.parametrize("kept", [[1, 2], "x", {"t.py::light_1": "30", "t.py::light_2": None, "t.py::light_3": -4}])
 def test_seconds_kept_in_another_shape_order_nothing_and_stop_nothing(tmp_path, monkeypatch, kept):
     collection = [f"t.py::light_{i}" for i in range(6)]
-    path = tmp_path / "groups.json"
-    path.write_text("{}")
-    monkeypatch.setenv(scheduling.GROUPS_ENV, str(path))
-    config = Config(2)
-    config.cache[scheduling.SECONDS_KEY] = kept
-    monkeypatch.setattr("xdist.workermanage.parse_tx_spec_config", lambda config: ["popen"] * 2)
-    sched = GroupScheduling(config)
-    assert sched.seconds_before == {}
-    workers = [Worker(f"gw{i}") for i in range(2)]
-    for w in workers:
-        sched.add_node(w)
-        sched.add_node_collection(w, collection)
-    sched.schedule()
+    sched, workers = scheduler(tmp_path, monkeypatch, {}, collection, 2, seconds=kept)
+    assert sched.config.cache[scheduling.SECONDS_KEY] == kept and sched.seconds_before == {}
     assert [list(sched.assigned_work[w])[0] for w in workers] == ["t.py::light_0", "t.py::light_1"]

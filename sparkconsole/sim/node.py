@@ -45,7 +45,6 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from . import containers
-from .containers import write_cgroup_scope, write_proc_entry
 from .dockershim import install
 from .files import pid_alive, read_json, write_atomic
 
@@ -423,11 +422,11 @@ class SimNode:
             cid = by_pid.get(ld.pid)
             if cid is not None:
                 charged[cid] += ld.charged_b
-            keep.add(write_proc_entry(self.proc_root, ld.pid, conts[cid][0] if cid else None, cid))
+            keep.add(containers.write_proc_entry(self.proc_root, ld.pid, conts[cid][0] if cid else None, cid))
         for cid, (rec, pids) in conts.items():
-            write_cgroup_scope(self.cgroup_root, cid, rec, charged[cid])
+            containers.write_cgroup_scope(self.cgroup_root, cid, rec, charged[cid])
             for pid in pids:                  # the container's init too (the agent finds its cgroup through it)
-                keep.add(write_proc_entry(self.proc_root, pid, rec, cid))
+                keep.add(containers.write_proc_entry(self.proc_root, pid, rec, cid))
         for pdir in self.proc_root.iterdir():
             if pdir.name.isdigit() and pdir.name not in keep:
                 shutil.rmtree(pdir, ignore_errors=True)
